@@ -1,0 +1,48 @@
+"""Write the stand-in's distribution metadata and version-dependent module layout.
+
+Real vLLM moved its NIXL connector from ``...kv_connector.v1.nixl_connector`` (<= 0.19) to the package
+``...kv_connector.v1.nixl`` (0.33); NIXL's meta package ``nixl`` loads ``nixl_cu12``. The stand-in lays
+its modules out the way the chosen vLLM version does, so the image check imports the real paths.
+"""
+import os
+import sys
+
+SITE = "/usr/local/lib/python3.11/dist-packages"
+vllm_version, nixl_version = sys.argv[1], sys.argv[2]
+
+
+def dist(name, version, top_level):
+    path = os.path.join(SITE, f"{name.replace('-', '_')}-{version}.dist-info")
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "METADATA"), "w", encoding="utf-8") as fh:
+        fh.write(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                 "Summary: narwhal.deploy stand-in distribution metadata\n")
+    with open(os.path.join(path, "INSTALLER"), "w", encoding="utf-8") as fh:
+        fh.write("pip\n")
+    with open(os.path.join(path, "top_level.txt"), "w", encoding="utf-8") as fh:
+        fh.write(top_level + "\n")
+
+
+def release(version):
+    return tuple(int(p) for p in version.split("+")[0].split(".")[:3])
+
+
+dist("vllm", vllm_version, "vllm")
+dist("nixl", nixl_version, "nixl")
+dist("nixl-cu12", nixl_version, "nixl_cu12")
+with open(os.path.join(SITE, "vllm", "version.py"), "w", encoding="utf-8") as fh:
+    fh.write(f'__version__ = "{vllm_version.split("+")[0]}"\n__version_tuple__ = {release(vllm_version)!r}\n')
+
+v1 = os.path.join(SITE, "vllm", "distributed", "kv_transfer", "kv_connector", "v1")
+os.makedirs(v1, exist_ok=True)
+for d in ("distributed", "distributed/kv_transfer", "distributed/kv_transfer/kv_connector",
+          "distributed/kv_transfer/kv_connector/v1"):
+    open(os.path.join(SITE, "vllm", d, "__init__.py"), "a").close()
+connector = "from vllm.standin.nixl_connector import NixlConnector  # noqa: F401\n"
+if release(vllm_version) >= (0, 28, 0):
+    os.makedirs(os.path.join(v1, "nixl"), exist_ok=True)
+    with open(os.path.join(v1, "nixl", "__init__.py"), "w", encoding="utf-8") as fh:
+        fh.write(connector)
+else:
+    with open(os.path.join(v1, "nixl_connector.py"), "w", encoding="utf-8") as fh:
+        fh.write(connector)

@@ -1,0 +1,1 @@
+"""STAND-IN for NIXL's meta package (narwhal.deploy test harness)."""

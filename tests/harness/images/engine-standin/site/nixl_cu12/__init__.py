@@ -1,0 +1,1 @@
+"""STAND-IN for nixl_cu12 (narwhal.deploy test harness)."""

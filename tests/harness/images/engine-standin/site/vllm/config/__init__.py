@@ -1,0 +1,1 @@
+from vllm.config.kv_transfer import KVTransferConfig  # noqa: F401

@@ -1,0 +1,303 @@
+"""Stand-in vLLM OpenAI server (narwhal.deploy test harness; NOT an inference engine).
+
+Replays the HTTP surface and P/D flow of vLLM with NixlConnector (VLLM_FACTS.md):
+  GET /health, /version, /metrics (open); GET /v1/models, POST /v1/completions (API key when set).
+  Producer request with kv_transfer_params.do_remote_decode -> answers with kv_transfer_params that
+  name this engine's side channel (VLLM_NIXL_SIDE_CHANNEL_HOST/PORT, advertised exactly as set).
+  Consumer request with do_remote_prefill -> connects to remote_host:remote_port over TCP through the
+  UCX_NET_DEVICES interface and reads the blocks; a failed load ends the request with HTTP 500
+  (kv_load_failure_policy=fail). /metrics counts vllm:nixl_bytes_transferred and failed transfers.
+The "KV" is a deterministic function of the prompt, so the consumer checks what it received.
+"""
+import hashlib
+import json
+import os
+import socket
+import socketserver
+import sys
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from vllm.version import __version__
+
+BYTES_PER_TOKEN = 256
+
+
+class State:
+    def __init__(self, args, kv):
+        self.args = args
+        self.kv = kv
+        self.served = (args.served_model_name or [args.model])[0]
+        self.api_key = args.api_key or os.environ.get("VLLM_API_KEY")
+        self.engine_id = (kv.engine_id if kv and kv.engine_id else str(uuid.uuid4()))
+        self.side_host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost")
+        self.side_port = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))
+        self.block_size = args.block_size or 16
+        self.blocks = OrderedDict()
+        self.next_block = 0
+        self.lock = threading.Lock()
+        self.metrics = {"bytes_sum": 0, "bytes_count": 0, "xfer_time_sum": 0.0, "failed_transfers": 0,
+                        "failed_notifications": 0, "external_prompt_tokens": 0, "local_prompt_tokens": 0,
+                        "requests_ok": 0, "requests_error": 0}
+
+
+def kv_payload(prompt):
+    tokens = prompt.split() or [""]
+    seed = hashlib.sha256(prompt.encode()).digest()
+    return len(tokens), seed * (len(tokens) * BYTES_PER_TOKEN // len(seed))
+
+
+def completion_text(prompt, max_tokens):
+    digest = hashlib.sha256(prompt.encode()).hexdigest()
+    return "".join(f" t{digest[(i * 4) % 60:(i * 4) % 60 + 4]}" for i in range(max(1, max_tokens)))
+
+
+def ucx_check():
+    """What UCX would refuse: unknown net devices, an RDMA transport without RDMA devices."""
+    tls = os.environ.get("UCX_TLS", "all")
+    devices = os.environ.get("UCX_NET_DEVICES", "all")
+    rdma = any(t in tls for t in ("rc", "ud", "dc", "ib"))
+    if rdma and not any(n.startswith("uverbs") for n in _listdir("/dev/infiniband")):
+        return None, f"UCX_TLS={tls}: no RDMA device (/dev/infiniband/uverbs*) in the container"
+    for dev in ([] if devices == "all" else devices.split(",")):
+        name = dev.split(":")[0]
+        if not rdma and not os.path.exists(f"/sys/class/net/{name}"):
+            return None, f"UCX_NET_DEVICES={devices}: no such network device {name}"
+    first = None if devices == "all" or rdma else devices.split(",")[0]
+    return first, None
+
+
+def _listdir(path):
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def fetch_blocks(state, params):
+    device, err = ucx_check()
+    if err:
+        raise OSError(err)
+    host, port = params["remote_host"], int(params["remote_port"])
+    info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    with socket.socket(info[0], socket.SOCK_STREAM) as sock:
+        if device:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, device.encode())
+            except OSError:
+                pass
+        sock.settimeout(10)
+        sock.connect(info[4])
+        sock.sendall(json.dumps({"engine_id": params.get("remote_engine_id"),
+                                 "block_ids": params.get("remote_block_ids")}).encode() + b"\n")
+        header = sock.recv(9)
+        if not header.startswith(b"OK"):
+            raise OSError("remote side refused the block read: " + header.decode(errors="replace"))
+        size = int.from_bytes(header[2:9], "big")
+        data = bytearray()
+        while len(data) < size:
+            chunk = sock.recv(min(65536, size - len(data)))
+            if not chunk:
+                raise OSError("side channel closed mid-transfer")
+            data.extend(chunk)
+        return bytes(data)
+
+
+class SideChannel(socketserver.StreamRequestHandler):
+    def handle(self):
+        state = self.server.state
+        try:
+            req = json.loads(self.rfile.readline())
+            if req.get("engine_id") != state.engine_id:
+                self.wfile.write(b"NO" + b"engine"[:7].ljust(7))
+                return
+            with state.lock:
+                parts = [state.blocks[b] for b in req["block_ids"]]
+            data = b"".join(parts)
+            self.wfile.write(b"OK" + len(data).to_bytes(7, "big") + data)
+        except (KeyError, ValueError, TypeError):
+            self.wfile.write(b"NO" + b"blocks".ljust(7))
+
+
+def make_handler(state):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, fmt, *args):
+            sys.stdout.write("INFO:     %s - \"%s\"\n" % (self.client_address[0], fmt % args))
+            sys.stdout.flush()
+
+        def send(self, code, body=None, ctype="application/json"):
+            data = b"" if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+            self.send_response(code)
+            self.send_header("content-type", ctype)
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def authorized(self):
+            if not state.api_key or not self.path.startswith("/v1"):
+                return True
+            if self.headers.get("Authorization", "") == f"Bearer {state.api_key}":
+                return True
+            self.send(401, {"error": "Unauthorized"})
+            return False
+
+        def do_GET(self):
+            if self.path == "/health":
+                return self.send(200)
+            if self.path == "/version":
+                return self.send(200, {"version": __version__})
+            if self.path == "/metrics":
+                return self.send(200, metrics_text(state).encode(), "text/plain; version=0.0.4")
+            if not self.authorized():
+                return None
+            if self.path == "/v1/models":
+                return self.send(200, {"object": "list", "data": [{
+                    "id": state.served, "object": "model", "created": int(time.time()),
+                    "owned_by": "vllm", "root": state.args.model, "parent": None,
+                    "max_model_len": state.args.max_model_len or 2048}]})
+            return self.send(404, {"detail": "Not Found"})
+
+        def do_POST(self):
+            if not self.authorized():
+                return None
+            length = int(self.headers.get("content-length", "0"))
+            try:
+                body = json.loads(self.rfile.read(length) or b"{}")
+            except ValueError:
+                return self.send(400, {"object": "error", "message": "invalid JSON", "code": 400})
+            if self.path not in ("/v1/completions", "/v1/chat/completions"):
+                return self.send(404, {"detail": "Not Found"})
+            if body.get("model") not in (None, state.served):
+                return self.send(404, {"object": "error", "code": 404,
+                                       "message": f"The model `{body.get('model')}` does not exist."})
+            return self.complete(body)
+
+        def complete(self, body):
+            prompt = body.get("prompt")
+            if prompt is None:
+                prompt = " ".join(m.get("content", "") for m in body.get("messages", []))
+            if isinstance(prompt, list):
+                prompt = " ".join(map(str, prompt))
+            n_tokens, payload = kv_payload(prompt)
+            params = body.get("kv_transfer_params") or {}
+            rid = self.headers.get("X-Request-Id") or uuid.uuid4().hex
+            out = {"id": f"cmpl-{rid}", "object": "text_completion", "created": int(time.time()),
+                   "model": state.served,
+                   "usage": {"prompt_tokens": n_tokens, "completion_tokens": 0, "total_tokens": n_tokens}}
+            if params.get("do_remote_prefill"):
+                started = time.time()
+                try:
+                    data = fetch_blocks(state, params)
+                    if data != payload:
+                        raise OSError("received KV blocks do not match the prompt")
+                except OSError as exc:
+                    with state.lock:
+                        state.metrics["failed_transfers"] += 1
+                        state.metrics["requests_error"] += 1
+                    print(f"ERROR KV load failed for request {rid}: {exc}", flush=True)
+                    return self.send(500, {"object": "error", "type": "InternalServerError", "code": 500,
+                                           "message": f"KV transfer failed (finish_reason=error): {exc}"})
+                with state.lock:
+                    state.metrics["bytes_sum"] += len(data)
+                    state.metrics["bytes_count"] += 1
+                    state.metrics["xfer_time_sum"] += time.time() - started
+                    state.metrics["external_prompt_tokens"] += n_tokens
+            else:
+                with state.lock:
+                    state.metrics["local_prompt_tokens"] += n_tokens
+            max_tokens = int(body.get("max_tokens") or 16)
+            text = completion_text(prompt, max_tokens)
+            out["choices"] = [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length",
+                               "stop_reason": None}]
+            out["usage"]["completion_tokens"] = max_tokens
+            out["usage"]["total_tokens"] = n_tokens + max_tokens
+            if params.get("do_remote_decode"):
+                n_blocks = -(-n_tokens // state.block_size)
+                step = len(payload) // n_blocks if n_blocks else len(payload)
+                with state.lock:
+                    ids = []
+                    for i in range(n_blocks):
+                        state.blocks[state.next_block] = payload[i * step:(i + 1) * step if i < n_blocks - 1 else None]
+                        ids.append(state.next_block)
+                        state.next_block += 1
+                    while len(state.blocks) > 4096:
+                        state.blocks.popitem(last=False)
+                out["kv_transfer_params"] = {
+                    "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": ids,
+                    "remote_engine_id": state.engine_id, "remote_request_id": rid,
+                    "remote_host": state.side_host, "remote_port": state.side_port,
+                    "tp_size": state.args.tensor_parallel_size}
+            with state.lock:
+                state.metrics["requests_ok"] += 1
+            return self.send(200, out)
+
+    return Handler
+
+
+def metrics_text(state):
+    m = dict(state.metrics)
+    name = state.served
+    lines = [
+        "# TYPE vllm:nixl_bytes_transferred histogram",
+        f'vllm:nixl_bytes_transferred_sum{{model_name="{name}"}} {float(m["bytes_sum"])}',
+        f'vllm:nixl_bytes_transferred_count{{model_name="{name}"}} {float(m["bytes_count"])}',
+        "# TYPE vllm:nixl_xfer_time_seconds histogram",
+        f'vllm:nixl_xfer_time_seconds_sum{{model_name="{name}"}} {m["xfer_time_sum"]}',
+        f'vllm:nixl_xfer_time_seconds_count{{model_name="{name}"}} {float(m["bytes_count"])}',
+        "# TYPE vllm:nixl_num_failed_transfers counter",
+        f'vllm:nixl_num_failed_transfers_total{{model_name="{name}"}} {float(m["failed_transfers"])}',
+        "# TYPE vllm:nixl_num_failed_notifications counter",
+        f'vllm:nixl_num_failed_notifications_total{{model_name="{name}"}} {float(m["failed_notifications"])}',
+        "# TYPE vllm:prompt_tokens_by_source counter",
+        f'vllm:prompt_tokens_by_source_total{{model_name="{name}",source="external_kv_transfer"}} '
+        f'{float(m["external_prompt_tokens"])}',
+        f'vllm:prompt_tokens_by_source_total{{model_name="{name}",source="local_compute"}} '
+        f'{float(m["local_prompt_tokens"])}',
+        "# TYPE vllm:request_success counter",
+        f'vllm:request_success_total{{model_name="{name}",finished_reason="length"}} {float(m["requests_ok"])}',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _server_class(host, base):
+    family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
+    return type("Server", (base,), {"address_family": family, "allow_reuse_address": True,
+                                     "daemon_threads": True})
+
+
+def serve(args, kv, unknown):
+    config = os.path.join(args.model, "config.json")
+    try:
+        with open(config, encoding="utf-8") as fh:
+            model_config = json.load(fh)
+    except (OSError, ValueError) as exc:
+        print(f"ERROR: cannot load model config {config}: {exc}", file=sys.stderr)
+        return 1
+    if "auto_map" in model_config and not args.trust_remote_code:
+        print(f"ERROR: The repository {args.model} contains custom code which must be executed to "
+              "correctly load the model. Please pass the argument `trust_remote_code=True`.", file=sys.stderr)
+        return 1
+    state = State(args, kv)
+    if kv is not None:
+        side_cls = _server_class(state.side_host if state.side_host != "localhost" else "127.0.0.1",
+                                 socketserver.ThreadingTCPServer)
+        side_bind = "127.0.0.1" if state.side_host == "localhost" else state.side_host
+        side = side_cls((side_bind, state.side_port), SideChannel)
+        side.state = state
+        threading.Thread(target=side.serve_forever, daemon=True).start()
+        print(f"INFO NIXL side channel listening on {side_bind}:{state.side_port} "
+              f"(engine_id={state.engine_id}, kv_role={kv.kv_role})", flush=True)
+    host = args.host if args.host is not None else "0.0.0.0"
+    http_cls = _server_class(host, ThreadingHTTPServer)
+    httpd = http_cls((host, args.port), make_handler(state))
+    if unknown:
+        print(f"INFO stand-in ignores flags: {' '.join(unknown)}", flush=True)
+    print(f"INFO vLLM API server version {__version__} (narwhal.deploy stand-in)", flush=True)
+    print(f"INFO Uvicorn running on http://{host}:{args.port}", flush=True)
+    httpd.serve_forever()
+    return 0
