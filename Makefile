@@ -1,0 +1,33 @@
+# narwhal.deploy — every target bootstraps what it needs first (skipped when already done).
+SHELL := /bin/bash
+VENV ?= .venv
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: bootstrap demo demo-down test lint unit sanity molecule docs clean-sim
+
+bootstrap:            ## venv, collections, Docker engine, harness images
+	scripts/bootstrap.sh
+
+demo: bootstrap       ## the pipeline on the built-in simulated two-host site
+	scripts/demo.sh
+
+demo-down:            ## remove the demo site
+	scripts/demo.sh down
+
+test: bootstrap       ## every gate: lint, unit tests, sanity, molecule scenarios
+	scripts/test.sh
+
+lint:
+	scripts/test.sh lint
+
+unit:
+	scripts/test.sh unit
+
+sanity:
+	scripts/test.sh sanity
+
+molecule:
+	scripts/test.sh molecule
+
+docs:                 ## regenerate .env.example and docs/inputs.md from the input description
+	$(VENV)/bin/python scripts/gen-inputs.py

@@ -1,0 +1,27 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Filters of narwhal.deploy: resolve_values (complete-value substitution) and table_row."""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._subst import SubstitutionError, resolve_values
+
+
+def resolve_values_filter(data, env):
+    """Replace every JSON string that is exactly ${NAME} with env[NAME]; see docs/substitution.md."""
+    try:
+        return resolve_values(data, dict(env or {}))
+    except SubstitutionError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+
+
+def table_row(row):
+    return "%-10s %-8s %-26s %-34s %-48s %s" % (row["engine"], row["interface"], row["address"], row["url"],
+                                                row["attestation_url"], row["role"])
+
+
+class FilterModule:
+    def filters(self):
+        return {"resolve_values": resolve_values_filter, "table_row": table_row}

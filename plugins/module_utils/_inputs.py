@@ -1,0 +1,150 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The one machine-readable description of every `.env` input, and its validation.
+
+`.env.example` and `docs/inputs.md` are generated from INPUTS (scripts/gen-inputs.py) and a unit test
+fails when they drift. Pure code: it takes a mapping of values and returns validated inputs or raises
+InputError naming the key and the fix.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+__metaclass__ = type
+
+NODE_KEY = re.compile(r"^NARWHAL_NODE_([1-9][0-9]*)_([A-Z_]+)$")
+IFNAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
+
+# kind: str | int | port | choice | path | ip | url | interface | role
+INPUTS = [
+    {"name": "NARWHAL_FABRIC_INTERFACE", "kind": "interface", "required": True, "example": "eth1",
+     "doc": "Fabric (KV transfer) interface on every engine host. Discovery reads its global addresses; "
+            "TCP transfers use it as UCX_NET_DEVICES."},
+    {"name": "NARWHAL_ENGINE_PORT", "kind": "port", "default": 8000, "example": 8000,
+     "doc": "HTTP port of every vLLM engine (per node: NARWHAL_NODE_<n>_ENGINE_PORT)."},
+    {"name": "NARWHAL_ATTEST_PORT", "kind": "port", "default": 8010, "example": 8010,
+     "doc": "Port of the attestation sidecar of every engine (per node: NARWHAL_NODE_<n>_ATTEST_PORT)."},
+    {"name": "NARWHAL_BIND_FAMILY", "kind": "choice", "choices": ["ipv4", "ipv6"], "default": "ipv4",
+     "example": "ipv4",
+     "doc": "Address family the engines are reached and bound on; discovery considers only global "
+            "addresses of this family."},
+    {"name": "NARWHAL_FLEET", "kind": "path", "default": "config/fleet.json", "example": "config/fleet.json",
+     "doc": "Fleet file written by discovery and read by the router, preflight and observability "
+            "(--fleet \"$NARWHAL_FLEET\"). Keep site files at config/fleet.json or config/fleet.*.json."},
+    {"name": "NARWHAL_LAUNCH_CONFIG", "kind": "path", "default": "config/engine-launch.local.json",
+     "example": "config/engine-launch.local.json",
+     "doc": "Private launch-record file written by discovery (mode 0600, git-ignored)."},
+    {"name": "NARWHAL_CONFIG_DIR", "kind": "path", "default": "config", "example": "config",
+     "doc": "Directory of the generated deployment.env and the launch-record extracts. Relative paths "
+            "in this file are relative to the checkout."},
+]
+
+NODE_INPUTS = [
+    {"name": "ROLE", "kind": "role", "required": True, "example": ["prefill", "decode"],
+     "doc": "Fleet role of engine-<n>: prefill or decode. Every engine-<n> in the inventory needs one."},
+    {"name": "IP", "kind": "ip", "example": None,
+     "doc": "Explicit fabric address of node <n>; required when its interface has several global addresses "
+            "of the bind family. Must be on the interface."},
+    {"name": "URL", "kind": "url", "example": None,
+     "doc": "Full engine URL when the engine must be reached at another address; its port must equal "
+            "the node's engine port."},
+    {"name": "ATTESTATION_URL", "kind": "url", "example": None,
+     "doc": "Full attestation URL override; its port must equal the node's attestation port."},
+    {"name": "ENGINE_PORT", "kind": "port", "example": None, "doc": "Engine HTTP port of node <n>."},
+    {"name": "ATTEST_PORT", "kind": "port", "example": None, "doc": "Attestation port of node <n>."},
+    {"name": "FABRIC_INTERFACE", "kind": "interface", "example": None,
+     "doc": "Fabric interface of node <n> when it differs from NARWHAL_FABRIC_INTERFACE."},
+]
+
+FIX = "correct it in .env (or the environment), then rerun discovery"
+
+
+class InputError(ValueError):
+    """A bad input: `key` names it, the message says what is wrong and how to fix it."""
+
+    def __init__(self, key, message):
+        super().__init__("%s: %s" % (key, message))
+        self.key = key
+
+
+def _check(spec, key, raw):
+    kind = spec["kind"]
+    value = raw.strip() if isinstance(raw, str) else raw
+    if kind in ("port", "int"):
+        try:
+            number = int(str(value), 10)
+        except ValueError:
+            raise InputError(key, "%r is not a whole number; %s" % (raw, FIX))
+        if kind == "port" and not 1 <= number <= 65535:
+            raise InputError(key, "port %d is out of range 1-65535; %s" % (number, FIX))
+        return number
+    if kind == "choice" and value not in spec["choices"]:
+        raise InputError(key, "%r is not one of %s; %s" % (raw, ", ".join(spec["choices"]), FIX))
+    if kind == "role" and value not in ("prefill", "decode"):
+        raise InputError(key, "role %r is not prefill or decode; %s" % (raw, FIX))
+    if kind == "interface" and not IFNAME.match(value):
+        raise InputError(key, "%r is not a network interface name; %s" % (raw, FIX))
+    if kind == "ip":
+        try:
+            return str(ipaddress.ip_address(value))
+        except ValueError:
+            raise InputError(key, "%r is not an IPv4 or IPv6 address (no brackets, no prefix length); %s"
+                             % (raw, FIX))
+    if kind == "url":
+        parse_url(key, value)
+    if kind == "path" and not value:
+        raise InputError(key, "is empty; %s" % FIX)
+    return value
+
+
+def parse_url(key, url):
+    """Split an http(s) URL into (scheme, host, port, path); the port defaults by scheme."""
+    m = re.match(r"^(https?)://(\[[0-9A-Fa-f:.]+\]|[^/:\[\]\s]+)(?::([0-9]+))?(/[^\s]*)?$", url or "")
+    if not m:
+        raise InputError(key, "%r is not an http(s) URL like http://10.0.0.11:8000 (IPv6 in brackets); %s"
+                         % (url, FIX))
+    scheme, host, port, path = m.groups()
+    if host.startswith("["):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise InputError(key, "%r has an invalid IPv6 host; %s" % (url, FIX))
+    port = int(port) if port else (443 if scheme == "https" else 80)
+    if not 1 <= port <= 65535:
+        raise InputError(key, "%r has port %d out of range 1-65535; %s" % (url, port, FIX))
+    return scheme, host, port, path or ""
+
+
+def load_inputs(values):
+    """Validate every NARWHAL_ value. Returns {"site": {...}, "nodes": {n: {...}}}.
+
+    `values` is the merged mapping (process environment over .env). Unknown NARWHAL_NODE_<n>_ keys are
+    errors (a typo would silently drop an override); other NARWHAL_ keys are left to later stages.
+    """
+    site = {}
+    for spec in INPUTS:
+        key = spec["name"]
+        raw = values.get(key)
+        if raw is None or (isinstance(raw, str) and raw.strip() == ""):
+            if spec.get("required"):
+                raise InputError(key, "is required (%s); add it to .env" % spec["doc"].split(";")[0].rstrip("."))
+            site[key] = spec.get("default")
+            continue
+        site[key] = _check(spec, key, raw)
+    known = {s["name"]: s for s in NODE_INPUTS}
+    nodes = {}
+    for key in sorted(values):
+        m = NODE_KEY.match(key)
+        if not key.startswith("NARWHAL_NODE_"):
+            continue
+        if not m or m.group(2) not in known:
+            raise InputError(key, "is not a known per-node input (NARWHAL_NODE_<n>_{%s}); %s"
+                             % (",".join(sorted(known)), FIX))
+        raw = values[key]
+        if raw is None or str(raw).strip() == "":
+            continue
+        n = int(m.group(1))
+        nodes.setdefault(n, {})[m.group(2)] = _check(known[m.group(2)], key, raw)
+    return {"site": site, "nodes": nodes}

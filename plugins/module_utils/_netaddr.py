@@ -1,0 +1,76 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Classify the addresses of one interface from `ip -j addr show dev <if>` (pure code).
+
+Usable = global scope and a global address: never loopback, link-local (also when a tool labels it
+scope global, e.g. 169.254/16 or fe80::/10), multicast, tentative, dadfailed, deprecated (preferred
+lifetime 0) or temporary (privacy) addresses.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+
+__metaclass__ = type
+
+REJECT_FLAGS = ("tentative", "dadfailed", "deprecated", "temporary")
+
+
+def parse_ip_json(text):
+    """`ip -j addr` output (one array, or one object/array per line as some tools print) -> list."""
+    text = (text or "").strip()
+    if not text:
+        return []
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = []
+        for line in text.splitlines():
+            line = line.strip().rstrip(",")
+            if line in ("", "[", "]"):
+                continue
+            item = json.loads(line)
+            data.extend(item if isinstance(item, list) else [item])
+    return data if isinstance(data, list) else [data]
+
+
+def classify(info):
+    """One addr_info entry -> {address, family, prefixlen, scope, flags, usable, reason}."""
+    family = {"inet": "ipv4", "inet6": "ipv6"}.get(info.get("family"), info.get("family"))
+    address = info.get("local") or info.get("address") or ""
+    flags = sorted(k for k, v in info.items() if v is True)
+    out = {"address": address, "family": family, "prefixlen": info.get("prefixlen"),
+           "scope": info.get("scope"), "flags": flags, "usable": False, "reason": None}
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        out["reason"] = "not an IP address"
+        return out
+    if info.get("scope") != "global":
+        out["reason"] = "scope %s" % info.get("scope")
+    elif ip.is_loopback:
+        out["reason"] = "loopback"
+    elif ip.is_link_local:
+        out["reason"] = "link-local"
+    elif ip.is_multicast or ip.is_unspecified:
+        out["reason"] = "not a unicast address"
+    elif any(f in flags for f in REJECT_FLAGS):
+        out["reason"] = [f for f in REJECT_FLAGS if f in flags][0]
+    elif info.get("preferred_life_time") == 0:
+        out["reason"] = "deprecated"
+    else:
+        out["usable"] = True
+    return out
+
+
+def interface_addresses(links, name):
+    """Find interface `name` in parsed `ip -j addr` output -> (link or None, classified addresses)."""
+    for link in links:
+        if link.get("ifname") == name:
+            return link, [classify(a) for a in link.get("addr_info") or []]
+    return None, []
+
+
+def global_addresses(addresses, family="any"):
+    return [a["address"] for a in addresses if a["usable"] and family in ("any", a["family"])]

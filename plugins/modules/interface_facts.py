@@ -1,0 +1,157 @@
+#!/usr/bin/python
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: interface_facts
+short_description: Read the global addresses of an engine host's fabric interface
+version_added: 0.1.0
+description:
+  - Reads the interfaces with C(ip -j addr show) and returns the addresses of the named one, each classified as
+    usable or not.
+  - Usable addresses are global-scope unicast addresses only; loopback, link-local (also when labelled scope
+    global), tentative, dadfailed, deprecated (preferred lifetime 0) and temporary (privacy) addresses are never
+    usable.
+  - Read-only; never reports a change.
+options:
+  name:
+    description: Interface name, for example the value of C(NARWHAL_FABRIC_INTERFACE).
+    type: str
+    required: true
+  family:
+    description: Address family of RV(ansible_facts.narwhal_interface.global_addresses).
+    type: str
+    choices: [any, ipv4, ipv6]
+    default: any
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  facts:
+    support: full
+  idempotent:
+    support: full
+requirements:
+  - iproute2 (C(ip)) with JSON output on the engine host
+author:
+  - narwhal.deploy contributors
+"""
+
+EXAMPLES = r"""
+- name: Read the fabric interface
+  narwhal.deploy.interface_facts:
+    name: eth1
+    family: ipv6
+
+- name: Show the usable addresses
+  ansible.builtin.debug:
+    var: ansible_facts.narwhal_interface.global_addresses
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts about the interface.
+  returned: always
+  type: dict
+  contains:
+    narwhal_interface:
+      description: The interface and its addresses.
+      returned: always
+      type: dict
+      contains:
+        name:
+          description: Interface name.
+          type: str
+          returned: always
+          sample: eth1
+        operstate:
+          description: Operational state as C(ip) reports it.
+          type: str
+          returned: always
+          sample: UP
+        mtu:
+          description: MTU of the interface.
+          type: int
+          returned: always
+          sample: 1500
+        host_id:
+          description: Identity of the physical host (hash of its machine ID and host name), equal for engines that share a host.
+          type: str
+          returned: always
+          sample: 1c1e5e2c4d0a7b9f
+        global_addresses:
+          description: Usable global addresses of the requested family, without prefix length.
+          type: list
+          elements: str
+          returned: always
+          sample: ["10.0.0.11", "fd00::11"]
+        addresses:
+          description: Every address of the interface with C(address), C(family), C(prefixlen), C(scope), C(flags), C(usable) and C(reason).
+          type: list
+          elements: dict
+          returned: always
+          sample: [{"address": "fe80::1", "family": "ipv6", "prefixlen": 64, "scope": "link", "flags": [], "usable": false, "reason": "scope link"}]
+"""
+
+import hashlib
+import socket
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._netaddr import (
+    global_addresses,
+    interface_addresses,
+    parse_ip_json,
+)
+
+
+def host_id():
+    try:
+        with open("/etc/machine-id") as fh:
+            machine = fh.read().strip()
+    except OSError:
+        machine = ""
+    return hashlib.sha256(("%s/%s" % (machine, socket.gethostname())).encode()).hexdigest()[:16]
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            name=dict(type="str", required=True),
+            family=dict(type="str", default="any", choices=["any", "ipv4", "ipv6"]),
+        ),
+        supports_check_mode=True,
+    )
+    name = module.params["name"]
+    ip = module.get_bin_path("ip", required=True)
+    rc, out, err = module.run_command([ip, "-j", "addr", "show"], check_rc=False)
+    if rc != 0:
+        module.fail_json(msg="'ip -j addr show' failed on this host (rc=%d): %s; install a current iproute2"
+                             % (rc, err.strip()))
+    try:
+        links = parse_ip_json(out)
+    except ValueError as exc:
+        module.fail_json(msg="cannot parse 'ip -j addr show' output: %s" % exc)
+    link, addresses = interface_addresses(links, name)
+    if link is None:
+        present = ", ".join(x.get("ifname", "?") for x in links)
+        module.fail_json(msg="interface %s does not exist on this host (present: %s); set "
+                             "NARWHAL_FABRIC_INTERFACE (or NARWHAL_NODE_<n>_FABRIC_INTERFACE) to the fabric "
+                             "interface of this host and rerun discovery" % (name, present))
+    facts = {
+        "name": name,
+        "operstate": link.get("operstate"),
+        "mtu": link.get("mtu"),
+        "host_id": host_id(),
+        "global_addresses": global_addresses(addresses, module.params["family"]),
+        "addresses": addresses,
+    }
+    module.exit_json(changed=False, ansible_facts={"narwhal_interface": facts})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+#!/usr/bin/python
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: rdma_facts
+short_description: Inventory the RDMA HCAs of an engine host, their ports and the verbs device nodes
+version_added: 0.1.0
+description:
+  - Reads C(class/infiniband) below O(sysfs_root) (HCA type, firmware, board id, ports with state, physical
+    state, link layer, rate and netdev), C(class/infiniband/<hca>/device) for the NUMA node and PCI bus id,
+    and C(class/infiniband_verbs/uverbs*/ibdev) for the verbs device of each HCA.
+  - When C(class/infiniband) does not exist, falls back to C(ibstat), then C(ibv_devinfo); a host with none
+    of them reports no HCAs, which is not an error.
+  - Device nodes (C(/dev/infiniband/uverbs*), C(/dev/infiniband/rdma_cm)) are those that exist below
+    O(dev_root).
+  - Read-only; never reports a change.
+options:
+  sysfs_root:
+    description: Root of the sysfs tree to read. Tests and simulated hosts point it at a prepared tree.
+    type: path
+    default: /sys
+  dev_root:
+    description:
+      - Directory in which the device nodes are looked up.
+      - Paths are always reported with their C(/dev/...) names.
+    type: path
+    default: /dev
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  facts:
+    support: full
+  idempotent:
+    support: full
+author:
+  - narwhal.deploy contributors
+"""
+
+EXAMPLES = r"""
+- name: Inventory the HCAs
+  narwhal.deploy.rdma_facts:
+
+- name: Read a simulated host's sysfs tree
+  narwhal.deploy.rdma_facts:
+    sysfs_root: /opt/narwhal-sim/profiles/nvidia-8gpu-rdma/sys
+
+- name: Active InfiniBand HCA ports as UCX_NET_DEVICES entries
+  ansible.builtin.debug:
+    msg: >-
+      {{ ansible_facts.narwhal_rdma.hcas
+         | selectattr('ports.0.active') | map(attribute='name') | map('regex_replace', '$', ':1') | list }}
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts about the RDMA devices of the host.
+  returned: always
+  type: dict
+  contains:
+    narwhal_rdma:
+      description: RDMA inventory.
+      returned: always
+      type: dict
+      contains:
+        hcas:
+          description:
+            - One entry per HCA (natural name order) with C(name), C(hca_type), C(fw_ver), C(board_id),
+              C(numa_node) (int or null), C(pci_bus_id) (or null), C(uverbs) (C(/dev/infiniband/uverbsN) or
+              null) and C(ports).
+            - Each port has C(port) (int), C(state) (for example C(ACTIVE)), C(phys_state) (for example
+              C(LinkUp)), C(link_layer) (C(InfiniBand) or C(Ethernet)), C(rate), C(netdev) (or null) and
+              C(active) (bool).
+          type: list
+          elements: dict
+          returned: always
+          sample:
+            - name: mlx5_0
+              hca_type: MT4129
+              fw_ver: 28.41.1000
+              board_id: MT_0000000838
+              numa_node: 0
+              pci_bus_id: "0000:1a:00.0"
+              uverbs: /dev/infiniband/uverbs0
+              ports:
+                - port: 1
+                  state: ACTIVE
+                  phys_state: LinkUp
+                  link_layer: InfiniBand
+                  rate: 400 Gb/sec (4X NDR)
+                  netdev: null
+                  active: true
+        rdma_cm:
+          description: C(/dev/infiniband/rdma_cm) when it exists, else null.
+          type: str
+          returned: always
+          sample: /dev/infiniband/rdma_cm
+        devices:
+          description: Every existing C(/dev/infiniband/uverbs*) plus C(rdma_cm).
+          type: list
+          elements: str
+          returned: always
+          sample: [/dev/infiniband/uverbs0, /dev/infiniband/rdma_cm]
+        source:
+          description: Where the HCA list came from (the sysfs directory or the command), null when there is none.
+          type: str
+          returned: always
+          sample: /sys/class/infiniband
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._rdma import (
+    RdmaParseError,
+    parse_ibstat,
+    parse_ibv_devinfo,
+    rdma_facts,
+    read_sysfs_hcas,
+    read_uverbs_map,
+)
+
+FIX = (
+    "check that the RDMA drivers are loaded ('lsmod | grep -E \"mlx5_ib|ib_uverbs\"') and rdma-core / "
+    "infiniband-diags are installed ('ibv_devinfo' should list the HCAs); then rerun discovery"
+)
+
+
+def run_tool(module, tool, path, parser):
+    rc, out, err = module.run_command([path], check_rc=False, environ_update={"LC_ALL": "C"})
+    if rc != 0:
+        cause = (err or out or "").strip().splitlines()
+        module.fail_json(
+            msg="'%s' failed on this host (rc=%d): %s; %s" % (tool, rc, cause[0] if cause else "no output", FIX),
+            rc=rc,
+            stdout=out,
+            stderr=err,
+        )
+    try:
+        return parser(out)
+    except RdmaParseError as exc:
+        module.fail_json(
+            msg=f"'{tool}' ran on this host but its output cannot be read: {exc}; run it by hand on the host; {FIX}",
+            stdout=out,
+            stderr=err,
+        )
+    return None  # not reached
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            sysfs_root=dict(type="path", default="/sys"),
+            dev_root=dict(type="path", default="/dev"),
+        ),
+        supports_check_mode=True,
+    )
+    sysfs_root = module.params["sysfs_root"]
+    dev_root = module.params["dev_root"]
+    hcas = read_sysfs_hcas(sysfs_root)
+    source = os.path.join(sysfs_root, "class", "infiniband")
+    if hcas is None:
+        hcas, source = [], None
+        for tool, parser in (("ibstat", parse_ibstat), ("ibv_devinfo", parse_ibv_devinfo)):
+            path = module.get_bin_path(tool)
+            if path:
+                hcas, source = run_tool(module, tool, path, parser), tool
+                break
+        uverbs = read_uverbs_map(sysfs_root)
+        for hca in hcas:
+            hca["uverbs"] = uverbs.get(hca["name"])
+    module.exit_json(changed=False, ansible_facts={"narwhal_rdma": rdma_facts(hcas, dev_root, source)})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+#!/usr/bin/python
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: site_inputs
+short_description: Read and validate the deployment inputs of a site from its .env
+version_added: 0.1.0
+description:
+  - Runs on the controller. Reads the C(.env) file with python-dotenv, lets C(NARWHAL_*) variables of the
+    process environment override it, and validates every input against the collection's input description
+    (types, defaults, allowed values).
+  - A bad input fails with a message naming the C(.env) key and how to fix it.
+  - Read-only; never reports a change. Returns no secret values.
+options:
+  env_file:
+    description: Path of the C(.env) file.
+    type: path
+    required: true
+  use_process_env:
+    description: Let C(NARWHAL_*) variables of the controller environment override the file.
+    type: bool
+    default: true
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  facts:
+    support: full
+  idempotent:
+    support: full
+requirements:
+  - python-dotenv on the controller
+author:
+  - narwhal.deploy contributors
+"""
+
+EXAMPLES = r"""
+- name: Read the site inputs once, on the controller
+  narwhal.deploy.site_inputs:
+    env_file: "{{ playbook_dir }}/../.env"
+  delegate_to: localhost
+  run_once: true
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: The validated inputs.
+  returned: always
+  type: dict
+  contains:
+    narwhal_site:
+      description: Site-wide inputs (C(site)), per-node inputs by node number (C(nodes)), the file read and its sha256.
+      returned: always
+      type: dict
+      sample: {"site": {"NARWHAL_FABRIC_INTERFACE": "eth1", "NARWHAL_ENGINE_PORT": 8000}, "nodes": {"1": {"ROLE": "prefill"}},
+               "env_file": "/srv/narwhal/.env", "env_sha256": "9f2c..."}
+"""
+
+import hashlib
+import os
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError, load_inputs
+
+try:
+    from dotenv import dotenv_values
+except ImportError:
+    DOTENV_ERROR = traceback.format_exc()
+else:
+    DOTENV_ERROR = None
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            env_file=dict(type="path", required=True),
+            use_process_env=dict(type="bool", default=True),
+        ),
+        supports_check_mode=True,
+    )
+    if DOTENV_ERROR:
+        module.fail_json(msg=missing_required_lib("python-dotenv"), exception=DOTENV_ERROR)
+    path = module.params["env_file"]
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        module.fail_json(msg="cannot read the site inputs %s (%s); copy .env.example to .env and fill it in, "
+                             "or point NARWHAL_ENV_FILE at the site's file" % (path, exc.strerror))
+    values = {k: v for k, v in dotenv_values(path).items() if k.startswith("NARWHAL_")}
+    if module.params["use_process_env"]:
+        values.update({k: v for k, v in os.environ.items() if k.startswith("NARWHAL_") and k != "NARWHAL_ENV_FILE"})
+    try:
+        inputs = load_inputs(values)
+    except InputError as exc:
+        module.fail_json(msg="invalid site input in %s: %s" % (path, exc), input=exc.key)
+    inputs["nodes"] = {str(n): v for n, v in inputs["nodes"].items()}
+    inputs["env_file"] = path
+    inputs["env_sha256"] = hashlib.sha256(raw).hexdigest()
+    module.exit_json(changed=False, ansible_facts={"narwhal_site": inputs})
+
+
+if __name__ == "__main__":
+    main()

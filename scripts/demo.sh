@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The main job on the built-in simulated two-host site: bring up two simulated engine hosts (SSH, own
+# Docker daemons, fake GPUs replaying real tool output), run the pipeline as far as it exists, print what
+# it produced, tear the site down (KEEP=1 keeps it; `scripts/demo.sh down` removes it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH=$PWD/.venv/bin:$PATH ANSIBLE_COLLECTIONS_PATH=$PWD/collections
+SITE=tests/harness/sites/demo.yml
+STATE=.cache/narwhal-sim-demo
+if [ "${1:-}" = down ]; then
+  ansible-playbook -i localhost, tests/harness/site.yml -e @"$SITE" -e sim_state=absent
+  exit 0
+fi
+start=$SECONDS
+ansible-playbook -i localhost, tests/harness/site.yml -e @"$SITE"
+echo "== site up in $((SECONDS - start)) s"
+export NARWHAL_ENV_FILE=$PWD/tests/harness/sites/demo.env
+t=$SECONDS
+ansible-playbook -i "$STATE/hosts.yml" playbooks/site.yml
+echo "== pipeline in $((SECONDS - t)) s"
+printf '\n== config/demo/deployment.env\n'; cat config/demo/deployment.env
+printf '\n== config/fleet.demo.json\n'; cat config/fleet.demo.json
+printf '\n== the fleet as the router resolves it (scripts/narwhal-fleet)\n'
+python scripts/narwhal-fleet --fleet config/fleet.demo.json --env-file "$NARWHAL_ENV_FILE" --deployment-env config/demo/deployment.env
+if [ "${KEEP:-0}" != 1 ]; then
+  ansible-playbook -i localhost, tests/harness/site.yml -e @"$SITE" -e sim_state=absent >/dev/null
+  echo "== site removed (KEEP=1 keeps it)"
+fi
+echo "== demo done in $((SECONDS - start)) s"

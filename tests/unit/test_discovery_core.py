@@ -1,0 +1,262 @@
+"""Discovery part 1, pure core: address choice over real `ip -j addr` captures, URLs, overrides,
+input validation, the one-set writer and complete-value substitution."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.narwhal.deploy.plugins.module_utils import _outputs
+from ansible_collections.narwhal.deploy.plugins.module_utils._fleet import plan_fleet, render_env
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError, load_inputs
+from ansible_collections.narwhal.deploy.plugins.module_utils._netaddr import (
+    global_addresses,
+    interface_addresses,
+    parse_ip_json,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._subst import (
+    SubstitutionError,
+    layered_env,
+    resolve_values,
+)
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+NET = REPO / "tests" / "fixtures" / "real" / "net"
+
+
+def iface(capture, name):
+    link, addresses = interface_addresses(parse_ip_json((NET / capture).read_text()), name)
+    assert link is not None
+    return addresses
+
+
+@pytest.mark.parametrize(
+    "capture,name,family,expected",
+    [
+        # wlan0: 169.254/16 labelled scope global, a temporary, a mngtmpaddr (stable), a deprecated /128
+        ("nix_stat__ip-j-addr.json", "wlan0", "ipv4", ["192.168.2.230"]),
+        ("nix_stat__ip-j-addr.json", "wlan0", "ipv6", ["2003:df:174b:85e7:4e20:b8ff:fea8:105f"]),
+        ("nix_stat__ip-j-addr.json", "tailscale0", "ipv6", ["fd7a:115c:a1e0::c436:fc3a"]),
+        ("nix_stat__ip-j-addr.json", "lo", "any", []),
+        # netplan: temporary + mngtmpaddr on wlan0, single-line JSON without trailing newline
+        ("netplan__ip-d-j-addr.json", "wlan0", "ipv6", ["2001:9e8:a19f:1c00:f24f:f724:5dd1:d0ad"]),
+        ("netplan__ip-d-j-addr.json", "enp0s31f6", "any", ["192.168.178.62", "2001:9e8:a19f:1c00:56e1:adff:fe5f:24b4"]),
+        ("netplan__ip-d-j-addr.json", "wwan0", "any", []),
+        # cloud-init: an fe80:: address labelled scope global is still link-local
+        ("cloud-init__sample-ipaddrshow-json.json", "enp0s25", "ipv6", []),
+        ("cloud-init__sample-ipaddrshow-json.json", "enp0s25", "ipv4", ["192.168.2.18"]),
+        ("cloud-init__sample-ipaddrshow-json-down.json", "eth0", "any", []),
+    ],
+)
+def test_global_addresses_from_real_captures(capture, name, family, expected):
+    assert global_addresses(iface(capture, name), family) == expected
+
+
+def test_rejection_reasons_are_named():
+    reasons = {a["address"]: a["reason"] for a in iface("nix_stat__ip-j-addr.json", "wlan0")}
+    assert reasons["169.254.11.146"] == "link-local"
+    assert reasons["2003:df:174b:85e7:9132:9421:5943:ae00"] == "temporary"
+    assert reasons["2003:df:174b:8579:4e20:b8ff:fea8:105f"] == "deprecated"
+    assert reasons["fe80::4e20:b8ff:fea8:105f"] == "scope link"
+
+
+def facts(*addrs):
+    """narwhal_interface facts for a simulated eth1 with the given (address, family[, flag]) entries."""
+    out = []
+    for entry in addrs:
+        address, family = entry[0], entry[1]
+        info = {"family": "inet" if family == "ipv4" else "inet6", "local": address, "prefixlen": 24,
+                "scope": "global", "preferred_life_time": 4294967295}
+        if len(entry) > 2:
+            info[entry[2]] = True
+        out.append(info)
+    _link, addresses = interface_addresses([{"ifname": "eth1", "addr_info": out}], "eth1")
+    return {"addresses": addresses, "host_id": None}
+
+
+BASE = {"NARWHAL_FABRIC_INTERFACE": "eth1", "NARWHAL_NODE_1_ROLE": "prefill", "NARWHAL_NODE_2_ROLE": "decode"}
+TWO = {"engine-1": facts(("10.0.0.11", "ipv4"), ("fd00::11", "ipv6")),
+       "engine-2": facts(("10.0.0.12", "ipv4"), ("fd00::12", "ipv6"))}
+
+
+def plan(extra=None, interfaces=None, engines=("engine-1", "engine-2")):
+    values = dict(BASE, **(extra or {}))
+    return plan_fleet(load_inputs(values), list(engines), interfaces or TWO)
+
+
+def test_ipv4_plan_urls_and_fleet_references():
+    result = plan()
+    env = dict(result["deployment_env"])
+    assert env["NARWHAL_NODE_1_IP"] == "10.0.0.11"
+    assert env["NARWHAL_NODE_1_URL"] == "http://10.0.0.11:8000"
+    assert env["NARWHAL_NODE_2_ATTESTATION_URL"] == "http://10.0.0.12:8010/v1/attestation"
+    assert result["fleet"][0] == {"iid": "n1", "engine": "engine-1", "url": "${NARWHAL_NODE_1_URL}",
+                                  "attestation_url": "${NARWHAL_NODE_1_ATTESTATION_URL}", "role": "prefill"}
+    assert [r["role"] for r in result["fleet"]] == ["prefill", "decode"]
+
+
+def test_ipv6_plan_brackets_hosts():
+    env = dict(plan({"NARWHAL_BIND_FAMILY": "ipv6", "NARWHAL_ENGINE_PORT": "9000"})["deployment_env"])
+    assert env["NARWHAL_NODE_2_IP"] == "fd00::12"
+    assert env["NARWHAL_NODE_2_URL"] == "http://[fd00::12]:9000"
+    assert env["NARWHAL_NODE_2_ATTESTATION_URL"] == "http://[fd00::12]:8010/v1/attestation"
+
+
+def test_explicit_ip_wins_over_several_addresses():
+    many = dict(TWO, **{"engine-2": facts(("fd00::12", "ipv6"), ("fd00::99", "ipv6"))})
+    with pytest.raises(InputError) as err:
+        plan({"NARWHAL_BIND_FAMILY": "ipv6"}, many)
+    assert err.value.key == "NARWHAL_NODE_2_IP" and "fd00::12, fd00::99" in str(err.value)
+    env = dict(plan({"NARWHAL_BIND_FAMILY": "ipv6", "NARWHAL_NODE_2_IP": "fd00::99"}, many)["deployment_env"])
+    assert env["NARWHAL_NODE_2_URL"] == "http://[fd00::99]:8000"
+
+
+def test_temporary_and_deprecated_do_not_count_as_several():
+    host = facts(("fd00::12", "ipv6"), ("fd00::77", "ipv6", "temporary"), ("fd00::78", "ipv6", "deprecated"))
+    env = dict(plan({"NARWHAL_BIND_FAMILY": "ipv6"}, dict(TWO, **{"engine-2": host}))["deployment_env"])
+    assert env["NARWHAL_NODE_2_IP"] == "fd00::12"
+
+
+def test_url_overrides_honoured_and_port_checked():
+    env = dict(plan({"NARWHAL_NODE_1_URL": "http://engine-a.example:8000"})["deployment_env"])
+    assert env["NARWHAL_NODE_1_URL"] == "http://engine-a.example:8000"
+    assert env["NARWHAL_NODE_1_IP"] == "10.0.0.11"
+    with pytest.raises(InputError) as err:
+        plan({"NARWHAL_NODE_1_URL": "http://engine-a.example:9000"})
+    assert err.value.key == "NARWHAL_NODE_1_URL" and "NARWHAL_NODE_1_ENGINE_PORT=9000" in str(err.value)
+    env = dict(plan({"NARWHAL_NODE_1_URL": "http://engine-a.example:9000",
+                     "NARWHAL_NODE_1_ENGINE_PORT": "9000"})["deployment_env"])
+    assert env["NARWHAL_NODE_1_ENGINE_PORT"] == "9000"
+    with pytest.raises(InputError) as err:
+        plan({"NARWHAL_NODE_2_ATTESTATION_URL": "http://[fd00::12]/v1/attestation"})
+    assert "NARWHAL_NODE_2_ATTEST_PORT=80" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "extra,interfaces,engines,key",
+    [
+        ({"NARWHAL_FABRIC_INTERFACE": ""}, None, None, "NARWHAL_FABRIC_INTERFACE"),
+        ({"NARWHAL_ENGINE_PORT": "80000"}, None, None, "NARWHAL_ENGINE_PORT"),
+        ({"NARWHAL_ATTEST_PORT": "http"}, None, None, "NARWHAL_ATTEST_PORT"),
+        ({"NARWHAL_BIND_FAMILY": "ipv5"}, None, None, "NARWHAL_BIND_FAMILY"),
+        ({"NARWHAL_NODE_1_IP": "10.0.0.300"}, None, None, "NARWHAL_NODE_1_IP"),
+        ({"NARWHAL_NODE_1_IP": "10.0.0.99"}, None, None, "NARWHAL_NODE_1_IP"),
+        ({"NARWHAL_NODE_1_URL": "10.0.0.11:8000"}, None, None, "NARWHAL_NODE_1_URL"),
+        ({"NARWHAL_NODE_1_URL": "http://fd00::11:8000"}, None, None, "NARWHAL_NODE_1_URL"),
+        ({"NARWHAL_NODE_2_ROLE": "router"}, None, None, "NARWHAL_NODE_2_ROLE"),
+        ({"NARWHAL_NODE_2_ROLE": "prefill"}, None, None, "NARWHAL_NODE_<n>_ROLE"),
+        ({"NARWHAL_NODE_1_PORT": "8000"}, None, None, "NARWHAL_NODE_1_PORT"),
+        ({"NARWHAL_NODE_3_ROLE": "decode"}, None, None, "NARWHAL_NODE_3_ROLE"),
+        ({"NARWHAL_NODE_2_ROLE": ""}, None, ("engine-1",), "engines"),
+        ({}, None, ("engine-1", "gpu-7"), "gpu-7"),
+        ({}, dict(TWO, **{"engine-2": facts(("fd00::12", "ipv6"))}), None, "NARWHAL_FABRIC_INTERFACE"),
+        ({"NARWHAL_NODE_2_ENGINE_PORT": "8010"}, None, None, "NARWHAL_NODE_2_ATTEST_PORT"),
+    ],
+)
+def test_bad_inputs_name_the_input(extra, interfaces, engines, key):
+    with pytest.raises(InputError) as err:
+        plan(extra, interfaces, engines or ("engine-1", "engine-2"))
+    assert err.value.key == key
+    assert "rerun" in str(err.value) or "set" in str(err.value) or "add" in str(err.value) \
+        or "rename" in str(err.value) or "give" in str(err.value) or "assign" in str(err.value)
+
+
+def test_two_engines_on_one_host_need_their_own_ports():
+    shared = facts(("10.0.0.11", "ipv4"))
+    shared["host_id"] = "box-a"
+    with pytest.raises(InputError) as err:
+        plan({}, {"engine-1": shared, "engine-2": shared})
+    assert "engine-1 and engine-2 share a host" in str(err.value)
+    env = dict(plan({"NARWHAL_NODE_2_ENGINE_PORT": "8001", "NARWHAL_NODE_2_ATTEST_PORT": "8011"},
+                    {"engine-1": shared, "engine-2": shared})["deployment_env"])
+    assert env["NARWHAL_NODE_2_URL"] == "http://10.0.0.11:8001"
+
+
+def test_render_env_has_no_volatile_content():
+    text = render_env(plan()["deployment_env"], ["header"])
+    assert text == render_env(plan()["deployment_env"], ["header"])
+    assert text.startswith("# header\nNARWHAL_NODE_1_IP=10.0.0.11\n")
+
+
+def test_output_set_unchanged_is_untouched_and_failure_restores(tmp_path, monkeypatch):
+    a, b = tmp_path / "deployment.env", tmp_path / "fleet.json"
+    files = {str(a): ("A1\n", 0o600), str(b): ("B1\n", 0o600)}
+    _outputs.apply_set(_outputs.plan_set(files))
+    assert a.read_text() == "A1\n" and oct(a.stat().st_mode & 0o777) == "0o600"
+    assert _outputs.plan_set(files) == []
+    new = {str(a): ("A2\n", 0o600), str(b): ("B2\n", 0o600)}
+    real_replace = os.replace
+    calls = []
+
+    def failing_replace(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(_outputs.os, "replace", failing_replace)
+    with pytest.raises(OSError):
+        _outputs.apply_set(_outputs.plan_set(new))
+    monkeypatch.setattr(_outputs.os, "replace", real_replace)
+    assert a.read_text() == "A1\n" and b.read_text() == "B1\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deployment.env", "fleet.json"]
+
+
+ENV = {"NARWHAL_NODE_1_URL": "http://10.0.0.11:8000", "EMPTY": ""}
+
+
+@pytest.mark.parametrize(
+    "data,expected",
+    [
+        ({"url": "${NARWHAL_NODE_1_URL}"}, {"url": "http://10.0.0.11:8000"}),
+        ([{"a": ["${EMPTY}", 3, None]}], [{"a": ["", 3, None]}]),
+        ({"plain": "$HOME and {braces}"}, {"plain": "$HOME and {braces}"}),
+    ],
+)
+def test_complete_values_resolve(data, expected):
+    assert resolve_values(data, ENV) == expected
+
+
+@pytest.mark.parametrize(
+    "data,needle",
+    [
+        ({"url": "http://${HOST}:8000"}, "not a complete"),
+        ({"url": "${NARWHAL_NODE_1_URL}/v1"}, "not a complete"),
+        ({"url": "${ NARWHAL_NODE_1_URL }"}, "not a complete"),
+        ({"url": "${UNSET_NAME}"}, "${UNSET_NAME} is not set"),
+        ({"x": ["${1BAD}"]}, "$.x[0]"),
+    ],
+)
+def test_substitution_errors_name_the_value(data, needle):
+    with pytest.raises(SubstitutionError) as err:
+        resolve_values(data, ENV)
+    assert needle in str(err.value)
+
+
+def test_substitution_is_not_recursive_and_layers():
+    env = layered_env({"A": "process"}, {"A": "dotenv", "B": "${C}"}, {"A": "generated", "C": "x", "D": "gen"})
+    assert env["A"] == "process" and env["D"] == "gen"
+    assert resolve_values({"b": "${B}"}, env) == {"b": "${C}"}
+
+
+def test_fleet_cli_prints_resolved_fleet_and_fails_on_unset(tmp_path):
+    fleet = tmp_path / "fleet.json"
+    fleet.write_text(json.dumps([{"iid": "n1", "url": "${NARWHAL_NODE_1_URL}"}]))
+    (tmp_path / "deployment.env").write_text("NARWHAL_NODE_1_URL=http://[fd00::11]:8000\n")
+    cmd = [sys.executable, str(REPO / "scripts" / "narwhal-fleet"), "--fleet", str(fleet),
+           "--env-file", str(tmp_path / "none.env"), "--deployment-env", str(tmp_path / "deployment.env")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NARWHAL_")}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
+    assert json.loads(out.stdout) == [{"iid": "n1", "url": "http://[fd00::11]:8000"}]
+    (tmp_path / "deployment.env").write_text("")
+    bad = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    assert bad.returncode == 1 and "${NARWHAL_NODE_1_URL} is not set" in bad.stderr
+
+
+def test_env_example_and_docs_are_generated_from_the_input_description():
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "gen-inputs.py"), "--check"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout
