@@ -39,7 +39,7 @@ for g in "${gates[@]}"; do
   case $g in
     lint) lint ;;
     unit) run pytest unit ;;
-    sanity) [ -x scripts/sanity.sh ] && run sanity sanity || echo "sanity: scripts/sanity.sh missing" ;;
+    sanity) run sanity sanity ;;
     molecule) molecule_all ;;
     *) echo "unknown gate $g" >&2; exit 2 ;;
   esac

@@ -140,7 +140,7 @@ def kv_cache_plan(geometry, tp, block_size, kv_cache_dtype, model_dtype):
             notes.append("fp8_ds_mla: 656 bytes per token (512 fp8 latent + scales + 64 bf16 rope)")
         else:
             per_token = latent * elem
-        notes.append("MLA: one latent KV head of %d, shared by all TP ranks (not split by TP)" % latent)
+        notes.append(f"MLA: one latent KV head of {latent}, shared by all TP ranks (not split by TP)")
         align = MLA_ATTENTION_ALIGN
     else:
         num_kv_heads = geometry.get("num_kv_heads")
@@ -149,11 +149,9 @@ def kv_cache_plan(geometry, tp, block_size, kv_cache_dtype, model_dtype):
             raise ValueError("geometry needs num_kv_heads and head_dim")
         kv_heads_per_gpu = max(1, num_kv_heads // tp)
         if num_kv_heads < tp:
-            notes.append(
-                "%d KV heads < TP %d: each KV head is replicated on %d GPUs" % (num_kv_heads, tp, tp // num_kv_heads)
-            )
+            notes.append(f"{num_kv_heads} KV heads < TP {tp}: each KV head is replicated on {tp // num_kv_heads} GPUs")
         elif num_kv_heads % tp:
-            notes.append("%d KV heads are not divisible by TP %d; vLLM will refuse this TP size" % (num_kv_heads, tp))
+            notes.append(f"{num_kv_heads} KV heads are not divisible by TP {tp}; vLLM will refuse this TP size")
         per_token = 2 * kv_heads_per_gpu * head_dim * elem
         align = ATTENTION_ALIGN
 
@@ -176,9 +174,8 @@ def kv_cache_plan(geometry, tp, block_size, kv_cache_dtype, model_dtype):
     result["mamba_page_bytes"] = mamba_page
     if mamba_page is None:
         notes.append(
-            "Mamba state shape of kind {!r} not derivable from the config; block size left as requested".format(
-                mamba.get("kind")
-            )
+            f"Mamba state shape of kind {mamba.get('kind')!r} not derivable from the config; "
+            "block size left as requested"
         )
         return result
     if not attention_layers:
@@ -187,13 +184,13 @@ def kv_cache_plan(geometry, tp, block_size, kv_cache_dtype, model_dtype):
         return result
     attn_block = align * _cdiv(mamba_page, align * per_token)
     if mla:
-        notes.append("MLA hybrid: alignment %d assumed; vLLM >= 0.33 takes it from the attention backend" % align)
+        notes.append(f"MLA hybrid: alignment {align} assumed; vLLM >= 0.33 takes it from the attention backend")
     adjusted = max(block_size, attn_block)
     if adjusted != block_size:
         notes.append(
-            "hybrid attention+Mamba: block size raised from %d to %d tokens so one attention page (%d B/token) "
-            "holds one Mamba state page (%d B); P and D must use the same block size"
-            % (block_size, adjusted, per_token, mamba_page)
+            f"hybrid attention+Mamba: block size raised from {block_size} to {adjusted} tokens so one attention "
+            f"page ({per_token} B/token) holds one Mamba state page ({mamba_page} B); P and D must use the same "
+            "block size"
         )
     result["block_size"] = adjusted
     result["page_bytes"] = adjusted * per_token

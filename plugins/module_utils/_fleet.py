@@ -105,15 +105,17 @@ def plan_fleet(inputs, engines, interfaces):
         numbers[engine_number(name)] = name
     for n in sorted(inputs["nodes"]):
         if n not in numbers and inputs["nodes"][n].get("ROLE"):
-            raise InputError("NARWHAL_NODE_%d_ROLE" % n, "is set but the inventory has no engine-%d in group "
-                                                          "engines; add the host or remove the role" % n)
+            raise InputError("NARWHAL_NODE_%d_ROLE" % n,
+                             "is set but the inventory has no engine-%d in group engines; add the host or "
+                             "remove the role" % n)
     nodes = []
     for n in sorted(numbers):
         host = numbers[n]
         node = inputs["nodes"].get(n, {})
         if not node.get("ROLE"):
-            raise InputError("NARWHAL_NODE_%d_ROLE" % n, "inventory host %s has no fleet role; set "
-                                                          "NARWHAL_NODE_%d_ROLE=prefill or decode" % (host, n))
+            raise InputError("NARWHAL_NODE_%d_ROLE" % n,
+                             "inventory host %s has no fleet role; set NARWHAL_NODE_%d_ROLE=prefill or decode"
+                             % (host, n))
         interface = node_interface(inputs, n)
         facts = dict(interfaces.get(host) or {})
         facts["per_node"] = "FABRIC_INTERFACE" in node

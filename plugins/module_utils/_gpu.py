@@ -53,9 +53,8 @@ def normalize_pci_bus_id(value):
     if not match:
         return None
     domain = int(match.group("domain") or "0", 16)
-    return "{:04x}:{:02x}:{:02x}.{}".format(
-        domain, int(match.group("bus"), 16), int(match.group("dev"), 16), match.group("fn")
-    )
+    bus, dev, fn = int(match.group("bus"), 16), int(match.group("dev"), 16), match.group("fn")
+    return f"{domain:04x}:{bus:02x}:{dev:02x}.{fn}"
 
 
 def _to_int(value):
@@ -311,7 +310,8 @@ def parse_rocm_smi_json(text):
             }
         )
     if not gpus:
-        raise GpuParseError("no cardN entries in rocm-smi JSON (keys: {})".format(", ".join(sorted(map(str, data)))))
+        keys = ", ".join(sorted(map(str, data)))
+        raise GpuParseError(f"no cardN entries in rocm-smi JSON (keys: {keys})")
     gpus.sort(key=lambda g: g["index"])
     system = data.get("system") if isinstance(data.get("system"), dict) else {}
     return {"driver_version": _first(system, "Driver version"), "gpus": gpus}
@@ -355,7 +355,7 @@ def parse_amd_smi_static_json(text):
         index = index if isinstance(index, int) else _to_int(index)
         size = _dig(entry, "vram", "size")
         if isinstance(size, dict):
-            memory_mib = memory_to_mib("{} {}".format(size.get("value"), size.get("unit") or "MB"))
+            memory_mib = memory_to_mib(f"{size.get('value')} {size.get('unit') or 'MB'}")
         else:
             memory_mib = memory_to_mib(size, "MB") if size is not None else None
         numa = _dig(entry, "numa", "node")
@@ -446,7 +446,8 @@ def read_kfd_topology(sysfs_root):
         location = props.get("location_id")
         if location is not None and location > 0:
             domain = props.get("domain") or 0
-            bdf = "%04x:%02x:%02x.%d" % (domain, (location >> 8) & 0xFF, (location >> 3) & 0x1F, location & 0x7)
+            bus, dev, fn = (location >> 8) & 0xFF, (location >> 3) & 0x1F, location & 0x7
+            bdf = f"{domain:04x}:{bus:02x}:{dev:02x}.{fn}"
         unique = props.get("unique_id")
         nodes.append(
             {
@@ -504,9 +505,9 @@ def amd_gpu_devices(gpu, kfd_nodes, drm_nodes):
         how.append("drm-class")
     paths = []
     if render is not None:
-        paths.append("/dev/dri/renderD%d" % render)
+        paths.append(f"/dev/dri/renderD{render}")
     if drm:
-        paths.extend("/dev/dri/card%d" % card for card in sorted(drm["card"]))
+        paths.extend(f"/dev/dri/card{card}" for card in sorted(drm["card"]))
         if "drm-class" not in how and drm["card"]:
             how.append("drm-class")
     return paths, how, bdf
@@ -536,7 +537,7 @@ def nvidia_facts(parsed, sysfs_root, dev_root, source):
     for gpu in parsed["gpus"]:
         devices = []
         if gpu.get("minor_number") is not None:
-            devices.append("/dev/nvidia%d" % gpu["minor_number"])
+            devices.append(f"/dev/nvidia{gpu['minor_number']}")
         entry = {
             "index": gpu["index"],
             "uuid": gpu["uuid"],

@@ -129,7 +129,7 @@ def load_inputs(values):
         raw = values.get(key)
         if raw is None or (isinstance(raw, str) and raw.strip() == ""):
             if spec.get("required"):
-                raise InputError(key, "is required (%s); add it to .env" % spec["doc"].split(";")[0].rstrip("."))
+                raise InputError(key, "is required (%s); add it to .env" % spec["doc"].split(";", 1)[0].rstrip("."))
             site[key] = spec.get("default")
             continue
         site[key] = _check(spec, key, raw)

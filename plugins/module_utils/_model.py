@@ -343,15 +343,15 @@ def model_facts(path, config_bytes, config, tokenizer_config, tokenizer_files, c
     """``narwhal_model`` facts from already-read documents. Raises ModelConfigError for a non-HF config."""
     if not isinstance(config, dict):
         raise ModelConfigError(
-            f"{os.path.join(path, config_name)} is not a Hugging Face config: the top level is a {type(config).__name__}, not a JSON object"
+            f"{os.path.join(path, config_name)} is not a Hugging Face config: "
+            f"the top level is a {type(config).__name__}, not a JSON object"
         )
     if not is_hf_config(config):
+        keys = ", ".join(sorted(config)[:12]) or "none"
         raise ModelConfigError(
-            "{} is not a Hugging Face config: it has neither 'model_type' nor 'architectures' (keys: {}); "
-            "point the model path at a checkpoint saved in Hugging Face format (config.json from "
-            "save_pretrained or the Hub repository)".format(
-                os.path.join(path, config_name), ", ".join(sorted(config)[:12]) or "none"
-            )
+            f"{os.path.join(path, config_name)} is not a Hugging Face config: it has neither 'model_type' nor "
+            f"'architectures' (keys: {keys}); point the model path at a checkpoint saved in Hugging Face format "
+            "(config.json from save_pretrained or the Hub repository)"
         )
     sources = []
     if has_auto_map(config):

@@ -36,13 +36,16 @@ options:
     required: true
 attributes:
   check_mode:
+    description: Can run in check mode and return the same result.
     support: full
   diff_mode:
+    description: Returns the before and after text of every output file that changes.
     support: full
   idempotent:
+    description: A second run with the same inputs changes nothing.
     support: full
 author:
-  - narwhal.deploy contributors
+  - narwhal.deploy contributors (@narwhal-deploy)
 """
 
 EXAMPLES = r"""

@@ -149,8 +149,7 @@ def run_tool(module, tool, argv, parser):
     if rc != 0:
         cause = (err or out or "").strip().splitlines()
         module.fail_json(
-            msg="'%s' failed on this host (rc=%d): %s; %s"
-            % (command, rc, cause[0] if cause else "no output", FIX[tool]),
+            msg=f"'{command}' failed on this host (rc={rc}): {cause[0] if cause else 'no output'}; {FIX[tool]}",
             rc=rc,
             stdout=out,
             stderr=err,
@@ -159,8 +158,8 @@ def run_tool(module, tool, argv, parser):
         return command, parser(out)
     except GpuParseError as exc:
         module.fail_json(
-            msg=f"'{command}' ran on this host but its output cannot be read: {exc}; run '{command}' by hand on the host: a wrapper, "
-            f"a mismatched tool version or a broken driver prints something else; {FIX[tool]}",
+            msg=f"'{command}' ran on this host but its output cannot be read: {exc}; run '{command}' by hand on "
+            f"the host: a wrapper, a mismatched tool version or a broken driver prints something else; {FIX[tool]}",
             stdout=out,
             stderr=err,
         )
@@ -198,10 +197,9 @@ def main():
             for gpu in facts["gpus"]:
                 if not any(path.startswith("/dev/dri/renderD") for path in gpu["devices"]):
                     module.warn(
-                        "AMD GPU {} ({}) has no render node: neither the KFD topology nor the DRM class below {} "
-                        "maps its PCI bus id; a container for it would get no GPU".format(
-                            gpu["index"], gpu["pci_bus_id"], sysfs_root
-                        )
+                        f"AMD GPU {gpu['index']} ({gpu['pci_bus_id']}) has no render node: neither the KFD "
+                        f"topology nor the DRM class below {sysfs_root} maps its PCI bus id; a container for it "
+                        "would get no GPU"
                     )
     module.exit_json(changed=False, ansible_facts={"narwhal_gpus": facts})
 

@@ -28,17 +28,21 @@ options:
     default: any
 attributes:
   check_mode:
+    description: Can run in check mode and return the same result.
     support: full
   diff_mode:
+    description: Returns no diff; nothing changes.
     support: none
   facts:
+    description: Returns its results as facts.
     support: full
   idempotent:
+    description: A second run with the same inputs changes nothing.
     support: full
 requirements:
   - iproute2 (C(ip)) with JSON output on the engine host
 author:
-  - narwhal.deploy contributors
+  - narwhal.deploy contributors (@narwhal-deploy)
 """
 
 EXAMPLES = r"""

@@ -137,7 +137,7 @@ def run_tool(module, tool, path, parser):
     if rc != 0:
         cause = (err or out or "").strip().splitlines()
         module.fail_json(
-            msg="'%s' failed on this host (rc=%d): %s; %s" % (tool, rc, cause[0] if cause else "no output", FIX),
+            msg=f"'{tool}' failed on this host (rc={rc}): {cause[0] if cause else 'no output'}; {FIX}",
             rc=rc,
             stdout=out,
             stderr=err,

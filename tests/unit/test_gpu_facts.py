@@ -546,7 +546,7 @@ def test_nvidia_facts_numa_and_devices(tmp_path):
     facts = _gpu.nvidia_facts(parsed, str(NVIDIA_SYS), str(tmp_path), "nvidia-smi -q -x")
     assert facts["devices"] == ["/dev/nvidiactl", "/dev/nvidia-uvm"]
     assert [g["numa_node"] for g in facts["gpus"]] == [0, 0, 0, 0, 1, 1, 1, 1]
-    assert [g["devices"] for g in facts["gpus"]] == [["/dev/nvidia%d" % i] for i in range(8)]
+    assert [g["devices"] for g in facts["gpus"]] == [[f"/dev/nvidia{i}"] for i in range(8)]
 
 
 def test_nvidia_device_node_follows_minor_number(tmp_path):
@@ -568,21 +568,21 @@ def test_memory_to_mib(raw, unit, expected):
 # the module
 
 
-class ExitJson(Exception):
+class ExitJsonError(Exception):
     pass
 
 
-class FailJson(Exception):
+class FailJsonError(Exception):
     pass
 
 
 @pytest.fixture
 def module_runner(monkeypatch, tmp_path):
     def exit_json(self, **kwargs):
-        raise ExitJson(kwargs)
+        raise ExitJsonError(kwargs)
 
     def fail_json(self, **kwargs):
-        raise FailJson(kwargs)
+        raise FailJsonError(kwargs)
 
     monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
     monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
@@ -598,9 +598,9 @@ def module_runner(monkeypatch, tmp_path):
         with patch_module_args(args):
             try:
                 gpu_facts.main()
-            except ExitJson as exc:
+            except ExitJsonError as exc:
                 return "exit", exc.args[0]
-            except FailJson as exc:
+            except FailJsonError as exc:
                 return "fail", exc.args[0]
         raise AssertionError("module returned without exit_json/fail_json")
 
@@ -609,7 +609,11 @@ def module_runner(monkeypatch, tmp_path):
 
 def _replay(fixture, accepted):
     """A stub like the harness' replay: prints the capture only for the accepted argument string."""
-    return f'if [ "$*" = "{accepted}" ]; then exec /bin/cat "{fixture}"; fi\necho "stub: no recorded output for \'$*\'" >&2\nexit 2\n'
+    return (
+        f'if [ "$*" = "{accepted}" ]; then exec /bin/cat "{fixture}"; fi\n'
+        "echo \"stub: no recorded output for '$*'\" >&2\n"
+        "exit 2\n"
+    )
 
 
 @pytest.fixture

@@ -428,21 +428,21 @@ def test_config_that_is_a_list(tmp_path):
 # the module
 
 
-class ExitJson(Exception):
+class ExitJsonError(Exception):
     pass
 
 
-class FailJson(Exception):
+class FailJsonError(Exception):
     pass
 
 
 @pytest.fixture
 def run_module(monkeypatch):
     def exit_json(self, **kwargs):
-        raise ExitJson(kwargs)
+        raise ExitJsonError(kwargs)
 
     def fail_json(self, **kwargs):
-        raise FailJson(kwargs)
+        raise FailJsonError(kwargs)
 
     monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
     monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
@@ -451,9 +451,9 @@ def run_module(monkeypatch):
         with patch_module_args(args):
             try:
                 model_facts.main()
-            except ExitJson as exc:
+            except ExitJsonError as exc:
                 return "exit", exc.args[0]
-            except FailJson as exc:
+            except FailJsonError as exc:
                 return "fail", exc.args[0]
         raise AssertionError("module returned without exit_json/fail_json")
 

@@ -169,7 +169,7 @@ IBV_DEVINFO_EXPECTED = {
 
 HDR = [(1, "ACTIVE", "LinkUp", "InfiniBand", "200 Gb/sec (4X HDR)", True)]
 IBSTATUS_EXPECTED = {
-    "gpud__ibstatus.39.0.a100.all.active.0.txt": [("mlx5_%d" % i, None, None, None, HDR) for i in range(8)]
+    "gpud__ibstatus.39.0.a100.all.active.0.txt": [(f"mlx5_{i}", None, None, None, HDR) for i in range(8)]
     + [("mlx5_8", None, None, None, [(1, "ACTIVE", "LinkUp", "Ethernet", "40 Gb/sec (4X QDR)", True)])],
 }
 
@@ -205,21 +205,21 @@ def test_text_parsers_empty_and_garbage(parser):
 # the module
 
 
-class ExitJson(Exception):
+class ExitJsonError(Exception):
     pass
 
 
-class FailJson(Exception):
+class FailJsonError(Exception):
     pass
 
 
 @pytest.fixture
 def module_runner(monkeypatch, tmp_path):
     def exit_json(self, **kwargs):
-        raise ExitJson(kwargs)
+        raise ExitJsonError(kwargs)
 
     def fail_json(self, **kwargs):
-        raise FailJson(kwargs)
+        raise FailJsonError(kwargs)
 
     monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
     monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
@@ -235,9 +235,9 @@ def module_runner(monkeypatch, tmp_path):
         with patch_module_args(args):
             try:
                 rdma_facts.main()
-            except ExitJson as exc:
+            except ExitJsonError as exc:
                 return "exit", exc.args[0]
-            except FailJson as exc:
+            except FailJsonError as exc:
                 return "fail", exc.args[0]
         raise AssertionError("module returned without exit_json/fail_json")
 
@@ -270,7 +270,7 @@ def test_module_simulated_host(module_runner, sim_dev):
     assert result["changed"] is False
     facts = result["ansible_facts"]["narwhal_rdma"]
     assert facts["rdma_cm"] == "/dev/infiniband/rdma_cm"
-    assert facts["devices"] == ["/dev/infiniband/uverbs%d" % i for i in range(9)] + ["/dev/infiniband/rdma_cm"]
+    assert facts["devices"] == [f"/dev/infiniband/uverbs{i}" for i in range(9)] + ["/dev/infiniband/rdma_cm"]
     assert facts["source"] == os.path.join(str(SIM_SYS), "class", "infiniband")
     assert [(h["name"], h["numa_node"], h["pci_bus_id"], h["uverbs"]) for h in facts["hcas"]] == SIM_PLACEMENT
     assert facts["hcas"][0]["ports"] == [

@@ -266,8 +266,8 @@ def metrics_text(state):
 
 def _server_class(host, base):
     family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
-    return type("Server", (base,), {"address_family": family, "allow_reuse_address": True,
-                                     "daemon_threads": True})
+    attrs = {"address_family": family, "allow_reuse_address": True, "daemon_threads": True}
+    return type("Server", (base,), attrs)
 
 
 def serve(args, kv, unknown):
