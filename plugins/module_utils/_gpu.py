@@ -110,8 +110,14 @@ def parse_nvidia_smi_xml(text):
     """
     if text is None or not text.strip():
         raise GpuParseError("empty output (expected an <nvidia_smi_log> XML document)")
+    text = text.strip()
+    if not text.startswith("<"):
+        # a warning line printed before the document (e.g. an infoROM notice) must not hide the report
+        starts = [pos for pos in (text.find("<?xml"), text.find("<nvidia_smi_log")) if pos >= 0]
+        if starts:
+            text = text[min(starts) :]
     try:
-        root = ET.fromstring(text.strip().encode("utf-8"))
+        root = ET.fromstring(text.encode("utf-8"))
     except ET.ParseError as exc:
         raise GpuParseError(f"not well-formed XML: {exc}") from None
     if root.tag != "nvidia_smi_log":
@@ -482,7 +488,8 @@ def amd_gpu_devices(gpu, kfd_nodes, drm_nodes):
     """Device paths one AMD GPU needs: its ``/dev/dri/renderD<N>`` and ``/dev/dri/card<M>``.
 
     Render minor from the KFD topology first (matched by BDF, else by KFD node id, else unique id), then from
-    the DRM class; the card node from the DRM class. Returns (paths, how) where how names the source.
+    the DRM class; the card node from the DRM class. Returns ``(paths, how, pci_bus_id)``: ``how`` lists the
+    sources used, ``pci_bus_id`` is the GPU's bus id (from the topology when the tool printed none).
     """
     bdf = gpu.get("pci_bus_id")
     render = None

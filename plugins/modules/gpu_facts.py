@@ -36,17 +36,21 @@ options:
     default: /dev
 attributes:
   check_mode:
+    description: Can run in check mode and return the same result.
     support: full
   diff_mode:
+    description: Returns no diff; nothing changes.
     support: none
   facts:
+    description: Returns its results as facts.
     support: full
   idempotent:
+    description: A second run with the same inputs changes nothing.
     support: full
 requirements:
   - C(nvidia-smi), C(amd-smi) or C(rocm-smi) on the engine host for a GPU host
 author:
-  - narwhal.deploy contributors
+  - narwhal.deploy contributors (@narwhal-deploy)
 """
 
 EXAMPLES = r"""

@@ -24,15 +24,19 @@ options:
     required: true
 attributes:
   check_mode:
+    description: Can run in check mode and return the same result.
     support: full
   diff_mode:
+    description: Returns no diff; nothing changes.
     support: none
   facts:
+    description: Returns its results as facts.
     support: full
   idempotent:
+    description: A second run with the same inputs changes nothing.
     support: full
 author:
-  - narwhal.deploy contributors
+  - narwhal.deploy contributors (@narwhal-deploy)
 """
 
 EXAMPLES = r"""

@@ -152,6 +152,11 @@ def test_truncated_capture_lists_fewer_gpus_than_attached():
     assert [(g["index"], g["minor_number"]) for g in parsed["gpus"]] == [(0, 1)]
 
 
+def test_parse_nvidia_smi_xml_skips_a_leading_warning_line():
+    text = "WARNING: infoROM is corrupted at gpu 0000:00:1E.0\n" + (NVIDIA / "telegraf__tesla-t4.xml").read_text()
+    assert _gpu.parse_nvidia_smi_xml(text)["gpus"][0]["name"] == "Tesla T4"
+
+
 @pytest.mark.parametrize(
     "text",
     ["", "not xml at all", "<html><body>error</body></html>", "<nvidia_smi_log><gpu>"],
