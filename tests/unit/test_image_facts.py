@@ -1,0 +1,415 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""image_facts: the pure helpers, the module against a fake Docker client, and (optionally) a real daemon."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+
+import pytest
+from ansible.module_utils import basic
+from ansible.module_utils.testing import patch_module_args
+
+from ansible_collections.narwhal.deploy.plugins.module_utils import _image
+from ansible_collections.narwhal.deploy.plugins.modules import image_facts
+
+IMAGE_ID = "sha256:" + "6a0bf322ed5f" + "0" * 52
+STANDIN_ENV = [
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "NVIDIA_VISIBLE_DEVICES=all",
+    "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+    "CUDA_VERSION=12.9.1",
+    "LD_LIBRARY_PATH=/usr/local/nvidia/lib64:/usr/local/cuda/lib64",
+    "VLLM_USAGE_SOURCE=production-docker-image",
+    "VLLM_WORKER_MULTIPROC_METHOD=spawn",
+    "UCX_HOME=/usr/local/ucx",
+    "NIXL_PLUGIN_DIR=/usr/local/lib/python3.11/dist-packages/nixl_cu12.libs/nixl",
+    "HF_TOKEN=hf_secret",
+    "AWS_SECRET_ACCESS_KEY=abc",
+    "VLLM_API_KEY=sk-secret",
+    "GITHUB_TOKEN=ghp_x",
+    "HOME=/root",
+]
+ROCM_ENV = {"ROCM_PATH": "/opt/rocm", "HIP_PLATFORM": "amd", "PATH": "/opt/rocm/bin:/usr/bin"}
+CUDA_ENV = {"CUDA_VERSION": "12.9.1", "NVIDIA_VISIBLE_DEVICES": "all"}
+
+# ------------------------------------------------------------------------------------------------
+# pure helpers
+
+
+def test_filter_env_keeps_runtime_keys_and_drops_secrets():
+    env = _image.filter_env(STANDIN_ENV)
+    assert env["CUDA_VERSION"] == "12.9.1"
+    assert env["PATH"].startswith("/usr/local/sbin")
+    assert env["LD_LIBRARY_PATH"] == "/usr/local/nvidia/lib64:/usr/local/cuda/lib64"
+    assert env["NIXL_PLUGIN_DIR"].endswith("/nixl")
+    assert env["UCX_HOME"] == "/usr/local/ucx"
+    assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+    for key in ("HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "VLLM_API_KEY", "GITHUB_TOKEN", "HOME"):
+        assert key not in env
+
+
+def test_env_list_to_dict_edge_cases():
+    assert _image.env_list_to_dict(["A=1=2", "B", "A=3", "=x"]) == {"A": "3", "B": ""}
+    assert _image.filter_env(None) == {}
+
+
+@pytest.mark.parametrize(
+    "dists, env, platform, nixl",
+    [
+        ({"vllm": "0.32.0+cpu", "torch": "2.9.0+cpu"}, {}, "cpu", None),
+        ({"vllm": "0.32.0+cpu", "nixl": "1.5.1"}, CUDA_ENV, "cpu", "nixl"),
+        ({"vllm": "0.11.0.cpu"}, {}, "cpu", None),
+        ({"vllm": "0.33.0", "nixl": "1.5.1", "nixl-cu12": "1.5.1"}, CUDA_ENV, "cuda", "nixl"),
+        ({"vllm": "0.33.0", "nixl-cu13": "1.5.1"}, {}, "cuda", "nixl-cu13"),
+        ({"vllm": "0.33.0", "nixl-cu12": "0.6.0"}, {}, "cuda", "nixl-cu12"),
+        ({"vllm": "0.33.0+cu129"}, {}, "cuda", None),
+        ({"vllm": "0.33.0", "nixl-rocm": "1.5.0", "nixl": "1.5.1"}, ROCM_ENV, "rocm", "nixl-rocm"),
+        ({"vllm": "0.19.1+rocm700", "rixl": "0.1.0"}, {}, "rocm", "rixl"),
+        ({"vllm": "0.33.0", "nixl": "1.5.1"}, ROCM_ENV, "rocm", "nixl"),
+        ({"vllm": "0.33.0"}, {"HIP_VISIBLE_DEVICES": "0"}, "rocm", None),
+        ({"vllm": "0.33.0", "torch": "2.9.0+rocm6.4"}, {}, "rocm", None),
+        # PyPI's unrelated `rixl` in a CUDA image is not ROCm evidence and never the NIXL choice there
+        ({"vllm": "0.33.0", "rixl": "0.2.0", "nixl-cu12": "1.5.1"}, CUDA_ENV, "cuda", "nixl-cu12"),
+        ({"torch": "2.9.0+cpu"}, {}, "cpu", None),
+        ({"vllm": "0.33.0"}, {"PATH": "/usr/bin"}, "unknown", None),
+        ({}, {}, "unknown", None),
+    ],
+)
+def test_platform_and_nixl(dists, env, platform, nixl):
+    got = _image.derive_platform(dists, env)
+    assert got == platform
+    assert _image.choose_nixl(dists, got) == nixl
+
+
+def test_parse_script_output():
+    out = b"warning: something\nNARWHAL_IMAGE_FACTS:" + json.dumps({"vllm": "0.33.0", "other": "1"}).encode() + b"\n"
+    assert _image.parse_script_output(out, ["vllm", "nixl"]) == {"vllm": "0.33.0"}
+    assert _image.parse_script_output("NARWHAL_IMAGE_FACTS:{}\n", ["vllm"]) == {}
+    with pytest.raises(_image.ImageFactsError):
+        _image.parse_script_output("Traceback ...\n", ["vllm"])
+    with pytest.raises(_image.ImageFactsError):
+        _image.parse_script_output("NARWHAL_IMAGE_FACTS:{not json\n", ["vllm"])
+    with pytest.raises(_image.ImageFactsError):
+        _image.parse_script_output("NARWHAL_IMAGE_FACTS:[1]\n", ["vllm"])
+
+
+def test_version_script_runs_locally():
+    """The script itself, run by this interpreter: pytest is installed, the made-up name is not."""
+    proc = subprocess.run(
+        ["python3", "-c", _image.VERSION_SCRIPT, "pytest", "narwhal-no-such-dist"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    got = _image.parse_script_output(proc.stdout, ["pytest", "narwhal-no-such-dist"])
+    assert list(got) == ["pytest"]
+
+
+def test_cache_naming_and_validation():
+    assert _image.cache_file_name(IMAGE_ID) == IMAGE_ID[7:] + ".json"
+    assert _image.cache_file_name(IMAGE_ID[7:]) == IMAGE_ID[7:] + ".json"
+    for bad in ("sha256:../../etc/passwd", "latest", None, "sha256:" + "A" * 64):
+        with pytest.raises(_image.ImageFactsError):
+            _image.cache_file_name(bad)
+    doc = _image.cache_document(IMAGE_ID, ["vllm", "nixl", "vllm"], {"vllm": "0.33.0"})
+    assert _image.cached_distributions(doc, IMAGE_ID, ["nixl", "vllm"]) == {"vllm": "0.33.0"}
+    assert _image.cached_distributions(doc, IMAGE_ID, ["vllm"]) is None
+    assert _image.cached_distributions(doc, "sha256:" + "1" * 64, ["vllm", "nixl"]) is None
+    assert _image.cached_distributions(dict(doc, format=0), IMAGE_ID, ["vllm", "nixl"]) is None
+    assert _image.cached_distributions(dict(doc, distributions={"x": "1"}), IMAGE_ID, ["vllm", "nixl"]) is None
+    assert _image.cached_distributions(None, IMAGE_ID, ["vllm"]) is None
+
+
+def test_build_facts_layout():
+    attrs = {
+        "Id": IMAGE_ID,
+        "RepoTags": ["narwhal-sim/engine-standin:latest"],
+        "RepoDigests": [],
+        "Architecture": "amd64",
+        "Os": "linux",
+        "Config": {"Env": STANDIN_ENV, "Entrypoint": ["vllm", "serve"], "Cmd": None, "Labels": {"a": "b"}},
+    }
+    facts = _image.build_facts("img", attrs, {"vllm": "0.33.0", "nixl": "1.5.1", "nixl-cu12": "1.5.1"}, False)
+    assert set(facts) == {
+        "image", "id", "repo_tags", "repo_digests", "architecture", "os", "entrypoint", "cmd", "env",
+        "labels", "distributions", "platform", "nixl_distribution", "cached",
+    }
+    assert facts["platform"] == "cuda"
+    assert facts["nixl_distribution"] == "nixl"
+    assert "HF_TOKEN" not in facts["env"]
+
+
+def test_default_distributions_match_docs():
+    import yaml
+
+    doc = yaml.safe_load(image_facts.DOCUMENTATION)
+    assert doc["options"]["distributions"]["default"] == _image.DEFAULT_DISTRIBUTIONS
+    for name in ("vllm", "nixl", "nixl-cu12", "nixl-cu13", "nixl-rocm", "rixl", "torch", "ucx-py"):
+        assert name in _image.DEFAULT_DISTRIBUTIONS
+
+
+# ------------------------------------------------------------------------------------------------
+# the module against a fake Docker client
+
+
+class ExitJsonError(Exception):
+    pass
+
+
+class FailJsonError(Exception):
+    pass
+
+
+class FakeContainer:
+    def __init__(self, client, entrypoint, command):
+        self.client = client
+        self.entrypoint = entrypoint
+        self.command = command
+        self.removed = False
+
+    def start(self):
+        if self.entrypoint[0] not in self.client.pythons:
+            raise image_facts.APIError(
+                'OCI runtime create failed: exec: "%s": executable file not found in $PATH' % self.entrypoint[0]
+            )
+
+    def wait(self, timeout=None):
+        if self.client.hang:
+            raise TimeoutError("read timed out")
+        return {"StatusCode": 0}
+
+    def logs(self, stdout=True, stderr=False):
+        if stdout:
+            found = {k: v for k, v in self.client.versions.items() if k in self.command}
+            return ("NARWHAL_IMAGE_FACTS:" + json.dumps(found) + "\n").encode()
+        return b""
+
+    def kill(self):
+        self.client.killed += 1
+
+    def remove(self, force=False):
+        self.removed = True
+
+
+class FakeImage:
+    def __init__(self, attrs):
+        self.attrs = attrs
+
+
+class FakeClient:
+    def __init__(self, attrs, versions, pythons=("python3",), ping_ok=True, hang=False):
+        self.attrs = attrs
+        self.versions = versions
+        self.pythons = pythons
+        self.ping_ok = ping_ok
+        self.hang = hang
+        self.created = []
+        self.killed = 0
+        self.images = self
+        self.containers = self
+
+    def ping(self):
+        if not self.ping_ok:
+            raise image_facts.DockerException("Error while fetching server API version: connection refused")
+        return True
+
+    # images.get
+    def get(self, ref):
+        if ref not in self.attrs["RepoTags"] and ref != self.attrs["Id"]:
+            raise image_facts.ImageNotFound("No such image: %s" % ref)
+        return FakeImage(self.attrs)
+
+    # containers.create
+    def create(self, image, entrypoint=None, command=None, network_mode=None, **kwargs):
+        assert image == self.attrs["Id"]
+        assert network_mode == "none"
+        container = FakeContainer(self, entrypoint, command)
+        self.created.append(container)
+        return container
+
+
+STANDIN_ATTRS = {
+    "Id": IMAGE_ID,
+    "RepoTags": ["narwhal-sim/engine-standin:latest"],
+    "RepoDigests": [],
+    "Architecture": "amd64",
+    "Os": "linux",
+    "Config": {
+        "Env": STANDIN_ENV,
+        "Entrypoint": ["vllm", "serve"],
+        "Cmd": None,
+        "Labels": {"org.narwhal.standin": "gpu-vllm-image"},
+    },
+}
+STANDIN_VERSIONS = {"vllm": "0.33.0", "nixl": "1.5.1", "nixl-cu12": "1.5.1"}
+
+
+@pytest.fixture
+def run_module(monkeypatch):
+    def exit_json(self, **kwargs):
+        raise ExitJsonError(kwargs)
+
+    def fail_json(self, **kwargs):
+        raise FailJsonError(kwargs)
+
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+
+    def run(args, client):
+        monkeypatch.setattr(image_facts, "make_client", lambda host, timeout: client)
+        with patch_module_args(args):
+            try:
+                image_facts.main()
+            except ExitJsonError as exc:
+                return "exit", exc.args[0]
+            except FailJsonError as exc:
+                return "fail", exc.args[0]
+        raise AssertionError("module returned without exit_json/fail_json")
+
+    return run
+
+
+def test_module_runs_once_then_uses_cache(run_module, tmp_path):
+    cache = tmp_path / "cache"
+    client = FakeClient(STANDIN_ATTRS, STANDIN_VERSIONS)
+    args = {"image": "narwhal-sim/engine-standin:latest", "cache_dir": str(cache)}
+
+    kind, res = run_module(args, client)
+    assert kind == "exit", res
+    assert res["changed"] is False
+    facts = res["ansible_facts"]["narwhal_image"]
+    assert facts["distributions"] == STANDIN_VERSIONS
+    assert facts["cached"] is False
+    assert facts["platform"] == "cuda"
+    assert facts["nixl_distribution"] == "nixl"
+    assert facts["id"] == IMAGE_ID
+    assert "HF_TOKEN" not in facts["env"] and "env_all" not in facts
+    assert len(client.created) == 1 and client.created[0].removed
+    path = cache / (IMAGE_ID[7:] + ".json")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert [p.name for p in cache.iterdir()] == [path.name]  # no temp file left
+
+    kind, res2 = run_module(args, client)
+    assert kind == "exit", res2
+    facts2 = res2["ansible_facts"]["narwhal_image"]
+    assert len(client.created) == 1  # no second container
+    assert facts2["cached"] is True
+    assert dict(facts2, cached=False) == facts
+
+    # a different request list is a cache miss
+    kind, res3 = run_module(dict(args, distributions=["vllm"]), client)
+    assert kind == "exit" and res3["ansible_facts"]["narwhal_image"]["cached"] is False
+    assert res3["ansible_facts"]["narwhal_image"]["distributions"] == {"vllm": "0.33.0"}
+    assert len(client.created) == 2
+
+
+def test_module_check_mode_writes_nothing(run_module, tmp_path):
+    cache = tmp_path / "cache"
+    client = FakeClient(STANDIN_ATTRS, STANDIN_VERSIONS)
+    args = {"image": IMAGE_ID, "cache_dir": str(cache), "_ansible_check_mode": True}
+    kind, res = run_module(args, client)
+    assert kind == "exit", res
+    assert res["ansible_facts"]["narwhal_image"]["distributions"] == STANDIN_VERSIONS
+    assert not cache.exists()
+
+    # check mode reads an existing cache
+    cache.mkdir()
+    (cache / (IMAGE_ID[7:] + ".json")).write_text(
+        json.dumps(_image.cache_document(IMAGE_ID, _image.DEFAULT_DISTRIBUTIONS, {"vllm": "0.1.0"}))
+    )
+    kind, res = run_module(args, client)
+    assert res["ansible_facts"]["narwhal_image"]["distributions"] == {"vllm": "0.1.0"}
+    assert res["ansible_facts"]["narwhal_image"]["cached"] is True
+    assert len(client.created) == 1
+
+
+def test_module_missing_image(run_module, tmp_path):
+    client = FakeClient(STANDIN_ATTRS, STANDIN_VERSIONS)
+    kind, res = run_module({"image": "vllm/vllm-openai:v9", "cache_dir": str(tmp_path)}, client)
+    assert kind == "fail"
+    assert "image vllm/vllm-openai:v9 is not present on this host's Docker daemon" in res["msg"]
+    assert "load or pull it there, then rerun discovery" in res["msg"]
+    assert client.created == []
+
+
+def test_module_daemon_not_answering(run_module, tmp_path):
+    client = FakeClient(STANDIN_ATTRS, STANDIN_VERSIONS, ping_ok=False)
+    kind, res = run_module({"image": "x", "cache_dir": str(tmp_path), "docker_host": "tcp://h:2375"}, client)
+    assert kind == "fail"
+    assert "tcp://h:2375 is not answering" in res["msg"] and "image x" in res["msg"]
+
+
+def test_module_python_fallback_and_no_python(run_module, tmp_path):
+    client = FakeClient(STANDIN_ATTRS, STANDIN_VERSIONS, pythons=("python",))
+    kind, res = run_module({"image": IMAGE_ID, "cache_dir": str(tmp_path)}, client)
+    assert kind == "exit", res
+    assert [c.entrypoint[0] for c in client.created] == ["python3", "python"]
+    assert all(c.removed for c in client.created)
+
+    client = FakeClient(STANDIN_ATTRS, STANDIN_VERSIONS, pythons=())
+    kind, res = run_module({"image": IMAGE_ID, "cache_dir": str(tmp_path / "other")}, client)
+    assert kind == "fail"
+    assert "no usable python3 or python" in res["msg"] and IMAGE_ID in res["msg"]
+    assert all(c.removed for c in client.created)
+    assert not (tmp_path / "other").exists()
+
+
+def test_module_container_timeout_kills_and_removes(run_module, tmp_path):
+    client = FakeClient(STANDIN_ATTRS, STANDIN_VERSIONS, hang=True)
+    kind, res = run_module({"image": IMAGE_ID, "cache_dir": str(tmp_path), "timeout": 5}, client)
+    assert kind == "fail"
+    assert "did not finish within 5s" in res["msg"]
+    assert client.killed == 1 and client.created[0].removed
+
+
+def test_module_missing_docker_sdk(run_module, tmp_path, monkeypatch):
+    monkeypatch.setattr(image_facts, "HAS_DOCKER", False)
+    kind, res = run_module({"image": "x", "cache_dir": str(tmp_path)}, FakeClient(STANDIN_ATTRS, {}))
+    assert kind == "fail"
+    assert "docker" in res["msg"] and "python3-docker" in res["msg"]
+
+
+# ------------------------------------------------------------------------------------------------
+# a real daemon, when one answers here
+
+STANDIN = "narwhal-sim/engine-standin:latest"
+
+
+def _standin_available():
+    if not shutil.which("docker") or not image_facts.HAS_DOCKER:
+        return False
+    try:
+        proc = subprocess.run(["docker", "image", "inspect", STANDIN], capture_output=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return proc.returncode == 0
+
+
+@pytest.mark.skipif(not _standin_available(), reason="no Docker daemon with %s here" % STANDIN)
+def test_real_daemon_standin(run_module, tmp_path):
+    real = image_facts.make_client("unix:///var/run/docker.sock", 120)
+    before = {c.id for c in real.containers.list(all=True)}
+
+    def run(args):
+        with patch_module_args(args):
+            try:
+                image_facts.main()
+            except ExitJsonError as exc:
+                return exc.args[0]
+        raise AssertionError("module did not exit")
+
+    args = {"image": STANDIN, "cache_dir": str(tmp_path / "cache")}
+    res = run(args)
+    facts = res["ansible_facts"]["narwhal_image"]
+    assert facts["distributions"]["vllm"] == "0.33.0"
+    assert facts["distributions"]["nixl"] == "1.5.1"
+    assert facts["distributions"]["nixl-cu12"] == "1.5.1"
+    assert facts["platform"] == "cuda" and facts["nixl_distribution"] == "nixl"
+    assert facts["id"].startswith("sha256:") and facts["cached"] is False
+    assert run(args)["ansible_facts"]["narwhal_image"]["cached"] is True
+    assert {c.id for c in real.containers.list(all=True)} == before
