@@ -384,7 +384,7 @@ def _standin_available():
     if not shutil.which("docker") or not image_facts.HAS_DOCKER:
         return False
     try:
-        proc = subprocess.run(["docker", "image", "inspect", STANDIN], capture_output=True, timeout=20)
+        proc = subprocess.run(["docker", "image", "inspect", STANDIN], capture_output=True, timeout=20, check=False)
     except (OSError, subprocess.SubprocessError):
         return False
     return proc.returncode == 0
