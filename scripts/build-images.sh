@@ -34,12 +34,12 @@ rootfs() {  # rootfs NAME VARIANT -> prints the tag
   echo "$tag"
 }
 
-layer() {  # layer NAME BASE_TAG -> builds $IMAGES/NAME on BASE_TAG, tags :<hash> and :latest
-  local name=$1 base=$2 tag
-  tag="narwhal-sim/$name:$(hash_of "$IMAGES/$name" <(echo "$base"))"
+layer() {  # layer DIR BASE_TAG [IMAGE_NAME DOCKERFILE] -> builds $IMAGES/DIR on BASE_TAG, tags :<hash> and :latest
+  local dir=$1 base=$2 name=${3:-$1} dockerfile=${4:-Dockerfile} tag
+  tag="narwhal-sim/$name:$(hash_of "$IMAGES/$dir" <(echo "$base $dockerfile"))"
   if ! docker image inspect "$tag" >/dev/null 2>&1; then
     log "building $tag"
-    docker build -q --build-arg "BASE=$base" -t "$tag" "$IMAGES/$name" >/dev/null
+    docker build -q --build-arg "BASE=$base" -f "$IMAGES/$dir/$dockerfile" -t "$tag" "$IMAGES/$dir" >/dev/null
   fi
   docker tag "$tag" "narwhal-sim/$name:latest"
   echo "$tag"
@@ -49,7 +49,8 @@ main() {
   local what=${1:-all} host_base engine_base
   case $what in
     host|all) host_base=$(rootfs host apt); layer host "$host_base" ;;&
-    engine|all) engine_base=$(rootfs engine minbase); layer engine-standin "$engine_base" ;;
+    engine|all) engine_base=$(rootfs engine minbase); layer engine-standin "$engine_base"
+      layer engine-standin "$engine_base" engine-standin-rocm Dockerfile.rocm ;;
   esac
 }
 main "$@"

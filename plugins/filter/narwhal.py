@@ -22,6 +22,12 @@ def table_row(row):
                                                 row["attestation_url"], row["role"])
 
 
+def inspection(hostvars):
+    """The inspection discovery gathered on one engine host, as discovery_outputs takes it."""
+    return {"gpus": hostvars.get("narwhal_gpus"), "rdma": hostvars.get("narwhal_rdma"),
+            "image": hostvars.get("narwhal_image"), "model": hostvars.get("narwhal_model")}
+
+
 class FilterModule:
     def filters(self):
-        return {"resolve_values": resolve_values_filter, "table_row": table_row}
+        return {"resolve_values": resolve_values_filter, "table_row": table_row, "inspection": inspection}

@@ -36,6 +36,41 @@ INPUTS = [
     {"name": "NARWHAL_LAUNCH_CONFIG", "kind": "path", "default": "config/engine-launch.local.json",
      "example": "config/engine-launch.local.json",
      "doc": "Private launch-record file written by discovery (mode 0600, git-ignored)."},
+    {"name": "NARWHAL_IMAGE", "kind": "str", "required": True, "example": "vllm/vllm-openai:v0.33.0",
+     "doc": "Engine image (reference or ID) on every engine host. Discovery pins its ID and package versions "
+            "into the launch records."},
+    {"name": "NARWHAL_MODEL_PATH", "kind": "abspath", "required": True, "example": "/srv/models/Llama-3.1-8B-Instruct",
+     "doc": "Checkpoint directory (Hugging Face format) on every engine host, mounted read-only into the engine."},
+    {"name": "NARWHAL_SERVED_MODEL_NAME", "kind": "str", "default": None, "example": "llama-3.1-8b",
+     "doc": "Model name the engines serve; default: the last component of NARWHAL_MODEL_PATH."},
+    {"name": "NARWHAL_MODEL_DTYPE", "kind": "choice", "choices": ["auto", "bfloat16", "float16"],
+     "default": "auto", "example": "auto",
+     "doc": "Model dtype (vLLM --dtype); auto takes the checkpoint's, which must then be bfloat16 or float16."},
+    {"name": "NARWHAL_GPUS_PER_ENGINE", "kind": "count_or_all", "default": "all", "example": "all",
+     "doc": "GPUs each engine gets (the lowest free indices of its host), or all; per node "
+            "NARWHAL_NODE_<n>_GPU_IDS picks explicit host indices."},
+    {"name": "NARWHAL_TP_SIZE", "kind": "int", "default": None, "example": None,
+     "doc": "Tensor-parallel size; default: the number of GPUs of the engine. Must equal that number."},
+    {"name": "NARWHAL_TRANSPORT", "kind": "choice", "choices": ["ucx_tcp", "ucx_rdma"], "default": "ucx_tcp",
+     "example": "ucx_tcp", "doc": "KV transfer transport of NixlConnector: UCX over TCP or over RDMA."},
+    {"name": "NARWHAL_RDMA_DEVICES", "kind": "str", "default": "auto", "example": "auto",
+     "doc": "ucx_rdma only: HCA:port list (mlx5_0:1,mlx5_1:1) or auto (the active port closest, by NUMA node, "
+            "to the engine's GPUs); per node NARWHAL_NODE_<n>_RDMA_DEVICES."},
+    {"name": "NARWHAL_KV_CACHE_DTYPE", "kind": "choice",
+     "choices": ["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"],
+     "default": "auto", "example": "auto", "doc": "KV cache dtype (vLLM --kv-cache-dtype)."},
+    {"name": "NARWHAL_BLOCK_SIZE", "kind": "int", "default": 16, "example": 16,
+     "doc": "Requested KV block size in tokens (vLLM --block-size); the cache plan records the size vLLM will "
+            "really use (hybrid models raise it)."},
+    {"name": "NARWHAL_SIDE_CHANNEL_PORT", "kind": "port", "default": 5600, "example": 5600,
+     "doc": "First NIXL side-channel port on each host (VLLM_NIXL_SIDE_CHANNEL_PORT); engines sharing a host "
+            "get consecutive, non-overlapping ranges."},
+    {"name": "NARWHAL_EXTRA_ARGS", "kind": "str", "default": "", "example": "--max-model-len 8192",
+     "doc": "Model-specific vLLM arguments recorded in every launch record (shell words); launcher-managed flags "
+            "(port, host, TP, kv-transfer config, served name, API key ...) are refused."},
+    {"name": "NARWHAL_EXPECTED_PACKAGES", "kind": "str", "default": "", "example": "torch",
+     "doc": "Further image distributions whose exact versions the records pin (comma-separated), besides vllm "
+            "and the NIXL distribution."},
     {"name": "NARWHAL_CONFIG_DIR", "kind": "path", "default": "config", "example": "config",
      "doc": "Directory of the generated deployment.env and the launch-record extracts. Relative paths "
             "in this file are relative to the checkout."},
@@ -54,6 +89,12 @@ NODE_INPUTS = [
      "doc": "Full attestation URL override; its port must equal the node's attestation port."},
     {"name": "ENGINE_PORT", "kind": "port", "example": None, "doc": "Engine HTTP port of node <n>."},
     {"name": "ATTEST_PORT", "kind": "port", "example": None, "doc": "Attestation port of node <n>."},
+    {"name": "IMAGE", "kind": "str", "example": None,
+     "doc": "Engine image of engine-<n> when it differs from NARWHAL_IMAGE (e.g. a ROCm image on an AMD host)."},
+    {"name": "GPU_IDS", "kind": "int_list", "example": None,
+     "doc": "Explicit host GPU indices of engine-<n> (comma-separated), instead of NARWHAL_GPUS_PER_ENGINE."},
+    {"name": "RDMA_DEVICES", "kind": "str", "example": None,
+     "doc": "HCA:port list of engine-<n> for ucx_rdma, instead of NARWHAL_RDMA_DEVICES."},
     {"name": "FABRIC_INTERFACE", "kind": "interface", "example": None,
      "doc": "Fabric interface of node <n> when it differs from NARWHAL_FABRIC_INTERFACE."},
 ]
@@ -72,14 +113,30 @@ class InputError(ValueError):
 def _check(spec, key, raw):
     kind = spec["kind"]
     value = raw.strip() if isinstance(raw, str) else raw
-    if kind in ("port", "int"):
+    if kind == "int":
+        return _positive(key, value)
+    if kind == "port":
         try:
             number = int(str(value), 10)
         except ValueError:
             raise InputError(key, "%r is not a whole number; %s" % (raw, FIX))
-        if kind == "port" and not 1 <= number <= 65535:
+        if not 1 <= number <= 65535:
             raise InputError(key, "port %d is out of range 1-65535; %s" % (number, FIX))
         return number
+    if kind == "count_or_all":
+        if value == "all":
+            return value
+        return _positive(key, value)
+    if kind == "int_list":
+        try:
+            items = [int(x, 10) for x in value.split(",")]
+        except ValueError:
+            raise InputError(key, "%r is not a comma-separated list of GPU indices like 4,5,6,7; %s" % (raw, FIX))
+        if any(i < 0 for i in items) or len(set(items)) != len(items):
+            raise InputError(key, "%r has negative or repeated GPU indices; %s" % (raw, FIX))
+        return items
+    if kind == "abspath" and not value.startswith("/"):
+        raise InputError(key, "%r is not an absolute path on the engine hosts; %s" % (raw, FIX))
     if kind == "choice" and value not in spec["choices"]:
         raise InputError(key, "%r is not one of %s; %s" % (raw, ", ".join(spec["choices"]), FIX))
     if kind == "role" and value not in ("prefill", "decode"):
@@ -97,6 +154,16 @@ def _check(spec, key, raw):
     if kind == "path" and not value:
         raise InputError(key, "is empty; %s" % FIX)
     return value
+
+
+def _positive(key, value):
+    try:
+        number = int(str(value), 10)
+    except ValueError:
+        raise InputError(key, "%r is not a whole number; %s" % (value, FIX))
+    if number < 1:
+        raise InputError(key, "must be at least 1, got %d; %s" % (number, FIX))
+    return number
 
 
 def parse_url(key, url):

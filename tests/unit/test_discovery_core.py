@@ -77,7 +77,8 @@ def facts(*addrs):
     return {"addresses": addresses, "host_id": None}
 
 
-BASE = {"NARWHAL_FABRIC_INTERFACE": "eth1", "NARWHAL_NODE_1_ROLE": "prefill", "NARWHAL_NODE_2_ROLE": "decode"}
+BASE = {"NARWHAL_FABRIC_INTERFACE": "eth1", "NARWHAL_NODE_1_ROLE": "prefill", "NARWHAL_NODE_2_ROLE": "decode",
+        "NARWHAL_IMAGE": "vllm/vllm-openai:v0.33.0", "NARWHAL_MODEL_PATH": "/srv/models/tiny"}
 TWO = {"engine-1": facts(("10.0.0.11", "ipv4"), ("fd00::11", "ipv6")),
        "engine-2": facts(("10.0.0.12", "ipv4"), ("fd00::12", "ipv6"))}
 

@@ -9,6 +9,7 @@ import sys
 
 SITE = "/usr/local/lib/python3.11/dist-packages"
 vllm_version, nixl_version = sys.argv[1], sys.argv[2]
+platform = sys.argv[3] if len(sys.argv) > 3 else "cuda"
 
 
 def dist(name, version, top_level):
@@ -28,8 +29,22 @@ def release(version):
 
 
 dist("vllm", vllm_version, "vllm")
-dist("nixl", nixl_version, "nixl")
-dist("nixl-cu12", nixl_version, "nixl_cu12")
+if platform == "rocm":
+    # ROCm images build NIXL from source as the distribution nixl-rocm (module nixl_rocm), VLLM_FACTS.md.
+    dist("nixl-rocm", nixl_version, "nixl_rocm")
+    os.makedirs(os.path.join(SITE, "nixl_rocm"), exist_ok=True)
+    with open(os.path.join(SITE, "nixl_rocm", "__init__.py"), "w", encoding="utf-8") as fh:
+        fh.write('"""STAND-IN for nixl_rocm (narwhal.deploy test harness)."""\n')
+    with open(os.path.join(SITE, "nixl_rocm", "_api.py"), "w", encoding="utf-8") as fh:
+        fh.write("class nixl_agent:  # noqa: N801\n"
+                 "    def __init__(self, name, config=None):\n        self.name = name\n")
+    with open(os.path.join(SITE, "vllm", "standin", "nixl_module.py"), "w", encoding="utf-8") as fh:
+        fh.write("NIXL_API = 'nixl_rocm._api'\n")
+else:
+    dist("nixl", nixl_version, "nixl")
+    dist("nixl-cu12", nixl_version, "nixl_cu12")
+    with open(os.path.join(SITE, "vllm", "standin", "nixl_module.py"), "w", encoding="utf-8") as fh:
+        fh.write("NIXL_API = 'nixl._api'\n")
 with open(os.path.join(SITE, "vllm", "version.py"), "w", encoding="utf-8") as fh:
     fh.write(f'__version__ = "{vllm_version.split("+")[0]}"\n__version_tuple__ = {release(vllm_version)!r}\n')
 

@@ -1,0 +1,290 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Discovery part 2, pure planning: one launch record per engine from host, image and model inspection
+plus the launch policy in .env (seed §15-16, ARCHITECTURE.md §6).
+
+GPU numbering rule: the launcher gives a container only its engine's GPUs (NVIDIA: a device request for
+those GPUs; ROCm: only their render/card nodes), and the runtime numbers them from 0 inside, so host indices
+in the visibility variable would pick the wrong GPUs or none. `gpu_ids` (the value of the visibility
+variable) are therefore:
+- NVIDIA: the GPUs' UUIDs (GPU-...) when every allocated GPU has a unique, unmasked UUID -- valid in
+  CUDA_VISIBLE_DEVICES whatever the numbering -- otherwise the container-relative indices 0..n-1;
+- AMD: the container-relative indices 0..n-1 (ROCr enumerates only the GPUs whose render nodes the
+  container has, in host order; the unique-ID spelling ROCR_VISIBLE_DEVICES accepts differs between the
+  tools and ROCm releases, so it is not relied on).
+`gpu_host_indices` keep the host indices that the device request / device mapping uses.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._cacheplan import kv_cache_plan
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError
+
+__metaclass__ = type
+
+VISIBILITY_ENV = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "ROCR_VISIBLE_DEVICES"}
+# Flags the launcher derives itself; extra arguments must not override them (the launcher checks again).
+MANAGED_FLAGS = ("--port", "--host", "--tensor-parallel-size", "-tp", "--kv-transfer-config", "--api-key",
+                 "--served-model-name", "--model", "--dtype", "--kv-cache-dtype", "--block-size",
+                 "--data-parallel-size", "-dp", "--pipeline-parallel-size", "-pp", "--trust-remote-code",
+                 "--kv-events-config", "--uds")
+SECRETISH = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
+# Variables the launcher sets itself (visibility, transport, side channel, auth): never taken from the image.
+MANAGED_ENV = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
+               "UCX_NET_DEVICES", "UCX_TLS", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT",
+               "VLLM_API_KEY", "VLLM_HOST_IP", "VLLM_PORT")
+
+
+def _version_tuple(version):
+    parts = []
+    for item in str(version or "0").split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in item if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
+def _masked(uuid):
+    hexdigits = "".join(ch for ch in (uuid or "") if ch in "0123456789abcdefABCDEF")
+    return not hexdigits.strip("0")
+
+
+def visibility_ids(vendor, gpus, host_gpus):
+    """-> (gpu_ids, reason). UUIDs when unique and unmasked on the host, else container-relative indices."""
+    all_uuids = [g.get("uuid") for g in host_gpus]
+    chosen = [g.get("uuid") for g in gpus]
+    relative = [str(i) for i in range(len(gpus))]
+    if vendor == "amd":
+        return relative, ("container-relative indices 0..%d: the container has only the render nodes of its %d "
+                          "GPU(s), which ROCr numbers from 0 in host order" % (len(gpus) - 1, len(gpus)))
+    if all(u and str(u).startswith("GPU-") and not _masked(u[4:]) and all_uuids.count(u) == 1 for u in chosen):
+        return chosen, "GPU UUIDs: every allocated GPU has a unique UUID, valid whatever the container numbering"
+    return relative, (
+        "container-relative indices 0..%d: UUIDs are missing, masked or duplicated on this host, and the "
+        "container sees only its %d GPU(s), numbered from 0" % (len(gpus) - 1, len(gpus)))
+
+
+def allocate_gpus(engine, n, node_policy, site, host_gpus, taken):
+    """-> (gpus, reason). `taken` maps host index -> engine for engines already placed on this host."""
+    key_ids = "NARWHAL_NODE_%d_GPU_IDS" % n
+    by_index = dict((g["index"], g) for g in host_gpus)
+    if not host_gpus:
+        raise InputError(engine, "no GPU was found on %s (nvidia-smi / amd-smi / rocm-smi report none); check "
+                                 "the driver and tools on the host, or use a CPU image" % engine)
+    explicit = node_policy.get("GPU_IDS")
+    if explicit:
+        missing = [i for i in explicit if i not in by_index]
+        if missing:
+            raise InputError(key_ids, "GPU index %s does not exist on %s (it has %s); correct %s"
+                             % (",".join(map(str, missing)), engine, ",".join(map(str, sorted(by_index))), key_ids))
+        clash = [i for i in explicit if i in taken]
+        if clash:
+            raise InputError(key_ids, "GPU %s of %s is already given to %s on the same host; give each engine its "
+                                      "own GPUs" % (",".join(map(str, clash)), engine, taken[clash[0]]))
+        return [by_index[i] for i in explicit], "%s=%s" % (key_ids, ",".join(map(str, explicit)))
+    free = [g for g in sorted(host_gpus, key=lambda g: g["index"]) if g["index"] not in taken]
+    want = site["NARWHAL_GPUS_PER_ENGINE"]
+    if want == "all":
+        if not free:
+            raise InputError("NARWHAL_GPUS_PER_ENGINE", "no free GPU left on %s's host (all given to %s); set "
+                                                        "NARWHAL_GPUS_PER_ENGINE or NARWHAL_NODE_<n>_GPU_IDS"
+                             % (engine, ", ".join(sorted(set(taken.values())))))
+        return free, "NARWHAL_GPUS_PER_ENGINE=all: every free GPU of the host"
+    if len(free) < want:
+        raise InputError("NARWHAL_GPUS_PER_ENGINE", "%s needs %d GPU(s) but its host has only %d free (%d in all%s); "
+                                                    "lower NARWHAL_GPUS_PER_ENGINE or set %s"
+                         % (engine, want, len(free), len(host_gpus),
+                            ", others taken by " + ", ".join(sorted(set(taken.values()))) if taken else "", key_ids))
+    return free[:want], "NARWHAL_GPUS_PER_ENGINE=%d: the lowest free indices of the host" % want
+
+
+def choose_rdma(engine, n, node_policy, site, rdma, gpus):
+    """-> (net_devices, devices, reason) for ucx_rdma."""
+    key = "NARWHAL_NODE_%d_RDMA_DEVICES" % n if node_policy.get("RDMA_DEVICES") else "NARWHAL_RDMA_DEVICES"
+    wanted = node_policy.get("RDMA_DEVICES") or site["NARWHAL_RDMA_DEVICES"] or "auto"
+    hcas = dict((h["name"], h) for h in (rdma or {}).get("hcas", []))
+    active = [(h, p) for h in hcas.values() for p in h.get("ports", []) if p.get("active")]
+    if not active:
+        raise InputError("NARWHAL_TRANSPORT", "ucx_rdma needs an active HCA port, but %s has none (%s); bring a "
+                                              "port up or use NARWHAL_TRANSPORT=ucx_tcp"
+                         % (engine, ", ".join(sorted(hcas)) or "no HCA found"))
+    if wanted == "auto":
+        numa = [g.get("numa_node") for g in gpus if g.get("numa_node") is not None]
+        target = max(set(numa), key=numa.count) if numa else None
+        ranked = sorted(active, key=lambda hp: (0 if target is not None and hp[0].get("numa_node") == target else 1,
+                                                0 if hp[1].get("link_layer") == "InfiniBand" else 1,
+                                                _natural(hp[0]["name"]), hp[1]["port"]))
+        hca, port = ranked[0]
+        picked = [(hca, port)]
+        reason = "%s port %d: active %s%s" % (
+            hca["name"], port["port"], port.get("link_layer") or "",
+            ", NUMA node %s like the engine's GPUs" % target if target is not None and hca.get("numa_node") == target
+            else " (no HCA shares the GPUs' NUMA node; first active port)" if target is not None
+            else " (GPU NUMA node unknown; first active port)")
+    else:
+        picked = []
+        for item in [x.strip() for x in wanted.split(",") if x.strip()]:
+            name, _sep, port_s = item.partition(":")
+            hca = hcas.get(name)
+            port = None
+            if hca and port_s.isdigit():
+                port = next((p for p in hca.get("ports", []) if p["port"] == int(port_s)), None)
+            if port is None:
+                raise InputError(key, "%s is not an HCA:port of %s (it has %s); correct %s" % (
+                    item, engine, ", ".join("%s:%d" % (h["name"], p["port"]) for h, p in active) or "none", key))
+            if not port.get("active"):
+                raise InputError(key, "%s on %s is %s, not active; choose an active port" % (item, engine,
+                                                                                            port.get("state")))
+            picked.append((hca, port))
+        reason = "%s=%s" % (key, wanted)
+    devices = []
+    for hca, _port in picked:
+        if not hca.get("uverbs"):
+            raise InputError(key, "the uverbs device of %s on %s is unknown (no /sys/class/infiniband_verbs entry); "
+                                  "check the RDMA drivers (ib_uverbs) on the host" % (hca["name"], engine))
+        if hca["uverbs"] not in devices:
+            devices.append(hca["uverbs"])
+    if not (rdma or {}).get("rdma_cm"):
+        raise InputError("NARWHAL_TRANSPORT", "%s has no /dev/infiniband/rdma_cm; load rdma_ucm on the host or use "
+                                              "ucx_tcp" % engine)
+    devices.append(rdma["rdma_cm"])
+    return ["%s:%d" % (h["name"], p["port"]) for h, p in picked], devices, reason
+
+
+def _natural(name):
+    import re
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def check_extra_args(key, words):
+    for word in words:
+        flag = word.split("=", 1)[0]
+        if flag in MANAGED_FLAGS:
+            raise InputError(key, "%s is set by the launcher from the record and the role environment; remove it "
+                                  "from %s (change the corresponding NARWHAL_ input instead)" % (flag, key))
+    return words
+
+
+def build_record(node, site, node_policy, host, image, model, fleet_entry, taken, side_port):
+    """One engine's launch record. `host` = {"gpus": narwhal_gpus, "rdma": narwhal_rdma}; `taken` = GPUs of
+    engines already placed on this physical host (mutated)."""
+    engine, n = node["engine"], node["n"]
+    platform = image.get("platform")
+    image_key = "NARWHAL_NODE_%d_IMAGE" % n if node_policy.get("IMAGE") else "NARWHAL_IMAGE"
+    gpus_facts = host.get("gpus") or {"vendor": "none", "gpus": [], "devices": []}
+    sources = {}
+    if platform == "cpu":
+        gpus, vendor, gpu_ids, reason_vis = [], "cpu", [], "CPU image: no GPU"
+        sources["allocation"] = "CPU image (%s): no GPUs allocated" % image.get("distributions", {}).get("vllm")
+    else:
+        vendor = gpus_facts.get("vendor")
+        gpus, sources["allocation"] = allocate_gpus(engine, n, node_policy, site, gpus_facts.get("gpus", []), taken)
+        names = sorted(set(g.get("name") or "unknown" for g in gpus))
+        if len(names) > 1:
+            raise InputError(engine, "the GPUs allocated to %s are of different products (%s); one engine needs "
+                                     "identical GPUs: set NARWHAL_NODE_%d_GPU_IDS" % (engine, ", ".join(names), n))
+        if platform in ("cuda", "rocm") and {"cuda": "nvidia", "rocm": "amd"}[platform] != vendor:
+            raise InputError(image_key, "%s is a %s image but %s has %s GPUs; use a %s image for this host"
+                             % (image.get("image"), platform.upper(), engine, vendor.upper(),
+                                "ROCm" if vendor == "amd" else "CUDA"))
+        gpu_ids, reason_vis = visibility_ids(vendor, gpus, gpus_facts.get("gpus", []))
+    for g in gpus:
+        taken[g["index"]] = engine
+    tp = site.get("NARWHAL_TP_SIZE") or max(1, len(gpus))
+    if gpus and tp != len(gpus):
+        raise InputError("NARWHAL_TP_SIZE", "is %d but %s has %d GPU(s); TP must equal the engine's GPU count: "
+                                            "change NARWHAL_TP_SIZE or NARWHAL_GPUS_PER_ENGINE"
+                         % (tp, engine, len(gpus)))
+    accelerator_devices = []
+    if vendor == "amd":
+        accelerator_devices = list(gpus_facts.get("devices") or ["/dev/kfd"])
+        for g in gpus:
+            accelerator_devices += [d for d in g.get("devices", []) if d not in accelerator_devices]
+    elif vendor == "nvidia":
+        for g in gpus:
+            accelerator_devices += g.get("devices", [])
+        accelerator_devices += list(gpus_facts.get("devices") or [])
+    # transport
+    if site["NARWHAL_TRANSPORT"] == "ucx_rdma":
+        net_devices, transfer_devices, sources["transfer"] = choose_rdma(engine, n, node_policy, site,
+                                                                         host.get("rdma"), gpus)
+    else:
+        net_devices, transfer_devices = ["${NARWHAL_FABRIC_INTERFACE}"], []
+        sources["transfer"] = "ucx_tcp over the fabric interface (%s on this node)" % node["interface"]
+    # runtime
+    dists = image.get("distributions") or {}
+    if "vllm" not in dists:
+        raise InputError(image_key, "image %s (%s) on %s has no 'vllm' distribution installed; use a vLLM image"
+                         % (image.get("image"), image.get("id"), engine))
+    nixl = image.get("nixl_distribution")
+    if not nixl:
+        raise InputError(image_key, "image %s on %s has no NIXL distribution (nixl, nixl-cu12, nixl-cu13, "
+                                          "nixl-rocm or rixl); NixlConnector needs one: use an image with NIXL"
+                         % (image.get("image"), engine))
+    expected = {"vllm": dists["vllm"], nixl: dists[nixl]}
+    for name in [x.strip() for x in (site.get("NARWHAL_EXPECTED_PACKAGES") or "").split(",") if x.strip()]:
+        if name not in dists:
+            raise InputError("NARWHAL_EXPECTED_PACKAGES", "%s is not installed in image %s on %s; remove it or use "
+                                                          "an image that has it" % (name, image.get("image"), engine))
+        expected[name] = dists[name]
+    model_dtype = site["NARWHAL_MODEL_DTYPE"]
+    if model_dtype == "auto":
+        model_dtype = model.get("dtype")
+        if model_dtype not in ("bfloat16", "float16"):
+            raise InputError("NARWHAL_MODEL_DTYPE", "the checkpoint %s has dtype %s; set NARWHAL_MODEL_DTYPE to "
+                                                    "bfloat16 or float16" % (model.get("path"), model_dtype or "unset"))
+    try:
+        plan = kv_cache_plan(model["kv_geometry"], tp, site["NARWHAL_BLOCK_SIZE"], site["NARWHAL_KV_CACHE_DTYPE"],
+                             model_dtype)
+    except ValueError as exc:
+        raise InputError("NARWHAL_KV_CACHE_DTYPE", "the cache plan for %s failed: %s" % (engine, exc))
+    extra = check_extra_args("NARWHAL_EXTRA_ARGS", shlex.split(site.get("NARWHAL_EXTRA_ARGS") or ""))
+    derived_args = ["--trust-remote-code"] if model.get("trust_remote_code") else []
+    environment = dict((k, v) for k, v in sorted((image.get("env") or {}).items())
+                       if not any(s in k.upper() for s in SECRETISH) and k not in MANAGED_ENV and k != "PATH")
+    derived_env = {}
+    if model.get("ssm_conv_state"):
+        derived_env["VLLM_SSM_CONV_STATE_LAYOUT"] = "DS"
+    vllm_version = dists["vllm"]
+    span = 1 if _version_tuple(vllm_version) >= (0, 14, 0) else tp
+    served = site.get("NARWHAL_SERVED_MODEL_NAME") or site["NARWHAL_MODEL_PATH"].rstrip("/").rsplit("/", 1)[-1]
+    record = {
+        "engine": engine,
+        "iid": fleet_entry["iid"],
+        "role": node["role"],
+        "accelerator": {"vendor": vendor, "product": gpus[0].get("name") if gpus else "cpu", "count": len(gpus)},
+        "gpu_ids": gpu_ids,
+        "gpu_host_indices": [g["index"] for g in gpus],
+        "tensor_parallel_size": tp,
+        "gpu_visibility_env": VISIBILITY_ENV.get(vendor),
+        "accelerator_devices": accelerator_devices,
+        "network_mode": "host",
+        "transfer": {"transport": site["NARWHAL_TRANSPORT"], "net_devices": net_devices, "devices": transfer_devices},
+        "node": {"address": node["address"], "bind_family": site["NARWHAL_BIND_FAMILY"],
+                 "engine_port": node["engine_port"], "attest_port": node["attest_port"],
+                 "fabric_interface": node["interface"], "side_channel_port": side_port,
+                 "side_channel_ports": [side_port, side_port + span - 1], "host_id": node["host_id"]},
+        "runtime": {
+            "image": image.get("image"),
+            "image_id": image.get("id"),
+            "platform": platform,
+            "vllm_version": vllm_version,
+            "nixl_distribution": nixl,
+            "kv_buffer_device": "cpu" if platform == "cpu" else "cuda",
+            "expected_packages": expected,
+            "model_path": site["NARWHAL_MODEL_PATH"],
+            "served_model_name": served,
+            "model_dtype": model_dtype,
+            "kv_cache_dtype": site["NARWHAL_KV_CACHE_DTYPE"],
+            "block_size": site["NARWHAL_BLOCK_SIZE"],
+            "cache_plan": plan,
+            "environment": environment,
+            "derived_environment": derived_env,
+            "extra_args": derived_args + extra,
+            "trust_remote_code": bool(model.get("trust_remote_code")),
+            "ssm_conv_state": bool(model.get("ssm_conv_state")),
+        },
+        "sources": dict(sources, visibility=reason_vis),
+    }
+    return record, span
