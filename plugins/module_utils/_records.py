@@ -111,7 +111,7 @@ def choose_rdma(engine, n, node_policy, site, rdma, gpus):
                          % (engine, ", ".join(sorted(hcas)) or "no HCA found"))
     if wanted == "auto":
         numa = [g.get("numa_node") for g in gpus if g.get("numa_node") is not None]
-        target = max(set(numa), key=numa.count) if numa else None
+        target = sorted(set(numa), key=lambda x: (-numa.count(x), x))[0] if numa else None
         ranked = sorted(active, key=lambda hp: (0 if target is not None and hp[0].get("numa_node") == target else 1,
                                                 0 if hp[1].get("link_layer") == "InfiniBand" else 1,
                                                 _natural(hp[0]["name"]), hp[1]["port"]))
@@ -160,6 +160,8 @@ def _natural(name):
 def check_extra_args(key, words):
     for word in words:
         flag = word.split("=", 1)[0]
+        if flag.startswith("--"):
+            flag = "--" + flag[2:].replace("_", "-")  # vLLM's parser takes --max_model_len as --max-model-len
         if flag in MANAGED_FLAGS:
             raise InputError(key, "%s is set by the launcher from the record and the role environment; remove it "
                                   "from %s (change the corresponding NARWHAL_ input instead)" % (flag, key))

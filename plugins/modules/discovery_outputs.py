@@ -138,6 +138,12 @@ def plan_records(plan, inputs, hosts):
     site = inputs["site"]
     taken, next_port, records, extracts = {}, {}, {}, {}
     policy = {"site": dict((k, site.get(k)) for k in POLICY_KEYS), "nodes": {}}
+    # GPUs named explicitly (NARWHAL_NODE_<n>_GPU_IDS) are reserved for their engine before any engine of the
+    # same host takes GPUs by count.
+    reserved = {}
+    for node in plan["nodes"]:
+        for index in inputs["nodes"].get(node["n"], {}).get("GPU_IDS") or []:
+            reserved.setdefault(node["host_id"], {}).setdefault(index, node["engine"])
     for i, node in enumerate(plan["nodes"]):
         fleet_entry = plan["fleet"][i]
         engine = node["engine"]
@@ -149,8 +155,12 @@ def plan_records(plan, inputs, hosts):
         policy["nodes"][engine] = node_policy
         host_key = node["host_id"]
         port = next_port.get(host_key, site["NARWHAL_SIDE_CHANNEL_PORT"])
+        busy = dict((i, e) for i, e in reserved.get(host_key, {}).items() if e != engine)
+        busy.update(taken.setdefault(host_key, {}))
         record, span = build_record(node, site, node_policy, facts, facts.get("image") or {}, facts.get("model") or {},
-                                    fleet_entry, taken.setdefault(host_key, {}), port)
+                                    fleet_entry, busy, port)
+        for index in record["gpu_host_indices"]:
+            taken[host_key][index] = engine
         next_port[host_key] = port + span
         inspection = "engine-launch.%s.inspection.json" % engine
         record["sources"].update({
@@ -163,7 +173,8 @@ def plan_records(plan, inputs, hosts):
         extracts[inspection] = {"engine": engine,
                                 "host": {"interface": node["interface"], "address": node["address"],
                                          "host_id": host_key, "gpus": facts.get("gpus"), "rdma": facts.get("rdma")},
-                                "image": facts.get("image"), "model": facts.get("model")}
+                                "image": dict((k, v) for k, v in (facts.get("image") or {}).items() if k != "cached"),
+                                "model": facts.get("model")}
         fleet_entry["accelerator"] = record["accelerator"]
         fleet_entry["gpu_count"] = record["accelerator"]["count"]
         records[engine] = record

@@ -59,7 +59,7 @@ EXAMPLES = r"""
 
 - name: Read a simulated host's sysfs tree
   narwhal.deploy.gpu_facts:
-    sysfs_root: /opt/narwhal-sim/profiles/amd-4gpu/sys
+    sysfs_root: /opt/narwhal-sim/profiles/amd-4gpu-rdma/sys
 
 - name: Show the device paths of GPU 0
   ansible.builtin.debug:

@@ -20,7 +20,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 NVIDIA = REPO / "tests" / "fixtures" / "real" / "nvidia"
 AMD = REPO / "tests" / "fixtures" / "real" / "amd"
 PROFILES = REPO / "tests" / "harness" / "profiles"
-AMD_SYS = PROFILES / "amd-4gpu" / "sys"
+AMD_SYS = PROFILES / "amd-4gpu-rdma" / "sys"
 NVIDIA_SYS = PROFILES / "nvidia-8gpu-rdma" / "sys"
 
 # ------------------------------------------------------------------------------------------------

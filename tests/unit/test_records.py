@@ -1,0 +1,731 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Discovery part 2: launch records built from the real fact producers (GPU / RDMA / image / model facts over
+real captures and the simulated sysfs trees), their schema, and the discovery_outputs writer end to end."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import pathlib
+import shutil
+
+import pytest
+from ansible.module_utils import basic
+from ansible.module_utils.testing import patch_module_args
+
+from ansible_collections.narwhal.deploy.plugins.module_utils import _gpu, _image, _model, _rdma
+from ansible_collections.narwhal.deploy.plugins.module_utils._fleet import plan_fleet
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError, load_inputs
+from ansible_collections.narwhal.deploy.plugins.module_utils._netaddr import interface_addresses
+from ansible_collections.narwhal.deploy.plugins.module_utils._records import build_record
+from ansible_collections.narwhal.deploy.plugins.module_utils._schema import (
+    FLEET_SCHEMA,
+    LAUNCH_CONFIG_SCHEMA,
+    RECORD_SCHEMA,
+    validation_errors,
+)
+from ansible_collections.narwhal.deploy.plugins.modules import discovery_outputs
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+REAL = REPO / "tests" / "fixtures" / "real"
+NVIDIA_SYS = REPO / "tests" / "harness" / "profiles" / "nvidia-8gpu-rdma" / "sys"
+# the AMD profile (amd-4gpu, renamed amd-4gpu-rdma): 4x MI100, render nodes renderD128-131 / card0-3
+AMD_SYS = next((p for p in (REPO / "tests" / "harness" / "profiles" / name / "sys"
+                            for name in ("amd-4gpu-rdma", "amd-4gpu")) if p.is_dir()), None)
+
+IMAGE_ID = "sha256:" + "ab" * 32
+V100S_UUIDS = [
+    "GPU-76098dc1-d3bc-9a1b-7ea6-f7b48837829e",
+    "GPU-bbf7a241-bf9a-eb90-b2fb-d213294faf48",
+    "GPU-8f75e71c-23dd-a060-d997-4caf592954db",
+    "GPU-3181eb56-505c-8214-ba05-c132f68f89b8",
+    "GPU-2aa87d54-d4ff-2900-812b-1a4b7e119583",
+    "GPU-39c3a168-9034-0b5a-223a-1042f30a9242",
+    "GPU-d2446f91-171e-1b54-515d-9d9b03484ddf",
+    "GPU-1d955959-c95b-4f40-2cac-100d3006ffe2",
+]
+CUDA_DISTS = {"vllm": "0.33.0", "nixl": "0.7.1", "nixl-cu12": "0.7.1", "torch": "2.9.0+cu129"}
+ROCM_DISTS = {"vllm": "0.33.0+rocm711", "nixl": "0.7.1", "torch": "2.9.0+rocm7.1"}
+CUDA_ENV = ["PATH=/usr/bin", "CUDA_VERSION=12.9.1", "NVIDIA_VISIBLE_DEVICES=all", "UCX_HOME=/usr/local/ucx",
+            "HF_TOKEN=hf_secret", "LD_LIBRARY_PATH=/usr/local/cuda/lib64"]
+ROCM_ENV = ["PATH=/usr/bin", "ROCM_PATH=/opt/rocm", "HIP_PLATFORM=amd", "LD_LIBRARY_PATH=/opt/rocm/lib"]
+LLAMA = "aiconf__meta-llama--Meta-Llama-3.1-8B"
+BASE = {"NARWHAL_FABRIC_INTERFACE": "eth1", "NARWHAL_NODE_1_ROLE": "prefill", "NARWHAL_NODE_2_ROLE": "decode",
+        "NARWHAL_IMAGE": "vllm/vllm-openai:v0.33.0", "NARWHAL_MODEL_PATH": "/srv/models/Meta-Llama-3.1-8B"}
+# two engines on one physical host need their own ports
+SHARED = {"NARWHAL_NODE_2_ENGINE_PORT": "8001", "NARWHAL_NODE_2_ATTEST_PORT": "8011"}
+
+
+# ------------------------------------------------------------------------------------------------
+# small fact builders over the real producers
+
+
+def nvidia(dev_root, capture="datakit__gtx-8card.xml", sysfs=NVIDIA_SYS):
+    text = (REAL / "nvidia" / capture).read_text()
+    parsed = _gpu.parse_nvidia_smi_xml(text) if capture.endswith(".xml") else _gpu.parse_nvidia_smi_text(text)
+    return _gpu.nvidia_facts(parsed, str(sysfs), str(dev_root), "nvidia-smi")
+
+
+def amd():
+    parsed = _gpu.parse_rocm_smi_json((REAL / "amd" / "telegraf__mi100_rocm602.json").read_text())
+    return _gpu.amd_facts(parsed, str(AMD_SYS), "rocm-smi")
+
+
+def rdma(dev_root):
+    ib = dev_root / "infiniband"
+    ib.mkdir(parents=True, exist_ok=True)
+    for name in ["uverbs%d" % i for i in range(9)] + ["rdma_cm"]:
+        (ib / name).write_text("")
+    return _rdma.rdma_facts(_rdma.read_sysfs_hcas(str(NVIDIA_SYS)), str(dev_root), "sysfs")
+
+
+def image(dists=None, env=None, ref="vllm/vllm-openai:v0.33.0"):
+    attrs = {"Id": IMAGE_ID, "RepoTags": [ref], "RepoDigests": [], "Architecture": "amd64", "Os": "linux",
+             "Config": {"Env": CUDA_ENV if env is None else env}}
+    return _image.build_facts(ref, attrs, CUDA_DISTS if dists is None else dists, False)
+
+
+def model(tmp_path, src=LLAMA, patch=None):
+    path = tmp_path / ("model-" + src)
+    path.mkdir(exist_ok=True)
+    config = json.loads((REAL / "models" / (src + "__config.json")).read_text())
+    config.update(patch or {})
+    (path / "config.json").write_text(json.dumps(config))
+    tok = REAL / "models" / (src + "__tokenizer_config.json")
+    if tok.exists():
+        shutil.copyfile(tok, path / "tokenizer_config.json")
+    return _model.read_checkpoint(str(path))
+
+
+def iface(address, host_id=None):
+    info = [{"family": "inet", "local": address, "prefixlen": 24, "scope": "global",
+             "preferred_life_time": 4294967295}]
+    _link, addresses = interface_addresses([{"ifname": "eth1", "addr_info": info}], "eth1")
+    return {"addresses": addresses, "host_id": host_id}
+
+
+def interfaces(shared):
+    if shared:
+        return {"engine-1": iface("10.0.0.11", "box-a"), "engine-2": iface("10.0.0.11", "box-a")}
+    return {"engine-1": iface("10.0.0.11"), "engine-2": iface("10.0.0.12")}
+
+
+def build(extra, hosts, shared=True):
+    """-> {engine: record} via the writer's planning (plan_fleet + plan_records)."""
+    values = dict(BASE, **(SHARED if shared else {}))
+    values.update(extra)
+    inputs = load_inputs(values)
+    plan = plan_fleet(inputs, ["engine-1", "engine-2"], interfaces(shared))
+    document, _extracts = discovery_outputs.plan_records(plan, inputs, hosts)
+    assert validation_errors(document, LAUNCH_CONFIG_SCHEMA) == []
+    for record in document["engines"].values():
+        assert validation_errors(record, RECORD_SCHEMA) == []
+    return document["engines"]
+
+
+def host(gpus, tmp_path, img=None, mdl=None, rd=None):
+    return {"gpus": gpus, "rdma": rd, "image": img or image(), "model": mdl or model(tmp_path)}
+
+
+def nv_pair(tmp_path, **kw):
+    """Both engines on the one 8x V100S host (same facts)."""
+    h = host(nvidia(tmp_path / "dev"), tmp_path, **kw)
+    return {"engine-1": h, "engine-2": h}
+
+
+@pytest.fixture
+def dev(tmp_path):
+    root = tmp_path / "dev"
+    root.mkdir()
+    for name in ("nvidiactl", "nvidia-uvm"):
+        (root / name).write_text("")
+    return root
+
+
+def refused(extra, hosts, shared=True):
+    with pytest.raises(InputError) as err:
+        build(extra, hosts, shared)
+    return err.value
+
+
+# ------------------------------------------------------------------------------------------------
+# 1. allocation
+
+
+def test_gpus_per_engine_splits_one_host(tmp_path, dev):
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path))
+    assert recs["engine-1"]["gpu_host_indices"] == [0, 1, 2, 3]
+    assert recs["engine-2"]["gpu_host_indices"] == [4, 5, 6, 7]
+    assert recs["engine-1"]["tensor_parallel_size"] == 4 and recs["engine-2"]["tensor_parallel_size"] == 4
+    assert recs["engine-2"]["accelerator"] == {"vendor": "nvidia", "product": "Tesla V100S-PCIE-32GB", "count": 4}
+    assert "lowest free" in recs["engine-2"]["sources"]["allocation"]
+
+
+def test_explicit_gpu_ids(tmp_path, dev):
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_NODE_1_GPU_IDS": "4,5,6,7"}, nv_pair(tmp_path))
+    assert recs["engine-1"]["gpu_host_indices"] == [4, 5, 6, 7]
+    assert recs["engine-1"]["sources"]["allocation"] == "NARWHAL_NODE_1_GPU_IDS=4,5,6,7"
+    assert recs["engine-2"]["gpu_host_indices"] == [0, 1, 2, 3]
+
+
+def test_separate_hosts_each_start_at_zero(tmp_path, dev):
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "2"}, nv_pair(tmp_path), shared=False)
+    assert recs["engine-1"]["gpu_host_indices"] == [0, 1] and recs["engine-2"]["gpu_host_indices"] == [0, 1]
+
+
+def test_overlapping_gpu_ids_name_key_and_other_engine(tmp_path, dev):
+    err = refused({"NARWHAL_NODE_1_GPU_IDS": "2,3", "NARWHAL_NODE_2_GPU_IDS": "3,4"}, nv_pair(tmp_path))
+    assert err.key == "NARWHAL_NODE_2_GPU_IDS"
+    assert "engine-1" in str(err) and "GPU 3" in str(err)
+
+
+def test_explicit_ids_of_a_later_engine_are_reserved(tmp_path, dev):
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_NODE_2_GPU_IDS": "0,1,2,3"}, nv_pair(tmp_path))
+    assert recs["engine-1"]["gpu_host_indices"] == [4, 5, 6, 7]
+    assert recs["engine-2"]["gpu_host_indices"] == [0, 1, 2, 3]
+
+
+def test_nonexistent_gpu_index(tmp_path, dev):
+    err = refused({"NARWHAL_NODE_1_GPU_IDS": "7,8"}, nv_pair(tmp_path))
+    assert err.key == "NARWHAL_NODE_1_GPU_IDS" and "GPU index 8 does not exist" in str(err)
+
+
+def test_fewer_free_gpus_than_requested(tmp_path, dev):
+    err = refused({"NARWHAL_GPUS_PER_ENGINE": "5"}, nv_pair(tmp_path))
+    assert err.key == "NARWHAL_GPUS_PER_ENGINE"
+    assert "engine-2 needs 5 GPU(s) but its host has only 3 free" in str(err) and "engine-1" in str(err)
+    err = refused({"NARWHAL_GPUS_PER_ENGINE": "9"}, nv_pair(tmp_path), shared=False)
+    assert err.key == "NARWHAL_GPUS_PER_ENGINE" and "engine-1 needs 9" in str(err)
+
+
+def test_all_gpus_for_the_first_engine_leaves_none(tmp_path, dev):
+    err = refused({}, nv_pair(tmp_path))  # default NARWHAL_GPUS_PER_ENGINE=all
+    assert err.key == "NARWHAL_GPUS_PER_ENGINE" and "engine-1" in str(err)
+
+
+def test_no_gpus_with_cuda_image_names_engine(tmp_path, dev):
+    hosts = nv_pair(tmp_path)
+    hosts["engine-2"] = host(_gpu.empty_facts("nvidia-smi"), tmp_path)
+    err = refused({"NARWHAL_GPUS_PER_ENGINE": "4"}, hosts, shared=False)
+    assert err.key == "engine-2" and "no GPU was found on engine-2" in str(err)
+
+
+def test_tp_must_match_gpu_count(tmp_path, dev):
+    err = refused({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_TP_SIZE": "2"}, nv_pair(tmp_path))
+    assert err.key == "NARWHAL_TP_SIZE" and "4 GPU(s)" in str(err)
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "2", "NARWHAL_TP_SIZE": "2"}, nv_pair(tmp_path))
+    assert recs["engine-2"]["tensor_parallel_size"] == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# 2. visibility
+
+
+def test_nvidia_engine_on_gpus_4_to_7_uses_their_uuids(tmp_path, dev):
+    (dev / "nvidia-uvm-tools").write_text("")
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path))
+    second = recs["engine-2"]
+    assert second["gpu_ids"] == V100S_UUIDS[4:]
+    assert second["gpu_host_indices"] == [4, 5, 6, 7]
+    assert second["gpu_visibility_env"] == "CUDA_VISIBLE_DEVICES"
+    assert second["accelerator_devices"] == ["/dev/nvidia4", "/dev/nvidia5", "/dev/nvidia6", "/dev/nvidia7",
+                                             "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    assert recs["engine-1"]["gpu_ids"] == V100S_UUIDS[:4]
+    assert "UUID" in second["sources"]["visibility"]
+
+
+def test_nvidia_control_nodes_only_when_present(tmp_path):
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidiactl").write_text("")
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "1", "NARWHAL_NODE_2_GPU_IDS": "6"}, nv_pair(tmp_path))
+    assert recs["engine-2"]["accelerator_devices"] == ["/dev/nvidia6", "/dev/nvidiactl"]
+
+
+def test_duplicated_uuids_use_container_indices(tmp_path, dev):
+    h = host(nvidia(dev, "telegraf__dual_2080-v13.xml", tmp_path), tmp_path)
+    recs = build({}, {"engine-1": h, "engine-2": h}, shared=False)
+    assert recs["engine-1"]["gpu_ids"] == ["0", "1"]
+    assert recs["engine-1"]["gpu_host_indices"] == [0, 1]
+    assert recs["engine-1"]["accelerator_devices"] == ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl",
+                                                       "/dev/nvidia-uvm"]
+    assert "duplicated" in recs["engine-1"]["sources"]["visibility"]
+
+
+def test_masked_uuid_capture_uses_container_indices(tmp_path, dev):
+    text = (REAL / "nvidia" / "nvgpuexp__linux-x86_64__nvidia-h200__590.48.01.capture.txt").read_text()
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("# idle :: query (-q)"))
+    end = next(i for i in range(start + 3, len(lines)) if lines[i].startswith("####"))
+    parsed = _gpu.parse_nvidia_smi_text("\n".join(lines[start + 3:end]))
+    assert [g["uuid"] for g in parsed["gpus"]] == ["GPU-00000000-0000-0000-0000-000000000000"]
+    h = host(_gpu.nvidia_facts(parsed, str(tmp_path), str(dev), "nvidia-smi -q"), tmp_path)
+    recs = build({}, {"engine-1": h, "engine-2": h}, shared=False)
+    assert recs["engine-1"]["gpu_ids"] == ["0"]
+    assert recs["engine-1"]["accelerator"]["product"] == "NVIDIA H200"
+
+
+def test_amd_engine_gets_container_indices_and_its_own_nodes(tmp_path):
+    h = host(amd(), tmp_path, img=image(ROCM_DISTS, ROCM_ENV, "rocm/vllm:0.33.0"))
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "2"}, {"engine-1": h, "engine-2": h})
+    second = recs["engine-2"]
+    assert second["gpu_host_indices"] == [2, 3]
+    assert second["gpu_ids"] == ["0", "1"]
+    assert second["gpu_visibility_env"] == "ROCR_VISIBLE_DEVICES"
+    assert second["accelerator_devices"] == ["/dev/kfd", "/dev/dri/renderD130", "/dev/dri/card2",
+                                             "/dev/dri/renderD131", "/dev/dri/card3"]
+    assert recs["engine-1"]["accelerator_devices"] == ["/dev/kfd", "/dev/dri/renderD128", "/dev/dri/card0",
+                                                       "/dev/dri/renderD129", "/dev/dri/card1"]
+    assert second["accelerator"] == {"vendor": "amd", "product": "Arcturus GL-XL [Instinct MI100]", "count": 2}
+    assert second["runtime"]["platform"] == "rocm"
+
+
+def test_cuda_image_on_amd_gpus_is_refused(tmp_path):
+    h = host(amd(), tmp_path)
+    err = refused({"NARWHAL_GPUS_PER_ENGINE": "2"}, {"engine-1": h, "engine-2": h})
+    assert err.key == "NARWHAL_IMAGE" and "CUDA image" in str(err) and "AMD GPUs" in str(err)
+    rocm = host(amd(), tmp_path, img=image(ROCM_DISTS, ROCM_ENV, "rocm/vllm:0.33.0"))
+    err = refused({"NARWHAL_GPUS_PER_ENGINE": "2", "NARWHAL_NODE_2_IMAGE": "vllm/vllm-openai:v0.33.0"},
+                  {"engine-1": rocm, "engine-2": h})
+    assert err.key == "NARWHAL_NODE_2_IMAGE"
+
+
+def test_rocm_image_on_nvidia_gpus_is_refused(tmp_path, dev):
+    h = host(nvidia(dev), tmp_path, img=image(ROCM_DISTS, ROCM_ENV, "rocm/vllm:0.33.0"))
+    err = refused({"NARWHAL_GPUS_PER_ENGINE": "4"}, {"engine-1": h, "engine-2": h})
+    assert err.key == "NARWHAL_IMAGE" and "ROCM image" in str(err)
+
+
+# ------------------------------------------------------------------------------------------------
+# 3. transport
+
+
+def test_ucx_tcp(tmp_path, dev):
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path))
+    assert recs["engine-1"]["transfer"] == {"transport": "ucx_tcp", "net_devices": ["${NARWHAL_FABRIC_INTERFACE}"],
+                                            "devices": []}
+    assert recs["engine-1"]["network_mode"] == "host"
+
+
+def rdma_pair(tmp_path, rd=None):
+    rd = rd or rdma(tmp_path / "dev")
+    h = host(nvidia(tmp_path / "dev"), tmp_path, rd=rd)
+    return {"engine-1": h, "engine-2": h}
+
+
+def test_ucx_rdma_auto_prefers_the_gpus_numa_node(tmp_path, dev):
+    # sysfs tree: GPUs 0-3 NUMA 0, 4-7 NUMA 1; HCAs mlx5_0/1/4/5 NUMA 0 (uverbs0-3), mlx5_6..9 NUMA 1
+    # (uverbs4-7), all InfiniBand ACTIVE; mlx5_bond_0 Ethernet on NUMA 0.
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_TRANSPORT": "ucx_rdma"}, rdma_pair(tmp_path))
+    second = recs["engine-2"]["transfer"]
+    assert second == {"transport": "ucx_rdma", "net_devices": ["mlx5_6:1"],
+                      "devices": ["/dev/infiniband/uverbs4", "/dev/infiniband/rdma_cm"]}
+    assert "NUMA node 1" in recs["engine-2"]["sources"]["transfer"]
+    assert recs["engine-1"]["transfer"]["net_devices"] == ["mlx5_0:1"]
+    assert recs["engine-1"]["transfer"]["devices"] == ["/dev/infiniband/uverbs0", "/dev/infiniband/rdma_cm"]
+    assert "NUMA node 0" in recs["engine-1"]["sources"]["transfer"]
+
+
+def test_ucx_rdma_explicit_devices(tmp_path, dev):
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_TRANSPORT": "ucx_rdma",
+                  "NARWHAL_RDMA_DEVICES": "mlx5_8:1", "NARWHAL_NODE_1_RDMA_DEVICES": "mlx5_bond_0:1"},
+                 rdma_pair(tmp_path))
+    assert recs["engine-2"]["transfer"]["net_devices"] == ["mlx5_8:1"]
+    assert recs["engine-2"]["transfer"]["devices"] == ["/dev/infiniband/uverbs6", "/dev/infiniband/rdma_cm"]
+    assert recs["engine-2"]["sources"]["transfer"] == "NARWHAL_RDMA_DEVICES=mlx5_8:1"
+    assert recs["engine-1"]["transfer"]["devices"] == ["/dev/infiniband/uverbs8", "/dev/infiniband/rdma_cm"]
+
+
+@pytest.mark.parametrize("extra,key", [
+    ({"NARWHAL_RDMA_DEVICES": "mlx5_3:1"}, "NARWHAL_RDMA_DEVICES"),
+    ({"NARWHAL_RDMA_DEVICES": "mlx5_6:2"}, "NARWHAL_RDMA_DEVICES"),
+    ({"NARWHAL_NODE_2_RDMA_DEVICES": "mlx5_6"}, "NARWHAL_NODE_2_RDMA_DEVICES"),
+])
+def test_ucx_rdma_unknown_hca_port(tmp_path, dev, extra, key):
+    err = refused(dict(extra, NARWHAL_GPUS_PER_ENGINE="4", NARWHAL_TRANSPORT="ucx_rdma"), rdma_pair(tmp_path))
+    assert err.key == key and "is not an HCA:port" in str(err)
+
+
+def test_ucx_rdma_without_active_port(tmp_path, dev):
+    rd = copy.deepcopy(rdma(tmp_path / "dev"))
+    for hca in rd["hcas"]:
+        for port in hca["ports"]:
+            port.update(active=False, state="DOWN")
+    err = refused({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_TRANSPORT": "ucx_rdma"}, rdma_pair(tmp_path, rd))
+    assert err.key == "NARWHAL_TRANSPORT"
+    assert "ucx_rdma needs an active HCA port, but engine-1 has none" in str(err)
+
+
+def test_ucx_rdma_without_rdma_facts(tmp_path, dev):
+    err = refused({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_TRANSPORT": "ucx_rdma"}, nv_pair(tmp_path))
+    assert err.key == "NARWHAL_TRANSPORT" and "no HCA found" in str(err)
+
+
+# ------------------------------------------------------------------------------------------------
+# 4. runtime
+
+
+def test_expected_packages_and_environment(tmp_path, dev):
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path))
+    rt = recs["engine-1"]["runtime"]
+    assert rt["expected_packages"] == {"vllm": "0.33.0", "nixl": "0.7.1"}
+    assert rt["image_id"] == IMAGE_ID and rt["platform"] == "cuda" and rt["kv_buffer_device"] == "cuda"
+    assert rt["model_dtype"] == "bfloat16" and rt["served_model_name"] == "Meta-Llama-3.1-8B"
+    assert rt["environment"] == {"CUDA_VERSION": "12.9.1", "LD_LIBRARY_PATH": "/usr/local/cuda/lib64",
+                                 "UCX_HOME": "/usr/local/ucx"}
+    assert rt["extra_args"] == [] and rt["derived_environment"] == {}
+
+
+def test_nixl_wheel_distribution_is_pinned(tmp_path, dev):
+    img = image({"vllm": "0.33.0", "nixl-cu13": "0.8.0"})
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path, img=img))
+    assert recs["engine-2"]["runtime"]["expected_packages"] == {"vllm": "0.33.0", "nixl-cu13": "0.8.0"}
+    assert recs["engine-2"]["runtime"]["nixl_distribution"] == "nixl-cu13"
+
+
+@pytest.mark.parametrize("dists,needle", [
+    ({"nixl": "0.7.1", "nixl-cu12": "0.7.1"}, "no 'vllm' distribution"),
+    ({"vllm": "0.33.0+cu129", "torch": "2.9.0"}, "no NIXL distribution"),
+])
+def test_image_without_vllm_or_nixl(tmp_path, dev, dists, needle):
+    err = refused({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path, img=image(dists)))
+    assert err.key == "NARWHAL_IMAGE" and needle in str(err)
+
+
+def test_expected_packages_policy(tmp_path, dev):
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_EXPECTED_PACKAGES": "torch"}, nv_pair(tmp_path))
+    assert recs["engine-1"]["runtime"]["expected_packages"] == {"vllm": "0.33.0", "nixl": "0.7.1",
+                                                                "torch": "2.9.0+cu129"}
+    err = refused({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_EXPECTED_PACKAGES": "torch, flashinfer-python"},
+                  nv_pair(tmp_path))
+    assert err.key == "NARWHAL_EXPECTED_PACKAGES" and "flashinfer-python" in str(err)
+
+
+def test_float32_checkpoint_needs_a_dtype_policy(tmp_path, dev):
+    f32 = model(tmp_path, patch={"torch_dtype": "float32"})
+    assert f32["dtype"] == "float32"
+    err = refused({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path, mdl=f32))
+    assert err.key == "NARWHAL_MODEL_DTYPE" and "float32" in str(err)
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_MODEL_DTYPE": "float16"}, nv_pair(tmp_path, mdl=f32))
+    assert recs["engine-1"]["runtime"]["model_dtype"] == "float16"
+
+
+@pytest.mark.parametrize("src", ["syjjhl__chatglm2-6b", "helpy__DeepSeek-V3"])
+def test_trust_remote_code_model(tmp_path, dev, src):
+    mdl = model(tmp_path, src)
+    assert mdl["trust_remote_code"] is True
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "2", "NARWHAL_EXTRA_ARGS": "--max-model-len 4096"},
+                 nv_pair(tmp_path, mdl=mdl))
+    rt = recs["engine-1"]["runtime"]
+    assert rt["extra_args"] == ["--trust-remote-code", "--max-model-len", "4096"]
+    assert rt["trust_remote_code"] is True
+
+
+# Nemotron-H-56B at TP 4: attention 2 KV heads x 128 x 2 B x (K,V) = 1024 B/token; Mamba2 state per GPU =
+# conv 3 x (16384 + 2*8*256)/4 x 2 B = 30720 + SSM 64 heads x 64 x 256 x 2 B = 2097152 -> 2127872 B, so the block
+# is raised to 16 * ceil(2127872 / (16 * 1024)) = 2080 tokens (page 2080 * 1024 B). LFM2's short-conv state fits
+# one 16-token page, so it keeps 16 but still needs the DS conv-state layout.
+@pytest.mark.parametrize("src,block,page", [("aiconf__nvidia--Nemotron-H-56B-Base-8K", 2080, 2129920),
+                                            ("fetchwiki__LiquidAI-LFM2-1.2B", 16, 8192)])
+def test_conv_ssm_model(tmp_path, dev, src, block, page):
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path, mdl=model(tmp_path, src)))
+    rt = recs["engine-2"]["runtime"]
+    assert rt["derived_environment"] == {"VLLM_SSM_CONV_STATE_LAYOUT": "DS"}
+    assert rt["ssm_conv_state"] is True
+    assert rt["block_size"] == 16
+    assert (rt["cache_plan"]["block_size"], rt["cache_plan"]["page_bytes"]) == (block, page)
+    assert recs["engine-1"]["runtime"]["cache_plan"] == rt["cache_plan"]  # P and D agree
+
+
+def test_attention_model_keeps_requested_block(tmp_path, dev):
+    plain = build({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path))["engine-2"]["runtime"]
+    # Llama-3.1-8B at TP 4: 2 KV heads x 128 x 2 B x 2 = 1024 B/token, 16 tokens
+    assert (plain["cache_plan"]["block_size"], plain["cache_plan"]["page_bytes"]) == (16, 16384)
+    assert plain["derived_environment"] == {} and plain["ssm_conv_state"] is False
+
+
+@pytest.mark.parametrize("args,flag", [
+    ("--port 9000", "--port"),
+    ("--max-model-len 4096 --tensor-parallel-size=2", "--tensor-parallel-size"),
+    ("--api-key x", "--api-key"),
+    ("--trust-remote-code", "--trust-remote-code"),
+    ("-tp 2", "-tp"),
+])
+def test_managed_extra_args_refused(tmp_path, dev, args, flag):
+    err = refused({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_EXTRA_ARGS": args}, nv_pair(tmp_path))
+    assert err.key == "NARWHAL_EXTRA_ARGS" and flag + " is set by the launcher" in str(err)
+
+
+@pytest.mark.parametrize("args", ["--tensor_parallel_size=2", "--api_key x"])
+def test_managed_extra_args_with_underscores_refused(tmp_path, dev, args):
+    err = refused({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_EXTRA_ARGS": args}, nv_pair(tmp_path))
+    assert err.key == "NARWHAL_EXTRA_ARGS"
+
+
+def test_harmless_extra_args_kept_in_order(tmp_path, dev):
+    args = "--max-model-len 8192 --gpu-memory-utilization=0.85 --enable-prefix-caching --chat-template '/a b.j2'"
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_EXTRA_ARGS": args}, nv_pair(tmp_path))
+    assert recs["engine-2"]["runtime"]["extra_args"] == [
+        "--max-model-len", "8192", "--gpu-memory-utilization=0.85", "--enable-prefix-caching", "--chat-template",
+        "/a b.j2"]
+
+
+def test_managed_and_secret_image_env_dropped(tmp_path, dev):
+    img = image()
+    img["env"] = {"NVIDIA_VISIBLE_DEVICES": "all", "HF_TOKEN": "x", "GITHUB_TOKEN": "y", "UCX_TLS": "all",
+                  "CUDA_VISIBLE_DEVICES": "0", "VLLM_API_KEY": "k", "PATH": "/bin", "UCX_HOME": "/usr/local/ucx",
+                  "CUDA_VERSION": "12.9.1"}
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path, img=img))
+    assert recs["engine-1"]["runtime"]["environment"] == {"CUDA_VERSION": "12.9.1", "UCX_HOME": "/usr/local/ucx"}
+
+
+def test_cpu_image_on_host_without_gpus(tmp_path):
+    img = image({"vllm": "0.32.0+cpu", "nixl": "0.7.1", "torch": "2.9.0+cpu"}, ["PATH=/usr/bin"],
+                "vllm/vllm-openai-cpu:v0.32.0")
+    assert img["platform"] == "cpu"
+    h = host(_gpu.empty_facts("none"), tmp_path, img=img)
+    recs = build({}, {"engine-1": h, "engine-2": h}, shared=False)
+    rec = recs["engine-1"]
+    assert rec["accelerator"] == {"vendor": "cpu", "product": "cpu", "count": 0}
+    assert rec["gpu_ids"] == [] and rec["gpu_host_indices"] == [] and rec["accelerator_devices"] == []
+    assert rec["gpu_visibility_env"] is None and rec["tensor_parallel_size"] == 1
+    assert rec["runtime"]["kv_buffer_device"] == "cpu"
+
+
+@pytest.mark.parametrize("vllm,tp,ports", [
+    ("0.33.0", 4, ([5600, 5600], [5601, 5601])),
+    ("0.11.0", 4, ([5600, 5603], [5604, 5607])),
+    ("0.11.0", 2, ([5600, 5601], [5602, 5603])),
+])
+def test_side_channel_ranges_do_not_overlap(tmp_path, dev, vllm, tp, ports):
+    img = image(dict(CUDA_DISTS, vllm=vllm))
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": str(tp)}, nv_pair(tmp_path, img=img))
+    assert (recs["engine-1"]["node"]["side_channel_ports"], recs["engine-2"]["node"]["side_channel_ports"]) == ports
+    assert recs["engine-2"]["node"]["side_channel_port"] == ports[1][0]
+    apart = build({"NARWHAL_GPUS_PER_ENGINE": str(tp)}, nv_pair(tmp_path, img=img), shared=False)
+    assert apart["engine-2"]["node"]["side_channel_port"] == 5600
+
+
+# ------------------------------------------------------------------------------------------------
+# 5. schema
+
+
+def test_schema_rejects_bad_records(tmp_path, dev):
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_TRANSPORT": "ucx_rdma"}, rdma_pair(tmp_path))
+    good = recs["engine-2"]
+    assert validation_errors(good, RECORD_SCHEMA) == []
+    bad = copy.deepcopy(good)
+    bad["transfer"]["transport"] = "tcp"
+    assert any(e.startswith("transfer/transport") for e in validation_errors(bad, RECORD_SCHEMA))
+    bad = copy.deepcopy(good)
+    bad["transfer"]["devices"] = []
+    assert any(e.startswith("transfer/devices") for e in validation_errors(bad, RECORD_SCHEMA))
+    bad = copy.deepcopy(good)
+    bad["transfer"].update(transport="ucx_tcp")  # TCP with RDMA devices
+    assert validation_errors(bad, RECORD_SCHEMA) != []
+    for path, value in ((("runtime", "model_dtype"), "float32"), (("runtime", "image_id"), "abc"),
+                        (("accelerator_devices",), ["nvidia0"]), (("network_mode",), "bridge"),
+                        (("gpu_visibility_env",), "HIP_VISIBLE_DEVICES")):
+        bad = copy.deepcopy(good)
+        target = bad
+        for part in path[:-1]:
+            target = target[part]
+        target[path[-1]] = value
+        assert validation_errors(bad, RECORD_SCHEMA) != [], path
+    bad = copy.deepcopy(good)
+    del bad["sources"]["policy"]
+    assert validation_errors(bad, RECORD_SCHEMA) != []
+
+
+def test_build_record_alone_lacks_the_file_sources(tmp_path, dev):
+    # build_record gives allocation/transfer/visibility; the writer adds the file references the schema needs
+    inputs = load_inputs(dict(BASE, NARWHAL_GPUS_PER_ENGINE="4"))
+    plan = plan_fleet(inputs, ["engine-1", "engine-2"], interfaces(False))
+    h = nv_pair(tmp_path)["engine-1"]
+    record, span = build_record(plan["nodes"][0], inputs["site"], {}, h, h["image"], h["model"], plan["fleet"][0],
+                                {}, 5600)
+    assert span == 1
+    assert sorted(record["sources"]) == ["allocation", "transfer", "visibility"]
+    assert any("sources" in e for e in validation_errors(record, RECORD_SCHEMA))
+
+
+# ------------------------------------------------------------------------------------------------
+# 6. the writer module end to end
+
+
+class ExitJsonError(Exception):
+    pass
+
+
+class FailJsonError(Exception):
+    pass
+
+
+@pytest.fixture
+def run_module(monkeypatch):
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", lambda self, **kw: (_ for _ in ()).throw(ExitJsonError(kw)))
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", lambda self, **kw: (_ for _ in ()).throw(FailJsonError(kw)))
+
+    def run(args):
+        with patch_module_args(args):
+            try:
+                discovery_outputs.main()
+            except ExitJsonError as exc:
+                return "exit", exc.args[0]
+            except FailJsonError as exc:
+                return "fail", exc.args[0]
+        raise AssertionError("module returned without exit_json/fail_json")
+
+    return run
+
+
+def module_args(root, hosts, extra=None, engines=("engine-1", "engine-2"), check=False):
+    values = dict(BASE, NARWHAL_GPUS_PER_ENGINE="4", NARWHAL_CONFIG_DIR="config", NARWHAL_FLEET="config/fleet.json",
+                  NARWHAL_LAUNCH_CONFIG="config/engine-launch.local.json", **SHARED)
+    values.update(extra or {})
+    inputs = load_inputs(values)
+    ifs = {e: iface("10.0.0.11", "box-a") for e in engines}
+    args = {"site": {"site": inputs["site"], "nodes": {str(k): v for k, v in inputs["nodes"].items()}},
+            "engines": list(engines), "interfaces": ifs, "root": str(root),
+            "hosts": dict((e, hosts["engine-1"]) for e in engines)}
+    if check:
+        args["_ansible_check_mode"] = True
+    return args
+
+
+def snapshot(root):
+    out = {}
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            st = os.stat(path)
+            out[os.path.relpath(path, root)] = (pathlib.Path(path).read_bytes(), st.st_mtime_ns, st.st_mode & 0o777)
+    return out
+
+
+EXPECTED_FILES = ["config/deployment.env", "config/engine-launch.engine-1.inspection.json",
+                  "config/engine-launch.engine-2.inspection.json", "config/engine-launch.local.json",
+                  "config/engine-launch.policy.json", "config/engine-launch.sources.json", "config/fleet.json"]
+
+
+def resolve_pointer(document, pointer):
+    for part in [p for p in pointer.split("/") if p]:
+        document = document[part]
+    return document
+
+
+def test_writer_end_to_end(tmp_path, dev, run_module):
+    root = tmp_path / "checkout"
+    root.mkdir()
+    hosts = nv_pair(tmp_path)
+    status, result = run_module(module_args(root, hosts))
+    assert status == "exit", result
+    assert result["changed"] is True
+    snap = snapshot(root)
+    assert sorted(snap) == EXPECTED_FILES
+    assert {mode for _data, _mtime, mode in snap.values()} == {0o600}
+    config = root / "config"
+    fleet = json.loads((config / "fleet.json").read_text())
+    assert validation_errors(fleet, FLEET_SCHEMA) == []
+    assert [(f["engine"], f["gpu_count"], f["accelerator"]) for f in fleet] == [
+        ("engine-1", 4, {"vendor": "nvidia", "product": "Tesla V100S-PCIE-32GB", "count": 4}),
+        ("engine-2", 4, {"vendor": "nvidia", "product": "Tesla V100S-PCIE-32GB", "count": 4})]
+    launch = json.loads((config / "engine-launch.local.json").read_text())
+    assert validation_errors(launch, LAUNCH_CONFIG_SCHEMA) == []
+    assert launch["engines"]["engine-2"]["gpu_ids"] == V100S_UUIDS[4:]
+    index = json.loads((config / "engine-launch.sources.json").read_text())
+    assert index["launch_config"] == str(config / "engine-launch.local.json")
+    assert sorted(index["files"]) == ["engine-launch.engine-1.inspection.json",
+                                      "engine-launch.engine-2.inspection.json", "engine-launch.policy.json"]
+    import hashlib
+    for name, digest in index["files"].items():
+        assert hashlib.sha256((config / name).read_bytes()).hexdigest() == digest
+    assert index["launch_config_sha256"] == hashlib.sha256((config / "engine-launch.local.json")
+                                                           .read_bytes()).hexdigest()
+    for engine, record in launch["engines"].items():
+        assert index["engines"][engine] == dict((k, v) for k, v in record["sources"].items() if isinstance(v, dict))
+        for kind in ("host", "image", "model", "policy"):
+            ref = record["sources"][kind]
+            target = config / ref["file"]
+            assert target.exists(), ref
+            assert resolve_pointer(json.loads(target.read_text()), ref["pointer"]) is not None
+    inspection = json.loads((config / "engine-launch.engine-2.inspection.json").read_text())
+    assert inspection["image"]["id"] == IMAGE_ID and len(inspection["host"]["gpus"]["gpus"]) == 8
+    policy = json.loads((config / "engine-launch.policy.json").read_text())
+    assert policy["site"]["NARWHAL_GPUS_PER_ENGINE"] == 4
+
+    # a second identical run changes nothing
+    status, again = run_module(module_args(root, hosts))
+    assert status == "exit" and again["changed"] is False
+    assert not any(again["files"].values())
+    assert snapshot(root) == snap
+
+
+def test_writer_policy_change_gives_a_fresh_set(tmp_path, dev, run_module):
+    hosts = nv_pair(tmp_path)
+    root, fresh = tmp_path / "checkout", tmp_path / "fresh"
+    root.mkdir()
+    fresh.mkdir()
+    assert run_module(module_args(root, hosts))[0] == "exit"
+    before = (root / "config" / "engine-launch.local.json").read_text()
+    status, result = run_module(module_args(root, hosts, {"NARWHAL_BLOCK_SIZE": "32"}))
+    assert status == "exit" and result["changed"] is True
+    after = (root / "config" / "engine-launch.local.json").read_text()
+    assert after != before
+    launch = json.loads(after)
+    assert {r["runtime"]["block_size"] for r in launch["engines"].values()} == {32}
+    assert {r["runtime"]["cache_plan"]["block_size"] for r in launch["engines"].values()} == {32}
+    assert json.loads((root / "config" / "engine-launch.policy.json").read_text())["site"]["NARWHAL_BLOCK_SIZE"] == 32
+    # no stale field: the rerun's launch config equals what a first run with the new input writes
+    assert run_module(module_args(fresh, hosts, {"NARWHAL_BLOCK_SIZE": "32"}))[0] == "exit"
+    assert after == (fresh / "config" / "engine-launch.local.json").read_text()
+    assert sorted(snapshot(root)) == sorted(snapshot(fresh))
+
+
+def test_writer_removes_extracts_of_an_engine_no_longer_in_the_fleet(tmp_path, dev, run_module):
+    hosts = nv_pair(tmp_path)
+    root = tmp_path / "checkout"
+    root.mkdir()
+    assert run_module(module_args(root, hosts))[0] == "exit"
+    status, result = run_module(module_args(root, hosts, {"NARWHAL_NODE_2_ROLE": "", "NARWHAL_NODE_3_ROLE": "decode",
+                                                          "NARWHAL_NODE_3_ENGINE_PORT": "8001",
+                                                          "NARWHAL_NODE_3_ATTEST_PORT": "8011",
+                                                          "NARWHAL_NODE_2_ENGINE_PORT": "",
+                                                          "NARWHAL_NODE_2_ATTEST_PORT": ""},
+                                            engines=("engine-1", "engine-3")))
+    assert status == "exit", result
+    names = sorted(snapshot(root))
+    assert "config/engine-launch.engine-2.inspection.json" not in names
+    assert "config/engine-launch.engine-3.inspection.json" in names
+    launch = json.loads((root / "config" / "engine-launch.local.json").read_text())
+    assert sorted(launch["engines"]) == ["engine-1", "engine-3"]
+
+
+@pytest.mark.parametrize("extra,key", [
+    ({"NARWHAL_TP_SIZE": "2"}, "NARWHAL_TP_SIZE"),
+    ({"NARWHAL_GPUS_PER_ENGINE": "5"}, "NARWHAL_GPUS_PER_ENGINE"),
+    ({"NARWHAL_EXTRA_ARGS": "--port 9000"}, "NARWHAL_EXTRA_ARGS"),
+    ({"NARWHAL_TRANSPORT": "ucx_rdma"}, "NARWHAL_TRANSPORT"),
+])
+def test_writer_failure_leaves_everything_untouched(tmp_path, dev, run_module, extra, key):
+    hosts = nv_pair(tmp_path)
+    root = tmp_path / "checkout"
+    root.mkdir()
+    assert run_module(module_args(root, hosts))[0] == "exit"
+    snap = snapshot(root)
+    status, result = run_module(module_args(root, hosts, extra))
+    assert status == "fail" and result["input"] == key and "nothing was written" in result["msg"]
+    assert snapshot(root) == snap
+
+
+def test_writer_check_mode_writes_nothing(tmp_path, dev, run_module):
+    root = tmp_path / "checkout"
+    root.mkdir()
+    status, result = run_module(module_args(root, nv_pair(tmp_path), check=True))
+    assert status == "exit" and result["changed"] is True
+    assert sorted(os.path.relpath(p, root) for p in result["files"]) == [
+        "config/deployment.env", "config/engine-launch.engine-1.inspection.json",
+        "config/engine-launch.engine-2.inspection.json", "config/engine-launch.local.json",
+        "config/engine-launch.policy.json", "config/engine-launch.sources.json", "config/fleet.json"]
+    assert list(root.iterdir()) == []
