@@ -20,6 +20,19 @@ ansible-playbook -i "$STATE/hosts.yml" playbooks/site.yml
 echo "== pipeline in $((SECONDS - t)) s"
 printf '\n== config/demo/deployment.env\n'; cat config/demo/deployment.env
 printf '\n== config/fleet.demo.json\n'; cat config/fleet.demo.json
+printf '\n== launch records (config/engine-launch.demo.json, mode %s; extracts and sources index in config/demo/)\n' \
+  "$(stat -c %a config/engine-launch.demo.json)"
+python - <<'PY'
+import json
+doc = json.load(open("config/engine-launch.demo.json"))
+for name, r in doc["engines"].items():
+    rt = r["runtime"]
+    print(f"{name}: {r['role']:7} {r['accelerator']['count']}x {r['accelerator']['product']} "
+          f"TP={r['tensor_parallel_size']} {r['gpu_visibility_env']}={','.join(r['gpu_ids'])[:60]}")
+    print(f"    devices={len(r['accelerator_devices'])} transport={r['transfer']['transport']} "
+          f"net={r['transfer']['net_devices']} image={rt['image_id'][:19]} pins={rt['expected_packages']} "
+          f"block={rt['cache_plan']['block_size']} page={rt['cache_plan']['page_bytes']}B")
+PY
 printf '\n== the fleet as the router resolves it (scripts/narwhal-fleet)\n'
 python scripts/narwhal-fleet --fleet config/fleet.demo.json --env-file "$NARWHAL_ENV_FILE" --deployment-env config/demo/deployment.env
 if [ "${KEEP:-0}" != 1 ]; then

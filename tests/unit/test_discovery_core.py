@@ -261,3 +261,19 @@ def test_env_example_and_docs_are_generated_from_the_input_description():
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "gen-inputs.py"), "--check"],
                          capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stdout
+
+
+def test_example_record_validates_and_every_field_is_documented():
+    from ansible_collections.narwhal.deploy.plugins.module_utils._schema import LAUNCH_CONFIG_SCHEMA, validation_errors
+
+    example = json.loads((REPO / "config" / "engine-launch.example.json").read_text())
+    assert validation_errors(example, LAUNCH_CONFIG_SCHEMA) == []
+    transports = sorted(r["transfer"]["transport"] for r in example["engines"].values())
+    vendors = sorted(r["accelerator"]["vendor"] for r in example["engines"].values())
+    assert transports == ["ucx_rdma", "ucx_tcp"] and vendors == ["amd", "nvidia"]
+    doc = (REPO / "docs" / "launch-record.md").read_text()
+    record = example["engines"]["engine-1"]
+    runtime = ["runtime." + k for k in record["runtime"] if k not in ("trust_remote_code", "ssm_conv_state")]
+    undocumented = [f for f in list(record) + runtime if f not in ("engine", "iid", "role", "runtime")
+                    and "`%s`" % f not in doc]
+    assert undocumented == []
