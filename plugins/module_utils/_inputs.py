@@ -71,6 +71,16 @@ INPUTS = [
     {"name": "NARWHAL_EXPECTED_PACKAGES", "kind": "str", "default": "", "example": "torch",
      "doc": "Further image distributions whose exact versions the records pin (comma-separated), besides vllm "
             "and the NIXL distribution."},
+    {"name": "NARWHAL_ENGINE_CHECKOUT", "kind": "abspath", "default": "/opt/narwhal", "example": "/opt/narwhal",
+     "doc": "Engine checkout on every engine host: install places the record, the role environment, the API key "
+            "(config/) and the launcher snapshot (bin/) there; the launcher keeps its runs under runs/."},
+    {"name": "NARWHAL_API_KEY_FILE", "kind": "path", "default": "config/engine-api.key",
+     "example": "config/engine-api.key",
+     "doc": "Controller file holding the engines' API key (one line, mode 0600, git-ignored); install copies it "
+            "to each engine host (0600) and the launcher passes it by environment. Never logged."},
+    {"name": "NARWHAL_RUNS_DIR", "kind": "path", "default": "runs", "example": "runs",
+     "doc": "Controller directory of prepared runs (runs/<run-id>/: manifest, role environments, records, launcher "
+            "snapshot)."},
     {"name": "NARWHAL_CONFIG_DIR", "kind": "path", "default": "config", "example": "config",
      "doc": "Directory of the generated deployment.env and the launch-record extracts. Relative paths "
             "in this file are relative to the checkout."},

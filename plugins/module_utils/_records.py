@@ -39,7 +39,7 @@ MANAGED_ENV = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVI
 
 def _version_tuple(version):
     parts = []
-    for item in str(version or "0").split("+")[0].split(".")[:3]:
+    for item in str(version or "0").split("+", 1)[0].split(".")[:3]:
         digits = "".join(ch for ch in item if ch.isdigit())
         parts.append(int(digits or 0))
     return tuple(parts + [0] * (3 - len(parts)))
@@ -134,8 +134,8 @@ def choose_rdma(engine, n, node_policy, site, rdma, gpus):
                 raise InputError(key, "%s is not an HCA:port of %s (it has %s); correct %s" % (
                     item, engine, ", ".join("%s:%d" % (h["name"], p["port"]) for h, p in active) or "none", key))
             if not port.get("active"):
-                raise InputError(key, "%s on %s is %s, not active; choose an active port" % (item, engine,
-                                                                                            port.get("state")))
+                raise InputError(key, "%s on %s is %s, not active; choose an active port"
+                                 % (item, engine, port.get("state")))
             picked.append((hca, port))
         reason = "%s=%s" % (key, wanted)
     devices = []
@@ -222,7 +222,7 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
     nixl = image.get("nixl_distribution")
     if not nixl:
         raise InputError(image_key, "image %s on %s has no NIXL distribution (nixl, nixl-cu12, nixl-cu13, "
-                                          "nixl-rocm or rixl); NixlConnector needs one: use an image with NIXL"
+                                    "nixl-rocm or rixl); NixlConnector needs one: use an image with NIXL"
                          % (image.get("image"), engine))
     expected = {"vllm": dists["vllm"], nixl: dists[nixl]}
     for name in [x.strip() for x in (site.get("NARWHAL_EXPECTED_PACKAGES") or "").split(",") if x.strip()]:

@@ -119,3 +119,31 @@ def validation_errors(document, schema):
         path = "/".join(str(p) for p in err.absolute_path) or "(top)"
         out.append("%s: %s" % (path, err.message))
     return out
+
+
+MANIFEST_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "narwhal.deploy prepared run manifest",
+    "type": "object",
+    "required": ["run_id", "application", "launcher", "inputs", "engines"],
+    "properties": {
+        "run_id": {"type": "string", "pattern": "^run-[0-9a-f]{12}$"},
+        "application": {"type": "object", "required": ["revision", "dirty"],
+                        "properties": {"revision": {"type": ["string", "null"]},
+                                       "dirty": {"type": ["boolean", "null"]}}},
+        "launcher": {"type": "object", "required": ["file", "sha256"],
+                     "properties": {"sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}},
+        "inputs": {"type": "object", "required": ["env_file_sha256", "fleet_sha256", "launch_config_sha256"]},
+        "engines": {
+            "type": "object", "minProperties": 1,
+            "patternProperties": {"^engine-[1-9][0-9]*$": {
+                "type": "object",
+                "required": ["host", "role", "record_sha256", "environment", "vllm_args", "role_env", "install"],
+                "properties": {"vllm_args": {"type": "array", "items": {"type": "string"}},
+                               "environment": {"type": "object", "additionalProperties": {"type": "string"}},
+                               "role_env": {"type": "object", "additionalProperties": {"type": "string"}}},
+            }},
+            "additionalProperties": False,
+        },
+    },
+}

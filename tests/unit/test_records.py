@@ -564,8 +564,14 @@ class FailJsonError(Exception):
 
 @pytest.fixture
 def run_module(monkeypatch):
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", lambda self, **kw: (_ for _ in ()).throw(ExitJsonError(kw)))
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", lambda self, **kw: (_ for _ in ()).throw(FailJsonError(kw)))
+    def exit_json(self, **kw):
+        raise ExitJsonError(kw)
+
+    def fail_json(self, **kw):
+        raise FailJsonError(kw)
+
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
 
     def run(args):
         with patch_module_args(args):

@@ -1,0 +1,214 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""prepare, pure planning (seed §15-16): validate the assigned records and the P/D compatibility gate,
+compare them with the current host inspection, derive each engine's environment, vllm_args and role
+environment, and build the run manifest. Every refusal raises InputError naming the input and the fix."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError
+from ansible_collections.narwhal.deploy.plugins.module_utils._schema import (
+    FLEET_SCHEMA,
+    LAUNCH_CONFIG_SCHEMA,
+    validation_errors,
+)
+
+__metaclass__ = type
+
+REGENERATE = ("correct the named input, regenerate the affected configuration (rerun discovery) and prepare a "
+              "new run")
+UCX_TLS = {"ucx_tcp": "tcp", "ucx_rdma": "rc,ud,sm,self"}
+GPU_COPY = {"cuda": ",cuda_copy,cuda_ipc", "rocm": ",rocm_copy,rocm_ipc"}
+
+
+def canonical(document):
+    return json.dumps(document, sort_keys=True, separators=(",", ":"))
+
+
+def sha256_text(text):
+    return hashlib.sha256(text.encode("utf-8") if isinstance(text, str) else text).hexdigest()
+
+
+def check_documents(fleet, launch_config, site):
+    errors = validation_errors(fleet, FLEET_SCHEMA)
+    if errors:
+        raise InputError("NARWHAL_FLEET", "%s fails the fleet schema (%s); %s"
+                         % (site["NARWHAL_FLEET"], "; ".join(errors[:5]), REGENERATE))
+    errors = validation_errors(launch_config, LAUNCH_CONFIG_SCHEMA)
+    if errors:
+        raise InputError("NARWHAL_LAUNCH_CONFIG", "%s fails the launch-record schema (%s); %s"
+                         % (site["NARWHAL_LAUNCH_CONFIG"], "; ".join(errors[:5]), REGENERATE))
+    iids = [e["iid"] for e in fleet]
+    if len(set(iids)) != len(iids):
+        raise InputError("NARWHAL_FLEET", "duplicate iid in %s (%s); %s"
+                         % (site["NARWHAL_FLEET"], ", ".join(iids), REGENERATE))
+
+
+def _nixl_version(record):
+    pins = record["runtime"]["expected_packages"]
+    dist = record["runtime"].get("nixl_distribution")
+    return pins.get(dist) if dist else None
+
+
+def compatibility(records):
+    """The P/D gate: every prefill/decode pair must be able to exchange KV."""
+    prefill = [r for r in records.values() if r["role"] == "prefill"]
+    decode = [r for r in records.values() if r["role"] == "decode"]
+    for p in prefill:
+        for d in decode:
+            pair = "%s (prefill) and %s (decode)" % (p["engine"], d["engine"])
+            checks = [
+                ("vllm version", p["runtime"]["vllm_version"], d["runtime"]["vllm_version"], "NARWHAL_IMAGE"),
+                ("NIXL version", _nixl_version(p), _nixl_version(d), "NARWHAL_IMAGE"),
+                ("kv_cache_dtype", p["runtime"]["kv_cache_dtype"], d["runtime"]["kv_cache_dtype"],
+                 "NARWHAL_KV_CACHE_DTYPE"),
+                ("effective block size", p["runtime"]["cache_plan"]["block_size"],
+                 d["runtime"]["cache_plan"]["block_size"], "NARWHAL_BLOCK_SIZE"),
+                ("model dtype", p["runtime"]["model_dtype"], d["runtime"]["model_dtype"], "NARWHAL_MODEL_DTYPE"),
+                ("served model", p["runtime"]["served_model_name"], d["runtime"]["served_model_name"],
+                 "NARWHAL_SERVED_MODEL_NAME"),
+            ]
+            if p["tensor_parallel_size"] == d["tensor_parallel_size"]:
+                checks.append(("KV page bytes", p["runtime"]["cache_plan"]["page_bytes"],
+                               d["runtime"]["cache_plan"]["page_bytes"], "NARWHAL_KV_CACHE_DTYPE"))
+            if p["runtime"].get("ssm_conv_state") or d["runtime"].get("ssm_conv_state"):
+                checks.append(("tensor-parallel size (hybrid SSM models need equal TP)",
+                               p["tensor_parallel_size"], d["tensor_parallel_size"], "NARWHAL_TP_SIZE"))
+            for what, a, b, key in checks:
+                if a != b:
+                    raise InputError(key, "%s cannot exchange KV: %s differs (%s vs %s); %s"
+                                     % (pair, what, a, b, REGENERATE))
+
+
+def shared_hosts(records):
+    """Engines on one physical host must not overlap in GPUs, HTTP, attestation or side-channel ports."""
+    by_host = {}
+    for r in records.values():
+        by_host.setdefault(r["node"].get("host_id") or r["engine"], []).append(r)
+    for group in by_host.values():
+        for i, a in enumerate(group):
+            for b in group[i + 1:]:
+                both = "%s and %s share a host" % (a["engine"], b["engine"])
+                gpus = sorted(set(a.get("gpu_host_indices", [])) & set(b.get("gpu_host_indices", [])))
+                if gpus:
+                    raise InputError("NARWHAL_NODE_<n>_GPU_IDS", "%s and both use GPU %s; %s"
+                                     % (both, ",".join(map(str, gpus)), REGENERATE))
+                ports_a = _ports(a)
+                for name, (lo, hi) in _ports(b).items():
+                    for other, (olo, ohi) in ports_a.items():
+                        if lo <= ohi and olo <= hi:
+                            raise InputError("NARWHAL_NODE_<n>_%s" % _port_key(name),
+                                             "%s and their %s / %s ports overlap (%d-%d and %d-%d); %s"
+                                             % (both, other, name, olo, ohi, lo, hi, REGENERATE))
+
+
+def _ports(r):
+    node = r["node"]
+    side = node.get("side_channel_ports") or [node["side_channel_port"], node["side_channel_port"]]
+    return {"engine": (node["engine_port"], node["engine_port"]),
+            "attestation": (node["attest_port"], node["attest_port"]),
+            "side-channel": (side[0], side[1])}
+
+
+def _port_key(name):
+    return {"engine": "ENGINE_PORT", "attestation": "ATTEST_PORT"}.get(name, "SIDE_CHANNEL_PORT")
+
+
+def stale(record, current):
+    """Compare a record with the current inspection of its host: GPUs, devices, address, image.
+    `current` = {"gpus": narwhal_gpus, "interface": narwhal_interface, "image_id": str|None,
+    "missing_devices": [...]}."""
+    engine = record["engine"]
+    fix = "the record of %s no longer matches its host: %%s; %s" % (engine, REGENERATE)
+    gpus = current.get("gpus") or {}
+    if record["accelerator"]["vendor"] in ("nvidia", "amd"):
+        if gpus.get("vendor") != record["accelerator"]["vendor"]:
+            raise InputError(engine, fix % ("recorded %s GPUs, the host now reports %s"
+                                            % (record["accelerator"]["vendor"], gpus.get("vendor"))))
+        by_index = dict((g["index"], g) for g in gpus.get("gpus", []))
+        for index in record.get("gpu_host_indices", []):
+            g = by_index.get(index)
+            if g is None:
+                raise InputError(engine, fix % ("GPU %d is gone" % index))
+            if g.get("name") != record["accelerator"]["product"]:
+                raise InputError(engine, fix % ("GPU %d is now a %s, recorded %s"
+                                                % (index, g.get("name"), record["accelerator"]["product"])))
+        uuids = [by_index[i].get("uuid") for i in record.get("gpu_host_indices", [])]
+        if record["gpu_ids"] and record["gpu_ids"][0].startswith("GPU-") and record["gpu_ids"] != uuids:
+            raise InputError(engine, fix % "the allocated GPUs' UUIDs changed")
+    if current.get("missing_devices"):
+        raise InputError(engine, fix % ("device paths missing on the host: %s" % ", ".join(current["missing_devices"])))
+    addresses = [a["address"] for a in (current.get("interface") or {}).get("addresses", [])]
+    if record["node"]["address"] not in addresses:
+        raise InputError(engine, fix % ("%s no longer carries %s (it has %s)" % (
+            record["node"]["fabric_interface"], record["node"]["address"], ", ".join(addresses) or "none")))
+    if current.get("image_id") != record["runtime"]["image_id"]:
+        raise InputError(engine, fix % ("image %s is %s on the host, recorded %s" % (
+            record["runtime"]["image"], current.get("image_id") or "absent", record["runtime"]["image_id"])))
+
+
+def resolve_reference(value, env, where):
+    if isinstance(value, str) and "${" in value:
+        if not (value.startswith("${") and value.endswith("}") and value[2:-1] in env):
+            raise InputError(where, "%r cannot be resolved from the engine's environment; %s" % (value, REGENERATE))
+        return env[value[2:-1]]
+    return value
+
+
+def derive(record, checkout, run_id):
+    """-> {"environment", "vllm_args", "role_env", "paths"} for one engine."""
+    engine = record["engine"]
+    node, rt = record["node"], record["runtime"]
+    mount = "/models/%s" % rt["served_model_name"].replace("/", "_")
+    paths = {
+        "record": "%s/config/engine-launch.%s.json" % (checkout, engine),
+        "role_env": "%s/config/%s.env" % (checkout, engine),
+        "launcher": "%s/bin/launch_engine.py" % checkout,
+        "api_key": "%s/config/engine-api.key" % checkout,
+        "run_dir": "%s/runs/%s" % (checkout, run_id),
+    }
+    role_env = {
+        "NARWHAL_ENGINE": engine,
+        "NARWHAL_RECORD": paths["record"],
+        "NARWHAL_MODEL_MOUNT": mount,
+        "NARWHAL_SERVED_MODEL_NAME": rt["served_model_name"],
+        "NARWHAL_BIND_FAMILY": node["bind_family"],
+        "NARWHAL_HTTP_PORT": str(node["engine_port"]),
+        "NARWHAL_ADVERTISED_ADDRESS": node["address"],
+        "NARWHAL_SIDE_CHANNEL_PORT": str(node["side_channel_port"]),
+        "NARWHAL_FABRIC_INTERFACE": node["fabric_interface"],
+        "NARWHAL_API_KEY_FILE": paths["api_key"],
+        "NARWHAL_RUN_ID": run_id,
+        "NARWHAL_RUN_DIR": paths["run_dir"],
+    }
+    environment = {}
+    if record.get("gpu_visibility_env") and record["gpu_ids"]:
+        environment[record["gpu_visibility_env"]] = ",".join(record["gpu_ids"])
+    environment["UCX_NET_DEVICES"] = ",".join(
+        resolve_reference(d, role_env, "%s transfer.net_devices" % engine) for d in record["transfer"]["net_devices"])
+    tls = UCX_TLS[record["transfer"]["transport"]]
+    environment["UCX_TLS"] = tls + GPU_COPY.get(rt.get("platform"), "") if tls != "tcp" else tls
+    environment["VLLM_NIXL_SIDE_CHANNEL_HOST"] = node["address"]
+    environment["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(node["side_channel_port"])
+    environment.update(rt.get("derived_environment") or {})
+    vllm_args = ["--tensor-parallel-size", str(record["tensor_parallel_size"]), "--dtype", rt["model_dtype"],
+                 "--kv-cache-dtype", rt["kv_cache_dtype"], "--block-size", str(rt["block_size"])] + rt["extra_args"]
+    return {"environment": environment, "vllm_args": vllm_args, "role_env": role_env, "paths": paths}
+
+
+def render_role_env(role_env):
+    lines = ["# Role environment of %s, written by narwhal.deploy prepare/install. Do not edit: prepare a new run."
+             % role_env["NARWHAL_ENGINE"]]
+    lines += ["%s=%s" % (k, role_env[k]) for k in sorted(role_env)]
+    return "\n".join(lines) + "\n"
+
+
+def run_id(engines, records, derived, launcher_sha256, inputs_sha):
+    material = canonical({"engines": sorted(engines), "records": dict((e, records[e]) for e in engines),
+                          "derived": dict((e, {"environment": derived[e]["environment"],
+                                               "vllm_args": derived[e]["vllm_args"]}) for e in engines),
+                          "launcher": launcher_sha256, "inputs": inputs_sha})
+    return "run-" + sha256_text(material)[:12]

@@ -1,0 +1,167 @@
+#!/usr/bin/python
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: engine_prereqs
+short_description: Check an engine host's remote prerequisites for a launch record, without changing it
+version_added: 0.1.0
+description:
+  - Runs on the engine host during prepare, read-only. Checks that the Docker SDK is importable by the Python
+    that runs this module (the one that will run the launcher), that the Docker daemon answers, that the image
+    with the recorded ID is present, that the model path exists and is readable, that every recorded device path
+    exists, that the fabric interface exists and still carries the recorded address, and that nothing else
+    listens on the engine's HTTP, attestation or side-channel ports (a running container of this engine,
+    C(narwhal-<engine>), may hold them).
+  - Fails with every problem found, each naming what is missing and how to fix it.
+options:
+  record:
+    description: The engine's launch record (one entry of the launch config).
+    type: dict
+    required: true
+  docker_host:
+    description: Docker daemon to ask.
+    type: str
+    default: unix:///var/run/docker.sock
+attributes:
+  check_mode:
+    description: Only reads; runs the same in check mode.
+    support: full
+  diff_mode:
+    description: Returns no diff; nothing changes.
+    support: none
+  idempotent:
+    description: Never changes anything.
+    support: full
+requirements:
+  - Docker SDK for Python on the engine host (Debian python3-docker)
+  - iproute2 (C(ip))
+author:
+  - narwhal.deploy contributors (@narwhal-deploy)
+"""
+
+EXAMPLES = r"""
+- name: Check the engine host
+  narwhal.deploy.engine_prereqs:
+    record: "{{ narwhal_prepare.records[inventory_hostname] }}"
+  become: true
+"""
+
+RETURN = r"""
+image_id:
+  description: ID of the recorded image on this host.
+  returned: success
+  type: str
+  sample: sha256:c261354381582881da50c70a35a35bbe65b52c1b48cb2591b0c97e7291c60d18
+python:
+  description: The Python that ran the check (and will run the launcher).
+  returned: always
+  type: str
+  sample: /usr/bin/python3
+"""
+
+import os
+import sys
+import traceback
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._netaddr import interface_addresses, parse_ip_json
+
+try:
+    import docker
+except ImportError:
+    DOCKER_ERROR = traceback.format_exc()
+else:
+    DOCKER_ERROR = None
+
+
+def listening_ports(ports):
+    """Ports of `ports` in LISTEN state on this host, from /proc/net/tcp{,6}."""
+    found = set()
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(name) as fh:
+                next(fh)
+                for line in fh:
+                    fields = line.split()
+                    if len(fields) > 3 and fields[3] == "0A":
+                        port = int(fields[1].rsplit(":", 1)[1], 16)
+                        if port in ports:
+                            found.add(port)
+        except (OSError, StopIteration, ValueError):
+            continue
+    return found
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(record=dict(type="dict", required=True),
+                           docker_host=dict(type="str", default="unix:///var/run/docker.sock")),
+        supports_check_mode=True,
+    )
+    record = module.params["record"]
+    engine = record.get("engine", "?")
+    problems = []
+    image_id = None
+    own_container = False
+    if DOCKER_ERROR:
+        problems.append("the Docker SDK for Python is not importable by %s (the Python that runs the launcher); "
+                        "install python3-docker (or pip install docker) for it" % sys.executable)
+    else:
+        try:
+            client = docker.DockerClient(base_url=module.params["docker_host"], timeout=30)
+            client.ping()
+        except Exception as exc:  # noqa: BLE001 - any daemon failure is a missing prerequisite
+            client = None
+            problems.append("the Docker daemon at %s does not answer (%s); start it (systemctl start docker)"
+                            % (module.params["docker_host"], exc))
+        if client is not None:
+            wanted = record["runtime"]["image_id"]
+            try:
+                image_id = client.images.get(wanted).id
+            except Exception:  # noqa: BLE001
+                problems.append("image %s (%s) is not present in this host's Docker daemon; load or pull exactly that "
+                                "image, or rerun discovery if the image was meant to change"
+                                % (record["runtime"]["image"], wanted))
+            try:
+                container = client.containers.get("narwhal-%s" % engine)
+                own_container = container.status == "running"
+            except Exception:  # noqa: BLE001
+                own_container = False
+    model = record["runtime"]["model_path"]
+    if not os.path.isdir(model) or not os.access(os.path.join(model, "config.json"), os.R_OK):
+        problems.append("the model path %s does not exist or its config.json is not readable; place the checkpoint "
+                        "there (NARWHAL_MODEL_PATH)" % model)
+    missing = [p for p in record.get("accelerator_devices", []) + record["transfer"].get("devices", [])
+               if not os.path.exists(p)]
+    if missing:
+        problems.append("recorded device paths are missing: %s; check the drivers, or rerun discovery if the "
+                        "hardware changed" % ", ".join(missing))
+    node = record["node"]
+    ip = module.get_bin_path("ip")
+    rc, out, err = module.run_command([ip or "ip", "-j", "addr", "show"], check_rc=False)
+    link, addresses = interface_addresses(parse_ip_json(out) if rc == 0 else [], node["fabric_interface"])
+    if link is None:
+        problems.append("the fabric interface %s does not exist (NARWHAL_FABRIC_INTERFACE)" % node["fabric_interface"])
+    elif node["address"] not in [a["address"] for a in addresses]:
+        problems.append("%s no longer carries the recorded address %s; rerun discovery"
+                        % (node["fabric_interface"], node["address"]))
+    side = node.get("side_channel_ports") or [node["side_channel_port"], node["side_channel_port"]]
+    ports = set([node["engine_port"], node["attest_port"]] + list(range(side[0], side[1] + 1)))
+    busy = sorted(listening_ports(ports))
+    if busy and not own_container:
+        problems.append("something already listens on port %s of this host; stop it or give %s other ports "
+                        "(NARWHAL_NODE_<n>_ENGINE_PORT / _ATTEST_PORT, NARWHAL_SIDE_CHANNEL_PORT)"
+                        % (",".join(map(str, busy)), engine))
+    if problems:
+        module.fail_json(msg="%s is missing remote prerequisites: %s. Correct them, then prepare a new run."
+                             % (engine, " | ".join(problems)), problems=problems, python=sys.executable)
+    module.exit_json(changed=False, image_id=image_id, python=sys.executable)
+
+
+if __name__ == "__main__":
+    main()

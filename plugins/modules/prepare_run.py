@@ -1,0 +1,247 @@
+#!/usr/bin/python
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: prepare_run
+short_description: Validate the assigned launch records and write a prepared run under runs/
+version_added: 0.1.0
+description:
+  - Runs on the controller. Loads the fleet and the launch config, validates them against their schemas, checks
+    that every engine in the play has a record, and applies the prefill/decode compatibility gate (same vllm and
+    NIXL versions, KV cache dtype, effective block size, model dtype and served model; equal TP for hybrid SSM
+    models) and the shared-host gate (no overlapping GPUs, HTTP, attestation or side-channel ports).
+  - With O(stage=plan) it only returns the records and the derived values. With O(stage=write) it also compares
+    each record with the current host inspection (stale records are refused), checks the API key file, and only
+    then creates C(runs/<run-id>/) with the manifest, each engine's record copy, role environment and derived
+    environment, and the launcher snapshot with its sha256.
+  - The run ID is a hash of what was prepared, so preparing unchanged inputs again changes nothing.
+options:
+  site:
+    description: The validated inputs, as returned by M(narwhal.deploy.site_inputs).
+    type: dict
+    required: true
+  engines:
+    description: The engines of the play (C(engine-<n>)).
+    type: list
+    elements: str
+    required: true
+  root:
+    description: Checkout directory that relative paths are relative to.
+    type: path
+    required: true
+  launcher:
+    description: The launcher to snapshot.
+    type: path
+    required: true
+  stage:
+    description: C(plan) validates and derives only; C(write) also checks the host inspection and writes the run.
+    type: str
+    choices: [plan, write]
+    default: plan
+  hosts:
+    description: Current inspection per engine for O(stage=write), each with C(gpus) (M(narwhal.deploy.gpu_facts)),
+      C(interface) (M(narwhal.deploy.interface_facts)) and C(image_id) (M(narwhal.deploy.engine_prereqs)).
+    type: dict
+    default: {}
+attributes:
+  check_mode:
+    description: Validates and reports the run that would be written, writes nothing.
+    support: full
+  diff_mode:
+    description: Lists the files of a new run.
+    support: full
+  idempotent:
+    description: Unchanged inputs give the same run ID and change nothing.
+    support: full
+requirements:
+  - jsonschema on the controller
+author:
+  - narwhal.deploy contributors (@narwhal-deploy)
+"""
+
+EXAMPLES = r"""
+- name: Validate first
+  narwhal.deploy.prepare_run:
+    site: "{{ narwhal_site }}"
+    engines: "{{ ansible_play_hosts_all }}"
+    root: "{{ playbook_dir | dirname }}"
+    launcher: "{{ playbook_dir | dirname }}/roles/install/files/launch_engine.py"
+  delegate_to: localhost
+  run_once: true
+"""
+
+RETURN = r"""
+run_id:
+  description: The run ID (a hash of what was prepared).
+  returned: success
+  type: str
+  sample: run-3f2a9c0d1e4b
+run_dir:
+  description: The controller's run directory.
+  returned: stage is write
+  type: str
+  sample: /srv/narwhal/runs/run-3f2a9c0d1e4b
+records:
+  description: The records of the engines in the play, by engine name.
+  returned: success
+  type: dict
+derived:
+  description: Per engine, C(environment), C(vllm_args), C(role_env) and the install C(paths) on the engine host.
+  returned: success
+  type: dict
+launcher_sha256:
+  description: sha256 of the launcher snapshot.
+  returned: success
+  type: str
+"""
+
+import hashlib
+import json
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError
+from ansible_collections.narwhal.deploy.plugins.module_utils._outputs import apply_set, plan_set
+from ansible_collections.narwhal.deploy.plugins.module_utils._prepare import (
+    REGENERATE,
+    canonical,
+    check_documents,
+    compatibility,
+    derive,
+    render_role_env,
+    run_id,
+    sha256_text,
+    shared_hosts,
+    stale,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._schema import MANIFEST_SCHEMA, validation_errors
+
+
+def _path(root, value):
+    return value if os.path.isabs(value) else os.path.join(root, value)
+
+
+def _load(key, path):
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+        return raw, json.loads(raw)
+    except (OSError, ValueError) as exc:
+        raise InputError(key, "cannot read %s (%s); run discovery first, or %s" % (path, exc, REGENERATE))
+
+
+def revision(module, root):
+    git = module.get_bin_path("git")
+    if not git:
+        return None, None
+    rc, out, _err = module.run_command([git, "-C", root, "rev-parse", "HEAD"], check_rc=False)
+    if rc != 0:
+        return None, None
+    rc2, status, _err = module.run_command([git, "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                                           check_rc=False)
+    return out.strip(), bool(status.strip()) if rc2 == 0 else None
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            site=dict(type="dict", required=True),
+            engines=dict(type="list", elements="str", required=True),
+            root=dict(type="path", required=True),
+            launcher=dict(type="path", required=True),
+            stage=dict(type="str", default="plan", choices=["plan", "write"]),
+            hosts=dict(type="dict", default={}),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    site, root, engines = p["site"]["site"], p["root"], sorted(p["engines"])
+    try:
+        fleet_raw, fleet = _load("NARWHAL_FLEET", _path(root, site["NARWHAL_FLEET"]))
+        launch_raw, launch = _load("NARWHAL_LAUNCH_CONFIG", _path(root, site["NARWHAL_LAUNCH_CONFIG"]))
+        check_documents(fleet, launch, site)
+        records = launch["engines"]
+        missing = [e for e in engines if e not in records]
+        if missing:
+            raise InputError("NARWHAL_LAUNCH_CONFIG", "%s has no record for %s; %s"
+                             % (site["NARWHAL_LAUNCH_CONFIG"], ", ".join(missing), REGENERATE))
+        fleet_by_engine = dict((f.get("engine"), f) for f in fleet)
+        for e in engines:
+            f = fleet_by_engine.get(e)
+            if f is None or f["iid"] != records[e]["iid"] or f["role"] != records[e]["role"]:
+                raise InputError("NARWHAL_FLEET", "the fleet and the launch config disagree about %s; %s" % (e, REGENERATE))
+            if "accelerator" in f and f["accelerator"] != records[e]["accelerator"]:
+                raise InputError("NARWHAL_FLEET", "the fleet's hardware fields for %s (%s) differ from its record "
+                                                  "(%s); %s" % (e, f["accelerator"], records[e]["accelerator"], REGENERATE))
+        compatibility(records)
+        shared_hosts(records)
+        try:
+            with open(p["launcher"], "rb") as fh:
+                launcher_bytes = fh.read()
+        except OSError as exc:
+            raise InputError("launcher", "cannot read the launcher %s (%s)" % (p["launcher"], exc))
+        launcher_sha = hashlib.sha256(launcher_bytes).hexdigest()
+        checkout = site["NARWHAL_ENGINE_CHECKOUT"]
+        draft = dict((e, derive(records[e], checkout, "run-pending")) for e in engines)
+        inputs_sha = {"env_file_sha256": p["site"].get("env_sha256"), "fleet_sha256": sha256_text(fleet_raw),
+                      "launch_config_sha256": sha256_text(launch_raw)}
+        rid = run_id(engines, records, draft, launcher_sha, inputs_sha)
+        derived = dict((e, derive(records[e], checkout, rid)) for e in engines)
+        result = {"changed": False, "run_id": rid, "records": dict((e, records[e]) for e in engines),
+                  "derived": derived, "launcher_sha256": launcher_sha}
+        if p["stage"] == "plan":
+            module.exit_json(**result)
+        for e in engines:
+            stale(records[e], p["hosts"].get(e) or {})
+        key_path = _path(root, site["NARWHAL_API_KEY_FILE"])
+        try:
+            with open(key_path, "rb") as fh:
+                key_ok = bool(fh.read().strip())
+        except OSError as exc:
+            raise InputError("NARWHAL_API_KEY_FILE", "cannot read the engine API key file %s (%s); create it "
+                                                     "(one line, mode 0600) and prepare a new run" % (key_path, exc.strerror))
+        if not key_ok:
+            raise InputError("NARWHAL_API_KEY_FILE", "the engine API key file %s is empty; write the key into it" % key_path)
+    except InputError as exc:
+        module.fail_json(msg="prepare refused, no run was created: %s" % exc, input=exc.key)
+    rev, dirty = revision(module, root)
+    run_dir = os.path.join(_path(root, site["NARWHAL_RUNS_DIR"]), rid)
+    manifest = {
+        "run_id": rid,
+        "application": {"revision": rev, "dirty": dirty},
+        "launcher": {"file": "launch_engine.py", "sha256": launcher_sha},
+        "inputs": dict(inputs_sha, env_file=p["site"].get("env_file"), fleet=site["NARWHAL_FLEET"],
+                       launch_config=site["NARWHAL_LAUNCH_CONFIG"]),
+        "engines": dict((e, {"host": e, "role": records[e]["role"], "iid": records[e]["iid"],
+                             "record_sha256": sha256_text(canonical(records[e])),
+                             "environment": derived[e]["environment"], "vllm_args": derived[e]["vllm_args"],
+                             "role_env": derived[e]["role_env"], "install": derived[e]["paths"]}) for e in engines),
+    }
+    errors = validation_errors(manifest, MANIFEST_SCHEMA)
+    if errors:
+        module.fail_json(msg="the manifest fails its schema, no run was created: %s" % "; ".join(errors))
+    files = {os.path.join(run_dir, "manifest.json"): (json.dumps(manifest, indent=2) + "\n", 0o600),
+             os.path.join(run_dir, "launch_engine.py"): (launcher_bytes.decode("utf-8"), 0o700),
+             os.path.join(run_dir, "launch_engine.py.sha256"): ("%s  launch_engine.py\n" % launcher_sha, 0o600)}
+    for e in engines:
+        files[os.path.join(run_dir, e, "engine-launch.%s.json" % e)] = (json.dumps(records[e], indent=2) + "\n", 0o600)
+        files[os.path.join(run_dir, e, "%s.env" % e)] = (render_role_env(derived[e]["role_env"]), 0o600)
+        files[os.path.join(run_dir, e, "prepared.json")] = (json.dumps(
+            {"environment": derived[e]["environment"], "vllm_args": derived[e]["vllm_args"]}, indent=2) + "\n", 0o600)
+    changes = plan_set(files)
+    result.update(changed=bool(changes), run_dir=run_dir, manifest=manifest)
+    if module._diff and changes:
+        result["diff"] = {"before": "", "after": "\n".join(sorted(c[0] for c in changes)) + "\n"}
+    if changes and not module.check_mode:
+        os.makedirs(run_dir, mode=0o700, exist_ok=True)
+        apply_set(changes)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
