@@ -15,6 +15,8 @@ start=$SECONDS
 ansible-playbook -i localhost, tests/harness/site.yml -e @"$SITE"
 echo "== site up in $((SECONDS - start)) s"
 export NARWHAL_ENV_FILE=$PWD/tests/harness/sites/demo.env
+export NARWHAL_API_KEY_FILE=$PWD/$STATE/engine-api.key NARWHAL_RUNS_DIR=$PWD/$STATE/runs
+[ -s "$NARWHAL_API_KEY_FILE" ] || (umask 077; head -c 24 /dev/urandom | base64 > "$NARWHAL_API_KEY_FILE")
 t=$SECONDS
 ansible-playbook -i "$STATE/hosts.yml" playbooks/site.yml
 echo "== pipeline in $((SECONDS - t)) s"

@@ -28,6 +28,14 @@ def inspection(hostvars):
             "image": hostvars.get("narwhal_image"), "model": hostvars.get("narwhal_model")}
 
 
+def current_inspection(hostvars):
+    """What prepare compares a record with: the host's GPUs, fabric interface and recorded image ID now."""
+    prereqs = hostvars.get("__narwhal_prereqs") or {}
+    return {"gpus": hostvars.get("narwhal_gpus"), "interface": hostvars.get("narwhal_interface"),
+            "image_id": prereqs.get("image_id")}
+
+
 class FilterModule:
     def filters(self):
-        return {"resolve_values": resolve_values_filter, "table_row": table_row, "inspection": inspection}
+        return {"resolve_values": resolve_values_filter, "table_row": table_row, "inspection": inspection,
+                "current_inspection": current_inspection}

@@ -192,12 +192,6 @@ def main():
                       "launch_config_sha256": sha256_text(launch_raw)}
         rid = run_id(engines, records, draft, launcher_sha, inputs_sha)
         derived = dict((e, derive(records[e], checkout, rid)) for e in engines)
-        result = {"changed": False, "run_id": rid, "records": dict((e, records[e]) for e in engines),
-                  "derived": derived, "launcher_sha256": launcher_sha}
-        if p["stage"] == "plan":
-            module.exit_json(**result)
-        for e in engines:
-            stale(records[e], p["hosts"].get(e) or {})
         key_path = _path(root, site["NARWHAL_API_KEY_FILE"])
         try:
             with open(key_path, "rb") as fh:
@@ -207,6 +201,12 @@ def main():
                                                      "(one line, mode 0600) and prepare a new run" % (key_path, exc.strerror))
         if not key_ok:
             raise InputError("NARWHAL_API_KEY_FILE", "the engine API key file %s is empty; write the key into it" % key_path)
+        result = {"changed": False, "run_id": rid, "records": dict((e, records[e]) for e in engines),
+                  "derived": derived, "launcher_sha256": launcher_sha}
+        if p["stage"] == "plan":
+            module.exit_json(**result)
+        for e in engines:
+            stale(records[e], p["hosts"].get(e) or {})
     except InputError as exc:
         module.fail_json(msg="prepare refused, no run was created: %s" % exc, input=exc.key)
     rev, dirty = revision(module, root)

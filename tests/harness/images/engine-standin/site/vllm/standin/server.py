@@ -59,7 +59,8 @@ def ucx_check():
     """What UCX would refuse: unknown net devices, an RDMA transport without RDMA devices."""
     tls = os.environ.get("UCX_TLS", "all")
     devices = os.environ.get("UCX_NET_DEVICES", "all")
-    rdma = any(t in tls for t in ("rc", "ud", "dc", "ib"))
+    transports = [t.strip() for t in tls.split(",")]
+    rdma = any(t in ("rc", "ud", "dc", "rc_x", "ud_x", "dc_x", "ib", "rc_v", "ud_v") for t in transports)
     if rdma and not any(n.startswith("uverbs") for n in _listdir("/dev/infiniband")):
         return None, f"UCX_TLS={tls}: no RDMA device (/dev/infiniband/uverbs*) in the container"
     for dev in ([] if devices == "all" else devices.split(",")):
