@@ -76,9 +76,12 @@ RECORD_SCHEMA = {
         "runtime": {
             "type": "object",
             "required": ["image", "image_id", "expected_packages", "model_dtype", "kv_cache_dtype", "block_size",
-                         "cache_plan", "environment", "extra_args", "model_path", "served_model_name"],
+                         "cache_plan", "environment", "extra_args", "model_path", "served_model_name",
+                         "vllm_version", "nixl_distribution"],
             "properties": {
                 "image_id": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"},
+                "vllm_version": _STR,
+                "nixl_distribution": _STR,
                 "expected_packages": {"type": "object", "required": ["vllm"],
                                       "additionalProperties": _STR, "minProperties": 2},
                 "model_dtype": {"enum": ["bfloat16", "float16"]},

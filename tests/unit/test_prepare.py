@@ -1,0 +1,602 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""prepare: the P/D compatibility gate, the shared-host gate, stale-record detection, derivation of each
+engine's environment / vllm_args / role environment, the run ID, and prepare_run end to end."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import pathlib
+import re
+import stat
+
+import pytest
+from ansible.module_utils import basic
+from ansible.module_utils.testing import patch_module_args
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError
+from ansible_collections.narwhal.deploy.plugins.module_utils._prepare import (
+    check_documents,
+    compatibility,
+    derive,
+    render_role_env,
+    resolve_reference,
+    run_id,
+    shared_hosts,
+    stale,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._schema import MANIFEST_SCHEMA, validation_errors
+from ansible_collections.narwhal.deploy.plugins.modules import prepare_run
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLE = json.loads((REPO / "config" / "engine-launch.example.json").read_text())
+CHECKOUT = "/srv/narwhal"
+API_KEY = "sk-narwhal-very-secret-key-0123456789"
+
+
+@pytest.fixture
+def launch():
+    return copy.deepcopy(EXAMPLE)
+
+
+@pytest.fixture
+def records(launch):
+    return launch["engines"]
+
+
+def inspection(record):
+    """The current inspection of a record's host, built by hand so that it matches the record."""
+    vendor = record["accelerator"]["vendor"]
+    uuids = record["gpu_ids"] if record["gpu_ids"][0].startswith("GPU-") else [None] * len(record["gpu_ids"])
+    gpus = [{"index": i, "name": record["accelerator"]["product"], "uuid": u}
+            for i, u in zip(record["gpu_host_indices"], uuids, strict=True)]
+    return {"gpus": {"vendor": vendor, "gpus": gpus},
+            "interface": {"name": record["node"]["fabric_interface"],
+                          "addresses": [{"address": "fe80::1"}, {"address": record["node"]["address"]}]},
+            "image_id": record["runtime"]["image_id"],
+            "missing_devices": []}
+
+
+# ------------------------------------------------------------------------------------------------
+# compatibility
+
+
+def test_example_pair_is_compatible(records):
+    # equal vllm, NIXL 1.5.1 under "nixl" and "nixl-rocm", TP 8 vs 2 without SSM: allowed
+    assert records["engine-1"]["runtime"]["nixl_distribution"] != records["engine-2"]["runtime"]["nixl_distribution"]
+    assert records["engine-1"]["tensor_parallel_size"] != records["engine-2"]["tensor_parallel_size"]
+    assert compatibility(records) is None
+
+
+@pytest.mark.parametrize("mutate, key, what", [
+    (lambda rt: rt.update(vllm_version="0.34.0"), "NARWHAL_IMAGE", "vllm version"),
+    (lambda rt: rt["expected_packages"].update({"nixl-rocm": "1.6.0"}), "NARWHAL_IMAGE", "NIXL version"),
+    (lambda rt: rt.update(kv_cache_dtype="fp8"), "NARWHAL_KV_CACHE_DTYPE", "kv_cache_dtype"),
+    (lambda rt: rt["cache_plan"].update(block_size=32), "NARWHAL_BLOCK_SIZE", "effective block size"),
+    (lambda rt: rt.update(model_dtype="float16"), "NARWHAL_MODEL_DTYPE", "model dtype"),
+    (lambda rt: rt.update(served_model_name="other-model"), "NARWHAL_SERVED_MODEL_NAME", "served model"),
+])
+def test_compatibility_mismatch_is_refused(records, mutate, key, what):
+    mutate(records["engine-2"]["runtime"])
+    with pytest.raises(InputError) as err:
+        compatibility(records)
+    assert err.value.key == key
+    msg = str(err.value)
+    assert "engine-1" in msg and "engine-2" in msg
+    assert "%s differs" % what in msg
+
+
+def test_requested_block_size_alone_is_not_a_mismatch(records):
+    # only the effective block size (cache_plan.block_size) counts
+    records["engine-2"]["runtime"]["cache_plan"]["requested_block_size"] = 32
+    compatibility(records)
+
+
+def test_ssm_with_different_tp_is_refused(records):
+    records["engine-1"]["runtime"]["ssm_conv_state"] = True
+    with pytest.raises(InputError) as err:
+        compatibility(records)
+    assert err.value.key == "NARWHAL_TP_SIZE"
+    assert "(8 vs 2)" in str(err.value)
+
+
+def test_ssm_with_equal_tp_passes(records):
+    for r in records.values():
+        r["runtime"]["ssm_conv_state"] = True
+    records["engine-2"]["tensor_parallel_size"] = 8
+    compatibility(records)
+
+
+def test_same_tp_different_page_bytes_is_refused(records):
+    records["engine-2"]["tensor_parallel_size"] = 8
+    records["engine-2"]["runtime"]["cache_plan"]["page_bytes"] = 4096
+    with pytest.raises(InputError) as err:
+        compatibility(records)
+    assert "KV page bytes differs (2048 vs 4096)" in str(err.value)
+
+
+def test_different_tp_different_page_bytes_without_ssm_is_allowed(records):
+    records["engine-2"]["runtime"]["cache_plan"]["page_bytes"] = 4096
+    compatibility(records)
+
+
+def test_two_prefills_are_not_compared_with_each_other(records):
+    records["engine-2"]["role"] = "prefill"
+    records["engine-2"]["runtime"]["vllm_version"] = "9.9.9"
+    compatibility(records)
+
+
+# ------------------------------------------------------------------------------------------------
+# shared hosts
+
+
+@pytest.fixture
+def cohosted(records):
+    records["engine-2"]["node"]["host_id"] = records["engine-1"]["node"]["host_id"]
+    records["engine-1"]["gpu_host_indices"] = [0, 1, 2, 3]
+    records["engine-2"]["gpu_host_indices"] = [4, 5]
+    records["engine-2"]["node"].update(engine_port=8001, attest_port=8011, side_channel_port=5610,
+                                       side_channel_ports=[5610, 5611])
+    shared_hosts(records)  # the baseline of every co-hosted test is valid
+    return records
+
+
+def test_different_hosts_may_reuse_gpus_and_ports(records):
+    assert records["engine-1"]["node"]["host_id"] != records["engine-2"]["node"]["host_id"]
+    assert records["engine-1"]["node"]["engine_port"] == records["engine-2"]["node"]["engine_port"]
+    shared_hosts(records)
+
+
+def test_shared_host_overlapping_gpus_is_refused(cohosted):
+    cohosted["engine-2"]["gpu_host_indices"] = [3, 4]
+    with pytest.raises(InputError) as err:
+        shared_hosts(cohosted)
+    msg = str(err.value)
+    assert "engine-1" in msg and "engine-2" in msg
+    assert "GPU 3" in msg
+
+
+@pytest.mark.parametrize("node2", [
+    {"engine_port": 8000},
+    {"attest_port": 8010},
+    {"side_channel_port": 5602, "side_channel_ports": [5602, 5602]},
+    {"engine_port": 8010},  # engine port of one = attestation port of the other
+    {"attest_port": 8000},
+    {"engine_port": 5601},  # inside the other's side-channel range
+])
+def test_shared_host_port_overlap_is_refused(cohosted, node2):
+    cohosted["engine-1"]["node"].update(side_channel_port=5600, side_channel_ports=[5600, 5603])
+    shared_hosts(cohosted)
+    cohosted["engine-2"]["node"].update(node2)
+    with pytest.raises(InputError) as err:
+        shared_hosts(cohosted)
+    msg = str(err.value)
+    assert "engine-1" in msg and "engine-2" in msg and "overlap" in msg
+    assert err.value.key.startswith("NARWHAL_NODE_<n>_")
+
+
+def test_side_channel_ranges_adjacent_do_not_overlap(cohosted):
+    cohosted["engine-1"]["node"].update(side_channel_port=5600, side_channel_ports=[5600, 5603])
+    cohosted["engine-2"]["node"].update(side_channel_port=5604, side_channel_ports=[5604, 5607])
+    shared_hosts(cohosted)
+
+
+# ------------------------------------------------------------------------------------------------
+# stale
+
+
+@pytest.mark.parametrize("engine", ["engine-1", "engine-2"])
+def test_matching_inspection_passes(records, engine):
+    stale(records[engine], inspection(records[engine]))
+
+
+def _gpu(current, index):
+    return next(g for g in current["gpus"]["gpus"] if g["index"] == index)
+
+
+@pytest.mark.parametrize("engine, change, detail", [
+    ("engine-1", lambda c: c["gpus"]["gpus"].pop(), "GPU 7 is gone"),
+    ("engine-2", lambda c: c["gpus"]["gpus"].pop(0), "GPU 0 is gone"),
+    ("engine-1", lambda c: _gpu(c, 2).update(name="Tesla V100-SXM2-16GB"), "GPU 2 is now a Tesla V100-SXM2-16GB"),
+    ("engine-2", lambda c: _gpu(c, 1).update(name="MI210"), "GPU 1 is now a MI210"),
+    ("engine-1", lambda c: _gpu(c, 5).update(uuid="GPU-00000000-0000-0000-0000-000000000000"), "UUIDs changed"),
+    ("engine-1", lambda c: c["gpus"].update(vendor="amd"), "the host now reports amd"),
+    ("engine-2", lambda c: c.update(gpus={}), "the host now reports None"),
+    ("engine-2", lambda c: c.update(missing_devices=["/dev/infiniband/uverbs4"]), "/dev/infiniband/uverbs4"),
+    ("engine-1", lambda c: c["interface"].update(addresses=[{"address": "172.31.241.99"}]),
+     "eth1 no longer carries 172.31.241.11 (it has 172.31.241.99)"),
+    ("engine-2", lambda c: c["interface"].update(addresses=[]), "no longer carries 172.31.241.12 (it has none)"),
+    ("engine-1", lambda c: c.update(image_id="sha256:" + "0" * 64), "is sha256:" + "0" * 64 + " on the host"),
+    ("engine-2", lambda c: c.update(image_id=None), "is absent on the host"),
+])
+def test_stale_record_is_refused(records, engine, change, detail):
+    current = inspection(records[engine])
+    change(current)
+    with pytest.raises(InputError) as err:
+        stale(records[engine], current)
+    assert err.value.key == engine
+    assert "no longer matches" in str(err.value)
+    assert detail in str(err.value)
+
+
+def test_empty_inspection_is_stale(records):
+    with pytest.raises(InputError, match="no longer matches"):
+        stale(records["engine-1"], {})
+
+
+# ------------------------------------------------------------------------------------------------
+# derive
+
+
+def test_derive_nvidia_tcp(records):
+    r = records["engine-1"]
+    d = derive(r, CHECKOUT, "run-0123456789ab")
+    assert d["environment"] == {
+        "CUDA_VISIBLE_DEVICES": ",".join(r["gpu_ids"]),
+        "UCX_NET_DEVICES": "eth1",
+        "UCX_TLS": "tcp",
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": "172.31.241.11",
+        "VLLM_NIXL_SIDE_CHANNEL_PORT": "5600",
+    }
+    assert d["environment"]["CUDA_VISIBLE_DEVICES"].startswith("GPU-76098dc1-d3bc-9a1b-7ea6-f7b48837829e,GPU-bbf7")
+    assert d["vllm_args"] == ["--tensor-parallel-size", "8", "--dtype", "bfloat16", "--kv-cache-dtype", "auto",
+                              "--block-size", "16"]
+
+
+def test_derive_amd_rdma(records):
+    d = derive(records["engine-2"], CHECKOUT, "run-0123456789ab")
+    env = d["environment"]
+    assert env["ROCR_VISIBLE_DEVICES"] == "0,1"
+    assert env["UCX_NET_DEVICES"] == "mlx5_6:1"
+    assert env["UCX_TLS"] == "rc,ud,sm,self,rocm_copy,rocm_ipc"
+    assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "172.31.241.12"
+    assert "CUDA_VISIBLE_DEVICES" not in env
+    assert d["vllm_args"][:4] == ["--tensor-parallel-size", "2", "--dtype", "bfloat16"]
+    assert d["vllm_args"][-4:] == ["--max-model-len", "8192", "--gpu-memory-utilization", "0.9"]
+
+
+def test_derive_nvidia_rdma_adds_cuda_copy(records):
+    r = records["engine-1"]
+    r["transfer"].update(transport="ucx_rdma", net_devices=["mlx5_0:1"], devices=["/dev/infiniband/uverbs0"])
+    assert derive(r, CHECKOUT, "run-x")["environment"]["UCX_TLS"] == "rc,ud,sm,self,cuda_copy,cuda_ipc"
+
+
+def test_derive_role_env_and_paths(records):
+    d = derive(records["engine-1"], CHECKOUT, "run-0123456789ab")
+    assert d["paths"] == {
+        "record": "/srv/narwhal/config/engine-launch.engine-1.json",
+        "role_env": "/srv/narwhal/config/engine-1.env",
+        "launcher": "/srv/narwhal/bin/launch_engine.py",
+        "api_key": "/srv/narwhal/config/engine-api.key",
+        "run_dir": "/srv/narwhal/runs/run-0123456789ab",
+    }
+    assert d["role_env"] == {
+        "NARWHAL_ENGINE": "engine-1",
+        "NARWHAL_RECORD": "/srv/narwhal/config/engine-launch.engine-1.json",
+        "NARWHAL_MODEL_MOUNT": "/models/tiny-llama",
+        "NARWHAL_SERVED_MODEL_NAME": "tiny-llama",
+        "NARWHAL_BIND_FAMILY": "ipv4",
+        "NARWHAL_HTTP_PORT": "8000",
+        "NARWHAL_ADVERTISED_ADDRESS": "172.31.241.11",
+        "NARWHAL_SIDE_CHANNEL_PORT": "5600",
+        "NARWHAL_FABRIC_INTERFACE": "eth1",
+        "NARWHAL_API_KEY_FILE": "/srv/narwhal/config/engine-api.key",
+        "NARWHAL_RUN_ID": "run-0123456789ab",
+        "NARWHAL_RUN_DIR": "/srv/narwhal/runs/run-0123456789ab",
+    }
+    text = render_role_env(d["role_env"])
+    lines = text.splitlines()
+    assert lines[0].startswith("# Role environment of engine-1")
+    assert lines[1:] == sorted(lines[1:])
+    assert "NARWHAL_HTTP_PORT=8000" in lines and text.endswith("\n")
+
+
+def test_derive_model_mount_flattens_slashes(records):
+    records["engine-1"]["runtime"]["served_model_name"] = "meta-llama/Llama-3.1-8B"
+    d = derive(records["engine-1"], CHECKOUT, "run-x")
+    assert d["role_env"]["NARWHAL_MODEL_MOUNT"] == "/models/meta-llama_Llama-3.1-8B"
+
+
+def test_derive_merges_derived_environment_and_extra_args(records):
+    rt = records["engine-1"]["runtime"]
+    rt["derived_environment"] = {"VLLM_SSM_CONV_STATE_LAYOUT": "DS"}
+    rt["extra_args"] = ["--max-model-len", "4096"]
+    d = derive(records["engine-1"], CHECKOUT, "run-x")
+    assert d["environment"]["VLLM_SSM_CONV_STATE_LAYOUT"] == "DS"
+    assert d["environment"]["UCX_TLS"] == "tcp"
+    assert d["vllm_args"][:4] == ["--tensor-parallel-size", "8", "--dtype", "bfloat16"]
+    assert d["vllm_args"][-2:] == ["--max-model-len", "4096"]
+
+
+def test_derive_without_visibility_env_sets_none(records):
+    r = records["engine-1"]
+    r["gpu_visibility_env"] = None
+    env = derive(r, CHECKOUT, "run-x")["environment"]
+    assert "CUDA_VISIBLE_DEVICES" not in env and "ROCR_VISIBLE_DEVICES" not in env
+
+
+@pytest.mark.parametrize("device", ["${OTHER}", "x${NARWHAL_FABRIC_INTERFACE}", "${NARWHAL_FABRIC_INTERFACE}x"])
+def test_derive_unresolvable_net_device_is_refused(records, device):
+    records["engine-1"]["transfer"]["net_devices"] = [device]
+    with pytest.raises(InputError) as err:
+        derive(records["engine-1"], CHECKOUT, "run-x")
+    assert err.value.key == "engine-1 transfer.net_devices"
+    assert "cannot be resolved" in str(err.value)
+
+
+def test_resolve_reference_plain_and_reference():
+    env = {"A": "eth9"}
+    assert resolve_reference("mlx5_0:1", env, "w") == "mlx5_0:1"
+    assert resolve_reference("${A}", env, "w") == "eth9"
+    with pytest.raises(InputError):
+        resolve_reference("${B}", env, "w")
+
+
+# ------------------------------------------------------------------------------------------------
+# run ID
+
+
+def _rid(records, engines=("engine-1", "engine-2"), launcher="a" * 64, inputs=None):
+    engines = list(engines)
+    derived = dict((e, derive(records[e], CHECKOUT, "run-pending")) for e in engines)
+    return run_id(engines, records, derived, launcher, inputs or {"fleet_sha256": "f"})
+
+
+def test_run_id_is_deterministic(records):
+    first = _rid(records)
+    assert re.fullmatch(r"run-[0-9a-f]{12}", first)
+    assert _rid(copy.deepcopy(records)) == first
+    assert _rid(records, engines=("engine-2", "engine-1")) == first  # order of the play does not matter
+
+
+def test_run_id_changes_with_its_inputs(records):
+    base = _rid(records)
+    changed = copy.deepcopy(records)
+    changed["engine-2"]["runtime"]["extra_args"] = []
+    assert _rid(changed) != base
+    changed = copy.deepcopy(records)
+    changed["engine-1"]["sources"]["allocation"] = "something else"  # not derived, still in the record
+    assert _rid(changed) != base
+    assert _rid(records, launcher="b" * 64) != base
+    assert _rid(records, engines=("engine-1",)) != base
+    assert _rid(records, inputs={"fleet_sha256": "g"}) != base
+
+
+# ------------------------------------------------------------------------------------------------
+# check_documents
+
+SITE = {"NARWHAL_FLEET": "config/fleet.json", "NARWHAL_LAUNCH_CONFIG": "config/engine-launch.local.json",
+        "NARWHAL_ENGINE_CHECKOUT": CHECKOUT, "NARWHAL_API_KEY_FILE": "config/engine-api.key",
+        "NARWHAL_RUNS_DIR": "runs"}
+
+
+def fleet_for(records):
+    return [{"iid": r["iid"], "engine": r["engine"], "url": "http://%s:8000" % r["node"]["address"],
+             "attestation_url": "http://%s:8010" % r["node"]["address"], "role": r["role"],
+             "accelerator": copy.deepcopy(r["accelerator"])} for r in records.values()]
+
+
+def test_check_documents_accepts_the_example(launch):
+    check_documents(fleet_for(launch["engines"]), launch, SITE)
+
+
+def test_check_documents_duplicate_iid(launch):
+    fleet = fleet_for(launch["engines"])
+    fleet[1]["iid"] = "n1"
+    with pytest.raises(InputError) as err:
+        check_documents(fleet, launch, SITE)
+    assert err.value.key == "NARWHAL_FLEET"
+    assert "duplicate iid" in str(err.value) and "config/fleet.json" in str(err.value)
+
+
+def test_check_documents_fleet_schema(launch):
+    fleet = fleet_for(launch["engines"])
+    del fleet[0]["url"]
+    with pytest.raises(InputError) as err:
+        check_documents(fleet, launch, SITE)
+    assert err.value.key == "NARWHAL_FLEET" and "fleet schema" in str(err.value)
+
+
+def test_check_documents_bad_transport(launch):
+    launch["engines"]["engine-1"]["transfer"]["transport"] = "tcp"
+    with pytest.raises(InputError) as err:
+        check_documents(fleet_for(launch["engines"]), launch, SITE)
+    assert err.value.key == "NARWHAL_LAUNCH_CONFIG"
+    assert "config/engine-launch.local.json" in str(err.value)
+    assert "transport" in str(err.value)
+
+
+# ------------------------------------------------------------------------------------------------
+# prepare_run end to end
+
+
+class ExitJsonError(Exception):
+    pass
+
+
+class FailJsonError(Exception):
+    pass
+
+
+@pytest.fixture
+def run_module(monkeypatch):
+    def exit_json(self, **kw):
+        raise ExitJsonError(kw)
+
+    def fail_json(self, **kw):
+        raise FailJsonError(kw)
+
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+
+    def run(args):
+        with patch_module_args(args):
+            try:
+                prepare_run.main()
+            except ExitJsonError as exc:
+                return "exit", exc.args[0]
+            except FailJsonError as exc:
+                return "fail", exc.args[0]
+        raise AssertionError("module returned without exit_json/fail_json")
+
+    return run
+
+
+@pytest.fixture
+def root(tmp_path, launch):
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "fleet.json").write_text(json.dumps(fleet_for(launch["engines"]), indent=2))
+    (tmp_path / "config" / "engine-launch.local.json").write_text(json.dumps(launch, indent=2))
+    key = tmp_path / "config" / "engine-api.key"
+    key.write_text(API_KEY + "\n")
+    key.chmod(0o600)
+    (tmp_path / "launcher.py").write_text("#!/usr/bin/env python3\nprint('launch')\n")
+    return tmp_path
+
+
+def prep_args(root, stage="plan", hosts=None, engines=("engine-1", "engine-2"), check=False):
+    args = {"site": {"site": dict(SITE), "nodes": {}, "env_sha256": "x", "env_file": "/x/.env"},
+            "engines": list(engines), "root": str(root), "launcher": str(root / "launcher.py"), "stage": stage,
+            "hosts": hosts if hosts is not None else {}}
+    if check:
+        args["_ansible_check_mode"] = True
+    return args
+
+
+def good_hosts():
+    return dict((e, inspection(r)) for e, r in EXAMPLE["engines"].items())
+
+
+def test_prepare_plan_returns_records_and_writes_nothing(root, run_module):
+    status, result = run_module(prep_args(root))
+    assert status == "exit", result
+    assert result["changed"] is False
+    assert set(result["records"]) == {"engine-1", "engine-2"}
+    assert result["records"]["engine-2"] == EXAMPLE["engines"]["engine-2"]
+    assert re.fullmatch(r"run-[0-9a-f]{12}", result["run_id"])
+    d1 = result["derived"]["engine-1"]
+    assert d1["environment"]["UCX_NET_DEVICES"] == "eth1"
+    assert d1["role_env"]["NARWHAL_RUN_ID"] == result["run_id"]
+    assert d1["paths"]["run_dir"] == "%s/runs/%s" % (CHECKOUT, result["run_id"])
+    assert result["derived"]["engine-2"]["environment"]["ROCR_VISIBLE_DEVICES"] == "0,1"
+    assert not (root / "runs").exists()
+
+
+def test_prepare_write_creates_the_run(root, run_module):
+    status, result = run_module(prep_args(root, "write", good_hosts()))
+    assert status == "exit", result
+    assert result["changed"] is True
+    rid = result["run_id"]
+    run_dir = root / "runs" / rid
+    assert result["run_dir"] == str(run_dir)
+    assert run_dir.is_dir()
+    manifest_text = (run_dir / "manifest.json").read_text()
+    assert stat.S_IMODE(os.stat(run_dir / "manifest.json").st_mode) == 0o600
+    assert API_KEY not in manifest_text
+    manifest = json.loads(manifest_text)
+    assert validation_errors(manifest, MANIFEST_SCHEMA) == []
+    assert manifest["run_id"] == rid
+    assert set(manifest["engines"]) == {"engine-1", "engine-2"}
+    assert manifest["engines"]["engine-2"]["role"] == "decode"
+    assert manifest["inputs"]["env_file_sha256"] == "x"
+    launcher = (run_dir / "launch_engine.py").read_text()
+    assert launcher == (root / "launcher.py").read_text()
+    assert stat.S_IMODE(os.stat(run_dir / "launch_engine.py").st_mode) == 0o700
+    sha = hashlib.sha256(launcher.encode()).hexdigest()
+    assert (run_dir / "launch_engine.py.sha256").read_text() == "%s  launch_engine.py\n" % sha
+    assert manifest["launcher"]["sha256"] == sha == result["launcher_sha256"]
+    for e in ("engine-1", "engine-2"):
+        assert json.loads((run_dir / e / ("engine-launch.%s.json" % e)).read_text()) == EXAMPLE["engines"][e]
+        env_text = (run_dir / e / ("%s.env" % e)).read_text()
+        assert "NARWHAL_RUN_ID=%s\n" % rid in env_text
+        assert API_KEY not in env_text
+        prepared = json.loads((run_dir / e / "prepared.json").read_text())
+        assert prepared == {"environment": result["derived"][e]["environment"],
+                            "vllm_args": result["derived"][e]["vllm_args"]}
+    # the plan stage reports the same run ID
+    assert run_module(prep_args(root))[1]["run_id"] == rid
+    # again: nothing changes
+    status, again = run_module(prep_args(root, "write", good_hosts()))
+    assert status == "exit" and again["changed"] is False and again["run_id"] == rid
+
+
+def test_prepare_run_id_changes_with_the_launcher(root, run_module):
+    first = run_module(prep_args(root))[1]["run_id"]
+    (root / "launcher.py").write_text("#!/usr/bin/env python3\nprint('launch v2')\n")
+    assert run_module(prep_args(root))[1]["run_id"] != first
+
+
+def test_prepare_check_mode_writes_nothing(root, run_module):
+    status, result = run_module(prep_args(root, "write", good_hosts(), check=True))
+    assert status == "exit", result
+    assert result["changed"] is True
+    assert not (root / "runs").exists()
+
+
+def _refused(root, result, *words):
+    assert result["msg"].startswith("prepare refused, no run was created")
+    for w in words:
+        assert w in result["msg"]
+    assert not (root / "runs").exists()
+
+
+def test_prepare_missing_key_file_is_refused(root, run_module):
+    (root / "config" / "engine-api.key").unlink()
+    status, result = run_module(prep_args(root, "write", good_hosts()))
+    assert status == "fail"
+    assert result["input"] == "NARWHAL_API_KEY_FILE"
+    _refused(root, result, "engine-api.key")
+
+
+def test_prepare_empty_key_file_is_refused(root, run_module):
+    (root / "config" / "engine-api.key").write_text("\n")
+    status, result = run_module(prep_args(root, "write", good_hosts()))
+    assert status == "fail" and result["input"] == "NARWHAL_API_KEY_FILE"
+    _refused(root, result, "is empty")
+
+
+def test_prepare_engine_without_record_is_refused(root, run_module):
+    status, result = run_module(prep_args(root, "write", good_hosts(), engines=("engine-1", "engine-2", "engine-3")))
+    assert status == "fail" and result["input"] == "NARWHAL_LAUNCH_CONFIG"
+    _refused(root, result, "no record for engine-3")
+
+
+def test_prepare_stale_host_is_refused(root, run_module):
+    hosts = good_hosts()
+    hosts["engine-2"]["image_id"] = "sha256:" + "1" * 64
+    status, result = run_module(prep_args(root, "write", hosts))
+    assert status == "fail" and result["input"] == "engine-2"
+    _refused(root, result, "no longer matches")
+
+
+def test_prepare_write_without_inspection_is_refused(root, run_module):
+    status, result = run_module(prep_args(root, "write", {}))
+    assert status == "fail" and result["input"] == "engine-1"
+    _refused(root, result, "no longer matches")
+
+
+def test_prepare_incompatible_pair_is_refused(root, run_module, launch):
+    launch["engines"]["engine-2"]["runtime"]["kv_cache_dtype"] = "fp8"
+    (root / "config" / "engine-launch.local.json").write_text(json.dumps(launch))
+    status, result = run_module(prep_args(root, "write", good_hosts()))
+    assert status == "fail" and result["input"] == "NARWHAL_KV_CACHE_DTYPE"
+    _refused(root, result, "kv_cache_dtype differs")
+
+
+def test_prepare_fleet_disagreeing_with_records_is_refused(root, run_module, launch):
+    fleet = fleet_for(launch["engines"])
+    fleet[1]["accelerator"]["count"] = 4
+    (root / "config" / "fleet.json").write_text(json.dumps(fleet))
+    status, result = run_module(prep_args(root))
+    assert status == "fail" and result["input"] == "NARWHAL_FLEET"
+    _refused(root, result, "engine-2")
+
+
+def test_prepare_missing_launch_config_is_refused(root, run_module):
+    (root / "config" / "engine-launch.local.json").unlink()
+    status, result = run_module(prep_args(root))
+    assert status == "fail" and result["input"] == "NARWHAL_LAUNCH_CONFIG"
+    _refused(root, result, "cannot read")
