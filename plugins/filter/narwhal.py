@@ -35,7 +35,14 @@ def current_inspection(hostvars):
             "image_id": prereqs.get("image_id")}
 
 
+def probe_row(result):
+    verdict = "PASS" if result.get("ok") else "FAIL (%s)" % "; ".join(result.get("reasons") or [])
+    return "%s -> %s: %s, %s bytes of KV via %s:%s in %ss" % (
+        result.get("producer"), result.get("consumer"), verdict, result.get("bytes"), result.get("remote_host"),
+        result.get("remote_port"), result.get("latency_s"))
+
+
 class FilterModule:
     def filters(self):
         return {"resolve_values": resolve_values_filter, "table_row": table_row, "inspection": inspection,
-                "current_inspection": current_inspection}
+                "current_inspection": current_inspection, "probe_row": probe_row}

@@ -431,6 +431,7 @@ def test_start_standin_container(tmp_path, capsys, monkeypatch):
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text('{"model_type": "llama"}')
+    (model / "tokenizer.json").write_text("{}")
     engine = "engine-%d" % (90000 + uuid.uuid4().int % 9999)
     rec = record("engine-1")
     rec.update(engine=engine, accelerator={"vendor": "cpu", "product": "cpu", "count": 0}, gpu_ids=[],

@@ -7,7 +7,14 @@ only by `start`. It is shipped as a snapshot with a sha256, so it imports nothin
   launch_engine.py --role-env PATH plan          write <NARWHAL_RUN_DIR>/plan.json, print the docker run argv
   launch_engine.py --role-env PATH start [--force]
                                                  write the plan, then start (or keep) container narwhal-<engine>,
-                                                 write <NARWHAL_RUN_DIR>/deployment.json
+                                                 write <NARWHAL_RUN_DIR>/deployment.json; runs the image
+                                                 check first (or reuses a matching checked.json) and
+                                                 starts nothing when it fails
+  launch_engine.py --role-env PATH check         write the plan, run the image check in a short-lived container
+                                                 of the recorded image, write <NARWHAL_RUN_DIR>/checked.json
+  launch_engine.py --role-env PATH probe-version [--timeout S]
+                                                 wait for /health, GET /version, compare it with checked.json's
+                                                 vllm_api_version, write <NARWHAL_RUN_DIR>/version-probe.json
 
 Inputs: the role environment file (KEY=VALUE, no shell expansion) and the launch record it names
 (NARWHAL_RECORD: one `engines.<name>` object of config/engine-launch.*.json).
@@ -555,6 +562,11 @@ def start(role_env_path, force=False, out=None):
     api_key = read_api_key(role_env.get("NARWHAL_API_KEY_FILE", ""))
     check_host(plan)
     docker, client = _docker_client()
+    record = load_record(_role(role_env, "NARWHAL_RECORD"))
+    # the image check: refuses (nothing started) on failure; a checked.json of this plan hash, image ID and
+    # launcher is reused unless --force. Its verdict goes to stderr, stdout keeps the one start line.
+    checked, check_how = image_check(role_env, record, plan, digest, docker=docker, client=client,
+                                     reuse=not force, out=sys.stderr)
     existing = None
     try:
         existing = client.containers.get(plan["name"])
@@ -591,24 +603,453 @@ def start(role_env_path, force=False, out=None):
         "started_at": container.attrs.get("State", {}).get("StartedAt", ""),
         "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "replaced_container_id": replaced,
+        "checked_sha256": checked_sha256(checked), "check": check_how,
+        "vllm_api_version": checked["vllm_api_version"],
     }
-    _write_private(os.path.join(_run_dir(role_env), "deployment.json"), deployment)
+    existing = os.path.join(_run_dir(role_env), "deployment.json")
+    if action != "unchanged" or not os.path.exists(existing):
+        # An unchanged engine keeps the record of the deployment that is still running (idempotence).
+        _write_private(existing, deployment)
     print("unchanged" if action == "unchanged" else "%s %s %s" % (action, plan["name"], container.id),
           file=out or sys.stdout)
     return deployment
 
 
+# ------------------------------------------------------------------------------------------ image check
+
+CHECK_PREFIX = "narwhal-check-"  # the check container: narwhal-check-<engine>-<random>, removed afterwards
+CHECK_TIMEOUT = 300  # seconds the check container may take (real vLLM images import torch)
+CHECK_MARKER = "NARWHAL_CHECK_JSON="
+CONNECTOR_MODULES = ("vllm.distributed.kv_transfer.kv_connector.v1.nixl",             # vLLM >= 0.28
+                     "vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector")   # vLLM <= 0.25
+SSM_LAYOUT_ENV = "VLLM_SSM_CONV_STATE_LAYOUT"
+
+# Runs inside the image (python3 -c SCRIPT SPEC_JSON); Python 3.8+ stdlib plus the image's own packages.
+# It only observes and prints one JSON document; the launcher decides (decide_check).
+CHECK_SCRIPT = r"""
+import importlib, importlib.metadata as md, json, os, sys, traceback
+spec = json.loads(sys.argv[1])
+def err(exc):
+    return ("%s: %s" % (type(exc).__name__, exc))[:600]
+def attempt(fn):
+    try:
+        return {"ok": True, "value": fn()}
+    except BaseException as exc:
+        return {"ok": False, "error": err(exc)}
+out = {"python": sys.version.split()[0], "packages": {}}
+for name in spec["packages"]:
+    try:
+        out["packages"][name] = md.version(name)
+    except md.PackageNotFoundError:
+        out["packages"][name] = None
+def vllm_version():
+    from vllm.version import __version__
+    return __version__
+out["vllm_api_version"] = attempt(vllm_version)
+def kv_config():
+    try:
+        from vllm.config.kv_transfer import KVTransferConfig
+        where = "vllm.config.kv_transfer.KVTransferConfig"
+    except ImportError:
+        from vllm.config import KVTransferConfig
+        where = "vllm.config.KVTransferConfig"
+    KVTransferConfig(**spec["kv_transfer_config"])
+    return where
+out["kv_transfer_config"] = attempt(kv_config)
+out["connector_module"] = attempt(lambda: importlib.import_module(spec["connector_module"]).__name__)
+out["nixl_module"] = attempt(lambda: importlib.import_module(spec["nixl_module"]).__name__)
+auto_map = {}
+for fname in ("config.json", "tokenizer_config.json"):
+    path = os.path.join(spec["mount"], fname)
+    if not os.path.isfile(path):
+        auto_map[fname] = {"present": False, "auto_map": False}
+        continue
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        auto_map[fname] = {"present": True, "auto_map": bool(isinstance(data, dict) and data.get("auto_map"))}
+    except BaseException as exc:
+        auto_map[fname] = {"present": True, "auto_map": False, "error": err(exc)}
+out["auto_map"] = auto_map
+def tokenizer():
+    from transformers import AutoTokenizer
+    return type(AutoTokenizer.from_pretrained(spec["mount"], trust_remote_code=spec["trust_remote_code"])).__name__
+out["tokenizer"] = attempt(tokenizer)
+if spec["ssm_conv_state"]:
+    def ssm():
+        import vllm.envs
+        return spec["ssm_env"] in vllm.envs.environment_variables
+    out["ssm_layout_known"] = attempt(ssm)
+sys.stdout.write("\n" + spec["marker"] + json.dumps(out, sort_keys=True) + "\n")
+"""
+
+
+def connector_module(vllm_version):
+    """The NixlConnector module vLLM imports (VLLM_FACTS: a package `v1.nixl` from 0.28, `v1.nixl_connector`
+    before)."""
+    return CONNECTOR_MODULES[0] if _version(vllm_version) >= (0, 28) else CONNECTOR_MODULES[1]
+
+
+def nixl_module(vllm_version, platform):
+    """The NIXL module vLLM will import: nixl._api on CUDA/CPU; on ROCm rixl._api (0.14-0.25) or
+    nixl_rocm._api (>= 0.28); <= 0.11 always nixl._api."""
+    version = _version(vllm_version)
+    if platform != "rocm" or version < (0, 14):
+        return "nixl._api"
+    return "nixl_rocm._api" if version >= (0, 28) else "rixl._api"
+
+
+def plan_kv_transfer_config(plan):
+    """The kv-transfer config exactly as the plan passes it to `vllm serve`."""
+    command = plan["command"]
+    for index, token in enumerate(command[:-1]):
+        if token == "--kv-transfer-config":
+            return json.loads(command[index + 1])
+    raise LaunchError("the plan has no --kv-transfer-config; this launcher is broken, reinstall it")
+
+
+def check_spec(plan, record):
+    """What the check container examines (pure): packages, kv config, modules, mount, remote-code flag."""
+    runtime = record.get("runtime") or {}
+    packages = _field(record, "runtime.expected_packages", dict, allow_empty=False)
+    for name, version in packages.items():
+        if not isinstance(version, str) or not version:
+            raise LaunchError("launch record runtime.expected_packages.%s=%r must be an exact version string; "
+                              "rerun discovery" % (name, version))
+    vllm_version = _field(record, "runtime.vllm_version", str, allow_empty=False)
+    platform = _field(record, "runtime.platform", str)
+    return {
+        "packages": sorted(packages),
+        "expected_packages": dict(packages),
+        "vllm_version": vllm_version,
+        "kv_transfer_config": plan_kv_transfer_config(plan),
+        "connector_module": connector_module(vllm_version),
+        "nixl_module": nixl_module(vllm_version, platform),
+        "mount": plan["mounts"][0]["target"],
+        "trust_remote_code": "--trust-remote-code" in plan["command"],
+        "ssm_conv_state": bool(runtime.get("ssm_conv_state")),
+        "ssm_env": SSM_LAYOUT_ENV,
+        "marker": CHECK_MARKER,
+    }
+
+
+def decide_check(report, spec, image_id, digest):
+    """The verdict over the check container's JSON (pure). Returns the checked.json document or raises one
+    LaunchError naming every failed field and its fix."""
+    failures, checks = [], ["image_identity"]
+
+    def ok(name):
+        entry = report.get(name)
+        return isinstance(entry, dict) and entry.get("ok") is True
+
+    def error(name):
+        entry = report.get(name)
+        return " ".join(str(entry.get("error", "no result")).split()) if isinstance(entry, dict) else "no result"
+
+    found = report.get("packages") or {}
+    for name in spec["packages"]:
+        expected, actual = spec["expected_packages"][name], found.get(name)
+        if actual is None:
+            failures.append("launch record runtime.expected_packages.%s=%s: distribution %s is not installed in "
+                            "image %s; use the recorded image or rerun discovery" % (name, expected, name, image_id))
+        elif actual != expected:
+            failures.append("launch record runtime.expected_packages.%s=%s but image %s has %s %s; use the "
+                            "recorded image or rerun discovery" % (name, expected, image_id, name, actual))
+    checks.append("packages")
+    api_version = None
+    if ok("vllm_api_version"):
+        api_version = report["vllm_api_version"]["value"]
+        try:
+            same = _version(api_version)[:3] == _version(spec["vllm_version"])[:3]
+        except LaunchError:
+            same = False
+        if not same:
+            failures.append("launch record runtime.vllm_version=%s but the image's vllm.version.__version__ is %s; "
+                            "rerun discovery" % (spec["vllm_version"], api_version))
+    else:
+        failures.append("vllm.version.__version__ cannot be read in image %s (%s); the image has no usable vLLM, "
+                        "use the recorded image or rerun discovery" % (image_id, error("vllm_api_version")))
+    checks.append("vllm_api_version")
+    if not ok("kv_transfer_config"):
+        failures.append("--kv-transfer-config %s is rejected by the image's KVTransferConfig (%s); rerun discovery "
+                        "so runtime.vllm_version matches the image, or update the launcher"
+                        % (json.dumps(spec["kv_transfer_config"], separators=(",", ":")), error("kv_transfer_config")))
+    checks.append("kv_transfer_config")
+    for name, what in (("connector_module", "NixlConnector module"), ("nixl_module", "NIXL module")):
+        if not ok(name):
+            failures.append("%s %s does not import in the image (%s); check runtime.vllm_version/runtime.platform "
+                            "and the image's NIXL (runtime.expected_packages)" % (what, spec[name], error(name)))
+        checks.append(name)
+    auto_map = report.get("auto_map") or {}
+    for fname in ("config.json", "tokenizer_config.json"):
+        entry = auto_map.get(fname) or {}
+        if entry.get("error"):
+            failures.append("checkpoint %s/%s is not readable JSON (%s); fix the staged model"
+                            % (spec["mount"], fname, entry["error"]))
+    needs = [f for f in ("config.json", "tokenizer_config.json") if (auto_map.get(f) or {}).get("auto_map")]
+    if needs and not spec["trust_remote_code"]:
+        failures.append("checkpoint %s has auto_map in %s but --trust-remote-code is not in the command; set "
+                        "runtime.trust_remote_code and add --trust-remote-code to runtime.extra_args (rerun "
+                        "discovery)" % (spec["mount"], " and ".join(needs)))
+    elif spec["trust_remote_code"] and not needs:
+        failures.append("--trust-remote-code is in the command but checkpoint %s has no auto_map in config.json or "
+                        "tokenizer_config.json; remove it from runtime.extra_args/NARWHAL_ENGINE_ARGS (rerun "
+                        "discovery)" % spec["mount"])
+    checks.append("trust_remote_code")
+    if not ok("tokenizer"):
+        failures.append("the checkpoint tokenizer does not construct: AutoTokenizer.from_pretrained(%s, "
+                        "trust_remote_code=%s) failed (%s); stage the tokenizer files with the model"
+                        % (spec["mount"], spec["trust_remote_code"], error("tokenizer")))
+    checks.append("tokenizer")
+    if spec["ssm_conv_state"]:
+        entry = report.get("ssm_layout_known") or {}
+        if not (entry.get("ok") and entry.get("value") is True):
+            failures.append("launch record runtime.ssm_conv_state is true but the image's vLLM does not know %s "
+                            "(vllm.envs.environment_variables; needs vLLM >= 0.22): use a newer image"
+                            % SSM_LAYOUT_ENV + (" (%s)" % entry["error"] if entry.get("error") else ""))
+        checks.append("ssm_conv_state_layout")
+    if failures:
+        raise LaunchError("image check failed: " + "; ".join(failures))
+    return {
+        "vllm_api_version": api_version,
+        "plan_hash": digest,
+        "image_id": image_id,
+        "checked_packages": {name: found[name] for name in spec["packages"]},
+        "checks": checks,
+        "kv_transfer_config": spec["kv_transfer_config"],
+        "connector_module": spec["connector_module"],
+        "nixl_module": spec["nixl_module"],
+        "trust_remote_code": spec["trust_remote_code"],
+    }
+
+
+def parse_check_output(text):
+    for line in reversed(text.splitlines()):
+        if line.startswith(CHECK_MARKER):
+            try:
+                report = json.loads(line[len(CHECK_MARKER):])
+            except ValueError:
+                break
+            if isinstance(report, dict):
+                return report
+    return None
+
+
+def verify_image(docker, client, plan):
+    """Image identity: the recorded ID is present, and the recorded reference (if here) still points to it."""
+    image_id = plan["image"]
+    try:
+        image = client.images.get(image_id)
+    except docker.errors.ImageNotFound:
+        current = None
+        if plan.get("image_ref"):
+            try:
+                current = client.images.get(plan["image_ref"]).id
+            except docker.errors.ImageNotFound:
+                pass
+        raise LaunchError("launch record runtime.image_id %s is not on this host%s; load the recorded image or "
+                          "rerun discovery" % (image_id, " (runtime.image %s is now %s: tampered or rebuilt)"
+                                               % (plan["image_ref"], current) if current else ""))
+    if image.id != image_id:
+        raise LaunchError("launch record runtime.image_id %s resolves to image %s; record the full sha256 image ID "
+                          "(rerun discovery)" % (image_id, image.id))
+    if plan.get("image_ref"):
+        try:
+            current = client.images.get(plan["image_ref"]).id
+        except docker.errors.ImageNotFound:
+            current = image_id  # loaded by ID only: nothing to compare
+        if current != image_id:
+            raise LaunchError("launch record runtime.image %s now resolves to %s, not the recorded runtime.image_id "
+                              "%s (tampered or rebuilt image); restore the recorded image or rerun discovery"
+                              % (plan["image_ref"], current, image_id))
+    return image
+
+
+def run_check_container(docker, client, plan, spec):
+    """Run CHECK_SCRIPT in a short-lived container of the recorded image ID: no network, the model mount
+    read-only, the plan's environment (no API key) and devices; the container is removed afterwards."""
+    environment = {k: v for k, v in plan["environment"].items() if k != API_KEY_ENV}
+    name = "%s%s-%s" % (CHECK_PREFIX, plan["engine"], os.urandom(4).hex())
+    kwargs = {
+        "image": plan["image"], "entrypoint": ["python3"],
+        "command": ["-c", CHECK_SCRIPT, json.dumps(spec, sort_keys=True)],
+        "name": name, "detach": True, "network_mode": "none",
+        "environment": ["%s=%s" % (k, environment[k]) for k in sorted(environment)],
+        "devices": plan["devices"] or None,
+        "device_requests": [docker.types.DeviceRequest(**r) for r in plan["device_requests"]] or None,
+        "group_add": plan["group_add"] or None,
+        "security_opt": plan["security_opt"] or None,
+        "mounts": [docker.types.Mount(target=m["target"], source=m["source"], type=m["type"], read_only=True)
+                   for m in plan["mounts"]],
+        "labels": {ENGINE_LABEL + "-check": plan["engine"]},
+    }
+    container = None
+    try:
+        container = client.containers.create(**kwargs)
+        if container.attrs.get("Image") != plan["image"]:
+            raise LaunchError("the check container of runtime.image_id %s runs image %s; the image ID is not the "
+                              "recorded one (rerun discovery)" % (plan["image"], container.attrs.get("Image")))
+        container.start()
+        try:
+            status = container.wait(timeout=CHECK_TIMEOUT)
+        except Exception as exc:  # requests timeout / connection errors
+            raise LaunchError("the image check container %s did not finish within %d s (%s); check the image "
+                              "runtime.image_id %s" % (name, CHECK_TIMEOUT, exc, plan["image"]))
+        stdout = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
+        stderr = container.logs(stdout=False, stderr=True).decode("utf-8", "replace")
+    except docker.errors.APIError as exc:
+        raise LaunchError("docker refused the image check container for runtime.image_id %s: %s"
+                          % (plan["image"], exc))
+    finally:
+        if container is not None:
+            try:
+                container.remove(force=True)
+            except docker.errors.APIError:
+                pass
+    report = parse_check_output(stdout)
+    if report is None:
+        code = status.get("StatusCode") if isinstance(status, dict) else status
+        raise LaunchError("the image check in runtime.image_id %s printed no result (exit %s): %s; the image needs "
+                          "python3 on PATH" % (plan["image"], code, " ".join(stderr.split())[-400:] or "no output"))
+    return report
+
+
+def _read_json_file(path):
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def image_check(role_env, record, plan, digest, docker=None, client=None, reuse=False, out=None):
+    """Verify the image (identity always), then run the check container or reuse a checked.json of the same
+    plan hash, image ID and launcher. Writes checked.json; returns (document, "ran" | "reused")."""
+    if client is None:
+        docker, client = _docker_client()
+    verify_image(docker, client, plan)
+    path = os.path.join(_run_dir(role_env), "checked.json")
+    previous = _read_json_file(path) if reuse else None
+    if previous and previous.get("plan_hash") == digest and previous.get("image_id") == plan["image"] \
+            and previous.get("launcher_sha256") == launcher_sha256():
+        document, how = previous, "reused"
+    else:
+        spec = check_spec(plan, record)
+        report = run_check_container(docker, client, plan, spec)
+        document = decide_check(report, spec, plan["image"], digest)
+        document.update(engine=plan["engine"], run_id=role_env.get("NARWHAL_RUN_ID", ""),
+                        launcher_sha256=launcher_sha256(),
+                        checked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        _write_private(path, document)
+        how = "ran"
+    print("image check ok (%s): %s vllm %s image %s plan %s, checks: %s"
+          % (how, plan["engine"], document["vllm_api_version"], plan["image"], digest[:12],
+             ",".join(document["checks"])), file=out or sys.stdout)
+    return document, how
+
+
+def check(role_env_path, out=None):
+    role_env, plan, digest, _argv = prepare(role_env_path)
+    record = load_record(_role(role_env, "NARWHAL_RECORD"))
+    check_host(plan)
+    return image_check(role_env, record, plan, digest, out=out)[0]
+
+
+def checked_sha256(document):
+    return hashlib.sha256(json.dumps(document, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
+
+
+# ------------------------------------------------------------------------------------------ version probe
+
+def _http_get(url, timeout):
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def probe_url(role_env, path, address=None):
+    address = (address or role_env.get("NARWHAL_ADVERTISED_ADDRESS", "")).strip("[]") or "127.0.0.1"
+    if ":" in address:
+        address = "[%s]" % address
+    return "http://%s:%d%s" % (address, _port(role_env, "NARWHAL_HTTP_PORT"), path)
+
+
+def probe_version(role_env_path, timeout=300.0, interval=1.0, address=None, out=None):
+    """Wait for /health (200), GET /version, compare with checked.json's vllm_api_version. The engine is
+    reached at `address` (default: the role env's NARWHAL_ADVERTISED_ADDRESS, else 127.0.0.1)."""
+    role_env = read_role_env(role_env_path)
+    record = load_record(_role(role_env, "NARWHAL_RECORD"))
+    digest = plan_hash(build_plan(role_env, record, api_key_present=True))
+    run_dir = _run_dir(role_env)
+    checked = _read_json_file(os.path.join(run_dir, "checked.json"))
+    if not checked or not checked.get("vllm_api_version"):
+        raise LaunchError("%s/checked.json is missing or unreadable; run `launch_engine.py check` (or start) first"
+                          % run_dir)
+    if checked.get("plan_hash") != digest:
+        raise LaunchError("%s/checked.json is for plan %s, the current plan is %s; run start (or check) again"
+                          % (run_dir, checked.get("plan_hash"), digest))
+    health, version_url = probe_url(role_env, "/health", address), probe_url(role_env, "/version", address)
+    began = time.time()
+    last = "no answer"
+    while True:
+        try:
+            status, _body = _http_get(health, timeout=min(10.0, max(1.0, timeout)))
+            if status == 200:
+                break
+            last = "HTTP %d" % status
+        except OSError as exc:
+            last = str(getattr(exc, "reason", exc))
+        if time.time() - began >= timeout:
+            raise LaunchError("%s did not answer 200 within %d s (last: %s); see the engine container's logs "
+                              "(docker logs narwhal-%s)" % (health, timeout, last, role_env.get("NARWHAL_ENGINE")))
+        time.sleep(interval)
+    waited = round(time.time() - began, 3)
+    try:
+        status, body = _http_get(version_url, timeout=10)
+        served = json.loads(body.decode("utf-8")).get("version") if status == 200 else None
+    except (OSError, ValueError, AttributeError) as exc:
+        raise LaunchError("GET %s failed (%s); the engine is not a vLLM OpenAI server" % (version_url, exc))
+    if status != 200 or not isinstance(served, str):
+        raise LaunchError("GET %s answered HTTP %s without a version; the engine is not a vLLM OpenAI server"
+                          % (version_url, status))
+    expected = checked["vllm_api_version"]
+    result = {"engine": role_env.get("NARWHAL_ENGINE", ""), "run_id": role_env.get("NARWHAL_RUN_ID", ""),
+              "url": version_url, "version": served, "expected": expected, "ok": served == expected,
+              "plan_hash": digest, "image_id": checked.get("image_id")}
+    # No timestamps in the file: an unchanged engine probed again leaves it byte-for-byte the same.
+    _write_private(os.path.join(run_dir, "version-probe.json"), result)
+    result["health_wait_s"] = waited
+    if not result["ok"]:
+        raise LaunchError("GET %s answered version %s but checked.json vllm_api_version is %s; the running engine "
+                          "is not the checked image: stop it and run start again" % (version_url, served, expected))
+    print("version ok: %s %s = checked %s" % (version_url, served, expected), file=out or sys.stdout)
+    return result
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="launch_engine.py", description="Plan and start one vLLM engine.")
     parser.add_argument("--role-env", required=True, help="the engine's role environment file")
-    parser.add_argument("action", choices=("plan", "start"))
-    parser.add_argument("--force", action="store_true", help="start: replace the container even if unchanged "
-                        "(e.g. after an API key rotation, which the plan hash does not see)")
+    parser.add_argument("action", choices=("plan", "start", "check", "probe-version"))
+    parser.add_argument("--force", action="store_true", help="start: rerun the image check and replace the "
+                        "container even if unchanged (e.g. after an API key rotation, which the plan hash does not "
+                        "see)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="probe-version: seconds to wait for /health")
+    parser.add_argument("--address", help="probe-version: the engine's address (default: the role env's "
+                        "NARWHAL_ADVERTISED_ADDRESS)")
     args = parser.parse_args(argv)
     try:
         if args.action == "plan":
             run_argv = prepare(args.role_env)[3]
             print(" ".join(shlex.quote(a) for a in run_argv))
+        elif args.action == "check":
+            check(args.role_env)
+        elif args.action == "probe-version":
+            probe_version(args.role_env, timeout=args.timeout, address=args.address)
         else:
             start(args.role_env, force=args.force)
     except LaunchError as exc:

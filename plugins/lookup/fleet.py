@@ -1,0 +1,79 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+name: fleet
+short_description: The fleet file with its ${NAME} values resolved
+version_added: 0.1.0
+description:
+  - Reads the fleet file and resolves it with complete-value substitution (see docs/substitution.md). Values come
+    from the controller's process environment, over the site C(.env), over C(deployment.env); it is the same code
+    as the C(narwhal.deploy.resolve_values) filter and C(scripts/narwhal-fleet).
+options:
+  _terms:
+    description: Path of the fleet file.
+    required: true
+  env_file:
+    description: The site C(.env).
+    type: path
+    required: true
+  deployment_env:
+    description: The generated C(deployment.env).
+    type: path
+    required: true
+author:
+  - narwhal.deploy contributors (@narwhal-deploy)
+"""
+
+EXAMPLES = r"""
+- name: Engine URLs
+  ansible.builtin.debug:
+    msg: "{{ lookup('narwhal.deploy.fleet', 'config/fleet.json', env_file='.env', deployment_env='config/deployment.env') }}"
+"""
+
+RETURN = r"""
+_raw:
+  description: The resolved fleet (one list).
+  type: list
+  elements: dict
+"""
+
+import json
+import os
+
+from ansible.errors import AnsibleLookupError
+from ansible.plugins.lookup import LookupBase
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._subst import (
+    SubstitutionError,
+    layered_env,
+    resolve_values,
+)
+
+try:
+    from dotenv import dotenv_values
+except ImportError:
+    dotenv_values = None
+
+
+class LookupModule(LookupBase):
+    def run(self, terms, variables=None, **kwargs):
+        self.set_options(var_options=variables, direct=kwargs)
+        if dotenv_values is None:
+            raise AnsibleLookupError("narwhal.deploy.fleet needs python-dotenv on the controller")
+        env_file, deployment = self.get_option("env_file"), self.get_option("deployment_env")
+        env = layered_env(dict(os.environ),
+                          dotenv_values(env_file) if os.path.exists(env_file) else {},
+                          dotenv_values(deployment) if os.path.exists(deployment) else {})
+        out = []
+        for term in terms:
+            try:
+                with open(term) as fh:
+                    out.append(resolve_values(json.load(fh), env))
+            except (OSError, ValueError) as exc:
+                if isinstance(exc, SubstitutionError):
+                    raise AnsibleLookupError("%s: %s" % (term, exc))
+                raise AnsibleLookupError("cannot read the fleet %s: %s; run discovery first" % (term, exc))
+        return out

@@ -1,0 +1,415 @@
+"""launch_engine.py image check (seed §16): the pure verdict over a check report, and -- when a Docker daemon
+and the stand-in image are here -- the check container against narwhal-sim/engine-standin:latest."""
+import copy
+import importlib.util
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+import threading
+import uuid
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+LAUNCHER = REPO / "roles" / "install" / "files" / "launch_engine.py"
+EXAMPLE = REPO / "config" / "engine-launch.example.json"
+SECRET = "s3cr3t-Key-0123456789abcdef"
+IMAGE = "narwhal-sim/engine-standin:latest"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("launch_engine_check", str(LAUNCHER))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+le = _load()
+
+
+def record(name="engine-1"):
+    return copy.deepcopy(json.loads(EXAMPLE.read_text())["engines"][name])
+
+
+def role_env(engine="engine-1", **overrides):
+    env = {
+        "NARWHAL_ENGINE": engine, "NARWHAL_RECORD": "/opt/narwhal/config/engine-launch.%s.json" % engine,
+        "NARWHAL_MODEL_MOUNT": "/models/tiny-llama", "NARWHAL_SERVED_MODEL_NAME": "tiny-llama",
+        "NARWHAL_BIND_FAMILY": "ipv4", "NARWHAL_HTTP_PORT": "8000", "NARWHAL_ADVERTISED_ADDRESS": "172.31.241.11",
+        "NARWHAL_SIDE_CHANNEL_PORT": "5600", "NARWHAL_FABRIC_INTERFACE": "eth1",
+        "NARWHAL_API_KEY_FILE": "/opt/narwhal/secrets/api-key", "NARWHAL_RUN_DIR": "/opt/narwhal/runs/r1",
+        "NARWHAL_RUN_ID": "r1",
+    }
+    env.update(overrides)
+    return env
+
+
+# ------------------------------------------------------------------------------------------ pure parts
+
+def _spec(rec=None, **overrides):
+    rec = rec or record()
+    plan = le.build_plan(role_env(rec["engine"]), rec)
+    spec = le.check_spec(plan, rec)
+    spec.update(overrides)
+    return spec
+
+
+def good_report(**overrides):
+    report = {
+        "packages": {"vllm": "0.33.0", "nixl": "1.5.1"},
+        "vllm_api_version": {"ok": True, "value": "0.33.0"},
+        "kv_transfer_config": {"ok": True, "value": "vllm.config.kv_transfer.KVTransferConfig"},
+        "connector_module": {"ok": True, "value": "vllm.distributed.kv_transfer.kv_connector.v1.nixl"},
+        "nixl_module": {"ok": True, "value": "nixl._api"},
+        "auto_map": {"config.json": {"present": True, "auto_map": False},
+                     "tokenizer_config.json": {"present": False, "auto_map": False}},
+        "tokenizer": {"ok": True, "value": "PreTrainedTokenizerFast"},
+    }
+    report.update(overrides)
+    return report
+
+
+def test_check_spec_from_plan():
+    spec = _spec()
+    assert spec["kv_transfer_config"] == {"kv_connector": "NixlConnector", "kv_role": "kv_both",
+                                          "kv_load_failure_policy": "fail",
+                                          "kv_connector_extra_config": {"backends": ["UCX"]}}
+    assert spec["connector_module"] == "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
+    assert spec["nixl_module"] == "nixl._api"
+    assert spec["mount"] == "/models/tiny-llama" and spec["trust_remote_code"] is False
+    assert spec["expected_packages"] == {"vllm": "0.33.0", "nixl": "1.5.1"}
+
+
+@pytest.mark.parametrize("version,platform,connector,nixl", [
+    ("0.33.0", "cuda", "v1.nixl", "nixl._api"), ("0.33.0", "rocm", "v1.nixl", "nixl_rocm._api"),
+    ("0.28.0", "rocm", "v1.nixl", "nixl_rocm._api"), ("0.25.1", "rocm", "v1.nixl_connector", "rixl._api"),
+    ("0.14.0", "rocm", "v1.nixl_connector", "rixl._api"), ("0.11.0", "rocm", "v1.nixl_connector", "nixl._api"),
+    ("0.19.1", "cuda", "v1.nixl_connector", "nixl._api"), ("0.32.0", "cpu", "v1.nixl", "nixl._api"),
+])
+def test_module_tables(version, platform, connector, nixl):
+    assert le.connector_module(version) == "vllm.distributed.kv_transfer.kv_connector." + connector
+    assert le.nixl_module(version, platform) == nixl
+
+
+def test_decide_success():
+    spec = _spec()
+    doc = le.decide_check(good_report(), spec, "sha256:abc", "f" * 64)
+    assert doc["vllm_api_version"] == "0.33.0" and doc["plan_hash"] == "f" * 64 and doc["image_id"] == "sha256:abc"
+    assert doc["checked_packages"] == {"nixl": "1.5.1", "vllm": "0.33.0"}
+    assert doc["checks"] == ["image_identity", "packages", "vllm_api_version", "kv_transfer_config",
+                             "connector_module", "nixl_module", "trust_remote_code", "tokenizer"]
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"packages": {"vllm": "0.32.0", "nixl": "1.5.1"}}, r"runtime.expected_packages.vllm=0.33.0 but image .* has "
+                                                        r"vllm 0.32.0"),
+    ({"packages": {"vllm": "0.33.0", "nixl": None}}, r"runtime.expected_packages.nixl=1.5.1: distribution nixl is "
+                                                     r"not installed"),
+    ({"vllm_api_version": {"ok": True, "value": "0.32.0"}}, r"runtime.vllm_version=0.33.0 but the image's "
+                                                            r"vllm.version.__version__ is 0.32.0"),
+    ({"vllm_api_version": {"ok": False, "error": "ImportError: x"}}, r"vllm.version.__version__ cannot be read"),
+    ({"kv_transfer_config": {"ok": False, "error": "ValidationError: kv_ip Extra inputs are not permitted"}},
+     r"--kv-transfer-config .* is rejected by the image's KVTransferConfig \(ValidationError: kv_ip"),
+    ({"connector_module": {"ok": False, "error": "ModuleNotFoundError"}},
+     r"NixlConnector module vllm.distributed.kv_transfer.kv_connector.v1.nixl does not import"),
+    ({"nixl_module": {"ok": False, "error": "ModuleNotFoundError"}}, r"NIXL module nixl._api does not import"),
+    ({"auto_map": {"config.json": {"present": True, "auto_map": True}}},
+     r"has auto_map in config.json but --trust-remote-code is not in the command"),
+    ({"auto_map": {"config.json": {"present": True, "auto_map": False, "error": "JSONDecodeError"}}},
+     r"config.json is not readable JSON"),
+    ({"tokenizer": {"ok": False, "error": "OSError: Can't load tokenizer"}},
+     r"the checkpoint tokenizer does not construct: AutoTokenizer.from_pretrained\(/models/tiny-llama, "
+     r"trust_remote_code=False\)"),
+    ({"tokenizer": None}, r"the checkpoint tokenizer does not construct"),
+])
+def test_decide_failures(overrides, message):
+    with pytest.raises(le.LaunchError, match=message):
+        le.decide_check(good_report(**overrides), _spec(), "sha256:abc", "f" * 64)
+
+
+def test_decide_trust_remote_code_reverse_and_ssm():
+    spec = _spec(trust_remote_code=True)
+    with pytest.raises(le.LaunchError, match=r"--trust-remote-code is in the command but checkpoint .* has no "
+                                             r"auto_map"):
+        le.decide_check(good_report(), spec, "sha256:abc", "f" * 64)
+    report = good_report(auto_map={"tokenizer_config.json": {"present": True, "auto_map": True}})
+    assert le.decide_check(report, spec, "sha256:abc", "f" * 64)["trust_remote_code"] is True
+    spec = _spec(ssm_conv_state=True)
+    with pytest.raises(le.LaunchError, match=r"runtime.ssm_conv_state is true but the image's vLLM does not know "
+                                             r"VLLM_SSM_CONV_STATE_LAYOUT"):
+        le.decide_check(good_report(ssm_layout_known={"ok": True, "value": False}), spec, "sha256:abc", "f" * 64)
+    doc = le.decide_check(good_report(ssm_layout_known={"ok": True, "value": True}), spec, "sha256:abc", "f" * 64)
+    assert doc["checks"][-1] == "ssm_conv_state_layout"
+
+
+def test_decide_names_every_failure():
+    report = good_report(packages={"vllm": "0.32.0", "nixl": "1.5.1"}, tokenizer={"ok": False, "error": "OSError"})
+    with pytest.raises(le.LaunchError) as info:
+        le.decide_check(report, _spec(), "sha256:abc", "f" * 64)
+    assert "expected_packages.vllm" in str(info.value) and "tokenizer does not construct" in str(info.value)
+
+
+def test_parse_check_output_and_bad_packages():
+    text = "noise\n%s%s\n" % (le.CHECK_MARKER, json.dumps({"packages": {}}))
+    assert le.parse_check_output(text) == {"packages": {}}
+    assert le.parse_check_output("no marker\n") is None
+    rec = record()
+    rec["runtime"]["expected_packages"] = {"vllm": ""}
+    with pytest.raises(le.LaunchError, match=r"runtime.expected_packages.vllm=''"):
+        _spec(rec)
+
+
+def test_probe_url_brackets_ipv6():
+    assert le.probe_url({"NARWHAL_ADVERTISED_ADDRESS": "fd00::11", "NARWHAL_HTTP_PORT": "8000"}, "/version") == \
+        "http://[fd00::11]:8000/version"
+    assert le.probe_url({"NARWHAL_HTTP_PORT": "8001"}, "/health") == "http://127.0.0.1:8001/health"
+
+
+# ------------------------------------------------------------------------------------------ version probe
+
+class _Engine(BaseHTTPRequestHandler):
+    version = "0.33.0"
+
+    def do_GET(self):  # noqa: N802
+        body = b"" if self.path == "/health" else json.dumps({"version": self.version}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def write_inputs(tmp_path, rec, **overrides):
+    rec_path = tmp_path / "record.json"
+    rec_path.write_text(json.dumps(rec))
+    key = tmp_path / "api-key"
+    key.write_text(SECRET + "\n")
+    key.chmod(0o600)
+    env = role_env(rec["engine"], NARWHAL_RECORD=str(rec_path), NARWHAL_API_KEY_FILE=str(key),
+                   NARWHAL_RUN_DIR=str(tmp_path / "runs" / "r1"), **overrides)
+    env_path = tmp_path / "engine.env"
+    env_path.write_text("".join("%s=%s\n" % kv for kv in env.items()))
+    return env_path, env
+
+
+def test_probe_version(tmp_path, capsys):
+    server = HTTPServer(("127.0.0.1", 0), _Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        rec = record()
+        env_path, env = write_inputs(tmp_path, rec, NARWHAL_HTTP_PORT=str(server.server_address[1]))
+        assert le.main(["--role-env", str(env_path), "probe-version", "--timeout", "2", "--address", "127.0.0.1"]) == 2
+        assert "checked.json is missing" in capsys.readouterr().err
+        run_dir = pathlib.Path(env["NARWHAL_RUN_DIR"])
+        digest = le.plan_hash(le.build_plan(le.read_role_env(str(env_path)), rec))
+        (run_dir / "checked.json").write_text(json.dumps({"vllm_api_version": "0.33.0", "plan_hash": digest,
+                                                          "image_id": "sha256:abc"}))
+        assert le.main(["--role-env", str(env_path), "probe-version", "--timeout", "2", "--address", "127.0.0.1"]) == 0
+        probe = json.loads((run_dir / "version-probe.json").read_text())
+        assert probe["ok"] and probe["version"] == probe["expected"] == "0.33.0"
+        assert (run_dir / "version-probe.json").stat().st_mode & 0o777 == 0o600
+        _Engine.version = "0.32.0"
+        assert le.main(["--role-env", str(env_path), "probe-version", "--timeout", "2", "--address", "127.0.0.1"]) == 2
+        err = capsys.readouterr().err
+        assert "answered version 0.32.0 but checked.json vllm_api_version is 0.33.0" in err
+        assert json.loads((run_dir / "version-probe.json").read_text())["ok"] is False
+    finally:
+        _Engine.version = "0.33.0"
+        server.shutdown()
+        server.server_close()
+
+
+def test_probe_version_health_timeout(tmp_path):
+    rec = record()
+    env_path, env = write_inputs(tmp_path, rec, NARWHAL_HTTP_PORT="9")
+    digest = le.plan_hash(le.build_plan(le.read_role_env(str(env_path)), rec))
+    run_dir = pathlib.Path(env["NARWHAL_RUN_DIR"])
+    run_dir.mkdir(parents=True)
+    (run_dir / "checked.json").write_text(json.dumps({"vllm_api_version": "0.33.0", "plan_hash": digest}))
+    with pytest.raises(le.LaunchError, match=r"http://127.0.0.1:9/health did not answer 200 within"):
+        le.probe_version(str(env_path), timeout=0.5, interval=0.1, address="127.0.0.1")
+
+
+# ------------------------------------------------------------------------------------------ docker
+
+def _docker():
+    try:
+        import docker
+
+        client = docker.from_env()
+        client.ping()
+        return docker, client, client.images.get(IMAGE)
+    except Exception:  # no SDK, no daemon or no image
+        return None, None, None
+
+
+needs_docker = pytest.mark.skipif(_docker()[1] is None, reason="no Docker daemon or stand-in image")
+
+
+@pytest.fixture
+def standin(tmp_path, monkeypatch):
+    """A CPU record on the stand-in image with a tmp model dir; check containers named narwhal-check-test-*."""
+    docker, client, image = _docker()
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"],
+                                                   "torch_dtype": "bfloat16"}))
+    (model / "tokenizer.json").write_text(json.dumps({"version": "1.0", "model": {"type": "BPE",
+                                                                                  "vocab": {"a": 0, "b": 1}}}))
+    engine = "engine-%d" % (90000 + uuid.uuid4().int % 9999)
+    rec = record()
+    rec.update(engine=engine, accelerator={"vendor": "cpu", "product": "cpu", "count": 0}, gpu_ids=[],
+               gpu_host_indices=[], tensor_parallel_size=1, accelerator_devices=[])
+    rec["runtime"].update(image=IMAGE, image_id=image.id, platform="cpu", kv_buffer_device="cpu",
+                          model_path=str(model))
+    env_path, env = write_inputs(tmp_path, rec, NARWHAL_FABRIC_INTERFACE="lo")
+    monkeypatch.setattr(le, "CHECK_PREFIX", "narwhal-check-test-")
+    yield {"docker": docker, "client": client, "image": image, "model": model, "record": rec, "env_path": env_path,
+           "run_dir": pathlib.Path(env["NARWHAL_RUN_DIR"]), "tmp": tmp_path}
+    for container in client.containers.list(all=True, filters={"label": le.ENGINE_LABEL + "-check=" + engine}):
+        container.remove(force=True)
+    shutil.rmtree(tmp_path / "runs", ignore_errors=True)
+
+
+def _save(s):
+    (s["tmp"] / "record.json").write_text(json.dumps(s["record"]))
+
+
+def _leftover(s):
+    return s["client"].containers.list(all=True, filters={"label": le.ENGINE_LABEL + "-check=" + s["record"]["engine"]})
+
+
+@needs_docker
+def test_check_success_writes_checked(standin, capsys):
+    assert le.main(["--role-env", str(standin["env_path"]), "check"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("image check ok (ran): ") and out.count("\n") == 1
+    checked_file = standin["run_dir"] / "checked.json"
+    assert checked_file.stat().st_mode & 0o777 == 0o600
+    checked = json.loads(checked_file.read_text())
+    plan = json.loads((standin["run_dir"] / "plan.json").read_text())
+    assert checked["vllm_api_version"] == "0.33.0"
+    assert checked["plan_hash"] == plan["plan_hash"] and checked["image_id"] == standin["image"].id
+    assert checked["checked_packages"] == {"vllm": "0.33.0", "nixl": "1.5.1"}
+    assert "tokenizer" in checked["checks"] and "kv_transfer_config" in checked["checks"]
+    assert not _leftover(standin)
+    # the CLI as a subprocess: same verdict
+    proc = subprocess.run([sys.executable, str(LAUNCHER), "--role-env", str(standin["env_path"]), "check"],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    # reuse: same plan hash and image id -> no check container
+    called = []
+    original = le.run_check_container
+    le.run_check_container = lambda *a: called.append(a) or original(*a)
+    try:
+        role = le.read_role_env(str(standin["env_path"]))
+        _r, plan_, digest, _a = le.prepare(str(standin["env_path"]))
+        doc, how = le.image_check(role, standin["record"], plan_, digest, reuse=True)
+        assert how == "reused" and not called and doc["plan_hash"] == digest
+        doc, how = le.image_check(role, standin["record"], plan_, digest, reuse=False)
+        assert how == "ran" and len(called) == 1
+    finally:
+        le.run_check_container = original
+
+
+@needs_docker
+def test_check_wrong_vllm_version(standin, capsys):
+    standin["record"]["runtime"]["expected_packages"]["vllm"] = "0.32.0"
+    _save(standin)
+    assert le.main(["--role-env", str(standin["env_path"]), "check"]) == 2
+    err = capsys.readouterr().err
+    assert "runtime.expected_packages.vllm=0.32.0 but image %s has vllm 0.33.0" % standin["image"].id in err
+    assert not (standin["run_dir"] / "checked.json").exists() and not _leftover(standin)
+
+
+@needs_docker
+def test_check_kv_config_rejected(standin, monkeypatch):
+    original = le.kv_transfer_config
+    monkeypatch.setattr(le, "kv_transfer_config", lambda rec: dict(original(rec), kv_ip="10.0.0.1"))
+    with pytest.raises(le.LaunchError, match=r"--kv-transfer-config .*kv_ip.* is rejected by the image's "
+                                             r"KVTransferConfig \(ValidationError: .*kv_ip"):
+        le.check(str(standin["env_path"]))
+    assert not (standin["run_dir"] / "checked.json").exists()
+
+
+@needs_docker
+def test_check_remote_code_both_directions(standin):
+    (standin["model"] / "tokenizer_config.json").write_text(json.dumps(
+        {"auto_map": {"AutoTokenizer": ["tok.CustomTokenizer", None]}}))
+    with pytest.raises(le.LaunchError, match=r"has auto_map in tokenizer_config.json but --trust-remote-code is "
+                                             r"not in the command") as info:
+        le.check(str(standin["env_path"]))
+    assert "trust_remote_code=False" in str(info.value)  # and the stand-in transformers refuses too
+    standin["record"]["runtime"]["extra_args"] = ["--trust-remote-code"]
+    standin["record"]["runtime"]["trust_remote_code"] = True
+    _save(standin)
+    assert le.check(str(standin["env_path"]))["trust_remote_code"] is True
+    (standin["model"] / "tokenizer_config.json").unlink()
+    with pytest.raises(le.LaunchError, match=r"--trust-remote-code is in the command but checkpoint .* has no "
+                                             r"auto_map"):
+        le.check(str(standin["env_path"]))
+
+
+@needs_docker
+def test_check_missing_tokenizer(standin):
+    (standin["model"] / "tokenizer.json").unlink()
+    with pytest.raises(le.LaunchError, match=r"the checkpoint tokenizer does not construct.*OSError: Can't load "
+                                             r"tokenizer"):
+        le.check(str(standin["env_path"]))
+    (standin["model"] / "tokenizer.json").write_text("{not json")
+    with pytest.raises(le.LaunchError, match=r"tokenizer does not construct.*not valid JSON"):
+        le.check(str(standin["env_path"]))
+
+
+@needs_docker
+def test_check_wrong_image_id(standin):
+    standin["record"]["runtime"]["image_id"] = "sha256:" + "0" * 64
+    _save(standin)
+    with pytest.raises(le.LaunchError, match=r"runtime.image_id sha256:0{64} is not on this host \(runtime.image "
+                                             r"narwhal-sim/engine-standin:latest is now sha256:"):
+        le.check(str(standin["env_path"]))
+    # tampered: the recorded ID exists but the reference now points to another image
+    rocm = standin["client"].images.get("narwhal-sim/engine-standin-rocm:latest")
+    standin["record"]["runtime"]["image_id"] = rocm.id
+    _save(standin)
+    with pytest.raises(le.LaunchError, match=r"runtime.image narwhal-sim/engine-standin:latest now resolves to "
+                                             r"sha256:\w+, not the recorded runtime.image_id"):
+        le.check(str(standin["env_path"]))
+
+
+@needs_docker
+def test_check_rocm_image_and_ssm(standin):
+    rocm = standin["client"].images.get("narwhal-sim/engine-standin-rocm:latest")
+    rt = standin["record"]["runtime"]
+    rt.update(image="narwhal-sim/engine-standin-rocm:latest", image_id=rocm.id, platform="rocm",
+              expected_packages={"vllm": "0.33.0", "nixl-rocm": "1.5.1"}, ssm_conv_state=True,
+              derived_environment={"VLLM_SSM_CONV_STATE_LAYOUT": "DS"})
+    _save(standin)
+    checked = le.check(str(standin["env_path"]))
+    assert checked["nixl_module"] == "nixl_rocm._api" and checked["checks"][-1] == "ssm_conv_state_layout"
+    assert checked["checked_packages"] == {"nixl-rocm": "1.5.1", "vllm": "0.33.0"}
+
+
+@needs_docker
+def test_start_refuses_when_check_fails(standin, monkeypatch):
+    (standin["model"] / "tokenizer.json").unlink()
+    monkeypatch.setattr(le, "build_plan", _renamed(le.build_plan))
+    with pytest.raises(le.LaunchError, match="tokenizer does not construct"):
+        le.start(str(standin["env_path"]))
+    assert (standin["run_dir"] / "plan.json").exists()
+    assert not (standin["run_dir"] / "deployment.json").exists()
+    name = "narwhal-check-test-start-%s" % standin["record"]["engine"]
+    assert not standin["client"].containers.list(all=True, filters={"name": name})
+
+
+def _renamed(original):
+    def build_plan(role_env_, record_, api_key_present=True):
+        plan = original(role_env_, record_, api_key_present)
+        plan["name"] = "narwhal-check-test-start-%s" % plan["engine"]
+        return plan
+    return build_plan

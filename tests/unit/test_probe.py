@@ -1,0 +1,59 @@
+"""Transfer probe verdicts over vLLM-style metrics text."""
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._probe import (
+    consumer_request,
+    metric_sum,
+    nixl_counters,
+    producer_request,
+    verdict,
+)
+
+METRICS = """# TYPE vllm:nixl_bytes_transferred histogram
+vllm:nixl_bytes_transferred_sum{model_name="tiny",engine="0"} 3584.0
+vllm:nixl_bytes_transferred_count{model_name="tiny",engine="0"} 1.0
+vllm:nixl_num_failed_transfers_total{model_name="tiny",engine="0"} 0.0
+vllm:prompt_tokens_by_source_total{model_name="tiny",source="external_kv_transfer"} 14.0
+vllm:prompt_tokens_by_source_total{model_name="tiny",source="local_compute"} 2.0
+"""
+ZERO = {"bytes_transferred": 0.0, "failed_transfers": 0.0, "external_prompt_tokens": 0.0}
+PARAMS = {"do_remote_prefill": True, "remote_block_ids": [1], "remote_engine_id": "e", "remote_host": "10.0.0.11",
+          "remote_port": 5600}
+OK_P = (200, {"choices": [{"finish_reason": "length"}], "kv_transfer_params": PARAMS})
+OK_C = (200, {"choices": [{"finish_reason": "length"}]})
+
+
+def test_counters_parse_labelled_samples():
+    assert nixl_counters(METRICS) == {"bytes_transferred": 3584.0, "failed_transfers": 0.0,
+                                      "external_prompt_tokens": 14.0}
+    assert metric_sum("other 1\n", "vllm:nixl_bytes_transferred_sum") is None
+
+
+def test_requests_follow_the_pd_flow():
+    p = producer_request("tiny", "hi")
+    assert p["max_tokens"] == 1 and p["kv_transfer_params"]["do_remote_decode"] is True
+    assert p["kv_transfer_params"]["do_remote_prefill"] is False
+    assert consumer_request("tiny", "hi", PARAMS)["kv_transfer_params"] is PARAMS
+
+
+def test_kv_moved_passes():
+    assert verdict(OK_P, OK_C, ZERO, nixl_counters(METRICS)) == (True, [])
+
+
+def test_silent_recompute_fails():
+    ok, reasons = verdict(OK_P, OK_C, nixl_counters(METRICS), nixl_counters(METRICS))
+    assert not ok and "did not grow" in reasons[0]
+
+
+def test_failed_load_and_missing_params_fail():
+    grown = dict(ZERO, bytes_transferred=10.0, failed_transfers=1.0)
+    ok, reasons = verdict(OK_P, (500, {"object": "error"}), ZERO, grown)
+    assert not ok and "consumer answered HTTP 500" in reasons and any("failed_transfers grew" in r for r in reasons)
+    ok, reasons = verdict((200, {"choices": []}), (0, None), ZERO, ZERO)
+    assert not ok and any("no kv_transfer_params" in r for r in reasons)
+    ok, reasons = verdict(OK_P, (200, {"choices": [{"finish_reason": "error"}]}), ZERO, nixl_counters(METRICS))
+    assert not ok and any("finish" in r for r in reasons)
+
+
+def test_missing_metric_fails():
+    ok, reasons = verdict(OK_P, OK_C, nixl_counters(""), nixl_counters(""))
+    assert not ok and "no vllm:nixl_bytes_transferred metric" in reasons[0]
