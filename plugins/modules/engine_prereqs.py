@@ -14,8 +14,8 @@ description:
     that runs this module (the one that will run the launcher), that the Docker daemon answers, that the image
     with the recorded ID is present, that the model path exists and is readable, that every recorded device path
     exists, that the fabric interface exists and still carries the recorded address, and that nothing else
-    listens on the engine's HTTP, attestation or side-channel ports (a running container of this engine,
-    C(narwhal-<engine>), may hold them).
+    listens on the engine's HTTP, attestation or side-channel ports (sockets held by processes of this engine's
+    own running container, C(narwhal-<engine>), are allowed: a prepare of the running engine is not refused).
   - Fails with every problem found, each naming what is missing and how to fix it.
 options:
   record:
@@ -79,22 +79,57 @@ else:
     DOCKER_ERROR = None
 
 
-def listening_ports(ports):
-    """Ports of `ports` in LISTEN state on this host, from /proc/net/tcp{,6}."""
-    found = set()
+def listening_sockets(ports):
+    """{port: set(socket inodes)} of the ports of `ports` in LISTEN state, from /proc/net/tcp{,6}."""
+    found = {}
     for name in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(name) as fh:
                 next(fh)
                 for line in fh:
                     fields = line.split()
-                    if len(fields) > 3 and fields[3] == "0A":
+                    if len(fields) > 9 and fields[3] == "0A":
                         port = int(fields[1].rsplit(":", 1)[1], 16)
                         if port in ports:
-                            found.add(port)
+                            found.setdefault(port, set()).add(fields[9])
         except (OSError, StopIteration, ValueError):
             continue
     return found
+
+
+def socket_owners(inodes):
+    """{inode: pid} for the given socket inodes (needs root to see every process)."""
+    wanted = dict(("socket:[%s]" % i, i) for i in inodes)
+    owners = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            for fd in os.listdir("/proc/%s/fd" % pid):
+                target = os.readlink("/proc/%s/fd/%s" % (pid, fd))
+                if target in wanted:
+                    owners[wanted[target]] = pid
+        except OSError:
+            continue
+    return owners
+
+
+def in_container(pid, container_id):
+    try:
+        with open("/proc/%s/cgroup" % pid) as fh:
+            return container_id in fh.read()
+    except OSError:
+        return False
+
+
+def foreign_listeners(ports, container_id):
+    """Ports something other than this engine's own container listens on."""
+    sockets = listening_sockets(ports)
+    if not sockets or not container_id:
+        return sorted(sockets)
+    owners = socket_owners(set(i for inodes in sockets.values() for i in inodes))
+    return sorted(port for port, inodes in sockets.items()
+                  if not all(i in owners and in_container(owners[i], container_id) for i in inodes))
 
 
 def main():
@@ -107,7 +142,7 @@ def main():
     engine = record.get("engine", "?")
     problems = []
     image_id = None
-    own_container = False
+    own_container = None
     if DOCKER_ERROR:
         problems.append("the Docker SDK for Python is not importable by %s (the Python that runs the launcher); "
                         "install python3-docker (or pip install docker) for it" % sys.executable)
@@ -129,9 +164,9 @@ def main():
                                 % (record["runtime"]["image"], wanted))
             try:
                 container = client.containers.get("narwhal-%s" % engine)
-                own_container = container.status == "running"
+                own_container = container.id if container.status == "running" else None
             except Exception:  # noqa: BLE001
-                own_container = False
+                own_container = None
     model = record["runtime"]["model_path"]
     if not os.path.isdir(model) or not os.access(os.path.join(model, "config.json"), os.R_OK):
         problems.append("the model path %s does not exist or its config.json is not readable; place the checkpoint "
@@ -152,8 +187,8 @@ def main():
                         % (node["fabric_interface"], node["address"]))
     side = node.get("side_channel_ports") or [node["side_channel_port"], node["side_channel_port"]]
     ports = set([node["engine_port"], node["attest_port"]] + list(range(side[0], side[1] + 1)))
-    busy = sorted(listening_ports(ports))
-    if busy and not own_container:
+    busy = foreign_listeners(ports, own_container)
+    if busy:
         problems.append("something already listens on port %s of this host; stop it or give %s other ports "
                         "(NARWHAL_NODE_<n>_ENGINE_PORT / _ATTEST_PORT, NARWHAL_SIDE_CHANNEL_PORT)"
                         % (",".join(map(str, busy)), engine))

@@ -165,7 +165,15 @@ def test_amd_rdma_plan():
         "/dev/dri/card1:/dev/dri/card1:rwm", "/dev/infiniband/uverbs4:/dev/infiniband/uverbs4:rwm",
         "/dev/infiniband/rdma_cm:/dev/infiniband/rdma_cm:rwm"]
     assert plan["device_requests"] == [] and plan["verify_devices"] == []
-    assert plan["group_add"] == ["video", "render"]
+    import grp
+
+    host_ids = []
+    for name in ("video", "render"):
+        try:
+            host_ids.append(str(grp.getgrnam(name).gr_gid))
+        except KeyError:
+            pass
+    assert plan["group_add"] == host_ids and all(g.isdigit() for g in plan["group_add"])
     assert plan["cap_add"] == ["IPC_LOCK"]
     assert plan["ulimits"] == [{"name": "memlock", "soft": -1, "hard": -1}]
     assert plan["security_opt"] == ["seccomp=unconfined"]
@@ -177,8 +185,9 @@ def test_amd_rdma_plan():
     assert plan["command"][plan["command"].index("--tensor-parallel-size") + 1] == "2"
     assert plan["command"][-4:] == ["--max-model-len", "8192", "--gpu-memory-utilization", "0.9"]
     argv = le.docker_run_argv(plan)
-    for pair in (["--group-add", "render"], ["--cap-add", "IPC_LOCK"], ["--ulimit", "memlock=-1:-1"],
-                 ["--security-opt", "seccomp=unconfined"], ["--device", "/dev/kfd:/dev/kfd:rwm"]):
+    group_pairs = [["--group-add", gid] for gid in plan["group_add"]]
+    for pair in group_pairs + [["--cap-add", "IPC_LOCK"], ["--ulimit", "memlock=-1:-1"],
+                 ["--security-opt", "seccomp=unconfined"], ["--device", "/dev/kfd:/dev/kfd:rwm"]]:
         i = argv.index(pair[0], argv.index(pair[1]) - 1)
         assert argv[i:i + 2] == pair
     assert "--gpus" not in argv

@@ -29,6 +29,7 @@ Errors exit with status 2 and one line on stderr naming the field or entry and t
 """
 import argparse
 import copy
+import grp
 import hashlib
 import ipaddress
 import json
@@ -282,6 +283,21 @@ def _device(path, where):
     return "%s:%s:rwm" % (path, path)
 
 
+def host_group_ids(names):
+    """Numeric IDs of the HOST's groups that own the GPU device nodes (ROCm: video, render).
+
+    Docker resolves a group *name* inside the image's /etc/group, where `render` is often missing ("Unable to
+    find group render"); the device nodes belong to the host's groups, so their numeric IDs are what counts.
+    A group the host does not have owns no device and is left out."""
+    ids = []
+    for name in names:
+        try:
+            ids.append(str(grp.getgrnam(name).gr_gid))
+        except KeyError:
+            continue
+    return ids
+
+
 def build_plan(role_env, record, api_key_present=True):
     """The container the engine runs, as data (pure). The API key is a placeholder."""
     engine = _role(role_env, "NARWHAL_ENGINE")
@@ -400,7 +416,7 @@ def build_plan(role_env, record, api_key_present=True):
         "devices": devices,
         "device_requests": device_requests,
         "verify_devices": verify_devices,
-        "group_add": ["video", "render"] if vendor == "amd" else [],
+        "group_add": host_group_ids(("video", "render")) if vendor == "amd" else [],
         "cap_add": ["IPC_LOCK"] if rdma else [],
         "ulimits": [{"name": "memlock", "soft": -1, "hard": -1}] if rdma else [],
         "security_opt": ["seccomp=unconfined"] if vendor == "amd" else [],
