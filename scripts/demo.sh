@@ -35,6 +35,15 @@ for name, r in doc["engines"].items():
           f"net={r['transfer']['net_devices']} image={rt['image_id'][:19]} pins={rt['expected_packages']} "
           f"block={rt['cache_plan']['block_size']} page={rt['cache_plan']['page_bytes']}B")
 PY
+printf '\n== prepared runs (%s)\n' "$NARWHAL_RUNS_DIR"
+find "$NARWHAL_RUNS_DIR" -maxdepth 4 -type f | sed "s|^$PWD/||" | sort | head -40
+printf '\n== transfer probes (each engine once as producer, once as consumer)\n'
+python - "$NARWHAL_RUNS_DIR/probes.json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1])):
+    print(f"{r['producer']} -> {r['consumer']}: {'PASS' if r['ok'] else 'FAIL ' + '; '.join(r['reasons'])}, "
+          f"{r['bytes']} bytes of KV from {r['remote_host']}:{r['remote_port']}, {r['latency_s']} s")
+PY
 printf '\n== the fleet as the router resolves it (scripts/narwhal-fleet)\n'
 python scripts/narwhal-fleet --fleet config/fleet.demo.json --env-file "$NARWHAL_ENV_FILE" --deployment-env config/demo/deployment.env
 if [ "${KEEP:-0}" != 1 ]; then

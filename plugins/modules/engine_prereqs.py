@@ -14,8 +14,8 @@ description:
     that runs this module (the one that will run the launcher), that the Docker daemon answers, that the image
     with the recorded ID is present, that the model path exists and is readable, that every recorded device path
     exists, that the fabric interface exists and still carries the recorded address, and that nothing else
-    listens on the engine's HTTP, attestation or side-channel ports (sockets held by processes of this engine's
-    own running container, C(narwhal-<engine>), are allowed: a prepare of the running engine is not refused).
+    listens on the engine's HTTP, attestation or side-channel ports. Sockets held by processes of this engine's
+    own running container, C(narwhal-<engine>), are allowed, so a prepare of the running engine is not refused.
   - Fails with every problem found, each naming what is missing and how to fix it.
 options:
   record:

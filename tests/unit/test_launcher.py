@@ -186,8 +186,9 @@ def test_amd_rdma_plan():
     assert plan["command"][-4:] == ["--max-model-len", "8192", "--gpu-memory-utilization", "0.9"]
     argv = le.docker_run_argv(plan)
     group_pairs = [["--group-add", gid] for gid in plan["group_add"]]
-    for pair in group_pairs + [["--cap-add", "IPC_LOCK"], ["--ulimit", "memlock=-1:-1"],
-                 ["--security-opt", "seccomp=unconfined"], ["--device", "/dev/kfd:/dev/kfd:rwm"]]:
+    other_pairs = [["--cap-add", "IPC_LOCK"], ["--ulimit", "memlock=-1:-1"],
+                   ["--security-opt", "seccomp=unconfined"], ["--device", "/dev/kfd:/dev/kfd:rwm"]]
+    for pair in group_pairs + other_pairs:
         i = argv.index(pair[0], argv.index(pair[1]) - 1)
         assert argv[i:i + 2] == pair
     assert "--gpus" not in argv

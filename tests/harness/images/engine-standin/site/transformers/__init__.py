@@ -38,7 +38,7 @@ class PreTrainedTokenizerFast:
 class AutoTokenizer:
     def __init__(self):
         raise OSError("AutoTokenizer is designed to be instantiated using "
-                               "`AutoTokenizer.from_pretrained(pretrained_model_name_or_path)`.")
+                      "`AutoTokenizer.from_pretrained(pretrained_model_name_or_path)`.")
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, trust_remote_code=False, **kwargs):
