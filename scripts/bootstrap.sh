@@ -41,6 +41,10 @@ need_docker() {
     systemctl start docker
   else
     mkdir -p /var/log
+    # A daemon killed with its session leaves pid files behind; remove them only when no dockerd runs.
+    if ! pgrep -x dockerd >/dev/null; then
+      rm -f /var/run/docker.pid /var/run/docker/containerd/containerd.pid
+    fi
     setsid dockerd >/var/log/narwhal-dockerd.log 2>&1 < /dev/null &
   fi
   for _ in $(seq 60); do docker info >/dev/null 2>&1 && { timing dockerd; return 0; }; sleep 1; done
