@@ -1,9 +1,47 @@
-"""Make `ansible_collections.narwhal.deploy` importable from a plain checkout.
-
-collections/ansible_collections/narwhal/deploy is a link to the repository root.
+"""Shared test setup: make `ansible_collections.narwhal.deploy` importable from a plain checkout
+(collections/ansible_collections/narwhal/deploy is a link to the repository root) and run modules' main().
+"""
 """
 import pathlib
 import sys
 
+import pytest
+from ansible.module_utils import basic
+from ansible.module_utils.testing import patch_module_args
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "collections"))
+
+
+class ExitJsonError(Exception):
+    pass
+
+
+class FailJsonError(Exception):
+    pass
+
+
+@pytest.fixture
+def module_runner(monkeypatch):
+    """Run a module's main() with arguments; returns ("exit"|"fail", result) instead of exiting."""
+
+    def exit_json(self, **kwargs):
+        raise ExitJsonError(kwargs)
+
+    def fail_json(self, **kwargs):
+        raise FailJsonError(kwargs)
+
+    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
+    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+
+    def run(main, args):
+        with patch_module_args(args):
+            try:
+                main()
+            except ExitJsonError as exc:
+                return "exit", exc.args[0]
+            except FailJsonError as exc:
+                return "fail", exc.args[0]
+        raise AssertionError("module returned without exit_json/fail_json")
+
+    return run

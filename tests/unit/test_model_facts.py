@@ -10,8 +10,6 @@ import pathlib
 import shutil
 
 import pytest
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.narwhal.deploy.plugins.module_utils import _model
 from ansible_collections.narwhal.deploy.plugins.modules import model_facts
@@ -428,36 +426,9 @@ def test_config_that_is_a_list(tmp_path):
 # the module
 
 
-class ExitJsonError(Exception):
-    pass
-
-
-class FailJsonError(Exception):
-    pass
-
-
 @pytest.fixture
-def run_module(monkeypatch):
-    def exit_json(self, **kwargs):
-        raise ExitJsonError(kwargs)
-
-    def fail_json(self, **kwargs):
-        raise FailJsonError(kwargs)
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
-
-    def run(args):
-        with patch_module_args(args):
-            try:
-                model_facts.main()
-            except ExitJsonError as exc:
-                return "exit", exc.args[0]
-            except FailJsonError as exc:
-                return "fail", exc.args[0]
-        raise AssertionError("module returned without exit_json/fail_json")
-
-    return run
+def run_module(module_runner):
+    return lambda args: module_runner(model_facts.main, args)
 
 
 def test_module(run_module, tmp_path):

@@ -14,8 +14,6 @@ import re
 import stat
 
 import pytest
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError
 from ansible_collections.narwhal.deploy.plugins.module_utils._prepare import (
@@ -413,36 +411,9 @@ def test_check_documents_bad_transport(launch):
 # prepare_run end to end
 
 
-class ExitJsonError(Exception):
-    pass
-
-
-class FailJsonError(Exception):
-    pass
-
-
 @pytest.fixture
-def run_module(monkeypatch):
-    def exit_json(self, **kw):
-        raise ExitJsonError(kw)
-
-    def fail_json(self, **kw):
-        raise FailJsonError(kw)
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
-
-    def run(args):
-        with patch_module_args(args):
-            try:
-                prepare_run.main()
-            except ExitJsonError as exc:
-                return "exit", exc.args[0]
-            except FailJsonError as exc:
-                return "fail", exc.args[0]
-        raise AssertionError("module returned without exit_json/fail_json")
-
-    return run
+def run_module(module_runner):
+    return lambda args: module_runner(prepare_run.main, args)
 
 
 @pytest.fixture

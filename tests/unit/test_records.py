@@ -12,8 +12,6 @@ import pathlib
 import shutil
 
 import pytest
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.narwhal.deploy.plugins.module_utils import _gpu, _image, _model, _rdma
 from ansible_collections.narwhal.deploy.plugins.module_utils._fleet import plan_fleet
@@ -554,36 +552,9 @@ def test_build_record_alone_lacks_the_file_sources(tmp_path, dev):
 # 6. the writer module end to end
 
 
-class ExitJsonError(Exception):
-    pass
-
-
-class FailJsonError(Exception):
-    pass
-
-
 @pytest.fixture
-def run_module(monkeypatch):
-    def exit_json(self, **kw):
-        raise ExitJsonError(kw)
-
-    def fail_json(self, **kw):
-        raise FailJsonError(kw)
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
-
-    def run(args):
-        with patch_module_args(args):
-            try:
-                discovery_outputs.main()
-            except ExitJsonError as exc:
-                return "exit", exc.args[0]
-            except FailJsonError as exc:
-                return "fail", exc.args[0]
-        raise AssertionError("module returned without exit_json/fail_json")
-
-    return run
+def run_module(module_runner):
+    return lambda args: module_runner(discovery_outputs.main, args)
 
 
 def module_args(root, hosts, extra=None, engines=("engine-1", "engine-2"), check=False):
