@@ -1,7 +1,6 @@
 """Shared test setup: make `ansible_collections.narwhal.deploy` importable from a plain checkout
 (collections/ansible_collections/narwhal/deploy is a link to the repository root) and run modules' main().
 """
-"""
 import pathlib
 import sys
 
