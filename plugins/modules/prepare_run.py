@@ -210,6 +210,9 @@ def main():
     except InputError as exc:
         module.fail_json(msg="prepare refused, no run was created: %s" % exc, input=exc.key)
     rev, dirty = revision(module, root)
+    for e in engines:
+        # The launcher records it in deployment.json with the container ID and its own digest.
+        derived[e]["role_env"]["NARWHAL_APP_REVISION"] = "%s%s" % (rev or "unknown", "-dirty" if dirty else "")
     run_dir = os.path.join(_path(root, site["NARWHAL_RUNS_DIR"]), rid)
     manifest = {
         "run_id": rid,
