@@ -266,7 +266,7 @@ def test_env_example_and_docs_are_generated_from_the_input_description():
 def test_example_record_validates_and_every_field_is_documented():
     from ansible_collections.narwhal.deploy.plugins.module_utils._schema import LAUNCH_CONFIG_SCHEMA, validation_errors
 
-    example = json.loads((REPO / "config" / "engine-launch.example.json").read_text())
+    example = json.loads((REPO / "docs" / "examples" / "engine-launch.example.json").read_text())
     assert validation_errors(example, LAUNCH_CONFIG_SCHEMA) == []
     transports = sorted(r["transfer"]["transport"] for r in example["engines"].values())
     vendors = sorted(r["accelerator"]["vendor"] for r in example["engines"].values())

@@ -14,7 +14,7 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 LAUNCHER = REPO / "roles" / "install" / "files" / "launch_engine.py"
-EXAMPLE = REPO / "config" / "engine-launch.example.json"
+EXAMPLE = REPO / "docs" / "examples" / "engine-launch.example.json"
 SECRET = "s3cr3t-Key-0123456789abcdef"
 
 

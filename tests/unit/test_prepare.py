@@ -30,7 +30,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._schema import MANI
 from ansible_collections.narwhal.deploy.plugins.modules import prepare_run
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-EXAMPLE = json.loads((REPO / "config" / "engine-launch.example.json").read_text())
+EXAMPLE = json.loads((REPO / "docs" / "examples" / "engine-launch.example.json").read_text())
 CHECKOUT = "/srv/narwhal"
 API_KEY = "sk-narwhal-very-secret-key-0123456789"
 
