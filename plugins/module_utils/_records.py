@@ -20,7 +20,7 @@ from __future__ import annotations
 import shlex
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._cacheplan import kv_cache_plan
-from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError, parse_env_words
 
 __metaclass__ = type
 
@@ -168,6 +168,21 @@ def check_extra_args(key, words):
     return words
 
 
+def site_environment(text):
+    """NARWHAL_ENGINE_ENV -> {name: value}; refuses launcher-managed and secret-looking names (pure)."""
+    env = parse_env_words("NARWHAL_ENGINE_ENV", text)
+    for name in env:
+        if name in MANAGED_ENV or name == "PATH":
+            raise InputError("NARWHAL_ENGINE_ENV", "%s is set by the launcher from the record and the role "
+                                                   "environment; remove it (change the corresponding NARWHAL_ input "
+                                                   "instead)" % name)
+        if any(s in name.upper() for s in SECRETISH):
+            raise InputError("NARWHAL_ENGINE_ENV", "%s looks like a secret and would be written into the launch "
+                                                   "records; remove it (the engine API key comes from "
+                                                   "NARWHAL_API_KEY_FILE)" % name)
+    return env
+
+
 def build_record(node, site, node_policy, host, image, model, fleet_entry, taken, side_port):
     """One engine's launch record. `host` = {"gpus": narwhal_gpus, "rdma": narwhal_rdma}; `taken` = GPUs of
     engines already placed on this physical host (mutated)."""
@@ -245,6 +260,10 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
     derived_args = ["--trust-remote-code"] if model.get("trust_remote_code") else []
     environment = dict((k, v) for k, v in sorted((image.get("env") or {}).items())
                        if not any(s in k.upper() for s in SECRETISH) and k not in MANAGED_ENV and k != "PATH")
+    site_env = site_environment(site.get("NARWHAL_ENGINE_ENV"))
+    environment.update(site_env)
+    sources["environment"] = "image %s env (secret-looking and launcher-managed names dropped)%s" % (
+        image.get("image"), " + NARWHAL_ENGINE_ENV (%s)" % ", ".join(sorted(site_env)) if site_env else "")
     derived_env = {}
     if model.get("ssm_conv_state"):
         derived_env["VLLM_SSM_CONV_STATE_LAYOUT"] = "DS"
@@ -274,6 +293,7 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
             "vllm_version": vllm_version,
             "nixl_distribution": nixl,
             "kv_buffer_device": "cpu" if platform == "cpu" else "cuda",
+            "kv_load_failure_policy": site.get("NARWHAL_KV_LOAD_FAILURE_POLICY") or "fail",
             "expected_packages": expected,
             "model_path": site["NARWHAL_MODEL_PATH"],
             "served_model_name": served,

@@ -43,6 +43,15 @@ options:
     description: Seconds per HTTP request.
     type: int
     default: 120
+  recompute:
+    description:
+      - Also send the same greedy request to the consumer with a fresh C(cache_salt) (so it cannot reuse the
+        transferred blocks) and compare its output with the output decoded over the transferred KV.
+      - C(require) fails the pair when they differ, C(report) only records the comparison (GPU kernels may
+        legitimately differ in the last bits between a chunked prefill and a transferred one), C(off) skips it.
+    type: str
+    choices: [require, report, "off"]
+    default: report
 attributes:
   check_mode:
     description: Probes in check mode too (nothing changes).
@@ -73,7 +82,8 @@ EXAMPLES = r"""
 RETURN = r"""
 results:
   description: One entry per pair with producer, consumer, ok, reasons, the consumer's counters before and after,
-    bytes moved and latency.
+    bytes moved, latency (producer request to consumer answer; prefill_s and decode_s split it), the consumer's output and whether it equals the
+    local recomputation (null when not compared).
   returned: always
   type: list
   elements: dict
@@ -88,9 +98,12 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._probe import (
+    completion_text,
     consumer_request,
     nixl_counters,
     producer_request,
+    recompute_reasons,
+    reference_request,
     verdict,
 )
 
@@ -127,6 +140,7 @@ def main():
             api_key_file=dict(type="path", required=True, no_log=False),
             prompt=dict(type="str", default="narwhal transfer probe - the quick brown fox jumps over the lazy dog"),
             timeout=dict(type="int", default=120),
+            recompute=dict(type="str", choices=["require", "report", "off"], default="report"),
         ),
         supports_check_mode=True,
     )
@@ -145,6 +159,7 @@ def main():
         before = nixl_counters(call(curl + "/metrics", None, timeout=p["timeout"])[1])
         started = time.time()
         prod = call(purl + "/v1/completions", key, producer_request(p["model"], p["prompt"]), rid, p["timeout"])
+        prefilled = time.time()
         params = prod[1].get("kv_transfer_params") if isinstance(prod[1], dict) else None
         cons = (0, None)
         if prod[0] == 200 and params:
@@ -153,6 +168,17 @@ def main():
         latency = time.time() - started
         after = nixl_counters(call(curl + "/metrics", None, timeout=p["timeout"])[1])
         ok, reasons = verdict(prod, cons, before, after)
+        output, matches = completion_text(cons[1]), None
+        if ok and p["recompute"] != "off":
+            reference = call(curl + "/v1/completions", key,
+                             reference_request(p["model"], p["prompt"], "narwhal-probe-%s" % uuid.uuid4().hex), None,
+                             p["timeout"])
+            mismatch = recompute_reasons(output, reference)
+            matches = not mismatch
+            if mismatch and p["recompute"] == "require":
+                ok, reasons = False, reasons + mismatch
+            elif mismatch:
+                module.warn("%s -> %s: %s" % (producer, consumer, mismatch[0]))
         moved = None
         if after.get("bytes_transferred") is not None and before.get("bytes_transferred") is not None:
             moved = after["bytes_transferred"] - before["bytes_transferred"]

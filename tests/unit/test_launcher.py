@@ -134,6 +134,10 @@ def test_kv_transfer_config_by_version():
     assert le.kv_transfer_config(rec) == {
         "kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_load_failure_policy": "fail",
         "kv_buffer_device": "cpu", "kv_connector_extra_config": {"backends": ["UCX"]}}
+    rec["runtime"]["kv_load_failure_policy"] = "recompute"
+    assert le.kv_transfer_config(rec)["kv_load_failure_policy"] == "recompute"
+    rec["runtime"]["vllm_version"] = "0.13.0"
+    assert "kv_load_failure_policy" not in le.kv_transfer_config(rec)
 
 
 def test_nvidia_subset_of_gpus_uses_host_indices():

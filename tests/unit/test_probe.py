@@ -1,10 +1,13 @@
 """Transfer probe verdicts over vLLM-style metrics text."""
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._probe import (
+    completion_text,
     consumer_request,
     metric_sum,
     nixl_counters,
     producer_request,
+    recompute_reasons,
+    reference_request,
     verdict,
 )
 
@@ -57,3 +60,18 @@ def test_failed_load_and_missing_params_fail():
 def test_missing_metric_fails():
     ok, reasons = verdict(OK_P, OK_C, nixl_counters(""), nixl_counters(""))
     assert not ok and "no vllm:nixl_bytes_transferred metric" in reasons[0]
+
+
+def test_reference_request_is_a_salted_greedy_recomputation():
+    ref = reference_request("tiny", "p", "salt-1", max_tokens=8)
+    assert ref["cache_salt"] == "salt-1" and ref["temperature"] == 0 and "kv_transfer_params" not in ref
+    assert consumer_request("tiny", "p", PARAMS)["temperature"] == 0
+    assert producer_request("tiny", "p")["temperature"] == 0
+
+
+def test_recompute_comparison():
+    answer = (200, {"choices": [{"text": " the fox", "finish_reason": "length"}]})
+    assert completion_text(answer[1]) == " the fox" and completion_text("oops") is None
+    assert recompute_reasons(" the fox", answer) == []
+    assert "differs from its local recomputation" in recompute_reasons(" a dog", answer)[0]
+    assert "answered HTTP 500" in recompute_reasons(" the fox", (500, "boom"))[0]

@@ -537,14 +537,14 @@ def test_schema_rejects_bad_records(tmp_path, dev):
 
 
 def test_build_record_alone_lacks_the_file_sources(tmp_path, dev):
-    # build_record gives allocation/transfer/visibility; the writer adds the file references the schema needs
+    # build_record gives allocation/environment/transfer/visibility; the writer adds the file references the schema needs
     inputs = load_inputs(dict(BASE, NARWHAL_GPUS_PER_ENGINE="4"))
     plan = plan_fleet(inputs, ["engine-1", "engine-2"], interfaces(False))
     h = nv_pair(tmp_path)["engine-1"]
     record, span = build_record(plan["nodes"][0], inputs["site"], {}, h, h["image"], h["model"], plan["fleet"][0],
                                 {}, 5600)
     assert span == 1
-    assert sorted(record["sources"]) == ["allocation", "transfer", "visibility"]
+    assert sorted(record["sources"]) == ["allocation", "environment", "transfer", "visibility"]
     assert any("sources" in e for e in validation_errors(record, RECORD_SCHEMA))
 
 
@@ -706,3 +706,28 @@ def test_writer_check_mode_writes_nothing(tmp_path, dev, run_module):
         "config/engine-launch.engine-2.inspection.json", "config/engine-launch.local.json",
         "config/engine-launch.policy.json", "config/engine-launch.sources.json", "config/fleet.json"]
     assert list(root.iterdir()) == []
+
+
+def test_site_engine_env_recorded_over_the_image_env(tmp_path, dev):
+    img = image()
+    img["env"] = {"UCX_HOME": "/usr/local/ucx", "VLLM_LOGGING_LEVEL": "WARNING"}
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "4",
+                  "NARWHAL_ENGINE_ENV": "VLLM_LOGGING_LEVEL=DEBUG HF_HUB_OFFLINE=1 'X_OPTS=a b'"},
+                 nv_pair(tmp_path, img=img))
+    for rec in recs.values():
+        assert rec["runtime"]["environment"] == {"UCX_HOME": "/usr/local/ucx", "VLLM_LOGGING_LEVEL": "DEBUG",
+                                                 "HF_HUB_OFFLINE": "1", "X_OPTS": "a b"}
+        assert "NARWHAL_ENGINE_ENV (HF_HUB_OFFLINE, VLLM_LOGGING_LEVEL, X_OPTS)" in rec["sources"]["environment"]
+
+
+@pytest.mark.parametrize("text,word", [
+    ("UCX_TLS=rc", "UCX_TLS is set by the launcher"),
+    ("CUDA_VISIBLE_DEVICES=0", "CUDA_VISIBLE_DEVICES is set by the launcher"),
+    ("HF_TOKEN=hf_abc", "HF_TOKEN looks like a secret"),
+    ("VLLM_LOGGING_LEVEL", "is not KEY=VALUE"),
+    ("1BAD=x", "is not KEY=VALUE"),
+    ("A='unterminated", "not valid shell words"),
+])
+def test_bad_site_engine_env_refused_by_name(tmp_path, dev, text, word):
+    err = refused({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_ENGINE_ENV": text}, nv_pair(tmp_path))
+    assert err.key == "NARWHAL_ENGINE_ENV" and word in str(err)

@@ -270,7 +270,8 @@ def kv_transfer_config(record):
     version = _version(runtime.get("vllm_version", ""))
     config = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
     if version >= (0, 14):
-        config["kv_load_failure_policy"] = "fail"
+        # the image's own KVTransferConfig validates the value (the image check); records before this field: fail
+        config["kv_load_failure_policy"] = runtime.get("kv_load_failure_policy") or "fail"
     if runtime.get("kv_buffer_device") == "cpu":
         config["kv_buffer_device"] = "cpu"
     config["kv_connector_extra_config"] = {"backends": ["UCX"]}
