@@ -30,6 +30,8 @@ MANAGED_FLAGS = ("--port", "--host", "--tensor-parallel-size", "-tp", "--kv-tran
                  "--served-model-name", "--model", "--dtype", "--kv-cache-dtype", "--block-size",
                  "--data-parallel-size", "-dp", "--pipeline-parallel-size", "-pp", "--trust-remote-code",
                  "--kv-events-config", "--uds")
+# vLLM's CPU attention backend (CPU_ATTN) supports block sizes that are multiples of 32 (seen in 0.32.0).
+CPU_BLOCK_MULTIPLE = 32
 SECRETISH = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
 # Variables the launcher sets itself (visibility, transport, side channel, auth): never taken from the image.
 MANAGED_ENV = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
@@ -251,6 +253,14 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
         if model_dtype not in ("bfloat16", "float16"):
             raise InputError("NARWHAL_MODEL_DTYPE", "the checkpoint %s has dtype %s; set NARWHAL_MODEL_DTYPE to "
                                                     "bfloat16 or float16" % (model.get("path"), model_dtype or "unset"))
+    block = site["NARWHAL_BLOCK_SIZE"]
+    if platform == "cpu" and block % CPU_BLOCK_MULTIPLE:
+        # vLLM's CPU attention backend takes only multiples of 32; with NixlConnector the engine dies at start
+        # ("No common block size for 16 (CPU_ATTN: [MultipleOf(32)])"), so refuse it here by name.
+        raise InputError("NARWHAL_BLOCK_SIZE", "is %d but %s runs the CPU image %s, whose attention backend needs a "
+                                               "multiple of %d; set NARWHAL_BLOCK_SIZE=%d"
+                         % (block, engine, image.get("image"), CPU_BLOCK_MULTIPLE,
+                            -(-block // CPU_BLOCK_MULTIPLE) * CPU_BLOCK_MULTIPLE))
     try:
         plan = kv_cache_plan(model["kv_geometry"], tp, site["NARWHAL_BLOCK_SIZE"], site["NARWHAL_KV_CACHE_DTYPE"],
                              model_dtype)

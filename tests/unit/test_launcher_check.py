@@ -235,6 +235,53 @@ def test_probe_version_health_timeout(tmp_path):
         le.probe_version(str(env_path), timeout=0.5, interval=0.1, address="127.0.0.1")
 
 
+class _FakeErrors:
+    class APIError(Exception):
+        pass
+
+
+class _FakeContainer:
+    def __init__(self, status, logs=b""):
+        self.status, self._logs = status, logs
+        self.attrs = {"State": {"ExitCode": 1}}
+
+    def logs(self, tail):
+        return self._logs
+
+
+class _FakeSDK:
+    errors = _FakeErrors
+
+    def __init__(self, container):
+        self.containers = self
+        self._container = container
+
+    def get(self, name):
+        if self._container is None:
+            raise _FakeErrors.APIError(name)
+        return self._container
+
+
+def test_health_wait_stops_when_the_engine_container_exited(tmp_path, monkeypatch):
+    rec = record()
+    env_path, env = write_inputs(tmp_path, rec, NARWHAL_HTTP_PORT="9")
+    digest = le.plan_hash(le.build_plan(le.read_role_env(str(env_path)), rec))
+    run_dir = pathlib.Path(env["NARWHAL_RUN_DIR"])
+    run_dir.mkdir(parents=True)
+    (run_dir / "checked.json").write_text(json.dumps({"vllm_api_version": "0.33.0", "plan_hash": digest}))
+    logs = ("ValueError: No common block size for 16 (CPU_ATTN: [MultipleOf(32)])\nkey=%s\n" % SECRET).encode()
+    sdk = _FakeSDK(_FakeContainer("exited", logs))
+    monkeypatch.setattr(le, "_docker_client", lambda: (sdk, sdk))
+    with pytest.raises(le.LaunchError) as err:
+        le.probe_version(str(env_path), timeout=60, interval=0.05, address="127.0.0.1")
+    text = str(err.value)
+    assert "engine container narwhal-engine-1 exited (code 1)" in text and "No common block size" in text
+    assert SECRET not in text and le.REDACTED in text
+    assert le.container_exit((sdk, _FakeSDK(_FakeContainer("running"))), "x") is None
+    assert le.container_exit((sdk, _FakeSDK(None)), "x") is None
+    assert le.container_exit(None, "x") is None
+
+
 # ------------------------------------------------------------------------------------------ docker
 
 def _docker():

@@ -483,8 +483,12 @@ def test_cpu_image_on_host_without_gpus(tmp_path):
                 "vllm/vllm-openai-cpu:v0.32.0")
     assert img["platform"] == "cpu"
     h = host(_gpu.empty_facts("none"), tmp_path, img=img)
-    recs = build({}, {"engine-1": h, "engine-2": h}, shared=False)
+    # vLLM's CPU attention backend takes multiples of 32 only (the engine dies at start with 16 + NIXL)
+    err = refused({}, {"engine-1": h, "engine-2": h}, shared=False)
+    assert err.key == "NARWHAL_BLOCK_SIZE" and "set NARWHAL_BLOCK_SIZE=32" in str(err)
+    recs = build({"NARWHAL_BLOCK_SIZE": "64"}, {"engine-1": h, "engine-2": h}, shared=False)
     rec = recs["engine-1"]
+    assert rec["runtime"]["block_size"] == 64
     assert rec["accelerator"] == {"vendor": "cpu", "product": "cpu", "count": 0}
     assert rec["gpu_ids"] == [] and rec["gpu_host_indices"] == [] and rec["accelerator_devices"] == []
     assert rec["gpu_visibility_env"] is None and rec["tensor_parallel_size"] == 1

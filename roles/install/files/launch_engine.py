@@ -996,12 +996,35 @@ def probe_url(role_env, path, address=None):
     return "http://%s:%d%s" % (address, _port(role_env, "NARWHAL_HTTP_PORT"), path)
 
 
+def container_exit(sdk, name, secret=None, lines=25):
+    """(exit code, last log lines) when the container `name` has stopped; None while it runs, or when Docker
+    cannot be asked (`sdk` None: the health wait then runs to its timeout). `secret` is redacted."""
+    if sdk is None:
+        return None
+    docker, client = sdk
+    try:
+        container = client.containers.get(name)
+    except docker.errors.APIError:  # NotFound included: only a stopped container is a definite answer
+        return None
+    if container.status not in ("exited", "dead"):
+        return None
+    code = container.attrs.get("State", {}).get("ExitCode")
+    try:
+        tail = container.logs(tail=lines).decode("utf-8", "replace")
+    except docker.errors.APIError as exc:
+        tail = "(logs unavailable: %s)" % exc
+    if secret:
+        tail = tail.replace(secret, REDACTED)
+    return code, tail.rstrip()
+
+
 def probe_version(role_env_path, timeout=300.0, interval=1.0, address=None, out=None):
     """Wait for /health (200), GET /version, compare with checked.json's vllm_api_version. The engine is
     reached at `address` (default: the role env's NARWHAL_ADVERTISED_ADDRESS, else 127.0.0.1)."""
     role_env = read_role_env(role_env_path)
     record = load_record(_role(role_env, "NARWHAL_RECORD"))
-    digest = plan_hash(build_plan(role_env, record, api_key_present=True))
+    plan = build_plan(role_env, record, api_key_present=True)
+    digest = plan_hash(plan)
     run_dir = _run_dir(role_env)
     checked = _read_json_file(os.path.join(run_dir, "checked.json"))
     if not checked or not checked.get("vllm_api_version"):
@@ -1011,6 +1034,14 @@ def probe_version(role_env_path, timeout=300.0, interval=1.0, address=None, out=
         raise LaunchError("%s/checked.json is for plan %s, the current plan is %s; run start (or check) again"
                           % (run_dir, checked.get("plan_hash"), digest))
     health, version_url = probe_url(role_env, "/health", address), probe_url(role_env, "/version", address)
+    try:
+        sdk = _docker_client()
+    except LaunchError:
+        sdk = None
+    try:
+        secret = read_api_key(role_env.get("NARWHAL_API_KEY_FILE", ""))
+    except LaunchError:
+        secret = None
     began = time.time()
     last = "no answer"
     while True:
@@ -1024,6 +1055,10 @@ def probe_version(role_env_path, timeout=300.0, interval=1.0, address=None, out=
         if time.time() - began >= timeout:
             raise LaunchError("%s did not answer 200 within %d s (last: %s); see the engine container's logs "
                               "(docker logs narwhal-%s)" % (health, timeout, last, role_env.get("NARWHAL_ENGINE")))
+        dead = container_exit(sdk, plan["name"], secret)
+        if dead:
+            raise LaunchError("engine container %s exited (code %s) before %s answered; its last log lines:\n%s"
+                              % (plan["name"], dead[0], health, dead[1]))
         time.sleep(interval)
     waited = round(time.time() - began, 3)
     try:
