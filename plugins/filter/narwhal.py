@@ -39,9 +39,11 @@ def probe_row(result):
     verdict = "PASS" if result.get("ok") else "FAIL (%s)" % "; ".join(result.get("reasons") or [])
     same = {True: ", output = local recomputation", False: ", output differs from local recomputation"}.get(
         result.get("matches_recompute"), "")
+    host = str(result.get("remote_host"))
     return "%s -> %s: %s, %s bytes of KV via %s:%s in %ss (decode %ss)%s" % (
-        result.get("producer"), result.get("consumer"), verdict, result.get("bytes"), result.get("remote_host"),
-        result.get("remote_port"), result.get("latency_s"), result.get("decode_s"), same)
+        result.get("producer"), result.get("consumer"), verdict, result.get("bytes"),
+        "[%s]" % host if ":" in host else host, result.get("remote_port"), result.get("latency_s"),
+        result.get("decode_s"), same)
 
 
 class FilterModule:

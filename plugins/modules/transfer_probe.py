@@ -36,7 +36,8 @@ options:
     type: path
     required: true
   prompt:
-    description: Prompt of the probe requests.
+    description: Prompt of the probe requests; each pair prefixes it with its own request ID so that no engine can
+      serve it from its prefix cache.
     type: str
     default: narwhal transfer probe - the quick brown fox jumps over the lazy dog
   timeout:
@@ -156,14 +157,16 @@ def main():
         producer, consumer = pair[0], pair[1]
         purl, curl = p["engines"][producer]["url"].rstrip("/"), p["engines"][consumer]["url"].rstrip("/")
         rid = "narwhal-probe-%s" % uuid.uuid4().hex[:12]
+        # a prompt no engine has seen: neither side can serve any of its blocks from its own prefix cache
+        prompt = "%s: %s" % (rid, p["prompt"])
         before = nixl_counters(call(curl + "/metrics", None, timeout=p["timeout"])[1])
         started = time.time()
-        prod = call(purl + "/v1/completions", key, producer_request(p["model"], p["prompt"]), rid, p["timeout"])
+        prod = call(purl + "/v1/completions", key, producer_request(p["model"], prompt), rid, p["timeout"])
         prefilled = time.time()
         params = prod[1].get("kv_transfer_params") if isinstance(prod[1], dict) else None
         cons = (0, None)
         if prod[0] == 200 and params:
-            cons = call(curl + "/v1/completions", key, consumer_request(p["model"], p["prompt"], params), rid,
+            cons = call(curl + "/v1/completions", key, consumer_request(p["model"], prompt, params), rid,
                         p["timeout"])
         latency = time.time() - started
         after = nixl_counters(call(curl + "/metrics", None, timeout=p["timeout"])[1])
@@ -171,7 +174,7 @@ def main():
         output, matches = completion_text(cons[1]), None
         if ok and p["recompute"] != "off":
             reference = call(curl + "/v1/completions", key,
-                             reference_request(p["model"], p["prompt"], "narwhal-probe-%s" % uuid.uuid4().hex), None,
+                             reference_request(p["model"], prompt, "narwhal-probe-%s" % uuid.uuid4().hex), None,
                              p["timeout"])
             mismatch = recompute_reasons(output, reference)
             matches = not mismatch
@@ -184,6 +187,8 @@ def main():
             moved = after["bytes_transferred"] - before["bytes_transferred"]
         results.append({"producer": producer, "consumer": consumer, "request_id": rid, "ok": ok, "reasons": reasons,
                         "before": before, "after": after, "bytes": moved, "latency_s": round(latency, 3),
+                        "prefill_s": round(prefilled - started, 3), "decode_s": round(started + latency - prefilled, 3),
+                        "output": output, "matches_recompute": matches,
                         "remote_host": (params or {}).get("remote_host"),
                         "remote_port": (params or {}).get("remote_port")})
     failed = [r for r in results if not r["ok"]]
