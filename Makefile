@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: bootstrap demo demo-down test lint unit sanity molecule docs clean-sim
+.PHONY: bootstrap demo demo-down real test lint unit sanity molecule docs clean-sim
 
 bootstrap:            ## venv, collections, Docker engine, harness images
 	scripts/bootstrap.sh
@@ -14,6 +14,11 @@ demo: bootstrap       ## the pipeline on the built-in simulated two-host site
 demo-down:            ## remove the demo site
 	scripts/demo.sh down
 
+real: export NARWHAL_IMAGES = sim real
+real: bootstrap       ## the pipeline against the real CPU vLLM engine (molecule scenario real, ~15 min)
+	MOLECULE_SCENARIOS=real scripts/test.sh molecule
+
+test: export NARWHAL_IMAGES = sim real
 test: bootstrap       ## every gate: lint, unit tests, sanity, molecule scenarios
 	scripts/test.sh
 

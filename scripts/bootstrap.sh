@@ -90,8 +90,10 @@ need_system
 need_venv
 need_collections
 if [ "$HARNESS" = 1 ]; then
-  step "harness images (cached by a hash of their inputs)"
-  scripts/build-images.sh all >/dev/null
+  step "harness images (cached by a hash of their inputs): ${NARWHAL_IMAGES:-sim}"
+  # sim = the simulated hosts and stand-in engines; `make test` / `make real` add the real CPU vLLM image
+  # shellcheck disable=SC2086
+  scripts/build-images.sh ${NARWHAL_IMAGES:-sim} >/dev/null
   timing images
 fi
 printf 'bootstrap: ready (venv %s)\n' "$VENV" >&2

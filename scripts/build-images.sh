@@ -82,13 +82,20 @@ real_models() {  # the real-engine scenario's checkpoints, generated with the re
   ln -sfn "real-$key" .cache/models/real
 }
 
-main() {
-  local what=${1:-all} host_base engine_base
-  case $what in
-    host|all) host_base=$(rootfs host apt); layer host "$host_base" ;;&
-    engine|all) engine_base=$(rootfs engine minbase); layer engine-standin "$engine_base"
-      layer engine-standin "$engine_base" engine-standin-rocm Dockerfile.rocm ;;&
-    real|all) real_models "$(real_engine)" ;;
-  esac
+main() {  # main [host|engine|sim|real|all]... (default all; sim = host + engine)
+  local what host_base engine_base
+  [ "$#" = 0 ] && set -- all
+  for what in "$@"; do
+    case $what in
+      host|engine|sim|real|all) ;;
+      *) echo "unknown image set $what (host, engine, sim, real, all)" >&2; exit 2 ;;
+    esac
+    case $what in
+      host|sim|all) host_base=$(rootfs host apt); layer host "$host_base" ;;&
+      engine|sim|all) engine_base=$(rootfs engine minbase); layer engine-standin "$engine_base"
+        layer engine-standin "$engine_base" engine-standin-rocm Dockerfile.rocm ;;&
+      real|all) real_models "$(real_engine)" ;;
+    esac
+  done
 }
 main "$@"

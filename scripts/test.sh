@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PWD/.venv/bin:$PATH
 export ANSIBLE_COLLECTIONS_PATH=$PWD/collections
-MOLECULE_SCENARIOS=${MOLECULE_SCENARIOS:-default}
+MOLECULE_SCENARIOS=${MOLECULE_SCENARIOS:-default real}
 declare -a timings=()
 run() {  # run NAME CMD...: time one gate
   local name=$1 start=$SECONDS; shift

@@ -541,7 +541,8 @@ def test_schema_rejects_bad_records(tmp_path, dev):
 
 
 def test_build_record_alone_lacks_the_file_sources(tmp_path, dev):
-    # build_record gives allocation/environment/transfer/visibility; the writer adds the file references the schema needs
+    # build_record gives allocation/environment/transfer/visibility; the writer adds the file references the
+    # schema needs
     inputs = load_inputs(dict(BASE, NARWHAL_GPUS_PER_ENGINE="4"))
     plan = plan_fleet(inputs, ["engine-1", "engine-2"], interfaces(False))
     h = nv_pair(tmp_path)["engine-1"]
