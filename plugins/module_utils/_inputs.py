@@ -81,6 +81,9 @@ INPUTS = [
     {"name": "NARWHAL_EXPECTED_PACKAGES", "kind": "str", "default": "", "example": "torch",
      "doc": "Further image distributions whose exact versions the records pin (comma-separated), besides vllm "
             "and the NIXL distribution."},
+    {"name": "NARWHAL_ENGINE_READY_TIMEOUT", "kind": "int", "default": 900, "example": 900,
+     "doc": "Seconds launch waits for a started engine's /health before it fails (model load time: large "
+            "checkpoints take minutes); a container that exits earlier fails at once with its last log lines."},
     {"name": "NARWHAL_ENGINE_CHECKOUT", "kind": "abspath", "default": "/opt/narwhal", "example": "/opt/narwhal",
      "doc": "Engine checkout on every engine host: install places the record, the role environment, the API key "
             "(config/) and the launcher snapshot (bin/) there; the launcher keeps its runs under runs/."},
