@@ -185,13 +185,9 @@ ansible_facts:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._image import DEFAULT_DISTRIBUTIONS
-from ansible_collections.narwhal.deploy.plugins.module_utils._imagehost import (  # noqa: F401 - re-exported for tests
+from ansible_collections.narwhal.deploy.plugins.module_utils._imagehost import (
     DOCKER_IMPORT_ERROR,
     HAS_DOCKER,
-    APIError,
-    DockerException,
-    ImageNotFound,
-    NotFound,
     fail_without_docker,
     make_client,
     read_image,
