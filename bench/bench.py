@@ -23,7 +23,8 @@ What it does, in order:
   4. writes bench/results/<stamp>/{bench.json,bench.png,table.txt,logs/}, prints the table, tears the site
      down (--keep keeps it; --down only tears down).
 
-Usage: bench/bench.py [--hosts 2,4,8,16,32] [--rounds 5] [--launch-rounds 7] [--out DIR] [--keep] [--down]
+Usage: bench/bench.py [--hosts 2,4,8,16,32] [--rounds 5] [--launch-rounds 7] [--out DIR] [--no-memory] [--keep]
+       bench/bench.py --down
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ STATE = os.path.join(ROOT, ".cache", SITE)
 IMAGE_CACHE = "/var/cache/narwhal/image-facts"   # image_facts' default cache_dir on the hosts
 CHECKOUT = "/opt/narwhal"                         # NARWHAL_ENGINE_CHECKOUT default on the hosts
 MIB_PER_HOST = 160     # measured: sshd + dockerd + containerd of an idle simulated host, with margin
-MEM_RESERVE_MIB = 3072 # kept free for the controller, the other engineer's work and the page cache
+MEM_RESERVE_MIB = 3072  # kept free for the controller, the other engineer's work and the page cache
 RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 
 
@@ -262,7 +263,7 @@ def site_host_count():
 
 # ----------------------------------------------------------------------------------------- the measures
 
-def discovery_rounds(out, n, rounds):
+def discovery_rounds(out, n, rounds, memory_runs=True):
     """R alternating rounds of setup and the cold+warm discover pair on engine-1..n; then the memory runs."""
     inv = os.path.join(out, "inventory-n%d.json" % n)
     write_json(inv, inventory(n))
@@ -309,6 +310,8 @@ def discovery_rounds(out, n, rounds):
             "(changed=%d, %d containers)" % (n, r + 1, row["setup_s"], row["discover_cold_s"], row["cold_changed"],
                                              row["cold_containers"], row["discover_warm_s"], row["warm_changed"],
                                              row["warm_containers"]))
+    if not memory_runs:
+        return {"forks": n, "rounds": samples, "memory": {}}
     # peak PSS of the controller process tree, sampled every 0.1 s: separate, untimed runs
     memory = {"setup_pss_kib": timed(setup, os.path.join(logs, "n%d-mem-setup.log" % n),
                                      sample_memory=True)["pss_peak_kib"]}
@@ -321,7 +324,8 @@ def discovery_rounds(out, n, rounds):
 
 
 # Runs inside the simulated host (python3 - ARGS_JSON): times the launcher's start and a bare docker run
-# of the recorded argv to `running`, alternating, plus the image check alone.
+# of the recorded argv to `running`, alternating, plus the image check alone; for the note, also `plan` (Python
+# start + the plan, no Docker) and `python3 -c "import docker"` (the Docker SDK import that start pays).
 LAUNCH_TIMER = r"""
 import json, subprocess, sys, time
 a = json.loads(sys.argv[1])
@@ -351,6 +355,8 @@ for r in range(a["rounds"]):
             row["docker_run_s"], _ = timed(a["argv"])
             row["docker_run_running"] = running()
     row["check_s"], _ = timed(launcher + ["check"])
+    row["plan_s"], _ = timed(launcher + ["plan"])
+    row["import_docker_s"], _ = timed(["python3", "-c", "import docker"])
     rounds.append(row)
 rm()
 subprocess.run(launcher + ["start"], capture_output=True)
@@ -381,7 +387,7 @@ def launcher_rounds(out, rounds):
     args = {"name": plan["plan"]["name"], "launcher": launcher, "role_env": role_env, "argv": argv, "rounds": rounds}
     log("launcher: %d rounds of start vs docker run on %s" % (rounds, host))
     proc = subprocess.run(["docker", "exec", "-i", host, "python3", "-", json.dumps(args)], input=LAUNCH_TIMER,
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, check=False)
     with open(os.path.join(logs, "launch-timer.log"), "w") as fh:
         fh.write(proc.stdout + proc.stderr)
     if proc.returncode:
@@ -391,6 +397,25 @@ def launcher_rounds(out, rounds):
 
 
 # ------------------------------------------------------------------------------------------------ main
+
+def render(out, doc):
+    """Figures, goals, table and PNG from the raw samples of `doc`; writes bench.json, table.txt, bench.png."""
+    discovery = report.summarize_discovery(doc["raw"]["discovery"])
+    launcher = report.summarize_launcher(doc["raw"]["launcher"])
+    goal_list = report.goals(discovery, launcher)
+    doc.update(discovery=discovery, launcher=launcher, goals=goal_list)
+    header = "narwhal.deploy bench %s (%s, %d CPUs, %d rounds)" % (doc["started_at"], doc["ansible_version"],
+                                                                    doc["nproc"], doc["rounds"])
+    text = report.table(discovery, launcher, goal_list, header=header)
+    write_json(os.path.join(out, "bench.json"), doc)
+    with open(os.path.join(out, "table.txt"), "w") as fh:
+        fh.write(text + "\n")
+    try:
+        report.plot(discovery, os.path.join(out, "bench.png"), header)
+    except ImportError:
+        log("matplotlib is missing (requirements/bench.txt): no PNG")
+    return text
+
 
 def fit_hosts(wanted):
     """Drop the N that do not fit the available memory (MIB_PER_HOST each, MEM_RESERVE_MIB kept free)."""
@@ -402,14 +427,20 @@ def fit_hosts(wanted):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--hosts", default="2,4,8,16,32", help="comma-separated N (default 2,4,8,16,32)")
     parser.add_argument("--rounds", type=int, default=5, help="rounds per N (default 5)")
     parser.add_argument("--launch-rounds", type=int, default=7, help="launcher rounds (default 7; 0 skips)")
     parser.add_argument("--out", help="results directory (default bench/results/<UTC stamp>)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the sampled memory runs (smoke test)")
     parser.add_argument("--keep", action="store_true", help="keep the simulated site afterwards")
     parser.add_argument("--down", action="store_true", help="only tear the bench site down")
+    parser.add_argument("--render", metavar="DIR", help="only recompute figures, table and PNG of DIR/bench.json")
     args = parser.parse_args(argv)
+    if args.render:
+        with open(os.path.join(args.render, "bench.json")) as fh:
+            print(render(os.path.abspath(args.render), json.load(fh)))
+        return 0
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out = os.path.abspath(args.out or os.path.join(HERE, "results", stamp))
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
@@ -438,7 +469,7 @@ def main(argv=None):
         raw = {}
         for n in hosts:
             log("N=%d: %d rounds" % (n, args.rounds))
-            raw[str(n)] = discovery_rounds(out, n, args.rounds)
+            raw[str(n)] = discovery_rounds(out, n, args.rounds, memory_runs=not args.no_memory)
             write_json(os.path.join(out, "raw-partial.json"), raw)
         launch_raw = launcher_rounds(out, args.launch_rounds) if args.launch_rounds else None
         ok = True
@@ -447,23 +478,9 @@ def main(argv=None):
             site_down(out, max(hosts))
         if not ok:
             log("failed; logs in %s" % out)
-    discovery = report.summarize_discovery(raw)
-    launcher = report.summarize_launcher(launch_raw)
-    goal_list = report.goals(discovery, launcher)
-    doc.update(discovery=discovery, launcher=launcher, goals=goal_list,
-               raw={"discovery": raw, "launcher": launch_raw}, finished_at=time.strftime("%Y%m%dT%H%M%SZ",
-                                                                                         time.gmtime()))
-    header = "narwhal.deploy bench %s (%s, %d CPUs, %d rounds)" % (stamp, doc["ansible_version"], os.cpu_count(),
-                                                                    args.rounds)
-    text = report.table(discovery, launcher, goal_list, header=header)
-    write_json(os.path.join(out, "bench.json"), doc)
-    with open(os.path.join(out, "table.txt"), "w") as fh:
-        fh.write(text + "\n")
-    try:
-        report.plot(discovery, os.path.join(out, "bench.png"), header)
-    except ImportError:
-        log("matplotlib is missing (requirements/bench.txt): no PNG")
-    print(text)
+    finished = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    doc.update(raw={"discovery": raw, "launcher": launch_raw}, finished_at=finished)
+    print(render(out, doc))
     log("results in %s" % os.path.relpath(out, ROOT))
     return 0
 

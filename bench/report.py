@@ -96,6 +96,8 @@ def summarize_launcher(raw):
         "start_s": _r(start),
         "docker_run_s": _r(run),
         "check_s": _r(median(r["check_s"] for r in rounds)),
+        "plan_only_s": _r(median(r.get("plan_s") for r in rounds)),
+        "import_docker_s": _r(median(r.get("import_docker_s") for r in rounds)),
         "start_over_docker_run": ratio(start, run),
         "all_running": all(r.get("start_running") and r.get("docker_run_running") for r in rounds),
         "start_actions": sorted({r.get("start_action", "") for r in rounds}),
@@ -165,6 +167,8 @@ def table(discovery, launcher, goal_list, header=""):
                      % (launcher["host"], launcher["rounds"], _fmt(launcher["start_s"]),
                         _fmt(launcher["docker_run_s"]), _fmt(launcher["start_over_docker_run"]),
                         _fmt(launcher["check_s"])))
+        lines.append("  of start: launcher plan alone (Python + plan, no Docker) %s s; python3 -c 'import docker' %s s"
+                     % (_fmt(launcher["plan_only_s"]), _fmt(launcher["import_docker_s"])))
     lines.append("goals:")
     for g in goal_list:
         state = {True: "met", False: "MISSED", None: "n/a"}[g["met"]]
