@@ -404,8 +404,8 @@ def render(out, doc):
     launcher = report.summarize_launcher(doc["raw"]["launcher"])
     goal_list = report.goals(discovery, launcher)
     doc.update(discovery=discovery, launcher=launcher, goals=goal_list)
-    header = "narwhal.deploy bench %s (%s, %d CPUs, %d rounds)" % (doc["started_at"], doc["ansible_version"],
-                                                                    doc["nproc"], doc["rounds"])
+    header = "narwhal.deploy bench %s (%s, %d CPUs, %d rounds)" % (
+        doc["started_at"], doc["ansible_version"], doc["nproc"], doc["rounds"])
     text = report.table(discovery, launcher, goal_list, header=header)
     write_json(os.path.join(out, "bench.json"), doc)
     with open(os.path.join(out, "table.txt"), "w") as fh:
