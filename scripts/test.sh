@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every quality gate of narwhal.deploy; `make test` (the README's test command) calls it after
 # scripts/bootstrap.sh. Usage: scripts/test.sh [lint|unit|sanity|molecule|bench-smoke]...
-# (default: lint unit sanity molecule, in that order; bench-smoke, ~2.5 min, only when named)
+# (default: lint unit sanity molecule, in that order; bench-smoke, 2.5-6 min, only when named)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PWD/.venv/bin:$PATH
