@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: bootstrap demo demo-down real test lint unit sanity molecule docs clean-sim
+.PHONY: bootstrap demo demo-down real test lint unit sanity molecule bench bench-down docs clean-sim
 
 bootstrap:            ## venv, collections, Docker engine, harness images
 	scripts/bootstrap.sh
@@ -33,6 +33,12 @@ sanity:
 
 molecule:
 	scripts/test.sh molecule
+
+bench: bootstrap      ## discovery/launch cost vs N on simulated hosts -> bench/results/<stamp>/ (docs/benchmarks.md)
+	bench/bench.py $(BENCH_ARGS)
+
+bench-down:           ## remove the benchmark's simulated site (after an interrupted run or --keep)
+	bench/bench.py --down
 
 docs:                 ## regenerate .env.example and docs/inputs.md from the input description
 	$(VENV)/bin/python scripts/gen-inputs.py

@@ -124,50 +124,7 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._gpu import (
-    GpuParseError,
-    amd_facts,
-    empty_facts,
-    nvidia_facts,
-    parse_amd_smi_static_json,
-    parse_nvidia_smi_xml,
-    parse_rocm_smi_json,
-)
-
-ROCM_DIRS = ["/opt/rocm/bin"]
-ROCM_SMI_ARGS = ["--showproductname", "--showbus", "--showuniqueid", "--json"]
-
-FIX = {
-    "nvidia-smi": "check that the NVIDIA kernel driver is loaded and matches the user-space tools "
-    "('lsmod | grep nvidia', 'dmesg | grep -i nvrm'); reinstall or reload the driver, then rerun discovery",
-    "amd-smi": "check that the amdgpu driver is loaded ('lsmod | grep amdgpu') and that the connecting user may open "
-    "/dev/kfd and /dev/dri/renderD* (groups video and render); then rerun discovery",
-    "rocm-smi": "check that the amdgpu driver is loaded ('lsmod | grep amdgpu') and that the connecting user may open "
-    "/dev/kfd and /dev/dri/renderD* (groups video and render); then rerun discovery",
-}
-
-
-def run_tool(module, tool, argv, parser):
-    command = " ".join([tool] + argv[1:])
-    rc, out, err = module.run_command(argv, check_rc=False, environ_update={"LC_ALL": "C"})
-    if rc != 0:
-        cause = (err or out or "").strip().splitlines()
-        module.fail_json(
-            msg=f"'{command}' failed on this host (rc={rc}): {cause[0] if cause else 'no output'}; {FIX[tool]}",
-            rc=rc,
-            stdout=out,
-            stderr=err,
-        )
-    try:
-        return command, parser(out)
-    except GpuParseError as exc:
-        module.fail_json(
-            msg=f"'{command}' ran on this host but its output cannot be read: {exc}; run '{command}' by hand on "
-            f"the host: a wrapper, a mismatched tool version or a broken driver prints something else; {FIX[tool]}",
-            stdout=out,
-            stderr=err,
-        )
-    return None, None  # not reached
+from ansible_collections.narwhal.deploy.plugins.module_utils._hostfacts import read_gpus
 
 
 def main():
@@ -178,33 +135,7 @@ def main():
         ),
         supports_check_mode=True,
     )
-    sysfs_root = module.params["sysfs_root"]
-    dev_root = module.params["dev_root"]
-
-    nvidia_smi = module.get_bin_path("nvidia-smi")
-    if nvidia_smi:
-        source, parsed = run_tool(module, "nvidia-smi", [nvidia_smi, "-q", "-x"], parse_nvidia_smi_xml)
-        facts = nvidia_facts(parsed, sysfs_root, dev_root, source)
-    else:
-        amd_smi = module.get_bin_path("amd-smi", opt_dirs=ROCM_DIRS)
-        rocm_smi = None if amd_smi else module.get_bin_path("rocm-smi", opt_dirs=ROCM_DIRS)
-        if amd_smi:
-            source, parsed = run_tool(module, "amd-smi", [amd_smi, "static", "--json"], parse_amd_smi_static_json)
-        elif rocm_smi:
-            source, parsed = run_tool(module, "rocm-smi", [rocm_smi] + ROCM_SMI_ARGS, parse_rocm_smi_json)
-        else:
-            source, parsed = None, None
-        if parsed is None:
-            facts = empty_facts()
-        else:
-            facts = amd_facts(parsed, sysfs_root, source)
-            for gpu in facts["gpus"]:
-                if not any(path.startswith("/dev/dri/renderD") for path in gpu["devices"]):
-                    module.warn(
-                        f"AMD GPU {gpu['index']} ({gpu['pci_bus_id']}) has no render node: neither the KFD "
-                        f"topology nor the DRM class below {sysfs_root} maps its PCI bus id; a container for it "
-                        "would get no GPU"
-                    )
+    facts = read_gpus(module, module.params["sysfs_root"], module.params["dev_root"])
     module.exit_json(changed=False, ansible_facts={"narwhal_gpus": facts})
 
 

@@ -101,25 +101,9 @@ ansible_facts:
           sample: [{"address": "fe80::1", "family": "ipv6", "prefixlen": 64, "scope": "link", "flags": [], "usable": false, "reason": "scope link"}]
 """
 
-import hashlib
-import socket
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._netaddr import (
-    global_addresses,
-    interface_addresses,
-    parse_ip_json,
-)
-
-
-def host_id():
-    try:
-        with open("/etc/machine-id") as fh:
-            machine = fh.read().strip()
-    except OSError:
-        machine = ""
-    return hashlib.sha256(("%s/%s" % (machine, socket.gethostname())).encode()).hexdigest()[:16]
+from ansible_collections.narwhal.deploy.plugins.module_utils._hostfacts import read_interface
 
 
 def main():
@@ -130,30 +114,7 @@ def main():
         ),
         supports_check_mode=True,
     )
-    name = module.params["name"]
-    ip = module.get_bin_path("ip", required=True)
-    rc, out, err = module.run_command([ip, "-j", "addr", "show"], check_rc=False)
-    if rc != 0:
-        module.fail_json(msg="'ip -j addr show' failed on this host (rc=%d): %s; install a current iproute2"
-                             % (rc, err.strip()))
-    try:
-        links = parse_ip_json(out)
-    except ValueError as exc:
-        module.fail_json(msg="cannot parse 'ip -j addr show' output: %s" % exc)
-    link, addresses = interface_addresses(links, name)
-    if link is None:
-        present = ", ".join(x.get("ifname", "?") for x in links)
-        module.fail_json(msg="interface %s does not exist on this host (present: %s); set "
-                             "NARWHAL_FABRIC_INTERFACE (or NARWHAL_NODE_<n>_FABRIC_INTERFACE) to the fabric "
-                             "interface of this host and rerun discovery" % (name, present))
-    facts = {
-        "name": name,
-        "operstate": link.get("operstate"),
-        "mtu": link.get("mtu"),
-        "host_id": host_id(),
-        "global_addresses": global_addresses(addresses, module.params["family"]),
-        "addresses": addresses,
-    }
+    facts = read_interface(module, module.params["name"], module.params["family"])
     module.exit_json(changed=False, ansible_facts={"narwhal_interface": facts})
 
 

@@ -145,7 +145,7 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._model import ModelConfigError, read_checkpoint
+from ansible_collections.narwhal.deploy.plugins.module_utils._hostfacts import read_model
 
 
 def main():
@@ -153,10 +153,7 @@ def main():
         argument_spec=dict(path=dict(type="path", required=True)),
         supports_check_mode=True,
     )
-    try:
-        facts = read_checkpoint(module.params["path"])
-    except ModelConfigError as exc:
-        module.fail_json(msg=str(exc))
+    facts = read_model(module, module.params["path"])
     module.exit_json(changed=False, ansible_facts={"narwhal_model": facts})
 
 

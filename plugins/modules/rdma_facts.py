@@ -117,44 +117,9 @@ ansible_facts:
           sample: /sys/class/infiniband
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._rdma import (
-    RdmaParseError,
-    parse_ibstat,
-    parse_ibv_devinfo,
-    rdma_facts,
-    read_sysfs_hcas,
-    read_uverbs_map,
-)
-
-FIX = (
-    "check that the RDMA drivers are loaded ('lsmod | grep -E \"mlx5_ib|ib_uverbs\"') and rdma-core / "
-    "infiniband-diags are installed ('ibv_devinfo' should list the HCAs); then rerun discovery"
-)
-
-
-def run_tool(module, tool, path, parser):
-    rc, out, err = module.run_command([path], check_rc=False, environ_update={"LC_ALL": "C"})
-    if rc != 0:
-        cause = (err or out or "").strip().splitlines()
-        module.fail_json(
-            msg=f"'{tool}' failed on this host (rc={rc}): {cause[0] if cause else 'no output'}; {FIX}",
-            rc=rc,
-            stdout=out,
-            stderr=err,
-        )
-    try:
-        return parser(out)
-    except RdmaParseError as exc:
-        module.fail_json(
-            msg=f"'{tool}' ran on this host but its output cannot be read: {exc}; run it by hand on the host; {FIX}",
-            stdout=out,
-            stderr=err,
-        )
-    return None  # not reached
+from ansible_collections.narwhal.deploy.plugins.module_utils._hostfacts import read_rdma
 
 
 def main():
@@ -165,21 +130,8 @@ def main():
         ),
         supports_check_mode=True,
     )
-    sysfs_root = module.params["sysfs_root"]
-    dev_root = module.params["dev_root"]
-    hcas = read_sysfs_hcas(sysfs_root)
-    source = os.path.join(sysfs_root, "class", "infiniband")
-    if hcas is None:
-        hcas, source = [], None
-        for tool, parser in (("ibstat", parse_ibstat), ("ibv_devinfo", parse_ibv_devinfo)):
-            path = module.get_bin_path(tool)
-            if path:
-                hcas, source = run_tool(module, tool, path, parser), tool
-                break
-        uverbs = read_uverbs_map(sysfs_root)
-        for hca in hcas:
-            hca["uverbs"] = uverbs.get(hca["name"])
-    module.exit_json(changed=False, ansible_facts={"narwhal_rdma": rdma_facts(hcas, dev_root, source)})
+    facts = read_rdma(module, module.params["sysfs_root"], module.params["dev_root"])
+    module.exit_json(changed=False, ansible_facts={"narwhal_rdma": facts})
 
 
 if __name__ == "__main__":

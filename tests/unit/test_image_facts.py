@@ -14,7 +14,7 @@ import pytest
 from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _image
+from ansible_collections.narwhal.deploy.plugins.module_utils import _image, _imagehost
 from ansible_collections.narwhal.deploy.plugins.modules import image_facts
 
 IMAGE_ID = "sha256:" + "6a0bf322ed5f" + "0" * 52
@@ -174,7 +174,7 @@ class FakeContainer:
 
     def start(self):
         if self.entrypoint[0] not in self.client.pythons:
-            raise image_facts.APIError(
+            raise _imagehost.APIError(
                 'OCI runtime create failed: exec: "%s": executable file not found in $PATH' % self.entrypoint[0]
             )
 
@@ -215,13 +215,13 @@ class FakeClient:
 
     def ping(self):
         if not self.ping_ok:
-            raise image_facts.DockerException("Error while fetching server API version: connection refused")
+            raise _imagehost.DockerException("Error while fetching server API version: connection refused")
         return True
 
     # images.get
     def get(self, ref):
         if ref not in self.attrs["RepoTags"] and ref != self.attrs["Id"]:
-            raise image_facts.ImageNotFound("No such image: %s" % ref)
+            raise _imagehost.ImageNotFound("No such image: %s" % ref)
         return FakeImage(self.attrs)
 
     # containers.create

@@ -1,0 +1,175 @@
+#!/usr/bin/python
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: engine_host_facts
+short_description: Read everything discovery needs from an engine host in one module execution
+version_added: 0.1.0
+description:
+  - Runs the readers of M(narwhal.deploy.interface_facts), M(narwhal.deploy.gpu_facts),
+    M(narwhal.deploy.rdma_facts), M(narwhal.deploy.image_facts) and M(narwhal.deploy.model_facts) in this
+    order in one process, so discovery costs one round trip per host instead of five. Each fact, each error
+    message and the image cache are exactly those of the single module.
+  - The first reader that fails fails the module with that reader's message.
+  - Needs the privileges of the most demanding reader (the Docker socket for the image, the checkpoint
+    directory for the model), so discovery runs it with C(become).
+  - Read-only towards the host; only the image facts cache (O(cache_dir)) is written on a cache miss.
+options:
+  interface:
+    description: Fabric interface name (O(narwhal.deploy.interface_facts#module:name)).
+    type: str
+    required: true
+  family:
+    description: Address family of the interface's global addresses (O(narwhal.deploy.interface_facts#module:family)).
+    type: str
+    choices: [any, ipv4, ipv6]
+    default: any
+  sysfs_root:
+    description: Root of the sysfs tree of the GPU and RDMA readers.
+    type: path
+    default: /sys
+  dev_root:
+    description: Directory of the vendor-wide device nodes of the GPU and RDMA readers.
+    type: path
+    default: /dev
+  image:
+    description: Engine image reference or ID (O(narwhal.deploy.image_facts#module:image)).
+    type: str
+    required: true
+  distributions:
+    description: Python distributions whose versions are read from the image.
+    type: list
+    elements: str
+    default: [vllm, nixl, nixl-cu12, nixl-cu13, nixl-rocm, rixl, torch, ucx-py, ucx-py-cu12, ucxx, triton,
+      pytorch-triton-rocm, flashinfer-python, transformers]
+  cache_dir:
+    description: Image facts cache directory, one file per image ID (O(narwhal.deploy.image_facts#module:cache_dir)).
+    type: path
+    default: /var/cache/narwhal/image-facts
+  docker_host:
+    description: Docker daemon URL.
+    type: str
+    default: unix:///var/run/docker.sock
+  timeout:
+    description: Seconds to wait for the Docker API and for the version container.
+    type: int
+    default: 120
+  model_path:
+    description: The checkpoint directory (O(narwhal.deploy.model_facts#module:path)).
+    type: path
+    required: true
+attributes:
+  check_mode:
+    description: Can run in check mode; the image facts cache is read but never written.
+    support: full
+  diff_mode:
+    description: Returns no diff; nothing changes.
+    support: none
+  facts:
+    description: Returns its results as facts.
+    support: full
+  idempotent:
+    description: A second run with the same inputs changes nothing.
+    support: full
+requirements:
+  - iproute2 (C(ip)) with JSON output, the Docker SDK for Python and a Docker daemon on the engine host
+author:
+  - narwhal.deploy contributors (@narwhal-deploy)
+"""
+
+EXAMPLES = r"""
+- name: Read the engine host
+  narwhal.deploy.engine_host_facts:
+    interface: eth1
+    image: vllm/vllm-openai:v0.33.0
+    model_path: /srv/models/Llama-3.1-8B-Instruct
+  become: true
+
+- name: Show the GPUs and the vLLM version
+  ansible.builtin.debug:
+    msg: "{{ ansible_facts.narwhal_gpus.gpus | length }} GPUs, vllm {{ ansible_facts.narwhal_image.distributions.vllm }}"
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: The facts of the five single modules.
+  returned: always
+  type: dict
+  contains:
+    narwhal_interface:
+      description: As returned by M(narwhal.deploy.interface_facts).
+      returned: always
+      type: dict
+      sample: {name: eth1, global_addresses: [172.31.201.11]}
+    narwhal_gpus:
+      description: As returned by M(narwhal.deploy.gpu_facts).
+      returned: always
+      type: dict
+      sample: {vendor: nvidia, gpus: []}
+    narwhal_rdma:
+      description: As returned by M(narwhal.deploy.rdma_facts).
+      returned: always
+      type: dict
+      sample: {hcas: []}
+    narwhal_image:
+      description: As returned by M(narwhal.deploy.image_facts).
+      returned: always
+      type: dict
+      sample: {id: "sha256:6a0b...", cached: true}
+    narwhal_model:
+      description: As returned by M(narwhal.deploy.model_facts).
+      returned: always
+      type: dict
+      sample: {path: /srv/models/tiny-llama, dtype: bfloat16}
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._hostfacts import (
+    read_gpus,
+    read_interface,
+    read_model,
+    read_rdma,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._image import DEFAULT_DISTRIBUTIONS
+from ansible_collections.narwhal.deploy.plugins.module_utils._imagehost import (
+    fail_without_docker,
+    make_client,
+    read_image,
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            interface=dict(type="str", required=True),
+            family=dict(type="str", default="any", choices=["any", "ipv4", "ipv6"]),
+            sysfs_root=dict(type="path", default="/sys"),
+            dev_root=dict(type="path", default="/dev"),
+            image=dict(type="str", required=True),
+            distributions=dict(type="list", elements="str", default=list(DEFAULT_DISTRIBUTIONS)),
+            cache_dir=dict(type="path", default="/var/cache/narwhal/image-facts"),
+            docker_host=dict(type="str", default="unix:///var/run/docker.sock"),
+            timeout=dict(type="int", default=120),
+            model_path=dict(type="path", required=True),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    facts = {
+        "narwhal_interface": read_interface(module, p["interface"], p["family"]),
+        "narwhal_gpus": read_gpus(module, p["sysfs_root"], p["dev_root"]),
+        "narwhal_rdma": read_rdma(module, p["sysfs_root"], p["dev_root"]),
+    }
+    fail_without_docker(module, p["image"])
+    facts["narwhal_image"] = read_image(module, p["image"], p["distributions"], p["cache_dir"], p["docker_host"],
+                                        p["timeout"], client_factory=make_client)
+    facts["narwhal_model"] = read_model(module, p["model_path"])
+    module.exit_json(changed=False, ansible_facts=facts)
+
+
+if __name__ == "__main__":
+    main()
