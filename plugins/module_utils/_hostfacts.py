@@ -95,28 +95,33 @@ GPU_FIX = {
 }
 
 
-def run_gpu_tool(module, tool, argv, parser):
-    command = " ".join([tool] + argv[1:])
+def run_tool(module, label, argv, parser, parse_error, fix, hint):
+    """Run a host tool with LC_ALL=C and parse its output; fail naming the command, its cause and `fix`."""
     rc, out, err = module.run_command(argv, check_rc=False, environ_update={"LC_ALL": "C"})
     if rc != 0:
         cause = (err or out or "").strip().splitlines()
         module.fail_json(
-            msg=f"'{command}' failed on this host (rc={rc}): {cause[0] if cause else 'no output'}; {GPU_FIX[tool]}",
+            msg=f"'{label}' failed on this host (rc={rc}): {cause[0] if cause else 'no output'}; {fix}",
             rc=rc,
             stdout=out,
             stderr=err,
         )
     try:
-        return command, parser(out)
-    except GpuParseError as exc:
+        return parser(out)
+    except parse_error as exc:
         module.fail_json(
-            msg=f"'{command}' ran on this host but its output cannot be read: {exc}; run '{command}' by hand on "
-            f"the host: a wrapper, a mismatched tool version or a broken driver prints something else; "
-            f"{GPU_FIX[tool]}",
+            msg=f"'{label}' ran on this host but its output cannot be read: {exc}; {hint}; {fix}",
             stdout=out,
             stderr=err,
         )
-    return None, None  # not reached
+    return None  # not reached
+
+
+def run_gpu_tool(module, tool, argv, parser):
+    command = " ".join([tool] + argv[1:])
+    hint = (f"run '{command}' by hand on the host: a wrapper, a mismatched tool version or a broken driver "
+            "prints something else")
+    return command, run_tool(module, command, argv, parser, GpuParseError, GPU_FIX[tool], hint)
 
 
 def read_gpus(module, sysfs_root, dev_root):
@@ -155,25 +160,7 @@ RDMA_FIX = (
 
 
 def run_rdma_tool(module, tool, path, parser):
-    rc, out, err = module.run_command([path], check_rc=False, environ_update={"LC_ALL": "C"})
-    if rc != 0:
-        cause = (err or out or "").strip().splitlines()
-        module.fail_json(
-            msg=f"'{tool}' failed on this host (rc={rc}): {cause[0] if cause else 'no output'}; {RDMA_FIX}",
-            rc=rc,
-            stdout=out,
-            stderr=err,
-        )
-    try:
-        return parser(out)
-    except RdmaParseError as exc:
-        module.fail_json(
-            msg=f"'{tool}' ran on this host but its output cannot be read: {exc}; run it by hand on the host; "
-            f"{RDMA_FIX}",
-            stdout=out,
-            stderr=err,
-        )
-    return None  # not reached
+    return run_tool(module, tool, [path], parser, RdmaParseError, RDMA_FIX, "run it by hand on the host")
 
 
 def read_rdma(module, sysfs_root, dev_root):

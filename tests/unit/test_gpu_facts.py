@@ -10,8 +10,6 @@ import pathlib
 import shutil
 
 import pytest
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.narwhal.deploy.plugins.module_utils import _gpu
 from ansible_collections.narwhal.deploy.plugins.modules import gpu_facts
@@ -573,41 +571,20 @@ def test_memory_to_mib(raw, unit, expected):
 # the module
 
 
-class ExitJsonError(Exception):
-    pass
-
-
-class FailJsonError(Exception):
-    pass
-
-
 @pytest.fixture
-def module_runner(monkeypatch, tmp_path):
-    def exit_json(self, **kwargs):
-        raise ExitJsonError(kwargs)
-
-    def fail_json(self, **kwargs):
-        raise FailJsonError(kwargs)
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+def module_runner(module_runner, monkeypatch, tmp_path):
+    """conftest's runner for gpu_facts.main, with PATH reduced to a directory of stub tools."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     monkeypatch.setenv("PATH", str(bindir))
+    run_main = module_runner
 
     def run(args, stubs=None):
         for tool, body in (stubs or {}).items():
             path = bindir / tool
             path.write_text("#!/bin/sh\n" + body)
             path.chmod(0o755)
-        with patch_module_args(args):
-            try:
-                gpu_facts.main()
-            except ExitJsonError as exc:
-                return "exit", exc.args[0]
-            except FailJsonError as exc:
-                return "fail", exc.args[0]
-        raise AssertionError("module returned without exit_json/fail_json")
+        return run_main(gpu_facts.main, args)
 
     return run
 

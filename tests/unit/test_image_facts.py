@@ -11,8 +11,6 @@ import stat
 import subprocess
 
 import pytest
-from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.narwhal.deploy.plugins.module_utils import _image, _imagehost
 from ansible_collections.narwhal.deploy.plugins.modules import image_facts
@@ -157,14 +155,6 @@ def test_default_distributions_match_docs():
 # the module against a fake Docker client
 
 
-class ExitJsonError(Exception):
-    pass
-
-
-class FailJsonError(Exception):
-    pass
-
-
 class FakeContainer:
     def __init__(self, client, entrypoint, command):
         self.client = client
@@ -250,26 +240,12 @@ STANDIN_VERSIONS = {"vllm": "0.33.0", "nixl": "1.5.1", "nixl-cu12": "1.5.1"}
 
 
 @pytest.fixture
-def run_module(monkeypatch):
-    def exit_json(self, **kwargs):
-        raise ExitJsonError(kwargs)
-
-    def fail_json(self, **kwargs):
-        raise FailJsonError(kwargs)
-
-    monkeypatch.setattr(basic.AnsibleModule, "exit_json", exit_json)
-    monkeypatch.setattr(basic.AnsibleModule, "fail_json", fail_json)
+def run_module(module_runner, monkeypatch):
+    """conftest's runner for image_facts.main, with the Docker client replaced by `client`."""
 
     def run(args, client):
         monkeypatch.setattr(image_facts, "make_client", lambda host, timeout: client)
-        with patch_module_args(args):
-            try:
-                image_facts.main()
-            except ExitJsonError as exc:
-                return "exit", exc.args[0]
-            except FailJsonError as exc:
-                return "fail", exc.args[0]
-        raise AssertionError("module returned without exit_json/fail_json")
+        return module_runner(image_facts.main, args)
 
     return run
 
@@ -396,12 +372,9 @@ def test_real_daemon_standin(run_module, tmp_path):
     before = {c.id for c in real.containers.list(all=True)}
 
     def run(args):
-        with patch_module_args(args):
-            try:
-                image_facts.main()
-            except ExitJsonError as exc:
-                return exc.args[0]
-        raise AssertionError("module did not exit")
+        kind, res = run_module(args, real)
+        assert kind == "exit", res
+        return res
 
     args = {"image": STANDIN, "cache_dir": str(tmp_path / "cache")}
     res = run(args)

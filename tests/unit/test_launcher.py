@@ -1,6 +1,4 @@
 """roles/install/files/launch_engine.py: plan, rejection of managed overrides, hash, argv, CLI, docker start."""
-import copy
-import importlib.util
 import json
 import os
 import pathlib
@@ -11,45 +9,7 @@ import sys
 import uuid
 
 import pytest
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
-LAUNCHER = REPO / "roles" / "install" / "files" / "launch_engine.py"
-EXAMPLE = REPO / "docs" / "examples" / "engine-launch.example.json"
-SECRET = "s3cr3t-Key-0123456789abcdef"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("launch_engine", str(LAUNCHER))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-le = _load()
-
-
-def record(name):
-    return copy.deepcopy(json.loads(EXAMPLE.read_text())["engines"][name])
-
-
-def role_env(engine="engine-1", **overrides):
-    env = {
-        "NARWHAL_ENGINE": engine,
-        "NARWHAL_RECORD": "/opt/narwhal/config/engine-launch.%s.json" % engine,
-        "NARWHAL_MODEL_MOUNT": "/models/tiny-llama",
-        "NARWHAL_SERVED_MODEL_NAME": "tiny-llama",
-        "NARWHAL_BIND_FAMILY": "ipv4",
-        "NARWHAL_HTTP_PORT": "8000",
-        "NARWHAL_ADVERTISED_ADDRESS": "172.31.241.11" if engine == "engine-1" else "172.31.241.12",
-        "NARWHAL_SIDE_CHANNEL_PORT": "5600",
-        "NARWHAL_FABRIC_INTERFACE": "eth1",
-        "NARWHAL_API_KEY_FILE": "/opt/narwhal/secrets/api-key",
-        "NARWHAL_RUN_DIR": "/opt/narwhal/runs/r1",
-        "NARWHAL_RUN_ID": "r1",
-    }
-    env.update(overrides)
-    return env
-
+from launcher_support import LAUNCHER, SECRET, le, record, role_env
 
 KV_033 = '{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_load_failure_policy":"fail",' \
          '"kv_connector_extra_config":{"backends":["UCX"]}}'

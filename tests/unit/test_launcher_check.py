@@ -1,7 +1,5 @@
 """launch_engine.py image check (seed §16): the pure verdict over a check report, and -- when a Docker daemon
 and the stand-in image are here -- the check container against narwhal-sim/engine-standin:latest."""
-import copy
-import importlib.util
 import json
 import pathlib
 import shutil
@@ -12,39 +10,9 @@ import uuid
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
+from launcher_support import LAUNCHER, SECRET, le, record, role_env
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-LAUNCHER = REPO / "roles" / "install" / "files" / "launch_engine.py"
-EXAMPLE = REPO / "docs" / "examples" / "engine-launch.example.json"
-SECRET = "s3cr3t-Key-0123456789abcdef"
 IMAGE = "narwhal-sim/engine-standin:latest"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("launch_engine_check", str(LAUNCHER))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-le = _load()
-
-
-def record(name="engine-1"):
-    return copy.deepcopy(json.loads(EXAMPLE.read_text())["engines"][name])
-
-
-def role_env(engine="engine-1", **overrides):
-    env = {
-        "NARWHAL_ENGINE": engine, "NARWHAL_RECORD": "/opt/narwhal/config/engine-launch.%s.json" % engine,
-        "NARWHAL_MODEL_MOUNT": "/models/tiny-llama", "NARWHAL_SERVED_MODEL_NAME": "tiny-llama",
-        "NARWHAL_BIND_FAMILY": "ipv4", "NARWHAL_HTTP_PORT": "8000", "NARWHAL_ADVERTISED_ADDRESS": "172.31.241.11",
-        "NARWHAL_SIDE_CHANNEL_PORT": "5600", "NARWHAL_FABRIC_INTERFACE": "eth1",
-        "NARWHAL_API_KEY_FILE": "/opt/narwhal/secrets/api-key", "NARWHAL_RUN_DIR": "/opt/narwhal/runs/r1",
-        "NARWHAL_RUN_ID": "r1",
-    }
-    env.update(overrides)
-    return env
 
 
 # ------------------------------------------------------------------------------------------ pure parts
@@ -224,13 +192,19 @@ def test_probe_version(tmp_path, capsys):
         server.server_close()
 
 
-def test_probe_version_health_timeout(tmp_path):
+def checked_inputs(tmp_path):
+    """Role env of the example engine-1 on an unused port (9), with a checked.json of its plan."""
     rec = record()
     env_path, env = write_inputs(tmp_path, rec, NARWHAL_HTTP_PORT="9")
     digest = le.plan_hash(le.build_plan(le.read_role_env(str(env_path)), rec))
     run_dir = pathlib.Path(env["NARWHAL_RUN_DIR"])
     run_dir.mkdir(parents=True)
     (run_dir / "checked.json").write_text(json.dumps({"vllm_api_version": "0.33.0", "plan_hash": digest}))
+    return env_path
+
+
+def test_probe_version_health_timeout(tmp_path):
+    env_path = checked_inputs(tmp_path)
     with pytest.raises(le.LaunchError, match=r"http://127.0.0.1:9/health did not answer 200 within"):
         le.probe_version(str(env_path), timeout=0.5, interval=0.1, address="127.0.0.1")
 
@@ -263,12 +237,7 @@ class _FakeSDK:
 
 
 def test_health_wait_stops_when_the_engine_container_exited(tmp_path, monkeypatch):
-    rec = record()
-    env_path, env = write_inputs(tmp_path, rec, NARWHAL_HTTP_PORT="9")
-    digest = le.plan_hash(le.build_plan(le.read_role_env(str(env_path)), rec))
-    run_dir = pathlib.Path(env["NARWHAL_RUN_DIR"])
-    run_dir.mkdir(parents=True)
-    (run_dir / "checked.json").write_text(json.dumps({"vllm_api_version": "0.33.0", "plan_hash": digest}))
+    env_path = checked_inputs(tmp_path)
     logs = ("ValueError: No common block size for 16 (CPU_ATTN: [MultipleOf(32)])\nkey=%s\n" % SECRET).encode()
     sdk = _FakeSDK(_FakeContainer("exited", logs))
     monkeypatch.setattr(le, "_docker_client", lambda: (sdk, sdk))

@@ -78,13 +78,8 @@ def test_recompute_comparison():
 
 
 def test_probe_row_brackets_ipv6_and_reports_the_recompute():
-    import importlib.util
-    import pathlib
+    from ansible_collections.narwhal.deploy.plugins.filter import narwhal as filters
 
-    path = pathlib.Path(__file__).resolve().parents[2] / "plugins" / "filter" / "narwhal.py"
-    spec = importlib.util.spec_from_file_location("narwhal_filters", str(path))
-    filters = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(filters)
     row = {"producer": "engine-1", "consumer": "engine-2", "ok": True, "bytes": 32768.0, "remote_port": 5600,
            "latency_s": 0.28, "decode_s": 0.18, "matches_recompute": True, "remote_host": "fd00:6e77:e1::11"}
     assert filters.probe_row(row) == ("engine-1 -> engine-2: PASS, 32768.0 bytes of KV via [fd00:6e77:e1::11]:5600 "
