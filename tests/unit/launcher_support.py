@@ -42,3 +42,17 @@ def role_env(engine="engine-1", **overrides):
     }
     env.update(overrides)
     return env
+
+
+def write_inputs(tmp_path, rec, **overrides):
+    """The record, a 0600 API key file and a role environment pointing at both, under tmp_path."""
+    rec_path = tmp_path / "record.json"
+    rec_path.write_text(json.dumps(rec))
+    key = tmp_path / "api-key"
+    key.write_text(SECRET + "\n")
+    key.chmod(0o600)
+    env = role_env(rec["engine"], NARWHAL_RECORD=str(rec_path), NARWHAL_API_KEY_FILE=str(key),
+                   NARWHAL_RUN_DIR=str(tmp_path / "runs" / "r1"), **overrides)
+    env_path = tmp_path / "engine.env"
+    env_path.write_text("".join("%s=%s\n" % kv for kv in env.items()))
+    return env_path, env

@@ -9,7 +9,7 @@ import sys
 import uuid
 
 import pytest
-from launcher_support import LAUNCHER, SECRET, le, record, role_env
+from launcher_support import LAUNCHER, SECRET, le, record, role_env, write_inputs
 
 KV_033 = '{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_load_failure_policy":"fail",' \
          '"kv_connector_extra_config":{"backends":["UCX"]}}'
@@ -284,19 +284,6 @@ def test_plan_hash_stable_and_sensitive():
 
 
 # ------------------------------------------------------------------------------------------ CLI
-
-def write_inputs(tmp_path, rec, **overrides):
-    rec_path = tmp_path / "record.json"
-    rec_path.write_text(json.dumps(rec))
-    key = tmp_path / "api-key"
-    key.write_text(SECRET + "\n")
-    key.chmod(0o600)
-    env = role_env(rec["engine"], NARWHAL_RECORD=str(rec_path), NARWHAL_API_KEY_FILE=str(key),
-                   NARWHAL_RUN_DIR=str(tmp_path / "runs" / "r1"), **overrides)
-    env_path = tmp_path / "engine.env"
-    env_path.write_text("".join("%s=%s\n" % kv for kv in env.items()))
-    return env_path, env
-
 
 def test_cli_plan_writes_plan_without_key(tmp_path):
     env_path, env = write_inputs(tmp_path, record("engine-1"))

@@ -10,7 +10,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
-from launcher_support import LAUNCHER, SECRET, le, record, role_env
+from launcher_support import LAUNCHER, SECRET, le, record, role_env, write_inputs
 
 IMAGE = "narwhal-sim/engine-standin:latest"
 
@@ -150,19 +150,6 @@ class _Engine(BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
-
-
-def write_inputs(tmp_path, rec, **overrides):
-    rec_path = tmp_path / "record.json"
-    rec_path.write_text(json.dumps(rec))
-    key = tmp_path / "api-key"
-    key.write_text(SECRET + "\n")
-    key.chmod(0o600)
-    env = role_env(rec["engine"], NARWHAL_RECORD=str(rec_path), NARWHAL_API_KEY_FILE=str(key),
-                   NARWHAL_RUN_DIR=str(tmp_path / "runs" / "r1"), **overrides)
-    env_path = tmp_path / "engine.env"
-    env_path.write_text("".join("%s=%s\n" % kv for kv in env.items()))
-    return env_path, env
 
 
 def test_probe_version(tmp_path, capsys):
