@@ -377,7 +377,7 @@ def launcher_rounds(out, rounds):
         run_checked(["ansible-playbook", "-i", inv, "playbooks/%s.yml" % book], os.path.join(logs, "launch-%s.log"
                     % book), book, extra_env=extra)
     host, role_env = container(1), "%s/config/engine-1.env" % CHECKOUT
-    launcher = "%s/bin/launch_engine.py" % CHECKOUT
+    launcher = "%s/bin/launch_engine.pyz" % CHECKOUT
     values = dict(line.split("=", 1) for line in sh(["docker", "exec", host, "cat", role_env]).stdout.splitlines()
                   if "=" in line and not line.startswith("#"))
     plan = json.loads(sh(["docker", "exec", host, "cat", values["NARWHAL_RUN_DIR"] + "/plan.json"]).stdout)

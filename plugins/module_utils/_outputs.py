@@ -23,13 +23,17 @@ def _current(path):
         return None, None
 
 
+def _bytes(content):
+    return content if isinstance(content, bytes) else content.encode("utf-8")
+
+
 def plan_set(files, remove=()):
-    """files: {path: (text, mode)} -> list of changes [(path, before_text_or_None, after_text_or_None, mode)]."""
+    """files: {path: (text or bytes, mode)} -> list of changes [(path, before_text_or_None, after_or_None, mode)]."""
     changes = []
     for path in sorted(files):
         text, mode = files[path]
         data, cur_mode = _current(path)
-        if data is None or data != text.encode("utf-8") or cur_mode != mode:
+        if data is None or data != _bytes(text) or cur_mode != mode:
             changes.append((path, None if data is None else data.decode("utf-8", "replace"), text, mode))
     for path in sorted(set(remove) - set(files)):
         data, _mode = _current(path)
@@ -49,7 +53,7 @@ def apply_set(changes):
             os.makedirs(directory, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".narwhal-", dir=directory)
             with os.fdopen(fd, "wb") as fh:
-                fh.write(after.encode("utf-8"))
+                fh.write(_bytes(after))
                 fh.flush()
                 os.fsync(fh.fileno())
             os.chmod(tmp, mode)

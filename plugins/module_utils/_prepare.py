@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError
 from ansible_collections.narwhal.deploy.plugins.module_utils._schema import (
     FLEET_SCHEMA,
@@ -20,8 +21,6 @@ __metaclass__ = type
 
 REGENERATE = ("correct the named input, regenerate the affected configuration (rerun discovery) and prepare a "
               "new run")
-UCX_TLS = {"ucx_tcp": "tcp", "ucx_rdma": "rc,ud,sm,self"}
-GPU_COPY = {"cuda": ",cuda_copy,cuda_ipc", "rocm": ",rocm_copy,rocm_ipc"}
 
 
 def canonical(document):
@@ -150,60 +149,25 @@ def stale(record, current):
             record["runtime"]["image"], current.get("image_id") or "absent", record["runtime"]["image_id"])))
 
 
-def resolve_reference(value, env, where):
-    if isinstance(value, str) and "${" in value:
-        if not (value.startswith("${") and value.endswith("}") and value[2:-1] in env):
-            raise InputError(where, "%r cannot be resolved from the engine's environment; %s" % (value, REGENERATE))
-        return env[value[2:-1]]
-    return value
-
-
 def derive(record, checkout, run_id):
-    """-> {"environment", "vllm_args", "role_env", "paths"} for one engine."""
+    """-> {"environment", "vllm_args", "container", "plan_hash", "role_env", "paths"} for one engine: the
+    planner's container (the one the launcher starts), so the manifest records what the container gets."""
     engine = record["engine"]
-    node, rt = record["node"], record["runtime"]
-    mount = "/models/%s" % rt["served_model_name"].replace("/", "_")
-    paths = {
-        "record": "%s/config/engine-launch.%s.json" % (checkout, engine),
-        "role_env": "%s/config/%s.env" % (checkout, engine),
-        "launcher": "%s/bin/launch_engine.py" % checkout,
-        "api_key": "%s/config/engine-api.key" % checkout,
-        "run_dir": "%s/runs/%s" % (checkout, run_id),
-    }
-    role_env = {
-        "NARWHAL_ENGINE": engine,
-        "NARWHAL_RECORD": paths["record"],
-        "NARWHAL_MODEL_MOUNT": mount,
-        "NARWHAL_SERVED_MODEL_NAME": rt["served_model_name"],
-        "NARWHAL_BIND_FAMILY": node["bind_family"],
-        "NARWHAL_HTTP_PORT": str(node["engine_port"]),
-        "NARWHAL_ADVERTISED_ADDRESS": node["address"],
-        "NARWHAL_SIDE_CHANNEL_PORT": str(node["side_channel_port"]),
-        "NARWHAL_FABRIC_INTERFACE": node["fabric_interface"],
-        "NARWHAL_API_KEY_FILE": paths["api_key"],
-        "NARWHAL_RUN_ID": run_id,
-        "NARWHAL_RUN_DIR": paths["run_dir"],
-    }
-    environment = {}
-    if record.get("gpu_visibility_env") and record["gpu_ids"]:
-        environment[record["gpu_visibility_env"]] = ",".join(record["gpu_ids"])
-    environment["UCX_NET_DEVICES"] = ",".join(
-        resolve_reference(d, role_env, "%s transfer.net_devices" % engine) for d in record["transfer"]["net_devices"])
-    tls = UCX_TLS[record["transfer"]["transport"]]
-    environment["UCX_TLS"] = tls + GPU_COPY.get(rt.get("platform"), "") if tls != "tcp" else tls
-    environment["VLLM_NIXL_SIDE_CHANNEL_HOST"] = node["address"]
-    environment["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(node["side_channel_port"])
-    environment.update(rt.get("derived_environment") or {})
-    vllm_args = ["--tensor-parallel-size", str(record["tensor_parallel_size"]), "--dtype", rt["model_dtype"],
-                 "--kv-cache-dtype", rt["kv_cache_dtype"], "--block-size", str(rt["block_size"])] + rt["extra_args"]
-    return {"environment": environment, "vllm_args": vllm_args, "role_env": role_env, "paths": paths}
+    role_env = _plan.role_environment(record, checkout, run_id)
+    try:
+        plan = _plan.container_spec(record, role_env)
+    except _plan.PlanError as exc:
+        raise InputError(engine, "the launcher would refuse the record of %s: %s; %s" % (engine, exc, REGENERATE))
+    return {"environment": plan["environment"], "vllm_args": plan["command"][2:], "container": _plan.redacted(plan),
+            "plan_hash": _plan.plan_hash(plan), "role_env": role_env,
+            "paths": _plan.install_paths(checkout, engine, run_id)}
 
 
 def render_role_env(role_env):
-    lines = ["# Role environment of %s, written by narwhal.deploy prepare/install. Do not edit: prepare a new run."
-             % role_env["NARWHAL_ENGINE"]]
-    lines += ["%s=%s" % (k, role_env[k]) for k in sorted(role_env)]
-    return "\n".join(lines) + "\n"
+    try:
+        return _plan.render_role_env(role_env)
+    except _plan.PlanError as exc:
+        raise InputError(exc.key or "NARWHAL_ENV_FILE", str(exc))
 
 
 def run_id(engines, records, derived, launcher_sha256, inputs_sha):

@@ -17,26 +17,15 @@ variable) are therefore:
 
 from __future__ import annotations
 
-import shlex
-
+from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
 from ansible_collections.narwhal.deploy.plugins.module_utils._cacheplan import kv_cache_plan
-from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError, parse_env_words
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError
 
 __metaclass__ = type
 
-VISIBILITY_ENV = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "ROCR_VISIBLE_DEVICES"}
-# Flags the launcher derives itself; extra arguments must not override them (the launcher checks again).
-MANAGED_FLAGS = ("--port", "--host", "--tensor-parallel-size", "-tp", "--kv-transfer-config", "--api-key",
-                 "--served-model-name", "--model", "--dtype", "--kv-cache-dtype", "--block-size",
-                 "--data-parallel-size", "-dp", "--pipeline-parallel-size", "-pp", "--trust-remote-code",
-                 "--kv-events-config", "--uds")
+VISIBILITY_ENV = _plan.VISIBILITY_BY_VENDOR
 # vLLM's CPU attention backend (CPU_ATTN) supports block sizes that are multiples of 32 (seen in 0.32.0).
 CPU_BLOCK_MULTIPLE = 32
-SECRETISH = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL")
-# Variables the launcher sets itself (visibility, transport, side channel, auth): never taken from the image.
-MANAGED_ENV = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
-               "UCX_NET_DEVICES", "UCX_TLS", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT",
-               "VLLM_API_KEY", "VLLM_HOST_IP", "VLLM_PORT")
 
 
 def _version_tuple(version):
@@ -160,29 +149,20 @@ def _natural(name):
 
 
 def check_extra_args(key, words):
-    for word in words:
-        flag = word.split("=", 1)[0]
-        if flag.startswith("--"):
-            flag = "--" + flag[2:].replace("_", "-")  # vLLM's parser takes --max_model_len as --max-model-len
-        if flag in MANAGED_FLAGS:
-            raise InputError(key, "%s is set by the launcher from the record and the role environment; remove it "
-                                  "from %s (change the corresponding NARWHAL_ input instead)" % (flag, key))
-    return words
+    """Refuse launcher-managed flags in an extra-arguments input, in the planner's words, naming `key`."""
+    try:
+        return _plan.check_args(words, key)
+    except _plan.PlanError as exc:
+        raise InputError(key, str(exc))
 
 
-def site_environment(text):
-    """NARWHAL_ENGINE_ENV -> {name: value}; refuses launcher-managed and secret-looking names (pure)."""
-    env = parse_env_words("NARWHAL_ENGINE_ENV", text)
-    for name in env:
-        if name in MANAGED_ENV or name == "PATH":
-            raise InputError("NARWHAL_ENGINE_ENV", "%s is set by the launcher from the record and the role "
-                                                   "environment; remove it (change the corresponding NARWHAL_ input "
-                                                   "instead)" % name)
-        if any(s in name.upper() for s in SECRETISH):
-            raise InputError("NARWHAL_ENGINE_ENV", "%s looks like a secret and would be written into the launch "
-                                                   "records; remove it (the engine API key comes from "
-                                                   "NARWHAL_API_KEY_FILE)" % name)
-    return env
+def site_environment(text, key="NARWHAL_ENGINE_ENV"):
+    """NARWHAL_ENGINE_ENV -> {name: value}; launcher-managed and secret-looking names refused (the planner's
+    rule, naming `key`)."""
+    try:
+        return _plan.parse_env_words(text, key)
+    except _plan.PlanError as exc:
+        raise InputError(key, str(exc))
 
 
 def build_record(node, site, node_policy, host, image, model, fleet_entry, taken, side_port):
@@ -231,6 +211,13 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
     else:
         net_devices, transfer_devices = ["${NARWHAL_FABRIC_INTERFACE}"], []
         sources["transfer"] = "ucx_tcp over the fabric interface (%s on this node)" % node["interface"]
+    kv_buffer_device = "cpu" if platform == "cpu" else "cuda"  # vLLM: cuda on CUDA *and* ROCm
+    try:
+        ucx_list = _plan.ucx_tls(site["NARWHAL_TRANSPORT"], platform, kv_buffer_device)
+    except _plan.PlanError as exc:
+        raise InputError(image_key, "%s: %s" % (engine, exc))
+    sources["transfer"] += "; UCX_TLS %s for %s KV memory on %s (GPU memory needs the GPU copy transport)" % (
+        ",".join(ucx_list), "host" if kv_buffer_device == "cpu" else "GPU", platform)
     # runtime
     dists = image.get("distributions") or {}
     if "vllm" not in dists:
@@ -266,10 +253,14 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
                              model_dtype)
     except ValueError as exc:
         raise InputError("NARWHAL_KV_CACHE_DTYPE", "the cache plan for %s failed: %s" % (engine, exc))
-    extra = check_extra_args("NARWHAL_EXTRA_ARGS", shlex.split(site.get("NARWHAL_EXTRA_ARGS") or ""))
+    try:
+        extra = check_extra_args("NARWHAL_EXTRA_ARGS", _plan.split_args(site.get("NARWHAL_EXTRA_ARGS"),
+                                                                        "NARWHAL_EXTRA_ARGS"))
+    except _plan.PlanError as exc:
+        raise InputError("NARWHAL_EXTRA_ARGS", str(exc))
     derived_args = ["--trust-remote-code"] if model.get("trust_remote_code") else []
     environment = dict((k, v) for k, v in sorted((image.get("env") or {}).items())
-                       if not any(s in k.upper() for s in SECRETISH) and k not in MANAGED_ENV and k != "PATH")
+                       if not _plan.is_secret_name(k) and k not in _plan.MANAGED_ENV)
     site_env = site_environment(site.get("NARWHAL_ENGINE_ENV"))
     environment.update(site_env)
     sources["environment"] = "image %s env (secret-looking and launcher-managed names dropped)%s" % (
@@ -291,7 +282,8 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
         "gpu_visibility_env": VISIBILITY_ENV.get(vendor),
         "accelerator_devices": accelerator_devices,
         "network_mode": "host",
-        "transfer": {"transport": site["NARWHAL_TRANSPORT"], "net_devices": net_devices, "devices": transfer_devices},
+        "transfer": {"transport": site["NARWHAL_TRANSPORT"], "net_devices": net_devices, "devices": transfer_devices,
+                     "ucx_tls": ucx_list},
         "node": {"address": node["address"], "bind_family": site["NARWHAL_BIND_FAMILY"],
                  "engine_port": node["engine_port"], "attest_port": node["attest_port"],
                  "fabric_interface": node["interface"], "side_channel_port": side_port,
@@ -302,7 +294,7 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
             "platform": platform,
             "vllm_version": vllm_version,
             "nixl_distribution": nixl,
-            "kv_buffer_device": "cpu" if platform == "cpu" else "cuda",
+            "kv_buffer_device": kv_buffer_device,
             "kv_load_failure_policy": site.get("NARWHAL_KV_LOAD_FAILURE_POLICY") or "fail",
             "expected_packages": expected,
             "model_path": site["NARWHAL_MODEL_PATH"],
@@ -319,4 +311,11 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
         },
         "sources": dict(sources, visibility=reason_vis),
     }
+    # Refuse now what the launcher would refuse at start: the same planner, on a provisional role environment.
+    try:
+        _plan.container_spec(record, _plan.role_environment(
+            record, site.get("NARWHAL_ENGINE_CHECKOUT") or "/opt/narwhal", "run-discovery"))
+    except _plan.PlanError as exc:
+        raise InputError(exc.key if str(exc.key).startswith("NARWHAL_") else engine,
+                         "the launcher would refuse the record of %s: %s" % (engine, exc))
     return record, span

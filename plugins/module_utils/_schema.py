@@ -55,11 +55,12 @@ RECORD_SCHEMA = {
         "network_mode": {"const": "host"},
         "transfer": {
             "type": "object",
-            "required": ["transport", "net_devices", "devices"],
+            "required": ["transport", "net_devices", "devices", "ucx_tls"],
             "properties": {
                 "transport": {"enum": ["ucx_tcp", "ucx_rdma"]},
                 "net_devices": {"type": "array", "items": _STR, "minItems": 1},
                 "devices": _PATHS,
+                "ucx_tls": {"type": "array", "items": _STR, "minItems": 1},
             },
             "allOf": [{"if": {"properties": {"transport": {"const": "ucx_tcp"}}},
                        "then": {"properties": {"devices": {"maxItems": 0}}}},

@@ -33,8 +33,11 @@ options:
     description: Checkout directory that relative paths are relative to.
     type: path
     required: true
-  launcher:
-    description: The launcher to snapshot.
+  collection:
+    description:
+      - Root of the narwhal.deploy collection. The launcher snapshot (one zipapp, C(launch_engine.pyz)) is built
+        deterministically from its C(roles/install/files/launcher) parts and the planner in
+        C(plugins/module_utils); its sha256 is the launcher digest.
     type: path
     required: true
   stage:
@@ -69,7 +72,7 @@ EXAMPLES = r"""
     site: "{{ narwhal_site }}"
     engines: "{{ ansible_play_hosts_all }}"
     root: "{{ playbook_dir | dirname }}"
-    launcher: "{{ playbook_dir | dirname }}/roles/install/files/launch_engine.py"
+    collection: "{{ playbook_dir | dirname }}"
   delegate_to: localhost
   run_once: true
 """
@@ -106,6 +109,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError
+from ansible_collections.narwhal.deploy.plugins.module_utils._launcher_build import build_zipapp, launcher_sources
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs import apply_set, plan_set
 from ansible_collections.narwhal.deploy.plugins.module_utils._prepare import (
     REGENERATE,
@@ -135,6 +139,24 @@ def _load(key, path):
         raise InputError(key, "cannot read %s (%s); run discovery first, or %s" % (path, exc, REGENERATE))
 
 
+def check_key_file(path):
+    """The engine API key file: readable, mode 0600 or 0400, one non-empty line (never printed)."""
+    try:
+        st = os.stat(path)
+        with open(path, "rb") as fh:
+            raw = fh.read(65537)
+    except OSError as exc:
+        raise InputError("NARWHAL_API_KEY_FILE", "cannot read the engine API key file %s (%s); create it (one line, "
+                                                 "mode 0600) and prepare a new run" % (path, exc.strerror))
+    if st.st_mode & 0o077:
+        raise InputError("NARWHAL_API_KEY_FILE", "the engine API key file %s has mode %04o; it must be 0600 or 0400 "
+                                                 "(chmod 600 %s)" % (path, st.st_mode & 0o7777, path))
+    lines = [line for line in raw.splitlines() if line.strip()]
+    if len(lines) != 1 or len(raw) > 65536 or b"\x00" in raw:
+        raise InputError("NARWHAL_API_KEY_FILE", "the engine API key file %s must hold exactly one non-empty line "
+                                                 "(it has %d); write the key alone into it" % (path, len(lines)))
+
+
 def revision(module, root):
     git = module.get_bin_path("git")
     if not git:
@@ -153,7 +175,7 @@ def main():
             site=dict(type="dict", required=True),
             engines=dict(type="list", elements="str", required=True),
             root=dict(type="path", required=True),
-            launcher=dict(type="path", required=True),
+            collection=dict(type="path", required=True),
             stage=dict(type="str", default="plan", choices=["plan", "write"]),
             hosts=dict(type="dict", default={}),
         ),
@@ -181,10 +203,10 @@ def main():
         compatibility(records)
         shared_hosts(records)
         try:
-            with open(p["launcher"], "rb") as fh:
-                launcher_bytes = fh.read()
-        except OSError as exc:
-            raise InputError("launcher", "cannot read the launcher %s (%s)" % (p["launcher"], exc))
+            launcher_bytes = build_zipapp(launcher_sources(p["collection"]))
+        except (OSError, ValueError) as exc:
+            raise InputError("collection", "cannot build the launcher from the collection at %s (%s); reinstall "
+                                           "narwhal.deploy" % (p["collection"], exc))
         launcher_sha = hashlib.sha256(launcher_bytes).hexdigest()
         checkout = site["NARWHAL_ENGINE_CHECKOUT"]
         draft = dict((e, derive(records[e], checkout, "run-pending")) for e in engines)
@@ -192,15 +214,7 @@ def main():
                       "launch_config_sha256": sha256_text(launch_raw)}
         rid = run_id(engines, records, draft, launcher_sha, inputs_sha)
         derived = dict((e, derive(records[e], checkout, rid)) for e in engines)
-        key_path = _path(root, site["NARWHAL_API_KEY_FILE"])
-        try:
-            with open(key_path, "rb") as fh:
-                key_ok = bool(fh.read().strip())
-        except OSError as exc:
-            raise InputError("NARWHAL_API_KEY_FILE", "cannot read the engine API key file %s (%s); create it "
-                                                     "(one line, mode 0600) and prepare a new run" % (key_path, exc.strerror))
-        if not key_ok:
-            raise InputError("NARWHAL_API_KEY_FILE", "the engine API key file %s is empty; write the key into it" % key_path)
+        check_key_file(_path(root, site["NARWHAL_API_KEY_FILE"]))
         result = {"changed": False, "run_id": rid, "records": dict((e, records[e]) for e in engines),
                   "derived": derived, "launcher_sha256": launcher_sha}
         if p["stage"] == "plan":
@@ -217,25 +231,27 @@ def main():
     manifest = {
         "run_id": rid,
         "application": {"revision": rev, "dirty": dirty},
-        "launcher": {"file": "launch_engine.py", "sha256": launcher_sha},
+        "launcher": {"file": "launch_engine.pyz", "sha256": launcher_sha},
         "inputs": dict(inputs_sha, env_file=p["site"].get("env_file"), fleet=site["NARWHAL_FLEET"],
                        launch_config=site["NARWHAL_LAUNCH_CONFIG"]),
         "engines": dict((e, {"host": e, "role": records[e]["role"], "iid": records[e]["iid"],
                              "record_sha256": sha256_text(canonical(records[e])),
                              "environment": derived[e]["environment"], "vllm_args": derived[e]["vllm_args"],
+                             "container": derived[e]["container"], "plan_hash": derived[e]["plan_hash"],
                              "role_env": derived[e]["role_env"], "install": derived[e]["paths"]}) for e in engines),
     }
     errors = validation_errors(manifest, MANIFEST_SCHEMA)
     if errors:
         module.fail_json(msg="the manifest fails its schema, no run was created: %s" % "; ".join(errors))
     files = {os.path.join(run_dir, "manifest.json"): (json.dumps(manifest, indent=2) + "\n", 0o600),
-             os.path.join(run_dir, "launch_engine.py"): (launcher_bytes.decode("utf-8"), 0o700),
-             os.path.join(run_dir, "launch_engine.py.sha256"): ("%s  launch_engine.py\n" % launcher_sha, 0o600)}
+             os.path.join(run_dir, "launch_engine.pyz"): (launcher_bytes, 0o600),
+             os.path.join(run_dir, "launch_engine.pyz.sha256"): ("%s  launch_engine.pyz\n" % launcher_sha, 0o600)}
     for e in engines:
         files[os.path.join(run_dir, e, "engine-launch.%s.json" % e)] = (json.dumps(records[e], indent=2) + "\n", 0o600)
         files[os.path.join(run_dir, e, "%s.env" % e)] = (render_role_env(derived[e]["role_env"]), 0o600)
         files[os.path.join(run_dir, e, "prepared.json")] = (json.dumps(
-            {"environment": derived[e]["environment"], "vllm_args": derived[e]["vllm_args"]}, indent=2) + "\n", 0o600)
+            {"environment": derived[e]["environment"], "vllm_args": derived[e]["vllm_args"],
+             "container": derived[e]["container"], "plan_hash": derived[e]["plan_hash"]}, indent=2) + "\n", 0o600)
     changes = plan_set(files)
     result.update(changed=bool(changes), run_dir=run_dir, manifest=manifest)
     if module._diff and changes:

@@ -1,24 +1,43 @@
-"""Shared by the launcher tests: roles/install/files/launch_engine.py loaded as a module (it is a role file,
-not a package), the example records and a role environment."""
+"""Shared by the launcher tests: the launcher's parts (roles/install/files/launcher, imported from the source
+tree) and the planner, gathered in one namespace `le`; the example records and a role environment; `zipapp`
+builds the real artefact the way prepare does."""
 import copy
-import importlib.util
 import json
 import pathlib
+import sys
+import types
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-LAUNCHER = REPO / "roles" / "install" / "files" / "launch_engine.py"
+LAUNCHER_DIR = REPO / "roles" / "install" / "files" / "launcher"
 EXAMPLE = REPO / "docs" / "examples" / "engine-launch.example.json"
 SECRET = "s3cr3t-Key-0123456789abcdef"
 
+sys.path.insert(0, str(LAUNCHER_DIR))
 
-def _load():
-    spec = importlib.util.spec_from_file_location("launch_engine", str(LAUNCHER))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from narwhal_launcher import cli, common, image_check, in_image, probe, start  # noqa: E402
+
+from ansible_collections.narwhal.deploy.plugins.module_utils import _launcher_build, _plan  # noqa: E402
+
+MODULES = {"plan": _plan, "common": common, "image_check": image_check, "probe": probe, "start": start, "cli": cli,
+           "in_image": in_image}
 
 
-le = _load()
+def _namespace():
+    names = {}
+    for module in (_plan, common, image_check, probe, start, cli):
+        names.update((k, v) for k, v in vars(module).items() if not k.startswith("__"))
+    names["build_plan"] = lambda role_env, record: _plan.container_spec(record, role_env)
+    return types.SimpleNamespace(**names)
+
+
+le = _namespace()
+
+
+def zipapp(tmp_path):
+    """The launcher artefact built from the checkout, as prepare builds it."""
+    path = tmp_path / "launch_engine.pyz"
+    path.write_bytes(_launcher_build.build_zipapp(_launcher_build.launcher_sources(str(REPO))))
+    return path
 
 
 def record(name="engine-1"):

@@ -1,4 +1,6 @@
-"""roles/install/files/launch_engine.py: plan, rejection of managed overrides, hash, argv, CLI, docker start."""
+"""The launcher (roles/install/files/launcher + the planner plugins/module_utils/_plan.py): plan, rejection of
+managed overrides, hash, argv, the zipapp's CLI, docker start."""
+import hashlib
 import json
 import os
 import pathlib
@@ -9,7 +11,7 @@ import sys
 import uuid
 
 import pytest
-from launcher_support import LAUNCHER, SECRET, le, record, role_env, write_inputs
+from launcher_support import MODULES, SECRET, le, record, role_env, write_inputs, zipapp
 
 KV_033 = '{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_load_failure_policy":"fail",' \
          '"kv_connector_extra_config":{"backends":["UCX"]}}'
@@ -24,13 +26,22 @@ UUIDS = ("GPU-76098dc1-d3bc-9a1b-7ea6-f7b48837829e,GPU-bbf7a241-bf9a-eb90-b2fb-d
 
 def test_read_role_env(tmp_path):
     path = tmp_path / "engine.env"
-    path.write_text("# comment\n\nNARWHAL_ENGINE=engine-1\nNARWHAL_ENGINE_ARGS=--max-num-seqs 8 --x=$HOME\n"
-                    "  NARWHAL_HTTP_PORT = 8000\nNARWHAL_ENGINE_ENV=A=1 B=2\n")
+    path.write_text("# comment\n\nNARWHAL_ENGINE=engine-1\nNARWHAL_SERVED_MODEL_NAME=a=$HOME\n"
+                    "  NARWHAL_HTTP_PORT = 8000\n")
     assert le.read_role_env(str(path)) == {
-        "NARWHAL_ENGINE": "engine-1", "NARWHAL_ENGINE_ARGS": "--max-num-seqs 8 --x=$HOME",
-        "NARWHAL_HTTP_PORT": " 8000", "NARWHAL_ENGINE_ENV": "A=1 B=2"}
+        "NARWHAL_ENGINE": "engine-1", "NARWHAL_SERVED_MODEL_NAME": "a=$HOME", "NARWHAL_HTTP_PORT": " 8000"}
     path.write_text("not a pair\n")
     with pytest.raises(le.LaunchError, match="line 1"):
+        le.read_role_env(str(path))
+    # keys the launcher does not read (the old NARWHAL_ENGINE_ARGS included) and repeated keys are refused
+    path.write_text("NARWHAL_ENGINE=engine-1\nNARWHAL_ENGINE_ARGS=--port 1\n")
+    with pytest.raises(le.LaunchError, match="line 2: NARWHAL_ENGINE_ARGS is not a key the launcher reads"):
+        le.read_role_env(str(path))
+    path.write_text("NARWHAL_ENGINE=engine-1\nNARWHAL_RUN_DIR=/a\nNARWHAL_RUN_DIR=/tmp/evil\n")
+    with pytest.raises(le.LaunchError, match="line 3: NARWHAL_RUN_DIR is set twice"):
+        le.read_role_env(str(path))
+    path.write_bytes(b"NARWHAL_ENGINE=engine-\xff\n")
+    with pytest.raises(le.LaunchError, match="is not UTF-8 text"):
         le.read_role_env(str(path))
 
 
@@ -53,7 +64,7 @@ def test_nvidia_plan():
     env = plan["environment"]
     assert env["CUDA_VISIBLE_DEVICES"] == UUIDS
     assert env["UCX_NET_DEVICES"] == "eth1"
-    assert env["UCX_TLS"] == "tcp"
+    assert env["UCX_TLS"] == "tcp,cuda_copy,cuda_ipc,sm,self"
     assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "172.31.241.11"
     assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"
     assert env["VLLM_API_KEY"] == "<redacted>"
@@ -66,13 +77,16 @@ def test_nvidia_plan():
 
 
 def test_nvidia_docker_run_argv():
-    plan = le.build_plan(role_env(NARWHAL_ENGINE_ENV="UCX_LOG_LEVEL=info"), record("engine-1"))
+    rec = record("engine-1")
+    rec["runtime"]["environment"]["UCX_LOG_LEVEL"] = "info"
+    plan = le.build_plan(role_env(), rec)
     argv = le.docker_run_argv(plan)
-    assert argv[:9] == ["docker", "run", "-d", "--name", "narwhal-engine-1", "--network", "host", "--ipc", "host"]
-    assert argv[9:11] == ["--gpus", '"device=0,1,2,3,4,5,6,7"']
+    assert argv[:11] == ["docker", "run", "-d", "--name", "narwhal-engine-1", "--network", "host", "--ipc", "host",
+                         "--restart", "unless-stopped"]
+    assert argv[11:13] == ["--gpus", '"device=0,1,2,3,4,5,6,7"']
     assert "--device" not in argv
     assert ["--mount", "type=bind,source=/srv/models/tiny-llama,target=/models/tiny-llama,readonly"] == \
-        argv[11:13]
+        argv[13:15]
     assert "org.narwhal.plan-hash=%s" % le.plan_hash(plan) in argv
     assert "org.narwhal.engine=engine-1" in argv
     assert "VLLM_API_KEY=<redacted>" in argv and "UCX_LOG_LEVEL=info" in argv
@@ -131,20 +145,25 @@ def test_amd_rdma_plan():
     assert plan["device_requests"] == [] and plan["verify_devices"] == []
     import grp
 
-    host_ids = []
+    host_ids = {}
     for name in ("video", "render"):
         try:
-            host_ids.append(str(grp.getgrnam(name).gr_gid))
+            host_ids[name] = str(grp.getgrnam(name).gr_gid)
         except KeyError:
             pass
-    assert plan["group_add"] == host_ids and all(g.isdigit() for g in plan["group_add"])
+    # the plan names the groups (host-independent hash); the launcher maps them to the HOST's numeric IDs
+    assert plan["group_add"] == ["video", "render"]
+    assert le.host_group_ids(plan["group_add"]) == host_ids
+    argv = le.docker_run_argv(plan, host_ids)
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--group-add"] == \
+        [host_ids.get(g, g) for g in ("video", "render")]
     assert plan["cap_add"] == ["IPC_LOCK"]
     assert plan["ulimits"] == [{"name": "memlock", "soft": -1, "hard": -1}]
     assert plan["security_opt"] == ["seccomp=unconfined"]
     env = plan["environment"]
     assert env["ROCR_VISIBLE_DEVICES"] == "0,1" and "CUDA_VISIBLE_DEVICES" not in env
     assert env["UCX_NET_DEVICES"] == "mlx5_6:1"
-    assert env["UCX_TLS"] == "rc,ud,sm,self,rocm_copy,rocm_ipc"
+    assert env["UCX_TLS"] == "rc,ud,rocm_copy,rocm_ipc,sm,self"
     assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "172.31.241.12"
     assert plan["command"][plan["command"].index("--tensor-parallel-size") + 1] == "2"
     assert plan["command"][-4:] == ["--max-model-len", "8192", "--gpu-memory-utilization", "0.9"]
@@ -161,9 +180,10 @@ def test_amd_rdma_plan():
 def test_cuda_rdma_tls():
     rec = record("engine-1")
     rec["transfer"] = {"transport": "ucx_rdma", "net_devices": ["mlx5_0:1"],
-                       "devices": ["/dev/infiniband/uverbs0", "/dev/infiniband/rdma_cm"]}
+                       "devices": ["/dev/infiniband/uverbs0", "/dev/infiniband/rdma_cm"],
+                       "ucx_tls": le.ucx_tls("ucx_rdma", "cuda", "cuda")}
     plan = le.build_plan(role_env(), rec)
-    assert plan["environment"]["UCX_TLS"] == "rc,ud,sm,self,cuda_copy,cuda_ipc"
+    assert plan["environment"]["UCX_TLS"] == "rc,ud,cuda_copy,cuda_ipc,sm,self"
     assert plan["devices"] == ["/dev/infiniband/uverbs0:/dev/infiniband/uverbs0:rwm",
                                "/dev/infiniband/rdma_cm:/dev/infiniband/rdma_cm:rwm"]
     assert plan["cap_add"] == ["IPC_LOCK"]
@@ -193,37 +213,53 @@ def test_reject_managed_flag_in_extra_args(args):
 
 
 @pytest.mark.parametrize("args", MANAGED_FLAG_FORMS, ids=lambda a: a[0])
-def test_reject_managed_flag_in_engine_args(args):
-    words = " ".join("'%s'" % a for a in ["--enforce-eager"] + args)
+def test_reject_managed_flag_in_an_input(args):
+    """The same rule names the .env input when discovery checks it (one owner)."""
     with pytest.raises(le.LaunchError) as info:
-        le.build_plan(role_env(NARWHAL_ENGINE_ARGS=words), record("engine-1"))
-    message = str(info.value)
-    assert "NARWHAL_ENGINE_ARGS[1]=%r" % args[0] in message and "launcher-managed" in message
+        le.check_args(le.split_args(" ".join("'%s'" % a for a in ["--enforce-eager"] + args), "NARWHAL_EXTRA_ARGS"),
+                      "NARWHAL_EXTRA_ARGS")
+    assert info.value.key == "NARWHAL_EXTRA_ARGS"
+    assert "NARWHAL_EXTRA_ARGS[1]=%r overrides launcher-managed" % args[0] in str(info.value)
+
+
+def test_trust_remote_code_only_as_derived():
+    rec = record("engine-1")
+    rec["runtime"]["extra_args"] = ["--trust-remote-code"]
+    with pytest.raises(le.LaunchError, match="is derived by discovery from the checkpoint"):
+        le.build_plan(role_env(), rec)
+    with pytest.raises(le.LaunchError, match=r"NARWHAL_EXTRA_ARGS\[0\]='--trust_remote_code'"):
+        le.check_args(["--trust_remote_code"], "NARWHAL_EXTRA_ARGS")
 
 
 def test_allowed_flags_pass():
-    plan = le.build_plan(role_env(NARWHAL_ENGINE_ARGS="--max-num-seqs 8 --hostname-like x --portable -1"),
-                         record("engine-1"))
+    rec = record("engine-1")
+    rec["runtime"]["extra_args"] = ["--max-num-seqs", "8", "--hostname-like", "x", "--portable", "-1"]
+    plan = le.build_plan(role_env(), rec)
     assert plan["command"][-6:] == ["--max-num-seqs", "8", "--hostname-like", "x", "--portable", "-1"]
 
 
 @pytest.mark.parametrize("key", ["CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
                                  "NVIDIA_VISIBLE_DEVICES", "UCX_NET_DEVICES", "UCX_TLS",
                                  "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT", "VLLM_API_KEY",
-                                 "VLLM_SSM_CONV_STATE_LAYOUT", "VLLM_HOST_IP", "VLLM_PORT"])
+                                 "VLLM_SSM_CONV_STATE_LAYOUT", "VLLM_HOST_IP", "VLLM_PORT", "PATH"])
 def test_reject_managed_env(key):
-    with pytest.raises(le.LaunchError, match="NARWHAL_ENGINE_ENV entry %s is launcher-managed" % key):
-        le.build_plan(role_env(NARWHAL_ENGINE_ENV="UCX_LOG_LEVEL=info\n%s=x" % key), record("engine-1"))
-
-
-def test_reject_managed_env_in_record():
+    with pytest.raises(le.LaunchError, match="NARWHAL_ENGINE_ENV sets %s, which is launcher-managed" % key):
+        le.parse_env_words("UCX_LOG_LEVEL=info\n%s=x" % key, "NARWHAL_ENGINE_ENV")
     rec = record("engine-1")
-    rec["runtime"]["environment"]["UCX_TLS"] = "all"
-    with pytest.raises(le.LaunchError, match=r"runtime\.environment\.UCX_TLS is launcher-managed"):
+    rec["runtime"]["environment"][key] = "x"
+    with pytest.raises(le.LaunchError, match=r"runtime\.environment sets %s, which is launcher-managed" % key):
         le.build_plan(role_env(), rec)
 
 
-@pytest.mark.parametrize("address", ["0.0.0.0", "::", "localhost", "127.0.0.1", "127.1.2.3", "::1", "[::1]", ""])
+def test_reject_secret_env_in_record():
+    rec = record("engine-1")
+    rec["runtime"]["environment"]["HF_TOKEN"] = "hf_x"
+    with pytest.raises(le.LaunchError, match="sets HF_TOKEN, which looks like a secret"):
+        le.build_plan(role_env(), rec)
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0", "::", "localhost", "localhost.", "127.0.0.1", "127.1.2.3", "::1",
+                                     "[::1]", "::ffff:127.0.0.1", "fe80::1", "engine-1.example", ""])
 def test_reject_side_channel_host(address):
     with pytest.raises(le.LaunchError, match="NARWHAL_ADVERTISED_ADDRESS"):
         le.build_plan(role_env(NARWHAL_ADVERTISED_ADDRESS=address), record("engine-1"))
@@ -231,7 +267,7 @@ def test_reject_side_channel_host(address):
 
 def test_net_device_substitution():
     rec = record("engine-1")
-    with pytest.raises(le.LaunchError, match="NARWHAL_FABRIC_INTERFACE is not set"):
+    with pytest.raises(le.LaunchError, match=r"\$\{NARWHAL_FABRIC_INTERFACE\} is not set"):
         le.build_plan(role_env(NARWHAL_FABRIC_INTERFACE=""), rec)
     rec["transfer"]["net_devices"] = ["${NARWHAL_FABRIC_INTERFACE}:1"]
     with pytest.raises(le.LaunchError, match=r"transfer\.net_devices\[0\]"):
@@ -251,8 +287,9 @@ def test_derived_settings_kept_with_extras():
     rec["runtime"]["extra_args"] = ["--trust-remote-code", "--max-model-len", "4096"]
     rec["runtime"]["ssm_conv_state"] = True
     rec["runtime"]["derived_environment"] = {"VLLM_SSM_CONV_STATE_LAYOUT": "DS"}
-    plan = le.build_plan(role_env(NARWHAL_ENGINE_ARGS="--enforce-eager --max-num-seqs 4",
-                                  NARWHAL_ENGINE_ENV="UCX_LOG_LEVEL=info NCCL_DEBUG=WARN"), rec)
+    rec["runtime"]["extra_args"] += ["--enforce-eager", "--max-num-seqs", "4"]
+    rec["runtime"]["environment"].update(UCX_LOG_LEVEL="info", NCCL_DEBUG="WARN")
+    plan = le.build_plan(role_env(), rec)
     assert plan["command"][plan["command"].index("16") + 1:] == [
         "--trust-remote-code", "--max-model-len", "4096", "--enforce-eager", "--max-num-seqs", "4"]
     env = plan["environment"]
@@ -277,7 +314,10 @@ def test_plan_hash_stable_and_sensitive():
     plan = le.build_plan(role_env(), rec)
     plan["environment"]["VLLM_API_KEY"] = SECRET  # the key never enters the hash
     assert le.plan_hash(plan) == h
-    assert le.plan_hash(le.build_plan(role_env(NARWHAL_ENGINE_ARGS="--max-num-seqs 8"), rec)) != h
+    rec2 = json.loads(json.dumps(rec))
+    rec2["runtime"]["extra_args"] = ["--max-num-seqs", "8"]
+    assert le.plan_hash(le.build_plan(role_env(), rec2)) != h
+    assert le.plan_hash(le.build_plan(role_env(NARWHAL_RUN_ID="r2", NARWHAL_RUN_DIR="/x"), rec)) == h
     assert le.plan_hash(le.build_plan(role_env(NARWHAL_HTTP_PORT="8001"), rec)) != h
     rec["runtime"]["block_size"] = 32
     assert le.plan_hash(le.build_plan(role_env(), rec)) != h
@@ -287,7 +327,9 @@ def test_plan_hash_stable_and_sensitive():
 
 def test_cli_plan_writes_plan_without_key(tmp_path):
     env_path, env = write_inputs(tmp_path, record("engine-1"))
-    proc = subprocess.run([sys.executable, str(LAUNCHER), "--role-env", str(env_path), "plan"],
+    launcher = zipapp(tmp_path)
+    # -I -S: no site-packages, so nothing of Ansible or the collection is importable but what the zipapp carries
+    proc = subprocess.run([sys.executable, "-I", "-S", str(launcher), "--role-env", str(env_path), "plan"],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     plan_file = pathlib.Path(env["NARWHAL_RUN_DIR"]) / "plan.json"
@@ -298,7 +340,8 @@ def test_cli_plan_writes_plan_without_key(tmp_path):
     assert data["plan_hash"] == le.plan_hash(data["plan"])
     assert data["argv"] == le.docker_run_argv(data["plan"])
     assert "VLLM_API_KEY=<redacted>" in data["argv"]
-    assert data["launcher_sha256"] == le.launcher_sha256()
+    assert data["launcher_sha256"] == hashlib.sha256(launcher.read_bytes()).hexdigest()
+    assert zipapp(tmp_path).read_bytes() == launcher.read_bytes()  # deterministic: the digest names the sources
     assert proc.stdout.startswith("docker run -d --name narwhal-engine-1 ")
     assert "--gpus '\"device=0,1,2,3,4,5,6,7\"'" in proc.stdout
 
@@ -307,7 +350,7 @@ def test_cli_errors_exit_2(tmp_path):
     rec = record("engine-1")
     rec["runtime"]["extra_args"] = ["--port=9000"]
     env_path = write_inputs(tmp_path, rec)[0]
-    proc = subprocess.run([sys.executable, str(LAUNCHER), "--role-env", str(env_path), "plan"],
+    proc = subprocess.run([sys.executable, "-I", "-S", str(zipapp(tmp_path)), "--role-env", str(env_path), "plan"],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1
@@ -398,20 +441,21 @@ def test_start_standin_container(tmp_path, capsys, monkeypatch):
     rec.update(engine=engine, accelerator={"vendor": "cpu", "product": "cpu", "count": 0}, gpu_ids=[],
                gpu_host_indices=[], tensor_parallel_size=1, accelerator_devices=[])
     rec["runtime"].update(image_id=image.id, platform="cpu", kv_buffer_device="cpu", model_path=str(model))
+    rec["transfer"]["ucx_tls"] = ["tcp"]
     env_path, env = write_inputs(tmp_path, rec, NARWHAL_HTTP_PORT=str(ports[0]),
                                  NARWHAL_SIDE_CHANNEL_PORT=str(ports[1]), NARWHAL_ADVERTISED_ADDRESS=address,
                                  NARWHAL_FABRIC_INTERFACE="lo")
     # the launcher names containers narwhal-<engine>; the test's container is narwhal-launcher-test-*
     test_name = "narwhal-launcher-test-%s" % engine
-    original = le.build_plan
+    original = MODULES["plan"].container_spec
 
-    def build_plan(role_env_, record_, api_key_present=True):
-        plan = original(role_env_, record_, api_key_present)
+    def container_spec(record_, role_env_):
+        plan = original(record_, role_env_)
         plan["name"] = test_name
         return plan
 
-    monkeypatch.setattr(le, "build_plan", build_plan)
-    monkeypatch.setattr(le, "STOP_TIMEOUT", 2)
+    monkeypatch.setattr(MODULES["plan"], "container_spec", container_spec)
+    monkeypatch.setattr(MODULES["start"], "STOP_TIMEOUT", 2)
     try:
         assert le.main(["--role-env", str(env_path), "start"]) == 0
         first = json.loads((pathlib.Path(env["NARWHAL_RUN_DIR"]) / "deployment.json").read_text())
@@ -430,6 +474,7 @@ def test_start_standin_container(tmp_path, capsys, monkeypatch):
         host = attrs["HostConfig"]
         assert host["NetworkMode"] == "host" and host["IpcMode"] == "host"
         assert not host.get("Devices") and not host.get("DeviceRequests")
+        assert host["RestartPolicy"]["Name"] == "unless-stopped"
         assert [(m["Source"], m["Target"], m["ReadOnly"]) for m in host["Mounts"]] == [
             (str(model), "/models/tiny-llama", True)]
         assert first["launcher_sha256"] == le.launcher_sha256() and first["image_id"] == image.id
@@ -441,7 +486,8 @@ def test_start_standin_container(tmp_path, capsys, monkeypatch):
         again = client.containers.get(test_name).attrs
         assert again["State"]["Running"], client.containers.get(test_name).logs()[-2000:]
         # a different plan replaces the container
-        env_path.write_text(env_path.read_text() + "NARWHAL_ENGINE_ARGS=--max-model-len 2048\n")
+        rec["runtime"]["extra_args"] = ["--max-model-len", "2048"]
+        pathlib.Path(env["NARWHAL_RECORD"]).write_text(json.dumps(rec))
         assert le.main(["--role-env", str(env_path), "start"]) == 0
         assert capsys.readouterr().out.startswith("replaced %s " % test_name)
         third = json.loads((pathlib.Path(env["NARWHAL_RUN_DIR"]) / "deployment.json").read_text())

@@ -10,7 +10,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
-from launcher_support import LAUNCHER, SECRET, le, record, role_env, write_inputs
+from launcher_support import MODULES, SECRET, le, record, role_env, write_inputs, zipapp
 
 IMAGE = "narwhal-sim/engine-standin:latest"
 
@@ -35,6 +35,7 @@ def good_report(**overrides):
         "auto_map": {"config.json": {"present": True, "auto_map": False},
                      "tokenizer_config.json": {"present": False, "auto_map": False}},
         "tokenizer": {"ok": True, "value": "PreTrainedTokenizerFast"},
+        "serve_args": {"ok": True, "value": {"model": "/models/tiny-llama"}},
     }
     report.update(overrides)
     return report
@@ -227,7 +228,7 @@ def test_health_wait_stops_when_the_engine_container_exited(tmp_path, monkeypatc
     env_path = checked_inputs(tmp_path)
     logs = ("ValueError: No common block size for 16 (CPU_ATTN: [MultipleOf(32)])\nkey=%s\n" % SECRET).encode()
     sdk = _FakeSDK(_FakeContainer("exited", logs))
-    monkeypatch.setattr(le, "_docker_client", lambda: (sdk, sdk))
+    monkeypatch.setattr(MODULES["probe"], "docker_client", lambda: (sdk, sdk))
     with pytest.raises(le.LaunchError) as err:
         le.probe_version(str(env_path), timeout=60, interval=0.05, address="127.0.0.1")
     text = str(err.value)
@@ -270,8 +271,9 @@ def standin(tmp_path, monkeypatch):
                gpu_host_indices=[], tensor_parallel_size=1, accelerator_devices=[])
     rec["runtime"].update(image=IMAGE, image_id=image.id, platform="cpu", kv_buffer_device="cpu",
                           model_path=str(model))
+    rec["transfer"]["ucx_tls"] = ["tcp"]
     env_path, env = write_inputs(tmp_path, rec, NARWHAL_FABRIC_INTERFACE="lo")
-    monkeypatch.setattr(le, "CHECK_PREFIX", "narwhal-check-test-")
+    monkeypatch.setattr(MODULES["image_check"], "CHECK_PREFIX", "narwhal-check-test-")
     yield {"docker": docker, "client": client, "image": image, "model": model, "record": rec, "env_path": env_path,
            "run_dir": pathlib.Path(env["NARWHAL_RUN_DIR"]), "tmp": tmp_path}
     for container in client.containers.list(all=True, filters={"label": le.ENGINE_LABEL + "-check=" + engine}):
@@ -302,22 +304,26 @@ def test_check_success_writes_checked(standin, capsys):
     assert "tokenizer" in checked["checks"] and "kv_transfer_config" in checked["checks"]
     assert not _leftover(standin)
     # the CLI as a subprocess: same verdict
-    proc = subprocess.run([sys.executable, str(LAUNCHER), "--role-env", str(standin["env_path"]), "check"],
+    proc = subprocess.run([sys.executable, str(zipapp(standin["tmp"])), "--role-env", str(standin["env_path"]), "check"],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     # reuse: same plan hash and image id -> no check container
     called = []
-    original = le.run_check_container
-    le.run_check_container = lambda *a: called.append(a) or original(*a)
+    module = MODULES["image_check"]
+    original = module.run_check_container
+    module.run_check_container = lambda *a: called.append(a) or original(*a)
     try:
         role = le.read_role_env(str(standin["env_path"]))
-        _r, plan_, digest, _a = le.prepare(str(standin["env_path"]))
+        prepared = le.prepare(str(standin["env_path"]))
+        plan_, digest = prepared.plan, prepared.digest
         doc, how = le.image_check(role, standin["record"], plan_, digest, reuse=True)
-        assert how == "reused" and not called and doc["plan_hash"] == digest
+        assert how == "ran" and len(called) == 1  # the subprocess's zipapp is another launcher: no reuse
+        doc, how = le.image_check(role, standin["record"], plan_, digest, reuse=True)
+        assert how == "reused" and len(called) == 1 and doc["plan_hash"] == digest
         doc, how = le.image_check(role, standin["record"], plan_, digest, reuse=False)
-        assert how == "ran" and len(called) == 1
+        assert how == "ran" and len(called) == 2
     finally:
-        le.run_check_container = original
+        module.run_check_container = original
 
 
 @needs_docker
@@ -333,7 +339,7 @@ def test_check_wrong_vllm_version(standin, capsys):
 @needs_docker
 def test_check_kv_config_rejected(standin, monkeypatch):
     original = le.kv_transfer_config
-    monkeypatch.setattr(le, "kv_transfer_config", lambda rec: dict(original(rec), kv_ip="10.0.0.1"))
+    monkeypatch.setattr(MODULES["plan"], "kv_transfer_config", lambda rec: dict(original(rec), kv_ip="10.0.0.1"))
     with pytest.raises(le.LaunchError, match=r"--kv-transfer-config .*kv_ip.* is rejected by the image's "
                                              r"KVTransferConfig \(ValidationError: .*kv_ip"):
         le.check(str(standin["env_path"]))
@@ -392,6 +398,12 @@ def test_check_rocm_image_and_ssm(standin):
     rt.update(image="narwhal-sim/engine-standin-rocm:latest", image_id=rocm.id, platform="rocm",
               expected_packages={"vllm": "0.33.0", "nixl-rocm": "1.5.1"}, ssm_conv_state=True,
               derived_environment={"VLLM_SSM_CONV_STATE_LAYOUT": "DS"})
+    # an AMD record with one "GPU" whose device node is /dev/null (this machine has no GPU)
+    standin["record"].update(accelerator={"vendor": "amd", "product": "AMD Instinct MI100", "count": 1},
+                             gpu_ids=["0"], gpu_host_indices=[0], gpu_visibility_env="ROCR_VISIBLE_DEVICES",
+                             accelerator_devices=["/dev/null"])
+    rt["kv_buffer_device"] = "cuda"
+    standin["record"]["transfer"]["ucx_tls"] = le.ucx_tls("ucx_tcp", "rocm", "cuda")
     _save(standin)
     checked = le.check(str(standin["env_path"]))
     assert checked["nixl_module"] == "nixl_rocm._api" and checked["checks"][-1] == "ssm_conv_state_layout"
@@ -401,7 +413,7 @@ def test_check_rocm_image_and_ssm(standin):
 @needs_docker
 def test_start_refuses_when_check_fails(standin, monkeypatch):
     (standin["model"] / "tokenizer.json").unlink()
-    monkeypatch.setattr(le, "build_plan", _renamed(le.build_plan))
+    monkeypatch.setattr(MODULES["plan"], "container_spec", _renamed(MODULES["plan"].container_spec))
     with pytest.raises(le.LaunchError, match="tokenizer does not construct"):
         le.start(str(standin["env_path"]))
     assert (standin["run_dir"] / "plan.json").exists()
@@ -411,8 +423,8 @@ def test_start_refuses_when_check_fails(standin, monkeypatch):
 
 
 def _renamed(original):
-    def build_plan(role_env_, record_, api_key_present=True):
-        plan = original(role_env_, record_, api_key_present)
+    def container_spec(record_, role_env_):
+        plan = original(record_, role_env_)
         plan["name"] = "narwhal-check-test-start-%s" % plan["engine"]
         return plan
-    return build_plan
+    return container_spec

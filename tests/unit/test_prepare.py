@@ -21,7 +21,6 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._prepare import (
     compatibility,
     derive,
     render_role_env,
-    resolve_reference,
     run_id,
     shared_hosts,
     stale,
@@ -232,16 +231,20 @@ def test_empty_inspection_is_stale(records):
 def test_derive_nvidia_tcp(records):
     r = records["engine-1"]
     d = derive(r, CHECKOUT, "run-0123456789ab")
-    assert d["environment"] == {
+    managed = {
         "CUDA_VISIBLE_DEVICES": ",".join(r["gpu_ids"]),
         "UCX_NET_DEVICES": "eth1",
-        "UCX_TLS": "tcp",
+        "UCX_TLS": "tcp,cuda_copy,cuda_ipc,sm,self",
         "VLLM_NIXL_SIDE_CHANNEL_HOST": "172.31.241.11",
         "VLLM_NIXL_SIDE_CHANNEL_PORT": "5600",
+        "VLLM_API_KEY": "<redacted>",
     }
+    # the container's whole environment: the record's image env plus what the launcher manages
+    assert d["environment"] == dict(r["runtime"]["environment"], **managed)
     assert d["environment"]["CUDA_VISIBLE_DEVICES"].startswith("GPU-76098dc1-d3bc-9a1b-7ea6-f7b48837829e,GPU-bbf7")
-    assert d["vllm_args"] == ["--tensor-parallel-size", "8", "--dtype", "bfloat16", "--kv-cache-dtype", "auto",
-                              "--block-size", "16"]
+    assert d["vllm_args"][-12:] == ["--tensor-parallel-size", "8", "--kv-transfer-config", d["vllm_args"][-9],
+                                    "--dtype", "bfloat16", "--kv-cache-dtype", "auto", "--block-size", "16"][-12:]
+    assert d["vllm_args"][d["vllm_args"].index("--tensor-parallel-size") + 1] == "8"
 
 
 def test_derive_amd_rdma(records):
@@ -249,17 +252,21 @@ def test_derive_amd_rdma(records):
     env = d["environment"]
     assert env["ROCR_VISIBLE_DEVICES"] == "0,1"
     assert env["UCX_NET_DEVICES"] == "mlx5_6:1"
-    assert env["UCX_TLS"] == "rc,ud,sm,self,rocm_copy,rocm_ipc"
+    assert env["UCX_TLS"] == "rc,ud,rocm_copy,rocm_ipc,sm,self"
     assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "172.31.241.12"
     assert "CUDA_VISIBLE_DEVICES" not in env
-    assert d["vllm_args"][:4] == ["--tensor-parallel-size", "2", "--dtype", "bfloat16"]
+    assert d["vllm_args"][d["vllm_args"].index("--tensor-parallel-size") + 1] == "2"
     assert d["vllm_args"][-4:] == ["--max-model-len", "8192", "--gpu-memory-utilization", "0.9"]
 
 
 def test_derive_nvidia_rdma_adds_cuda_copy(records):
     r = records["engine-1"]
-    r["transfer"].update(transport="ucx_rdma", net_devices=["mlx5_0:1"], devices=["/dev/infiniband/uverbs0"])
-    assert derive(r, CHECKOUT, "run-x")["environment"]["UCX_TLS"] == "rc,ud,sm,self,cuda_copy,cuda_ipc"
+    r["transfer"].update(transport="ucx_rdma", net_devices=["mlx5_0:1"], devices=["/dev/infiniband/uverbs0"],
+                         ucx_tls=["rc", "ud", "cuda_copy", "cuda_ipc", "sm", "self"])
+    assert derive(r, CHECKOUT, "run-x")["environment"]["UCX_TLS"] == "rc,ud,cuda_copy,cuda_ipc,sm,self"
+    r["transfer"]["ucx_tls"] = ["rc", "ud", "sm", "self"]  # hand-broken: GPU-memory KV without cuda_copy
+    with pytest.raises(InputError, match="lacks cuda_copy: the KV cache is in GPU memory"):
+        derive(r, CHECKOUT, "run-x")
 
 
 def test_derive_role_env_and_paths(records):
@@ -267,7 +274,7 @@ def test_derive_role_env_and_paths(records):
     assert d["paths"] == {
         "record": "/srv/narwhal/config/engine-launch.engine-1.json",
         "role_env": "/srv/narwhal/config/engine-1.env",
-        "launcher": "/srv/narwhal/bin/launch_engine.py",
+        "launcher": "/srv/narwhal/bin/launch_engine.pyz",
         "api_key": "/srv/narwhal/config/engine-api.key",
         "run_dir": "/srv/narwhal/runs/run-0123456789ab",
     }
@@ -325,12 +332,10 @@ def test_derive_unresolvable_net_device_is_refused(records, device):
     assert "cannot be resolved" in str(err.value)
 
 
-def test_resolve_reference_plain_and_reference():
-    env = {"A": "eth9"}
-    assert resolve_reference("mlx5_0:1", env, "w") == "mlx5_0:1"
-    assert resolve_reference("${A}", env, "w") == "eth9"
-    with pytest.raises(InputError):
-        resolve_reference("${B}", env, "w")
+def test_role_env_cannot_be_injected(records):
+    d = derive(records["engine-1"], CHECKOUT, "run-x")
+    with pytest.raises(InputError, match="must be one line of text"):
+        render_role_env(dict(d["role_env"], NARWHAL_SERVED_MODEL_NAME="x\nNARWHAL_RUN_DIR=/tmp/evil"))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,0 +1,184 @@
+"""Inputs, files and the plan on the engine host: the role environment, the record, the API key, the run
+directory, the launcher's own digest, and `prepare` (record + role env -> plan.json via the planner)."""
+import hashlib
+import json
+import os
+import sys
+
+from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan import PlanError as LaunchError
+
+__all__ = ["LaunchError"]
+MAX_INPUT_BYTES = 4 * 1024 * 1024  # role env, record, check output: a bigger file is not ours
+
+
+def _read_text(path, what, fix):
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_INPUT_BYTES + 1)
+    except OSError as exc:
+        raise LaunchError("%s %s: %s; %s" % (what, path, exc.strerror or exc, fix))
+    if len(data) > MAX_INPUT_BYTES:
+        raise LaunchError("%s %s is larger than %d bytes; %s" % (what, path, MAX_INPUT_BYTES, fix))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise LaunchError("%s %s is not UTF-8 text; %s" % (what, path, fix))
+
+
+def read_role_env(path):
+    """KEY=VALUE lines written by prepare (the planner's format; unknown or repeated keys refused)."""
+    text = _read_text(path, "role environment", "pass the engine's role env file with --role-env")
+    return _plan.parse_role_env(text, path)
+
+
+def load_record(path):
+    text = _read_text(path, "NARWHAL_RECORD", "rerun install to copy the launch record")
+    try:
+        record = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise LaunchError("NARWHAL_RECORD %s is not JSON (%s); rerun discovery and install" % (path, exc))
+    if not isinstance(record, dict):
+        raise LaunchError("NARWHAL_RECORD %s: expected one engine record object" % path)
+    return record
+
+
+def read_api_key(path):
+    """The engine API key from a 0600 (or 0400) file of one line."""
+    if not path:
+        raise LaunchError("role env NARWHAL_API_KEY_FILE is not set; install writes the engine key file")
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise LaunchError("NARWHAL_API_KEY_FILE %s: %s; rerun install to write the engine key"
+                          % (path, exc.strerror or exc))
+    if st.st_mode & 0o077:
+        raise LaunchError("NARWHAL_API_KEY_FILE %s has mode %04o; it must be 0600 (chmod 600)"
+                          % (path, st.st_mode & 0o7777))
+    key = _read_text(path, "NARWHAL_API_KEY_FILE", "rerun install to write the engine key").strip()
+    if not key or "\n" in key or "\r" in key:
+        raise LaunchError("NARWHAL_API_KEY_FILE %s must hold exactly one non-empty line" % path)
+    return key
+
+
+def launcher_path():
+    """The launcher artefact this code runs from: the zipapp (or the directory in tests)."""
+    archive = getattr(globals().get("__loader__"), "archive", None)
+    return archive or os.path.abspath(sys.argv[0])
+
+
+def launcher_sha256():
+    path = launcher_path()
+    if os.path.isdir(path):  # run from the source tree (tests): no artefact to hash
+        return "source-tree"
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
+def write_private(path, data):
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def read_json_file(path):
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def role(role_env, key):
+    value = role_env.get(key, "")
+    if not value:
+        raise LaunchError("role env %s is not set; rerun install to write the engine's role environment" % key)
+    return value
+
+
+def run_dir(role_env):
+    path = role(role_env, "NARWHAL_RUN_DIR")
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise LaunchError("role env NARWHAL_RUN_DIR=%s: %s" % (path, exc.strerror or exc))
+    return path
+
+
+def host_group_ids(names):
+    """{name: numeric ID} of the HOST's groups that own the GPU device nodes (ROCm: video, render).
+
+    Docker resolves a group *name* inside the image's /etc/group, where `render` is often missing ("Unable to
+    find group render"); the device nodes belong to the host's groups, so their numeric IDs are what counts.
+    A group the host does not have owns no device and is left out."""
+    import grp
+    ids = {}
+    for name in names:
+        try:
+            ids[name] = str(grp.getgrnam(name).gr_gid)
+        except KeyError:
+            continue
+    return ids
+
+
+class Prepared:
+    """The inputs read and the plan built: role_env, record, plan, digest (plan hash), argv, group_ids."""
+
+    def __init__(self, role_env, record, plan, digest, argv, group_ids):
+        self.role_env, self.record, self.plan, self.digest = role_env, record, plan, digest
+        self.argv, self.group_ids = argv, group_ids
+
+
+def prepare(role_env_path):
+    """Read the inputs, build the plan with the planner and write plan.json."""
+    role_env = read_role_env(role_env_path)
+    record = load_record(role(role_env, "NARWHAL_RECORD"))
+    read_api_key(role_env.get("NARWHAL_API_KEY_FILE", ""))  # refuse early: the engine always runs with a key
+    plan = _plan.container_spec(record, role_env)
+    digest = _plan.plan_hash(plan)
+    group_ids = host_group_ids(plan["group_add"])
+    argv = _plan.docker_run_argv(plan, group_ids)
+    write_private(os.path.join(run_dir(role_env), "plan.json"), {
+        "engine": plan["engine"], "run_id": role_env.get("NARWHAL_RUN_ID", ""), "plan": _plan.redacted(plan),
+        "plan_hash": digest, "argv": argv, "group_ids": group_ids, "launcher_sha256": launcher_sha256()})
+    return Prepared(role_env, record, plan, digest, argv, group_ids)
+
+
+def docker_client():
+    try:
+        import docker  # lazily: only start/check need a daemon
+    except ImportError:
+        raise LaunchError("the Docker SDK for Python is missing; install python3-docker on the engine host")
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception as exc:  # docker.errors.DockerException and connection errors
+        raise LaunchError("cannot reach the Docker daemon (%s); start docker or fix DOCKER_HOST" % exc)
+    return docker, client
+
+
+def check_host(plan):
+    """What the container needs from this host exists: the recorded device nodes and the model directory."""
+    for entry in plan["devices"]:
+        path = entry.split(":", 1)[0]
+        if not os.path.exists(path):
+            raise LaunchError("device %s from the launch record (accelerator_devices/transfer.devices) is not on "
+                              "this host; rerun discovery" % path)
+    for path in plan["verify_devices"]:
+        if not os.path.exists(path):
+            raise LaunchError("device %s from the launch record accelerator_devices is not on this host; check "
+                              "the NVIDIA driver or rerun discovery" % path)
+    for mount in plan["mounts"]:
+        if not os.path.isdir(mount["source"]):
+            raise LaunchError("launch record runtime.model_path %s is not a directory on this host; stage the "
+                              "model or rerun discovery" % mount["source"])
+

@@ -1,0 +1,307 @@
+"""The image check: identity of the recorded image, then a short-lived container of it runs in_image.py
+(versions, KVTransferConfig, connector and NIXL imports, the complete `vllm serve` argv through the image's
+own argument parser, trust-remote-code against the checkpoint, the tokenizer, the SSM layout) and
+decide_check turns its report into checked.json or one refusal naming every failed field."""
+import hashlib
+import json
+import os
+import pkgutil
+import sys
+import time
+
+from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
+from narwhal_launcher.common import (
+    LaunchError,
+    check_host,
+    docker_client,
+    host_group_ids,
+    launcher_sha256,
+    prepare,
+    read_json_file,
+    run_dir,
+    write_private,
+)
+
+CHECK_PREFIX = "narwhal-check-"  # the check container: narwhal-check-<engine>-<random>, removed afterwards
+CHECK_TIMEOUT = 300  # seconds the check container may take (real vLLM images import torch)
+CHECK_MARKER = "NARWHAL_CHECK_JSON="
+CONNECTOR_MODULES = ("vllm.distributed.kv_transfer.kv_connector.v1.nixl",             # vLLM >= 0.28
+                     "vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector")   # vLLM <= 0.25
+
+
+def in_image_script():
+    """The source of in_image.py, passed to `python3 -c` in the check container."""
+    return pkgutil.get_data("narwhal_launcher", "in_image.py").decode("utf-8")
+
+
+def connector_module(vllm_version):
+    """The NixlConnector module vLLM imports (VLLM_FACTS: a package `v1.nixl` from 0.28, `v1.nixl_connector`
+    before)."""
+    return CONNECTOR_MODULES[0] if _plan.version_tuple(vllm_version) >= (0, 28) else CONNECTOR_MODULES[1]
+
+
+def nixl_module(vllm_version, platform):
+    """The NIXL module vLLM will import: nixl._api on CUDA/CPU; on ROCm rixl._api (0.14-0.25) or
+    nixl_rocm._api (>= 0.28); <= 0.11 always nixl._api."""
+    version = _plan.version_tuple(vllm_version)
+    if platform != "rocm" or version < (0, 14):
+        return "nixl._api"
+    return "nixl_rocm._api" if version >= (0, 28) else "rixl._api"
+
+
+def plan_kv_transfer_config(plan):
+    """The kv-transfer config exactly as the plan passes it to `vllm serve`."""
+    command = plan["command"]
+    for index, token in enumerate(command[:-1]):
+        if token == "--kv-transfer-config":
+            return json.loads(command[index + 1])
+    raise LaunchError("the plan has no --kv-transfer-config; this launcher is broken, reinstall it")
+
+
+def check_spec(plan, record):
+    """What the check container examines (pure): packages, kv config, modules, the serve argv, the mount, the
+    remote-code flag."""
+    runtime = record.get("runtime") or {}
+    packages = _plan._field(record, "runtime.expected_packages", dict, allow_empty=False)
+    for name, version in packages.items():
+        if not isinstance(version, str) or not version:
+            raise LaunchError("launch record runtime.expected_packages.%s=%r must be an exact version string; "
+                              "rerun discovery" % (name, version))
+    vllm_version = _plan._field(record, "runtime.vllm_version", str, allow_empty=False)
+    platform = _plan._field(record, "runtime.platform", str)
+    return {
+        "packages": sorted(packages),
+        "expected_packages": dict(packages),
+        "vllm_version": vllm_version,
+        "kv_transfer_config": plan_kv_transfer_config(plan),
+        "connector_module": connector_module(vllm_version),
+        "nixl_module": nixl_module(vllm_version, platform),
+        "serve_argv": list(plan["entrypoint"][1:]) + list(plan["command"]),
+        "mount": plan["mounts"][0]["target"],
+        "trust_remote_code": "--trust-remote-code" in plan["command"],
+        "ssm_conv_state": bool(runtime.get("ssm_conv_state")),
+        "ssm_env": _plan.SSM_LAYOUT_ENV,
+        "marker": CHECK_MARKER,
+    }
+
+
+def decide_check(report, spec, image_id, digest):
+    """The verdict over the check container's JSON (pure). Returns the checked.json document or raises one
+    LaunchError naming every failed field and its fix."""
+    failures, checks = [], ["image_identity"]
+
+    def ok(name):
+        entry = report.get(name)
+        return isinstance(entry, dict) and entry.get("ok") is True
+
+    def error(name):
+        entry = report.get(name)
+        return " ".join(str(entry.get("error", "no result")).split()) if isinstance(entry, dict) else "no result"
+
+    found = report.get("packages") or {}
+    for name in spec["packages"]:
+        expected, actual = spec["expected_packages"][name], found.get(name)
+        if actual is None:
+            failures.append("launch record runtime.expected_packages.%s=%s: distribution %s is not installed in "
+                            "image %s; use the recorded image or rerun discovery" % (name, expected, name, image_id))
+        elif actual != expected:
+            failures.append("launch record runtime.expected_packages.%s=%s but image %s has %s %s; use the "
+                            "recorded image or rerun discovery" % (name, expected, image_id, name, actual))
+    checks.append("packages")
+    api_version = None
+    if ok("vllm_api_version"):
+        api_version = report["vllm_api_version"]["value"]
+        try:
+            same = _plan.version_tuple(api_version)[:3] == _plan.version_tuple(spec["vllm_version"])[:3]
+        except LaunchError:
+            same = False
+        if not same:
+            failures.append("launch record runtime.vllm_version=%s but the image's vllm.version.__version__ is %s; "
+                            "rerun discovery" % (spec["vllm_version"], api_version))
+    else:
+        failures.append("vllm.version.__version__ cannot be read in image %s (%s); the image has no usable vLLM, "
+                        "use the recorded image or rerun discovery" % (image_id, error("vllm_api_version")))
+    checks.append("vllm_api_version")
+    if not ok("kv_transfer_config"):
+        failures.append("--kv-transfer-config %s is rejected by the image's KVTransferConfig (%s); rerun discovery "
+                        "so runtime.vllm_version matches the image, or update the launcher"
+                        % (json.dumps(spec["kv_transfer_config"], separators=(",", ":")), error("kv_transfer_config")))
+    checks.append("kv_transfer_config")
+    if not ok("serve_args"):
+        failures.append("the image's own vLLM argument parser refuses the recorded `vllm serve` command: %s; correct "
+                        "the argument in NARWHAL_EXTRA_ARGS or NARWHAL_NODE_<n>_EXTRA_ARGS (runtime.extra_args) and "
+                        "rerun discovery" % error("serve_args"))
+    checks.append("serve_args")
+    for name, what in (("connector_module", "NixlConnector module"), ("nixl_module", "NIXL module")):
+        if not ok(name):
+            failures.append("%s %s does not import in the image (%s); check runtime.vllm_version/runtime.platform "
+                            "and the image's NIXL (runtime.expected_packages)" % (what, spec[name], error(name)))
+        checks.append(name)
+    auto_map = report.get("auto_map") or {}
+    for fname in ("config.json", "tokenizer_config.json"):
+        entry = auto_map.get(fname) or {}
+        if entry.get("error"):
+            failures.append("checkpoint %s/%s is not readable JSON (%s); fix the staged model"
+                            % (spec["mount"], fname, entry["error"]))
+    needs = [f for f in ("config.json", "tokenizer_config.json") if (auto_map.get(f) or {}).get("auto_map")]
+    if needs and not spec["trust_remote_code"]:
+        failures.append("checkpoint %s has auto_map in %s but --trust-remote-code is not in the command; set "
+                        "runtime.trust_remote_code and add --trust-remote-code to runtime.extra_args (rerun "
+                        "discovery)" % (spec["mount"], " and ".join(needs)))
+    elif spec["trust_remote_code"] and not needs:
+        failures.append("--trust-remote-code is in the command but checkpoint %s has no auto_map in config.json or "
+                        "tokenizer_config.json; remove it from runtime.extra_args/NARWHAL_EXTRA_ARGS (rerun "
+                        "discovery)" % spec["mount"])
+    checks.append("trust_remote_code")
+    if not ok("tokenizer"):
+        failures.append("the checkpoint tokenizer does not construct: AutoTokenizer.from_pretrained(%s, "
+                        "trust_remote_code=%s) failed (%s); stage the tokenizer files with the model"
+                        % (spec["mount"], spec["trust_remote_code"], error("tokenizer")))
+    checks.append("tokenizer")
+    if spec["ssm_conv_state"]:
+        entry = report.get("ssm_layout_known") or {}
+        if not (entry.get("ok") and entry.get("value") is True):
+            failures.append("launch record runtime.ssm_conv_state is true but the image's vLLM does not know %s "
+                            "(vllm.envs.environment_variables; needs vLLM >= 0.22): use a newer image"
+                            % _plan.SSM_LAYOUT_ENV + (" (%s)" % entry["error"] if entry.get("error") else ""))
+        checks.append("ssm_conv_state_layout")
+    if failures:
+        raise LaunchError("image check failed: " + "; ".join(failures))
+    return {
+        "vllm_api_version": api_version,
+        "plan_hash": digest,
+        "image_id": image_id,
+        "checked_packages": {name: found[name] for name in spec["packages"]},
+        "checks": checks,
+        "kv_transfer_config": spec["kv_transfer_config"],
+        "connector_module": spec["connector_module"],
+        "nixl_module": spec["nixl_module"],
+        "trust_remote_code": spec["trust_remote_code"],
+    }
+
+
+def parse_check_output(text):
+    for line in reversed(text.splitlines()):
+        if line.startswith(CHECK_MARKER):
+            try:
+                report = json.loads(line[len(CHECK_MARKER):])
+            except ValueError:
+                break
+            if isinstance(report, dict):
+                return report
+    return None
+
+
+def verify_image(docker, client, plan):
+    """Image identity: the recorded ID is present, and the recorded reference (if here) still points to it."""
+    image_id = plan["image"]
+    try:
+        image = client.images.get(image_id)
+    except docker.errors.ImageNotFound:
+        current = None
+        if plan.get("image_ref"):
+            try:
+                current = client.images.get(plan["image_ref"]).id
+            except docker.errors.ImageNotFound:
+                pass
+        raise LaunchError("launch record runtime.image_id %s is not on this host%s; load the recorded image or "
+                          "rerun discovery" % (image_id, " (runtime.image %s is now %s: tampered or rebuilt)"
+                                               % (plan["image_ref"], current) if current else ""))
+    if image.id != image_id:
+        raise LaunchError("launch record runtime.image_id %s resolves to image %s; record the full sha256 image ID "
+                          "(rerun discovery)" % (image_id, image.id))
+    if plan.get("image_ref"):
+        try:
+            current = client.images.get(plan["image_ref"]).id
+        except docker.errors.ImageNotFound:
+            current = image_id  # loaded by ID only: nothing to compare
+        if current != image_id:
+            raise LaunchError("launch record runtime.image %s now resolves to %s, not the recorded runtime.image_id "
+                              "%s (tampered or rebuilt image); restore the recorded image or rerun discovery"
+                              % (plan["image_ref"], current, image_id))
+    return image
+
+
+def run_check_container(docker, client, plan, spec):
+    """Run in_image.py in a short-lived container of the recorded image ID: no network, the model mount
+    read-only, the plan's environment (no API key) and devices; the container is removed afterwards."""
+    environment = {k: v for k, v in plan["environment"].items() if k != _plan.API_KEY_ENV}
+    name = "%s%s-%s" % (CHECK_PREFIX, plan["engine"], os.urandom(4).hex())
+    kwargs = {
+        "image": plan["image"], "entrypoint": ["python3"],
+        "command": ["-c", in_image_script(), json.dumps(spec, sort_keys=True)],
+        "name": name, "detach": True, "network_mode": "none",
+        "environment": ["%s=%s" % (k, environment[k]) for k in sorted(environment)],
+        "devices": plan["devices"] or None,
+        "device_requests": [docker.types.DeviceRequest(**r) for r in plan["device_requests"]] or None,
+        "group_add": list(host_group_ids(plan["group_add"]).values()) or None,
+        "security_opt": plan["security_opt"] or None,
+        "mounts": [docker.types.Mount(target=m["target"], source=m["source"], type=m["type"], read_only=True)
+                   for m in plan["mounts"]],
+        "labels": {_plan.ENGINE_LABEL + "-check": plan["engine"]},
+    }
+    container = None
+    try:
+        container = client.containers.create(**kwargs)
+        if container.attrs.get("Image") != plan["image"]:
+            raise LaunchError("the check container of runtime.image_id %s runs image %s; the image ID is not the "
+                              "recorded one (rerun discovery)" % (plan["image"], container.attrs.get("Image")))
+        container.start()
+        try:
+            status = container.wait(timeout=CHECK_TIMEOUT)
+        except Exception as exc:  # requests timeout / connection errors
+            raise LaunchError("the image check container %s did not finish within %d s (%s); check the image "
+                              "runtime.image_id %s" % (name, CHECK_TIMEOUT, exc, plan["image"]))
+        stdout = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
+        stderr = container.logs(stdout=False, stderr=True).decode("utf-8", "replace")
+    except docker.errors.APIError as exc:
+        raise LaunchError("docker refused the image check container for runtime.image_id %s: %s"
+                          % (plan["image"], exc))
+    finally:
+        if container is not None:
+            try:
+                container.remove(force=True)
+            except docker.errors.APIError:
+                pass
+    report = parse_check_output(stdout)
+    if report is None:
+        code = status.get("StatusCode") if isinstance(status, dict) else status
+        raise LaunchError("the image check in runtime.image_id %s printed no result (exit %s): %s; the image needs "
+                          "python3 on PATH" % (plan["image"], code, " ".join(stderr.split())[-400:] or "no output"))
+    return report
+
+
+def image_check(role_env, record, plan, digest, docker=None, client=None, reuse=False, out=None):
+    """Verify the image (identity always), then run the check container or reuse a checked.json of the same
+    plan hash, image ID and launcher. Writes checked.json; returns (document, "ran" | "reused")."""
+    if client is None:
+        docker, client = docker_client()
+    verify_image(docker, client, plan)
+    path = os.path.join(run_dir(role_env), "checked.json")
+    previous = read_json_file(path) if reuse else None
+    if previous and previous.get("plan_hash") == digest and previous.get("image_id") == plan["image"] \
+            and previous.get("launcher_sha256") == launcher_sha256():
+        document, how = previous, "reused"
+    else:
+        spec = check_spec(plan, record)
+        report = run_check_container(docker, client, plan, spec)
+        document = decide_check(report, spec, plan["image"], digest)
+        document.update(engine=plan["engine"], run_id=role_env.get("NARWHAL_RUN_ID", ""),
+                        launcher_sha256=launcher_sha256(),
+                        checked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        write_private(path, document)
+        how = "ran"
+    print("image check ok (%s): %s vllm %s image %s plan %s, checks: %s"
+          % (how, plan["engine"], document["vllm_api_version"], plan["image"], digest[:12],
+             ",".join(document["checks"])), file=out or sys.stdout)
+    return document, how
+
+
+def check(role_env_path, out=None):
+    prepared = prepare(role_env_path)
+    check_host(prepared.plan)
+    return image_check(prepared.role_env, prepared.record, prepared.plan, prepared.digest, out=out)[0]
+
+
+def checked_sha256(document):
+    return hashlib.sha256(json.dumps(document, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()

@@ -1,0 +1,126 @@
+"""The image check's observer: runs INSIDE the recorded engine image (`python3 -c <this file> SPEC_JSON`, no
+network, the model mounted read-only). Python 3.8+ standard library plus the image's own packages. It only
+observes and prints one JSON document after a marker line; the launcher decides (image_check.decide_check).
+"""
+import contextlib
+import importlib
+import importlib.metadata as md
+import io
+import json
+import os
+import sys
+
+
+def err(exc):
+    return ("%s: %s" % (type(exc).__name__, exc))[:600]
+
+
+def attempt(fn):
+    try:
+        return {"ok": True, "value": fn()}
+    except BaseException as exc:  # noqa: B036 - SystemExit from argparse and anything an import raises
+        return {"ok": False, "error": err(exc)}
+
+
+def vllm_version():
+    from vllm.version import __version__
+    return __version__
+
+
+def kv_config(spec):
+    try:
+        from vllm.config.kv_transfer import KVTransferConfig
+        where = "vllm.config.kv_transfer.KVTransferConfig"
+    except ImportError:
+        from vllm.config import KVTransferConfig
+        where = "vllm.config.KVTransferConfig"
+    KVTransferConfig(**spec["kv_transfer_config"])
+    return where
+
+
+def serve_parser():
+    """The parser `vllm serve` uses, built the way vllm/entrypoints/cli/main.py builds it."""
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser  # vLLM >= 0.11
+    except ImportError:
+        from vllm.utils import FlexibleArgumentParser
+    import vllm.entrypoints.cli.serve as serve
+    parser = FlexibleArgumentParser(prog="vllm", description="vLLM CLI")
+    subparsers = parser.add_subparsers(required=False, dest="subparser")
+    commands = {}
+    for command in serve.cmd_init():
+        command.subparser_init(subparsers).set_defaults(dispatch_function=command.cmd)
+        commands[command.name] = command
+    return parser, commands
+
+
+class ParserRefusedError(Exception):
+    pass
+
+
+def serve_args(spec):
+    """Parse the complete recorded `vllm serve` argv with the image's own parser (no engine is built)."""
+    parser, commands = serve_parser()
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+            args = parser.parse_args(spec["serve_argv"])
+    except SystemExit as exc:
+        lines = [line for line in stderr.getvalue().splitlines() if line.strip()]
+        raise ParserRefusedError(lines[-1] if lines else "the parser exited with %s" % exc.code)
+    command = commands.get(getattr(args, "subparser", None))
+    if command is None:
+        raise ParserRefusedError("the parser did not select the serve command")
+    if hasattr(command, "validate"):
+        command.validate(args)
+    return {"model": getattr(args, "model_tag", None) or getattr(args, "model", None)}
+
+
+def auto_map(mount):
+    result = {}
+    for fname in ("config.json", "tokenizer_config.json"):
+        path = os.path.join(mount, fname)
+        if not os.path.isfile(path):
+            result[fname] = {"present": False, "auto_map": False}
+            continue
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+            result[fname] = {"present": True, "auto_map": bool(isinstance(data, dict) and data.get("auto_map"))}
+        except BaseException as exc:  # noqa: B036
+            result[fname] = {"present": True, "auto_map": False, "error": err(exc)}
+    return result
+
+
+def tokenizer(spec):
+    from transformers import AutoTokenizer
+    return type(AutoTokenizer.from_pretrained(spec["mount"], trust_remote_code=spec["trust_remote_code"])).__name__
+
+
+def ssm_layout_known(spec):
+    import vllm.envs
+    return spec["ssm_env"] in vllm.envs.environment_variables
+
+
+def main(argv):
+    spec = json.loads(argv[1])
+    out = {"python": sys.version.split()[0], "packages": {}}
+    for name in spec["packages"]:
+        try:
+            out["packages"][name] = md.version(name)
+        except md.PackageNotFoundError:
+            out["packages"][name] = None
+    out["vllm_api_version"] = attempt(vllm_version)
+    out["kv_transfer_config"] = attempt(lambda: kv_config(spec))
+    out["connector_module"] = attempt(lambda: importlib.import_module(spec["connector_module"]).__name__)
+    out["nixl_module"] = attempt(lambda: importlib.import_module(spec["nixl_module"]).__name__)
+    out["serve_args"] = attempt(lambda: serve_args(spec))
+    out["auto_map"] = auto_map(spec["mount"])
+    out["tokenizer"] = attempt(lambda: tokenizer(spec))
+    if spec["ssm_conv_state"]:
+        out["ssm_layout_known"] = attempt(lambda: ssm_layout_known(spec))
+    sys.stdout.write("\n" + spec["marker"] + json.dumps(out, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv)
