@@ -69,7 +69,7 @@ def test_decide_success():
     assert doc["vllm_api_version"] == "0.33.0" and doc["plan_hash"] == "f" * 64 and doc["image_id"] == "sha256:abc"
     assert doc["checked_packages"] == {"nixl": "1.5.1", "vllm": "0.33.0"}
     assert doc["checks"] == ["image_identity", "packages", "vllm_api_version", "kv_transfer_config",
-                             "connector_module", "nixl_module", "trust_remote_code", "tokenizer"]
+                             "serve_args", "connector_module", "nixl_module", "trust_remote_code", "tokenizer"]
 
 
 @pytest.mark.parametrize("overrides,message", [

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import shutil
 import json
 import os
 import pathlib
@@ -25,6 +26,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._prepare import (
     shared_hosts,
     stale,
 )
+from ansible_collections.narwhal.deploy.plugins.module_utils._launcher_build import build_zipapp, launcher_sources
 from ansible_collections.narwhal.deploy.plugins.module_utils._schema import MANIFEST_SCHEMA, validation_errors
 from ansible_collections.narwhal.deploy.plugins.modules import prepare_run
 
@@ -242,8 +244,7 @@ def test_derive_nvidia_tcp(records):
     # the container's whole environment: the record's image env plus what the launcher manages
     assert d["environment"] == dict(r["runtime"]["environment"], **managed)
     assert d["environment"]["CUDA_VISIBLE_DEVICES"].startswith("GPU-76098dc1-d3bc-9a1b-7ea6-f7b48837829e,GPU-bbf7")
-    assert d["vllm_args"][-12:] == ["--tensor-parallel-size", "8", "--kv-transfer-config", d["vllm_args"][-9],
-                                    "--dtype", "bfloat16", "--kv-cache-dtype", "auto", "--block-size", "16"][-12:]
+    assert d["vllm_args"][-6:] == ["--dtype", "bfloat16", "--kv-cache-dtype", "auto", "--block-size", "16"]
     assert d["vllm_args"][d["vllm_args"].index("--tensor-parallel-size") + 1] == "8"
 
 
@@ -311,16 +312,20 @@ def test_derive_merges_derived_environment_and_extra_args(records):
     rt["extra_args"] = ["--max-model-len", "4096"]
     d = derive(records["engine-1"], CHECKOUT, "run-x")
     assert d["environment"]["VLLM_SSM_CONV_STATE_LAYOUT"] == "DS"
-    assert d["environment"]["UCX_TLS"] == "tcp"
-    assert d["vllm_args"][:4] == ["--tensor-parallel-size", "8", "--dtype", "bfloat16"]
+    assert d["environment"]["UCX_TLS"] == "tcp,cuda_copy,cuda_ipc,sm,self"
+    assert d["vllm_args"][d["vllm_args"].index("--tensor-parallel-size") + 1] == "8"
     assert d["vllm_args"][-2:] == ["--max-model-len", "4096"]
 
 
-def test_derive_without_visibility_env_sets_none(records):
+def test_derive_refuses_gpus_without_visibility_env(records):
+    """Prepare once skipped a missing visibility variable while the launcher refused it: one planner now."""
     r = records["engine-1"]
     r["gpu_visibility_env"] = None
-    env = derive(r, CHECKOUT, "run-x")["environment"]
-    assert "CUDA_VISIBLE_DEVICES" not in env and "ROCR_VISIBLE_DEVICES" not in env
+    with pytest.raises(InputError, match="gpu_visibility_env must be str"):
+        derive(r, CHECKOUT, "run-x")
+    r["gpu_visibility_env"] = "ROCR_VISIBLE_DEVICES"
+    with pytest.raises(InputError, match="is not the visibility variable of nvidia GPUs"):
+        derive(r, CHECKOUT, "run-x")
 
 
 @pytest.mark.parametrize("device", ["${OTHER}", "x${NARWHAL_FABRIC_INTERFACE}", "${NARWHAL_FABRIC_INTERFACE}x"])
@@ -328,8 +333,8 @@ def test_derive_unresolvable_net_device_is_refused(records, device):
     records["engine-1"]["transfer"]["net_devices"] = [device]
     with pytest.raises(InputError) as err:
         derive(records["engine-1"], CHECKOUT, "run-x")
-    assert err.value.key == "engine-1 transfer.net_devices"
-    assert "cannot be resolved" in str(err.value)
+    assert err.value.key == "engine-1"
+    assert "transfer.net_devices[0]" in str(err.value)
 
 
 def test_role_env_cannot_be_injected(records):
@@ -429,13 +434,19 @@ def root(tmp_path, launch):
     key = tmp_path / "config" / "engine-api.key"
     key.write_text(API_KEY + "\n")
     key.chmod(0o600)
-    (tmp_path / "launcher.py").write_text("#!/usr/bin/env python3\nprint('launch')\n")
+    # a copy of the collection's launcher parts and planner: prepare builds the zipapp from them
+    collection = tmp_path / "collection"
+    shutil.copytree(REPO / "roles" / "install" / "files" / "launcher", collection / "roles" / "install" / "files" /
+                    "launcher", ignore=shutil.ignore_patterns("__pycache__"))
+    (collection / "plugins" / "module_utils").mkdir(parents=True)
+    for name in ("_plan.py", "_subst.py"):
+        shutil.copy(REPO / "plugins" / "module_utils" / name, collection / "plugins" / "module_utils" / name)
     return tmp_path
 
 
 def prep_args(root, stage="plan", hosts=None, engines=("engine-1", "engine-2"), check=False):
     args = {"site": {"site": dict(SITE), "nodes": {}, "env_sha256": "x", "env_file": "/x/.env"},
-            "engines": list(engines), "root": str(root), "launcher": str(root / "launcher.py"), "stage": stage,
+            "engines": list(engines), "root": str(root), "collection": str(root / "collection"), "stage": stage,
             "hosts": hosts if hosts is not None else {}}
     if check:
         args["_ansible_check_mode"] = True
@@ -478,11 +489,11 @@ def test_prepare_write_creates_the_run(root, run_module):
     assert set(manifest["engines"]) == {"engine-1", "engine-2"}
     assert manifest["engines"]["engine-2"]["role"] == "decode"
     assert manifest["inputs"]["env_file_sha256"] == "x"
-    launcher = (run_dir / "launch_engine.py").read_text()
-    assert launcher == (root / "launcher.py").read_text()
-    assert stat.S_IMODE(os.stat(run_dir / "launch_engine.py").st_mode) == 0o700
-    sha = hashlib.sha256(launcher.encode()).hexdigest()
-    assert (run_dir / "launch_engine.py.sha256").read_text() == "%s  launch_engine.py\n" % sha
+    launcher = (run_dir / "launch_engine.pyz").read_bytes()
+    assert launcher == build_zipapp(launcher_sources(str(root / "collection")))
+    assert stat.S_IMODE(os.stat(run_dir / "launch_engine.pyz").st_mode) == 0o600
+    sha = hashlib.sha256(launcher).hexdigest()
+    assert (run_dir / "launch_engine.pyz.sha256").read_text() == "%s  launch_engine.pyz\n" % sha
     assert manifest["launcher"]["sha256"] == sha == result["launcher_sha256"]
     for e in ("engine-1", "engine-2"):
         assert json.loads((run_dir / e / ("engine-launch.%s.json" % e)).read_text()) == EXAMPLE["engines"][e]
@@ -490,8 +501,10 @@ def test_prepare_write_creates_the_run(root, run_module):
         assert "NARWHAL_RUN_ID=%s\n" % rid in env_text
         assert API_KEY not in env_text
         prepared = json.loads((run_dir / e / "prepared.json").read_text())
-        assert prepared == {"environment": result["derived"][e]["environment"],
-                            "vllm_args": result["derived"][e]["vllm_args"]}
+        derived = result["derived"][e]
+        assert prepared == {"environment": derived["environment"], "vllm_args": derived["vllm_args"],
+                            "container": derived["container"], "plan_hash": derived["plan_hash"]}
+        assert manifest["engines"][e]["plan_hash"] == derived["plan_hash"]
     # the plan stage reports the same run ID
     assert run_module(prep_args(root))[1]["run_id"] == rid
     # again: nothing changes
@@ -501,7 +514,8 @@ def test_prepare_write_creates_the_run(root, run_module):
 
 def test_prepare_run_id_changes_with_the_launcher(root, run_module):
     first = run_module(prep_args(root))[1]["run_id"]
-    (root / "launcher.py").write_text("#!/usr/bin/env python3\nprint('launch v2')\n")
+    main = root / "collection" / "roles" / "install" / "files" / "launcher" / "__main__.py"
+    main.write_text(main.read_text() + "# v2\n")
     assert run_module(prep_args(root))[1]["run_id"] != first
 
 
@@ -531,7 +545,7 @@ def test_prepare_empty_key_file_is_refused(root, run_module):
     (root / "config" / "engine-api.key").write_text("\n")
     status, result = run_module(prep_args(root, "write", good_hosts()))
     assert status == "fail" and result["input"] == "NARWHAL_API_KEY_FILE"
-    _refused(root, result, "is empty")
+    _refused(root, result, "must hold exactly one non-empty line")
 
 
 def test_prepare_engine_without_record_is_refused(root, run_module):

@@ -302,7 +302,8 @@ def test_rocm_image_on_nvidia_gpus_is_refused(tmp_path, dev):
 def test_ucx_tcp(tmp_path, dev):
     recs = build({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path))
     assert recs["engine-1"]["transfer"] == {"transport": "ucx_tcp", "net_devices": ["${NARWHAL_FABRIC_INTERFACE}"],
-                                            "devices": []}
+                                            "devices": [], "ucx_tls": ["tcp", "cuda_copy", "cuda_ipc", "sm", "self"]}
+    assert "UCX_TLS tcp,cuda_copy,cuda_ipc,sm,self for GPU KV memory on cuda" in recs["engine-1"]["sources"]["transfer"]
     assert recs["engine-1"]["network_mode"] == "host"
 
 
@@ -318,7 +319,8 @@ def test_ucx_rdma_auto_prefers_the_gpus_numa_node(tmp_path, dev):
     recs = build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_TRANSPORT": "ucx_rdma"}, rdma_pair(tmp_path))
     second = recs["engine-2"]["transfer"]
     assert second == {"transport": "ucx_rdma", "net_devices": ["mlx5_6:1"],
-                      "devices": ["/dev/infiniband/uverbs4", "/dev/infiniband/rdma_cm"]}
+                      "devices": ["/dev/infiniband/uverbs4", "/dev/infiniband/rdma_cm"],
+                      "ucx_tls": ["rc", "ud", "cuda_copy", "cuda_ipc", "sm", "self"]}
     assert "NUMA node 1" in recs["engine-2"]["sources"]["transfer"]
     assert recs["engine-1"]["transfer"]["net_devices"] == ["mlx5_0:1"]
     assert recs["engine-1"]["transfer"]["devices"] == ["/dev/infiniband/uverbs0", "/dev/infiniband/rdma_cm"]
@@ -331,7 +333,7 @@ def test_ucx_rdma_explicit_devices(tmp_path, dev):
                  rdma_pair(tmp_path))
     assert recs["engine-2"]["transfer"]["net_devices"] == ["mlx5_8:1"]
     assert recs["engine-2"]["transfer"]["devices"] == ["/dev/infiniband/uverbs6", "/dev/infiniband/rdma_cm"]
-    assert recs["engine-2"]["sources"]["transfer"] == "NARWHAL_RDMA_DEVICES=mlx5_8:1"
+    assert recs["engine-2"]["sources"]["transfer"].startswith("NARWHAL_RDMA_DEVICES=mlx5_8:1; UCX_TLS rc,ud,")
     assert recs["engine-1"]["transfer"]["devices"] == ["/dev/infiniband/uverbs8", "/dev/infiniband/rdma_cm"]
 
 
@@ -452,7 +454,7 @@ def test_attention_model_keeps_requested_block(tmp_path, dev):
 ])
 def test_managed_extra_args_refused(tmp_path, dev, args, flag):
     err = refused({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_EXTRA_ARGS": args}, nv_pair(tmp_path))
-    assert err.key == "NARWHAL_EXTRA_ARGS" and flag + " is set by the launcher" in str(err)
+    assert err.key == "NARWHAL_EXTRA_ARGS" and "overrides launcher-managed" in str(err) and flag in str(err)
 
 
 @pytest.mark.parametrize("args", ["--tensor_parallel_size=2", "--api_key x"])
@@ -726,9 +728,9 @@ def test_site_engine_env_recorded_over_the_image_env(tmp_path, dev):
 
 
 @pytest.mark.parametrize("text,word", [
-    ("UCX_TLS=rc", "UCX_TLS is set by the launcher"),
-    ("CUDA_VISIBLE_DEVICES=0", "CUDA_VISIBLE_DEVICES is set by the launcher"),
-    ("HF_TOKEN=hf_abc", "HF_TOKEN looks like a secret"),
+    ("UCX_TLS=rc", "sets UCX_TLS, which is launcher-managed"),
+    ("CUDA_VISIBLE_DEVICES=0", "sets CUDA_VISIBLE_DEVICES, which is launcher-managed"),
+    ("HF_TOKEN=hf_abc", "sets HF_TOKEN, which looks like a secret"),
     ("VLLM_LOGGING_LEVEL", "is not KEY=VALUE"),
     ("1BAD=x", "is not KEY=VALUE"),
     ("A='unterminated", "not valid shell words"),
