@@ -170,19 +170,47 @@ def check_extra_args(key, words):
     return words
 
 
-def site_environment(text):
-    """NARWHAL_ENGINE_ENV -> {name: value}; refuses launcher-managed and secret-looking names (pure)."""
-    env = parse_env_words("NARWHAL_ENGINE_ENV", text)
+def site_environment(text, key="NARWHAL_ENGINE_ENV"):
+    """NARWHAL_ENGINE_ENV (or a per-node NARWHAL_NODE_<n>_ENGINE_ENV: `key`) -> {name: value}; refuses
+    launcher-managed and secret-looking names, naming `key` (pure)."""
+    env = parse_env_words(key, text)
     for name in env:
         if name in MANAGED_ENV or name == "PATH":
-            raise InputError("NARWHAL_ENGINE_ENV", "%s is set by the launcher from the record and the role "
-                                                   "environment; remove it (change the corresponding NARWHAL_ input "
-                                                   "instead)" % name)
+            raise InputError(key, "%s is set by the launcher from the record and the role environment; remove it "
+                                  "(change the corresponding NARWHAL_ input instead)" % name)
         if any(s in name.upper() for s in SECRETISH):
-            raise InputError("NARWHAL_ENGINE_ENV", "%s looks like a secret and would be written into the launch "
-                                                   "records; remove it (the engine API key comes from "
-                                                   "NARWHAL_API_KEY_FILE)" % name)
+            raise InputError(key, "%s looks like a secret and would be written into the launch records; remove it "
+                                  "(the engine API key comes from NARWHAL_API_KEY_FILE)" % name)
     return env
+
+
+def _words(words):
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _flags(words):
+    return [w.split("=", 1)[0].replace("_", "-") for w in words if w.startswith("--")]
+
+
+def _engine_args(n, node_policy, site, model):
+    """-> (extra_args, source): derived flags + NARWHAL_EXTRA_ARGS + NARWHAL_NODE_<n>_EXTRA_ARGS, in that order,
+    so that vLLM's parser (the last occurrence wins) gives the node's value of a flag the site also sets."""
+    node_key = "NARWHAL_NODE_%d_EXTRA_ARGS" % n
+    site_args = check_extra_args("NARWHAL_EXTRA_ARGS", shlex.split(site.get("NARWHAL_EXTRA_ARGS") or ""))
+    node_args = check_extra_args(node_key, shlex.split(node_policy.get("EXTRA_ARGS") or ""))
+    derived = ["--trust-remote-code"] if model.get("trust_remote_code") else []
+    parts = []
+    if derived:
+        parts.append("derived --trust-remote-code (auto_map in the checkpoint's model or tokenizer config)")
+    if site_args:
+        parts.append("NARWHAL_EXTRA_ARGS (%s)" % _words(site_args))
+    if node_args:
+        repeated = sorted(set(_flags(site_args)) & set(_flags(node_args)))
+        parts.append("%s (%s)%s" % (node_key, _words(node_args),
+                                    "; the node's %s wins over the site's (vLLM takes the last)" % ", ".join(repeated)
+                                    if repeated else ""))
+    source = " + ".join(parts) if parts else "none (no derived flag, NARWHAL_EXTRA_ARGS and %s unset)" % node_key
+    return derived + site_args + node_args, source
 
 
 def build_record(node, site, node_policy, host, image, model, fleet_entry, taken, side_port):
@@ -266,14 +294,19 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
                              model_dtype)
     except ValueError as exc:
         raise InputError("NARWHAL_KV_CACHE_DTYPE", "the cache plan for %s failed: %s" % (engine, exc))
-    extra = check_extra_args("NARWHAL_EXTRA_ARGS", shlex.split(site.get("NARWHAL_EXTRA_ARGS") or ""))
-    derived_args = ["--trust-remote-code"] if model.get("trust_remote_code") else []
+    extra_args, sources["extra_args"] = _engine_args(n, node_policy, site, model)
     environment = dict((k, v) for k, v in sorted((image.get("env") or {}).items())
                        if not any(s in k.upper() for s in SECRETISH) and k not in MANAGED_ENV and k != "PATH")
     site_env = site_environment(site.get("NARWHAL_ENGINE_ENV"))
+    node_key = "NARWHAL_NODE_%d_ENGINE_ENV" % n
+    node_env = site_environment(node_policy.get("ENGINE_ENV"), node_key)
     environment.update(site_env)
-    sources["environment"] = "image %s env (secret-looking and launcher-managed names dropped)%s" % (
-        image.get("image"), " + NARWHAL_ENGINE_ENV (%s)" % ", ".join(sorted(site_env)) if site_env else "")
+    environment.update(node_env)  # the node's value wins
+    over = sorted(set(site_env) & set(node_env))
+    sources["environment"] = "image %s env (secret-looking and launcher-managed names dropped)%s%s" % (
+        image.get("image"), " + NARWHAL_ENGINE_ENV (%s)" % ", ".join(sorted(site_env)) if site_env else "",
+        " + %s (%s%s)" % (node_key, ", ".join(sorted(node_env)),
+                          "; over the site's %s" % ", ".join(over) if over else "") if node_env else "")
     derived_env = {}
     if model.get("ssm_conv_state"):
         derived_env["VLLM_SSM_CONV_STATE_LAYOUT"] = "DS"
@@ -313,7 +346,7 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
             "cache_plan": plan,
             "environment": environment,
             "derived_environment": derived_env,
-            "extra_args": derived_args + extra,
+            "extra_args": extra_args,
             "trust_remote_code": bool(model.get("trust_remote_code")),
             "ssm_conv_state": bool(model.get("ssm_conv_state")),
         },
