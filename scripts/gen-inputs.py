@@ -9,6 +9,47 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "collections"))
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import INPUTS, NODE_INPUTS  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._policy import POLICY_KEYS  # noqa: E402
+
+TUNING = """
+## Per-engine tuning
+
+Prefill and decode engines are usually tuned differently. `NARWHAL_EXTRA_ARGS` and `NARWHAL_ENGINE_ENV` apply
+to every engine; `NARWHAL_NODE_<n>_EXTRA_ARGS` and `NARWHAL_NODE_<n>_ENGINE_ENV` to engine-<n> only. Discovery
+records them in engine-<n>'s launch record ([launch records](launch-record.md)):
+
+- `runtime.extra_args` = the derived flags (`--trust-remote-code` for a checkpoint with an `auto_map`), then
+  `NARWHAL_EXTRA_ARGS`, then `NARWHAL_NODE_<n>_EXTRA_ARGS`. A flag given in both (site `--max-num-seqs 64`,
+  node `--max-num-seqs 8`) takes the node's value: vLLM's argument parser keeps the last occurrence.
+  `sources.extra_args` names each input with its words and the flags the node overrides.
+- `runtime.environment` = the image's environment, then `NARWHAL_ENGINE_ENV`, then `NARWHAL_NODE_<n>_ENGINE_ENV`;
+  the node's value wins. `sources.environment` names each input with its variables.
+
+Both are checked like the site-level inputs: launcher-managed flags and variables and secret-looking names are
+refused, the error naming the per-node key (`NARWHAL_NODE_2_EXTRA_ARGS: --port is set by the launcher ...`).
+Prepare copies the record into the run (`runs/<run-id>/<engine>/`) and the manifest records both:
+the arguments in `engines.<engine>.vllm_args`, the record with its environment by `record_sha256`.
+The role environment that prepare writes carries no `NARWHAL_ENGINE_ARGS` or `NARWHAL_ENGINE_ENV`: the launcher
+honours them in a role environment edited by hand, but nothing records them there. Tune engines through `.env`,
+where discovery records the tuning and prepare checks it (below).
+"""
+
+CHANGES = """
+## Changing an input
+
+Discovery records the launch policy the records come from in `engine-launch.policy.json` (in
+`NARWHAL_CONFIG_DIR`, its sha256 in `engine-launch.sources.json`): %s, and every `NARWHAL_NODE_<n>_*` input of
+each engine. Prepare verifies the extract against the index and compares it with the current inputs; records
+older than their inputs are refused before anything is created, naming every changed input with both values:
+
+    prepare refused, no run was created: NARWHAL_KV_CACHE_DTYPE changed since discovery (records: auto,
+    .env now: fp8); the records (config/engine-launch.local.json, sha256 ...) were discovered from the old
+    values; rerun discovery (ansible-playbook playbooks/discover.yml), then prepare a new run
+
+So after changing any of them: rerun discovery, then prepare a new run; the manifest then records the corrected
+state. The other inputs (paths, engine checkout, API key file, ready timeout) are read by prepare, install and
+launch themselves and take effect without rediscovery.
+"""
 
 
 def env_example():
@@ -49,6 +90,8 @@ def docs():
             "| variable | kind | meaning |", "|---|---|---|"]
     for spec in NODE_INPUTS:
         out.append("| `NARWHAL_NODE_<n>_%s` | %s | %s |" % (spec["name"], spec["kind"], spec["doc"]))
+    out += TUNING.splitlines()
+    out += (CHANGES % ", ".join("`%s`" % k for k in POLICY_KEYS)).splitlines()
     return "\n".join(out) + "\n"
 
 

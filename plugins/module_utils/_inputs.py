@@ -18,7 +18,7 @@ __metaclass__ = type
 NODE_KEY = re.compile(r"^NARWHAL_NODE_([1-9][0-9]*)_([A-Z_]+)$")
 IFNAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
 
-# kind: str | int | port | choice | path | ip | url | interface | role
+# kind: str | int | port | choice | path | ip | url | interface | role | args (shell words) | env (KEY=VALUE words)
 INPUTS = [
     {"name": "NARWHAL_FABRIC_INTERFACE", "kind": "interface", "required": True, "example": "eth1",
      "doc": "Fabric (KV transfer) interface on every engine host. Discovery reads its global addresses; "
@@ -70,14 +70,16 @@ INPUTS = [
     {"name": "NARWHAL_SIDE_CHANNEL_PORT", "kind": "port", "default": 5600, "example": 5600,
      "doc": "First NIXL side-channel port on each host (VLLM_NIXL_SIDE_CHANNEL_PORT); engines sharing a host "
             "get consecutive, non-overlapping ranges."},
-    {"name": "NARWHAL_EXTRA_ARGS", "kind": "str", "default": "", "example": "--max-model-len 8192",
+    {"name": "NARWHAL_EXTRA_ARGS", "kind": "args", "default": "", "example": "--max-model-len 8192",
      "doc": "Model-specific vLLM arguments recorded in every launch record (shell words); launcher-managed flags "
-            "(port, host, TP, kv-transfer config, served name, API key ...) are refused."},
+            "(port, host, TP, kv-transfer config, served name, API key ...) are refused. Per engine: "
+            "NARWHAL_NODE_<n>_EXTRA_ARGS, recorded after these."},
     {"name": "NARWHAL_ENGINE_ENV", "kind": "env", "default": "", "example": "VLLM_LOGGING_LEVEL=INFO",
      "doc": "Extra environment of every engine container (space-separated KEY=VALUE shell words), recorded in every "
             "launch record's runtime.environment over the image's own; launcher-managed variables (GPU visibility, "
             "UCX_NET_DEVICES, UCX_TLS, VLLM_NIXL_SIDE_CHANNEL_*, VLLM_API_KEY ...) and secret-looking names "
-            "(KEY, TOKEN, SECRET, PASSWORD, CREDENTIAL) are refused."},
+            "(KEY, TOKEN, SECRET, PASSWORD, CREDENTIAL) are refused. Per engine: NARWHAL_NODE_<n>_ENGINE_ENV, "
+            "over these."},
     {"name": "NARWHAL_EXPECTED_PACKAGES", "kind": "str", "default": "", "example": "torch",
      "doc": "Further image distributions whose exact versions the records pin (comma-separated), besides vllm "
             "and the NIXL distribution."},
@@ -120,6 +122,15 @@ NODE_INPUTS = [
      "doc": "HCA:port list of engine-<n> for ucx_rdma, instead of NARWHAL_RDMA_DEVICES."},
     {"name": "FABRIC_INTERFACE", "kind": "interface", "example": None,
      "doc": "Fabric interface of node <n> when it differs from NARWHAL_FABRIC_INTERFACE."},
+    {"name": "EXTRA_ARGS", "kind": "args", "example": None,
+     "doc": "vLLM arguments of engine-<n> only (shell words, e.g. a prefill engine's --max-num-batched-tokens), "
+            "recorded in its runtime.extra_args after the derived flags and NARWHAL_EXTRA_ARGS: a flag given in "
+            "both takes the node's value (vLLM's parser keeps the last). Launcher-managed flags are refused as in "
+            "NARWHAL_EXTRA_ARGS."},
+    {"name": "ENGINE_ENV", "kind": "env", "example": None,
+     "doc": "Container environment of engine-<n> only (KEY=VALUE shell words), recorded in its "
+            "runtime.environment over the image's and NARWHAL_ENGINE_ENV (the node's value wins). Launcher-managed "
+            "and secret-looking names are refused as in NARWHAL_ENGINE_ENV."},
 ]
 
 FIX = "correct it in .env (or the environment), then rerun discovery"
@@ -174,6 +185,11 @@ def _check(spec, key, raw):
                              % (raw, FIX))
     if kind == "url":
         parse_url(key, value)
+    if kind == "args":
+        try:
+            shlex.split(value)
+        except ValueError as exc:
+            raise InputError(key, "is not valid shell words (%s); %s" % (exc, FIX))
     if kind == "env":
         parse_env_words(key, value)
     if kind == "path" and not value:

@@ -17,6 +17,8 @@ variable) are therefore:
 
 from __future__ import annotations
 
+import shlex
+
 from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
 from ansible_collections.narwhal.deploy.plugins.module_utils._cacheplan import kv_cache_plan
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError
@@ -165,6 +167,42 @@ def site_environment(text, key="NARWHAL_ENGINE_ENV"):
         raise InputError(key, str(exc))
 
 
+def _checked_args(key, text):
+    try:
+        return check_extra_args(key, _plan.split_args(text, key))
+    except _plan.PlanError as exc:
+        raise InputError(key, str(exc))
+
+
+def _words(words):
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _flags(words):
+    return [w.split("=", 1)[0].replace("_", "-") for w in words if w.startswith("--")]
+
+
+def _engine_args(n, node_policy, site, model):
+    """-> (extra_args, source): derived flags + NARWHAL_EXTRA_ARGS + NARWHAL_NODE_<n>_EXTRA_ARGS, in that order,
+    so that vLLM's parser (the last occurrence wins) gives the node's value of a flag the site also sets."""
+    node_key = "NARWHAL_NODE_%d_EXTRA_ARGS" % n
+    site_args = _checked_args("NARWHAL_EXTRA_ARGS", site.get("NARWHAL_EXTRA_ARGS"))
+    node_args = _checked_args(node_key, node_policy.get("EXTRA_ARGS"))
+    derived = ["--trust-remote-code"] if model.get("trust_remote_code") else []
+    parts = []
+    if derived:
+        parts.append("derived --trust-remote-code (auto_map in the checkpoint's model or tokenizer config)")
+    if site_args:
+        parts.append("NARWHAL_EXTRA_ARGS (%s)" % _words(site_args))
+    if node_args:
+        repeated = sorted(set(_flags(site_args)) & set(_flags(node_args)))
+        parts.append("%s (%s)%s" % (node_key, _words(node_args),
+                                    "; the node's %s wins over the site's (vLLM takes the last)" % ", ".join(repeated)
+                                    if repeated else ""))
+    source = " + ".join(parts) if parts else "none (no derived flag, NARWHAL_EXTRA_ARGS and %s unset)" % node_key
+    return derived + site_args + node_args, source
+
+
 def build_record(node, site, node_policy, host, image, model, fleet_entry, taken, side_port):
     """One engine's launch record. `host` = {"gpus": narwhal_gpus, "rdma": narwhal_rdma}; `taken` = GPUs of
     engines already placed on this physical host (mutated)."""
@@ -253,18 +291,19 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
                              model_dtype)
     except ValueError as exc:
         raise InputError("NARWHAL_KV_CACHE_DTYPE", "the cache plan for %s failed: %s" % (engine, exc))
-    try:
-        extra = check_extra_args("NARWHAL_EXTRA_ARGS", _plan.split_args(site.get("NARWHAL_EXTRA_ARGS"),
-                                                                        "NARWHAL_EXTRA_ARGS"))
-    except _plan.PlanError as exc:
-        raise InputError("NARWHAL_EXTRA_ARGS", str(exc))
-    derived_args = ["--trust-remote-code"] if model.get("trust_remote_code") else []
+    extra_args, sources["extra_args"] = _engine_args(n, node_policy, site, model)
     environment = dict((k, v) for k, v in sorted((image.get("env") or {}).items())
                        if not _plan.is_secret_name(k) and k not in _plan.MANAGED_ENV)
     site_env = site_environment(site.get("NARWHAL_ENGINE_ENV"))
+    node_key = "NARWHAL_NODE_%d_ENGINE_ENV" % n
+    node_env = site_environment(node_policy.get("ENGINE_ENV"), node_key)
     environment.update(site_env)
-    sources["environment"] = "image %s env (secret-looking and launcher-managed names dropped)%s" % (
-        image.get("image"), " + NARWHAL_ENGINE_ENV (%s)" % ", ".join(sorted(site_env)) if site_env else "")
+    environment.update(node_env)  # the node's value wins
+    over = sorted(set(site_env) & set(node_env))
+    sources["environment"] = "image %s env (secret-looking and launcher-managed names dropped)%s%s" % (
+        image.get("image"), " + NARWHAL_ENGINE_ENV (%s)" % ", ".join(sorted(site_env)) if site_env else "",
+        " + %s (%s%s)" % (node_key, ", ".join(sorted(node_env)),
+                          "; over the site's %s" % ", ".join(over) if over else "") if node_env else "")
     derived_env = {}
     if model.get("ssm_conv_state"):
         derived_env["VLLM_SSM_CONV_STATE_LAYOUT"] = "DS"
@@ -305,7 +344,7 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
             "cache_plan": plan,
             "environment": environment,
             "derived_environment": derived_env,
-            "extra_args": derived_args + extra,
+            "extra_args": extra_args,
             "trust_remote_code": bool(model.get("trust_remote_code")),
             "ssm_conv_state": bool(model.get("ssm_conv_state")),
         },

@@ -10,7 +10,10 @@ module: prepare_run
 short_description: Validate the assigned launch records and write a prepared run under runs/
 version_added: 0.1.0
 description:
-  - Runs on the controller. Loads the fleet and the launch config, validates them against their schemas, checks
+  - Runs on the controller. Loads the fleet and the launch config, refuses records older than their inputs (the
+    launch policy discovery recorded in C(engine-launch.policy.json), verified against the sha256 in
+    C(engine-launch.sources.json), must equal the policy of the current site inputs; every changed input is
+    named with both values), validates the documents against their schemas, checks
     that every engine in the play has a record, and applies the prefill/decode compatibility gate (same vllm and
     NIXL versions, KV cache dtype, effective block size, model dtype and served model; equal TP for hybrid SSM
     models) and the shared-host gate (no overlapping GPUs, HTTP, attestation or side-channel ports).
@@ -111,6 +114,13 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError
 from ansible_collections.narwhal.deploy.plugins.module_utils._launcher_build import build_zipapp, launcher_sources
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs import apply_set, plan_set
+from ansible_collections.narwhal.deploy.plugins.module_utils._policy import (
+    POLICY_FILE,
+    RERUN,
+    SOURCES_FILE,
+    check_policy,
+    verify_extract,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._prepare import (
     REGENERATE,
     canonical,
@@ -157,6 +167,27 @@ def check_key_file(path):
                                                  "(it has %d); write the key alone into it" % (path, len(lines)))
 
 
+def check_records_policy(root, site, inputs):
+    """Refuse records whose launch policy differs from the current inputs (seed §15: a corrected input must
+    reach the records before the manifest records it)."""
+    config = _path(root, site["NARWHAL_CONFIG_DIR"])
+    index_path, extract_path = os.path.join(config, SOURCES_FILE), os.path.join(config, POLICY_FILE)
+    for path in (index_path, extract_path):
+        if not os.path.exists(path):
+            raise InputError("NARWHAL_CONFIG_DIR", "%s is missing, so prepare cannot tell whether the launch records "
+                                                   "match .env; %s" % (path, RERUN))
+    _raw, index = _load("NARWHAL_CONFIG_DIR", index_path)
+    try:
+        with open(extract_path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise InputError("NARWHAL_CONFIG_DIR", "cannot read %s (%s); %s" % (extract_path, exc.strerror, RERUN))
+    extract = verify_extract(index, raw, index_path, extract_path)
+    digest = index.get("launch_config_sha256")  # which discovery wrote the records (no timestamp: idempotent)
+    check_policy(extract, inputs,
+                 "%s, sha256 %s" % (site["NARWHAL_LAUNCH_CONFIG"], digest[:12]) if isinstance(digest, str) else None)
+
+
 def revision(module, root):
     git = module.get_bin_path("git")
     if not git:
@@ -186,6 +217,7 @@ def main():
     try:
         fleet_raw, fleet = _load("NARWHAL_FLEET", _path(root, site["NARWHAL_FLEET"]))
         launch_raw, launch = _load("NARWHAL_LAUNCH_CONFIG", _path(root, site["NARWHAL_LAUNCH_CONFIG"]))
+        check_records_policy(root, site, {"site": site, "nodes": p["site"].get("nodes") or {}})
         check_documents(fleet, launch, site)
         records = launch["engines"]
         missing = [e for e in engines if e not in records]

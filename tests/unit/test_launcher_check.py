@@ -304,7 +304,8 @@ def test_check_success_writes_checked(standin, capsys):
     assert "tokenizer" in checked["checks"] and "kv_transfer_config" in checked["checks"]
     assert not _leftover(standin)
     # the CLI as a subprocess: same verdict
-    proc = subprocess.run([sys.executable, str(zipapp(standin["tmp"])), "--role-env", str(standin["env_path"]), "check"],
+    launcher = str(zipapp(standin["tmp"]))
+    proc = subprocess.run([sys.executable, launcher, "--role-env", str(standin["env_path"]), "check"],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     # reuse: same plan hash and image id -> no check container

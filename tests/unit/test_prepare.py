@@ -7,16 +7,24 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import shutil
 import json
 import os
 import pathlib
 import re
+import shutil
 import stat
 
 import pytest
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError
+from ansible_collections.narwhal.deploy.plugins.module_utils._launcher_build import build_zipapp, launcher_sources
+from ansible_collections.narwhal.deploy.plugins.module_utils._policy import (
+    POLICY_FILE,
+    SOURCES_FILE,
+    check_policy,
+    launch_policy,
+    policy_changes,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._prepare import (
     check_documents,
     compatibility,
@@ -26,9 +34,8 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._prepare import (
     shared_hosts,
     stale,
 )
-from ansible_collections.narwhal.deploy.plugins.module_utils._launcher_build import build_zipapp, launcher_sources
 from ansible_collections.narwhal.deploy.plugins.module_utils._schema import MANIFEST_SCHEMA, validation_errors
-from ansible_collections.narwhal.deploy.plugins.modules import prepare_run
+from ansible_collections.narwhal.deploy.plugins.modules import discovery_outputs, prepare_run
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = json.loads((REPO / "docs" / "examples" / "engine-launch.example.json").read_text())
@@ -378,7 +385,11 @@ def test_run_id_changes_with_its_inputs(records):
 
 SITE = {"NARWHAL_FLEET": "config/fleet.json", "NARWHAL_LAUNCH_CONFIG": "config/engine-launch.local.json",
         "NARWHAL_ENGINE_CHECKOUT": CHECKOUT, "NARWHAL_API_KEY_FILE": "config/engine-api.key",
-        "NARWHAL_RUNS_DIR": "runs"}
+        "NARWHAL_RUNS_DIR": "runs", "NARWHAL_CONFIG_DIR": "config",
+        # launch policy (what discovery recorded in engine-launch.policy.json)
+        "NARWHAL_IMAGE": "vllm/vllm-openai:v0.33.0", "NARWHAL_KV_CACHE_DTYPE": "auto", "NARWHAL_BLOCK_SIZE": 16,
+        "NARWHAL_EXTRA_ARGS": "", "NARWHAL_TP_SIZE": None}
+NODES = {"1": {"ROLE": "prefill"}, "2": {"ROLE": "decode", "GPU_IDS": [0, 1], "RDMA_DEVICES": "mlx5_6:1"}}
 
 
 def fleet_for(records):
@@ -426,11 +437,26 @@ def run_module(module_runner):
     return lambda args: module_runner(prepare_run.main, args)
 
 
+def write_policy(root, site=None, nodes=None):
+    """The policy extract and the sources index as discovery writes them (discovery_outputs.main)."""
+    config = root / "config"
+    inputs = {"site": dict(SITE, **(site or {})), "nodes": copy.deepcopy(NODES if nodes is None else nodes)}
+    text = discovery_outputs.dump(launch_policy(inputs, ["engine-1", "engine-2"]))
+    (config / POLICY_FILE).write_text(text)
+    launch_text = (config / "engine-launch.local.json").read_bytes()
+    index = {"launch_config": str(config / "engine-launch.local.json"),
+             "files": {POLICY_FILE: hashlib.sha256(text.encode()).hexdigest()}, "engines": {},
+             "launch_config_sha256": hashlib.sha256(launch_text).hexdigest()}
+    (config / SOURCES_FILE).write_text(discovery_outputs.dump(index))
+    return index
+
+
 @pytest.fixture
 def root(tmp_path, launch):
     (tmp_path / "config").mkdir()
     (tmp_path / "config" / "fleet.json").write_text(json.dumps(fleet_for(launch["engines"]), indent=2))
     (tmp_path / "config" / "engine-launch.local.json").write_text(json.dumps(launch, indent=2))
+    write_policy(tmp_path)
     key = tmp_path / "config" / "engine-api.key"
     key.write_text(API_KEY + "\n")
     key.chmod(0o600)
@@ -444,8 +470,10 @@ def root(tmp_path, launch):
     return tmp_path
 
 
-def prep_args(root, stage="plan", hosts=None, engines=("engine-1", "engine-2"), check=False):
-    args = {"site": {"site": dict(SITE), "nodes": {}, "env_sha256": "x", "env_file": "/x/.env"},
+def prep_args(root, stage="plan", hosts=None, engines=("engine-1", "engine-2"), check=False, site=None, nodes=None):
+    """prepare_run's arguments; `site` / `nodes` change the current inputs (as site_inputs passes them)."""
+    args = {"site": {"site": dict(SITE, **(site or {})), "nodes": copy.deepcopy(NODES if nodes is None else nodes),
+                     "env_sha256": "x", "env_file": "/x/.env"},
             "engines": list(engines), "root": str(root), "collection": str(root / "collection"), "stage": stage,
             "hosts": hosts if hosts is not None else {}}
     if check:
@@ -590,3 +618,109 @@ def test_prepare_missing_launch_config_is_refused(root, run_module):
     status, result = run_module(prep_args(root))
     assert status == "fail" and result["input"] == "NARWHAL_LAUNCH_CONFIG"
     _refused(root, result, "cannot read")
+
+
+# ------------------------------------------------------------------------------------------------
+# records that match their inputs: the launch policy discovery recorded vs the current inputs
+
+
+def test_prepare_with_unchanged_policy_inputs_passes(root, run_module):
+    status, result = run_module(prep_args(root, "write", good_hosts()))
+    assert status == "exit", result
+    assert (root / "runs" / result["run_id"]).is_dir()
+
+
+def test_prepare_changed_site_policy_input_is_refused(root, run_module):
+    digest = json.loads((root / "config" / SOURCES_FILE).read_text())["launch_config_sha256"]
+    status, result = run_module(prep_args(root, site={"NARWHAL_KV_CACHE_DTYPE": "fp8"}))
+    assert status == "fail" and result["input"] == "NARWHAL_KV_CACHE_DTYPE"
+    assert result["msg"] == (
+        "prepare refused, no run was created: NARWHAL_KV_CACHE_DTYPE changed since discovery (records: auto, "
+        ".env now: fp8); the records (config/engine-launch.local.json, sha256 %s) were discovered from the old "
+        "values; rerun discovery (ansible-playbook playbooks/discover.yml), then prepare a new run" % digest[:12])
+    _refused(root, result)
+
+
+@pytest.mark.parametrize("stage", ["plan", "write"])
+def test_prepare_changed_node_policy_input_is_refused(root, run_module, stage):
+    nodes = copy.deepcopy(NODES)
+    nodes["2"]["EXTRA_ARGS"] = "--max-num-seqs 8"
+    status, result = run_module(prep_args(root, stage, good_hosts(), nodes=nodes))
+    assert status == "fail" and result["input"] == "NARWHAL_NODE_2_EXTRA_ARGS"
+    _refused(root, result, "NARWHAL_NODE_2_EXTRA_ARGS changed since discovery (records: unset, .env now: "
+                           "'--max-num-seqs 8')", "rerun discovery")
+
+
+def test_prepare_names_every_changed_policy_input(root, run_module):
+    write_policy(root, site={"NARWHAL_EXTRA_ARGS": "--max-num-seqs 64"},
+                 nodes={"1": {"ROLE": "prefill", "ENGINE_ENV": "VLLM_LOGGING_LEVEL=DEBUG"}, "2": NODES["2"]})
+    nodes = {"1": {"ROLE": "prefill"}, "2": dict(NODES["2"], GPU_IDS=[2, 3]), "3": {"ROLE": "decode"}}
+    status, result = run_module(prep_args(root, site={"NARWHAL_EXTRA_ARGS": "", "NARWHAL_BLOCK_SIZE": 32},
+                                          nodes=nodes))
+    assert status == "fail" and result["input"] == "NARWHAL_BLOCK_SIZE"
+    _refused(root, result,
+             "NARWHAL_BLOCK_SIZE changed since discovery (records: 16, .env now: 32); "
+             "NARWHAL_EXTRA_ARGS changed since discovery (records: '--max-num-seqs 64', .env now: unset); "
+             "NARWHAL_NODE_1_ENGINE_ENV changed since discovery (records: VLLM_LOGGING_LEVEL=DEBUG, .env now: unset); "
+             "NARWHAL_NODE_2_GPU_IDS changed since discovery (records: 0,1, .env now: 2,3); "
+             "NARWHAL_NODE_3_ROLE changed since discovery (records: unset, .env now: decode)")
+
+
+def test_prepare_non_policy_input_changes_need_no_discovery(root, run_module):
+    # read by prepare itself, not recorded: no rediscovery needed
+    status, result = run_module(prep_args(root, site={"NARWHAL_ENGINE_CHECKOUT": "/opt/other",
+                                                      "NARWHAL_ENGINE_READY_TIMEOUT": 60}))
+    assert status == "exit", result
+    assert result["derived"]["engine-1"]["paths"]["launcher"] == "/opt/other/bin/launch_engine.pyz"
+
+
+@pytest.mark.parametrize("name", [POLICY_FILE, SOURCES_FILE])
+def test_prepare_missing_policy_extract_or_index_is_refused(root, run_module, name):
+    (root / "config" / name).unlink()
+    status, result = run_module(prep_args(root, "write", good_hosts()))
+    assert status == "fail" and result["input"] == "NARWHAL_CONFIG_DIR"
+    _refused(root, result, str(root / "config" / name) + " is missing", "rerun discovery")
+
+
+def test_prepare_tampered_policy_extract_is_refused(root, run_module):
+    # an edit that makes the extract agree with the new .env does not pass: the index still has the old sha256
+    write_policy(root)
+    index = (root / "config" / SOURCES_FILE).read_text()
+    path = root / "config" / POLICY_FILE
+    path.write_text(path.read_text().replace('"auto"', '"fp8"'))
+    assert (root / "config" / SOURCES_FILE).read_text() == index
+    status, result = run_module(prep_args(root, "write", good_hosts(), site={"NARWHAL_KV_CACHE_DTYPE": "fp8"}))
+    assert status == "fail" and result["input"] == "NARWHAL_CONFIG_DIR"
+    _refused(root, result, "the policy extract %s was changed after discovery" % path, "rerun discovery")
+
+
+def test_prepare_index_without_the_policy_extract_is_refused(root, run_module):
+    index_path = root / "config" / SOURCES_FILE
+    index = json.loads(index_path.read_text())
+    index["files"] = {}
+    index_path.write_text(json.dumps(index))
+    status, result = run_module(prep_args(root))
+    assert status == "fail" and result["input"] == "NARWHAL_CONFIG_DIR"
+    _refused(root, result, "lists no engine-launch.policy.json")
+
+
+def test_check_policy_names_keys_an_older_extract_did_not_record():
+    inputs = {"site": dict(SITE, NARWHAL_ENGINE_PORT=8000), "nodes": NODES}
+    recorded = launch_policy(inputs, ["engine-1", "engine-2"])
+    assert policy_changes(recorded, inputs) == []
+    check_policy(recorded, inputs)
+    del recorded["site"]["NARWHAL_ENGINE_PORT"]
+    with pytest.raises(InputError) as err:
+        check_policy(recorded, inputs)
+    assert err.value.key == "NARWHAL_ENGINE_PORT"
+    assert str(err.value) == ("NARWHAL_ENGINE_PORT changed since discovery (records: not recorded, .env now: 8000); "
+                              "rerun discovery (ansible-playbook playbooks/discover.yml), then prepare a new run")
+
+
+def test_policy_changes_ignore_unset_spellings_and_node_number_types():
+    inputs = {"site": dict(SITE), "nodes": {1: {"ROLE": "prefill"}, 2: {"ROLE": "decode", "GPU_IDS": [0, 1]}}}
+    recorded = json.loads(json.dumps(launch_policy(inputs, ["engine-1", "engine-2"])))
+    current = {"site": dict(SITE, NARWHAL_EXTRA_ARGS=None),
+               "nodes": {"1": {"ROLE": "prefill"}, "2": {"ROLE": "decode", "GPU_IDS": [0, 1]}, "4": {"IP": "10.0.0.4"}}}
+    # "" and None are both unset; a node without a role is not an engine (discovery ignores it too)
+    assert policy_changes(recorded, current) == []

@@ -543,7 +543,7 @@ def test_schema_rejects_bad_records(tmp_path, dev):
 
 
 def test_build_record_alone_lacks_the_file_sources(tmp_path, dev):
-    # build_record gives allocation/environment/transfer/visibility; the writer adds the file references the
+    # build_record gives allocation/environment/extra_args/transfer/visibility; the writer adds the file references the
     # schema needs
     inputs = load_inputs(dict(BASE, NARWHAL_GPUS_PER_ENGINE="4"))
     plan = plan_fleet(inputs, ["engine-1", "engine-2"], interfaces(False))
@@ -551,7 +551,7 @@ def test_build_record_alone_lacks_the_file_sources(tmp_path, dev):
     record, span = build_record(plan["nodes"][0], inputs["site"], {}, h, h["image"], h["model"], plan["fleet"][0],
                                 {}, 5600)
     assert span == 1
-    assert sorted(record["sources"]) == ["allocation", "environment", "transfer", "visibility"]
+    assert sorted(record["sources"]) == ["allocation", "environment", "extra_args", "transfer", "visibility"]
     assert any("sources" in e for e in validation_errors(record, RECORD_SCHEMA))
 
 
@@ -738,3 +738,112 @@ def test_site_engine_env_recorded_over_the_image_env(tmp_path, dev):
 def test_bad_site_engine_env_refused_by_name(tmp_path, dev, text, word):
     err = refused({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_ENGINE_ENV": text}, nv_pair(tmp_path))
     assert err.key == "NARWHAL_ENGINE_ENV" and word in str(err)
+
+
+# ------------------------------------------------------------------------------------------------
+# 7. per-engine policy: NARWHAL_NODE_<n>_EXTRA_ARGS and NARWHAL_NODE_<n>_ENGINE_ENV
+
+
+def test_node_extra_args_follow_the_site_args_for_that_engine_only(tmp_path, dev):
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_EXTRA_ARGS": "--max-model-len 4096 --max-num-seqs 64",
+                  "NARWHAL_NODE_2_EXTRA_ARGS": "--max_num_seqs=8 --enable-chunked-prefill"}, nv_pair(tmp_path))
+    e1, e2 = recs["engine-1"], recs["engine-2"]
+    assert e1["runtime"]["extra_args"] == ["--max-model-len", "4096", "--max-num-seqs", "64"]
+    # the node's words last: vLLM's parser keeps the last --max-num-seqs, so the node's 8 wins
+    assert e2["runtime"]["extra_args"] == ["--max-model-len", "4096", "--max-num-seqs", "64", "--max_num_seqs=8",
+                                           "--enable-chunked-prefill"]
+    assert e1["sources"]["extra_args"] == "NARWHAL_EXTRA_ARGS (--max-model-len 4096 --max-num-seqs 64)"
+    assert e2["sources"]["extra_args"] == (
+        "NARWHAL_EXTRA_ARGS (--max-model-len 4096 --max-num-seqs 64) + NARWHAL_NODE_2_EXTRA_ARGS "
+        "(--max_num_seqs=8 --enable-chunked-prefill); the node's --max-num-seqs wins over the site's (vLLM takes "
+        "the last)")
+
+
+def test_node_extra_args_come_after_the_derived_flag(tmp_path, dev):
+    mdl = model(tmp_path, "syjjhl__chatglm2-6b")
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "2", "NARWHAL_NODE_1_EXTRA_ARGS": "--max-num-batched-tokens 16384"},
+                 nv_pair(tmp_path, mdl=mdl))
+    assert recs["engine-1"]["runtime"]["extra_args"] == ["--trust-remote-code", "--max-num-batched-tokens", "16384"]
+    assert recs["engine-2"]["runtime"]["extra_args"] == ["--trust-remote-code"]
+    assert recs["engine-1"]["sources"]["extra_args"].startswith("derived --trust-remote-code (auto_map")
+    assert "NARWHAL_NODE_1_EXTRA_ARGS (--max-num-batched-tokens 16384)" in recs["engine-1"]["sources"]["extra_args"]
+    assert "NARWHAL_NODE_1" not in recs["engine-2"]["sources"]["extra_args"]
+
+
+def test_no_extra_args_says_so(tmp_path, dev):
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path))
+    assert recs["engine-2"]["runtime"]["extra_args"] == []
+    assert recs["engine-2"]["sources"]["extra_args"] == (
+        "none (no derived flag, NARWHAL_EXTRA_ARGS and NARWHAL_NODE_2_EXTRA_ARGS unset)")
+
+
+def test_node_engine_env_over_the_site_env(tmp_path, dev):
+    img = image()
+    img["env"] = {"UCX_HOME": "/usr/local/ucx", "VLLM_LOGGING_LEVEL": "WARNING"}
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_ENGINE_ENV": "VLLM_LOGGING_LEVEL=INFO HF_HUB_OFFLINE=1",
+                  "NARWHAL_NODE_1_ENGINE_ENV": "VLLM_LOGGING_LEVEL=DEBUG 'X_OPTS=a b'"}, nv_pair(tmp_path, img=img))
+    e1, e2 = recs["engine-1"], recs["engine-2"]
+    assert e1["runtime"]["environment"] == {"UCX_HOME": "/usr/local/ucx", "VLLM_LOGGING_LEVEL": "DEBUG",
+                                            "HF_HUB_OFFLINE": "1", "X_OPTS": "a b"}
+    assert e2["runtime"]["environment"] == {"UCX_HOME": "/usr/local/ucx", "VLLM_LOGGING_LEVEL": "INFO",
+                                            "HF_HUB_OFFLINE": "1"}
+    assert e1["sources"]["environment"].endswith(
+        " + NARWHAL_ENGINE_ENV (HF_HUB_OFFLINE, VLLM_LOGGING_LEVEL) + NARWHAL_NODE_1_ENGINE_ENV (VLLM_LOGGING_LEVEL, "
+        "X_OPTS; over the site's VLLM_LOGGING_LEVEL)")
+    assert "NARWHAL_NODE_1" not in e2["sources"]["environment"]
+
+
+@pytest.mark.parametrize("args,flag", [
+    ("--port 9000", "--port"),
+    ("--max-num-seqs 8 --tensor_parallel_size=2", "--tensor-parallel-size"),
+    ("--trust-remote-code", "--trust-remote-code"),
+    ("-tp 2", "-tp"),
+])
+def test_managed_flag_in_node_extra_args_refused_naming_the_node_key(tmp_path, dev, args, flag):
+    err = refused({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_NODE_2_EXTRA_ARGS": args}, nv_pair(tmp_path))
+    assert err.key == "NARWHAL_NODE_2_EXTRA_ARGS"
+    assert str(err).startswith("NARWHAL_NODE_2_EXTRA_ARGS: NARWHAL_NODE_2_EXTRA_ARGS[")
+    assert "overrides launcher-managed %s" % flag.replace("-tp", "--tensor-parallel-size") in str(err)
+
+
+@pytest.mark.parametrize("text,word", [
+    ("UCX_TLS=rc", "sets UCX_TLS, which is launcher-managed"),
+    ("ROCR_VISIBLE_DEVICES=1", "sets ROCR_VISIBLE_DEVICES, which is launcher-managed"),
+    ("PATH=/opt/bin", "sets PATH, which is launcher-managed"),
+    ("HF_TOKEN=hf_abc", "sets HF_TOKEN, which looks like a secret"),
+    ("MY_API_KEY=abc", "sets MY_API_KEY, which looks like a secret"),
+    ("VLLM_LOGGING_LEVEL", "is not KEY=VALUE"),
+])
+def test_bad_node_engine_env_refused_naming_the_node_key(tmp_path, dev, text, word):
+    err = refused({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_ENGINE_ENV": "VLLM_LOGGING_LEVEL=INFO",
+                   "NARWHAL_NODE_1_ENGINE_ENV": text}, nv_pair(tmp_path))
+    assert err.key == "NARWHAL_NODE_1_ENGINE_ENV" and word in str(err)
+
+
+@pytest.mark.parametrize("key", ["NARWHAL_EXTRA_ARGS", "NARWHAL_NODE_2_EXTRA_ARGS"])
+def test_extra_args_that_are_not_shell_words_refused_by_name(key):
+    with pytest.raises(InputError) as err:
+        load_inputs(dict(BASE, **{key: "--chat-template '/a b.j2"}))
+    assert err.value.key == key and "not valid shell words" in str(err.value)
+
+
+def test_writer_records_the_per_node_policy(tmp_path, dev, run_module):
+    from ansible_collections.narwhal.deploy.plugins.module_utils._policy import policy_changes
+
+    root = tmp_path / "checkout"
+    root.mkdir()
+    extra = {"NARWHAL_NODE_2_EXTRA_ARGS": "--max-num-seqs 8", "NARWHAL_NODE_1_ENGINE_ENV": "VLLM_LOGGING_LEVEL=DEBUG"}
+    args = module_args(root, nv_pair(tmp_path), extra)
+    status, result = run_module(args)
+    assert status == "exit", result
+    policy = json.loads((root / "config" / "engine-launch.policy.json").read_text())
+    assert policy["nodes"]["engine-2"] == {"ATTEST_PORT": 8011, "ENGINE_PORT": 8001,
+                                           "EXTRA_ARGS": "--max-num-seqs 8", "ROLE": "decode"}
+    assert policy["nodes"]["engine-1"] == {"ENGINE_ENV": "VLLM_LOGGING_LEVEL=DEBUG", "ROLE": "prefill"}
+    launch = json.loads((root / "config" / "engine-launch.local.json").read_text())
+    assert launch["engines"]["engine-2"]["runtime"]["extra_args"] == ["--max-num-seqs", "8"]
+    # what prepare compares: the same inputs match the extract, a changed per-node input is named
+    assert policy_changes(policy, args["site"]) == []
+    changed = copy.deepcopy(args["site"])
+    changed["nodes"]["2"]["EXTRA_ARGS"] = "--max-num-seqs 4"
+    assert policy_changes(policy, changed) == [("NARWHAL_NODE_2_EXTRA_ARGS", "--max-num-seqs 8", "--max-num-seqs 4")]
