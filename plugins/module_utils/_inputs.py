@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import shlex
+
+from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
 
 __metaclass__ = type
 
@@ -185,13 +186,16 @@ def _check(spec, key, raw):
                              % (raw, FIX))
     if kind == "url":
         parse_url(key, value)
-    if kind == "args":
+    if kind in ("args", "env"):
+        # the planner's rules (launcher-managed flags and variables, secret-looking names), refused at the first
+        # stage that reads the input
         try:
-            shlex.split(value)
-        except ValueError as exc:
-            raise InputError(key, "is not valid shell words (%s); %s" % (exc, FIX))
-    if kind == "env":
-        parse_env_words(key, value)
+            if kind == "args":
+                _plan.check_args(_plan.split_args(value, key), key)
+            else:
+                _plan.parse_env_words(value, key)
+        except _plan.PlanError as exc:
+            raise InputError(key, "%s; %s" % (exc, FIX))
     if kind == "path" and not value:
         raise InputError(key, "is empty; %s" % FIX)
     return value
@@ -211,18 +215,11 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def parse_env_words(key, text):
-    """KEY=VALUE shell words -> ordered dict; InputError naming `key` on a malformed entry."""
+    """KEY=VALUE shell words -> dict; InputError naming `key` on a malformed, managed or secret-looking entry."""
     try:
-        words = shlex.split(text or "")
-    except ValueError as exc:
-        raise InputError(key, "is not valid shell words (%s); %s" % (exc, FIX))
-    env = {}
-    for word in words:
-        name, sep, value = word.partition("=")
-        if not sep or not ENV_NAME.match(name):
-            raise InputError(key, "entry %r is not KEY=VALUE; %s" % (word, FIX))
-        env[name] = value
-    return env
+        return _plan.parse_env_words(text, key)
+    except _plan.PlanError as exc:
+        raise InputError(key, "%s; %s" % (exc, FIX))
 
 
 def parse_url(key, url):

@@ -689,7 +689,6 @@ def test_writer_removes_extracts_of_an_engine_no_longer_in_the_fleet(tmp_path, d
 @pytest.mark.parametrize("extra,key", [
     ({"NARWHAL_TP_SIZE": "2"}, "NARWHAL_TP_SIZE"),
     ({"NARWHAL_GPUS_PER_ENGINE": "5"}, "NARWHAL_GPUS_PER_ENGINE"),
-    ({"NARWHAL_EXTRA_ARGS": "--port 9000"}, "NARWHAL_EXTRA_ARGS"),
     ({"NARWHAL_TRANSPORT": "ucx_rdma"}, "NARWHAL_TRANSPORT"),
 ])
 def test_writer_failure_leaves_everything_untouched(tmp_path, dev, run_module, extra, key):
@@ -701,6 +700,24 @@ def test_writer_failure_leaves_everything_untouched(tmp_path, dev, run_module, e
     status, result = run_module(module_args(root, hosts, extra))
     assert status == "fail" and result["input"] == key and "nothing was written" in result["msg"]
     assert snapshot(root) == snap
+
+
+@pytest.mark.parametrize("key,value,words", [
+    ("NARWHAL_EXTRA_ARGS", "--port 9000", "overrides launcher-managed --port"),
+    ("NARWHAL_EXTRA_ARGS", "--config x.yaml", "overrides launcher-managed --config"),
+    ("NARWHAL_EXTRA_ARGS", "--tensor-parallel 2", "overrides launcher-managed --tensor-parallel-size"),
+    ("NARWHAL_EXTRA_ARGS", "--max-model-len '4096", "not valid shell words"),
+    ("NARWHAL_ENGINE_ENV", "VLLM_SSM_CONV_STATE_LAYOUT=SD",
+     "sets VLLM_SSM_CONV_STATE_LAYOUT, which is launcher-managed"),
+    ("NARWHAL_NODE_1_EXTRA_ARGS", "-tp=2", "overrides launcher-managed --tensor-parallel-size"),
+])
+def test_launcher_refusals_at_the_first_stage(key, value, words):
+    """What the launcher would refuse is refused when the inputs are read, in the planner's words."""
+    values = {"NARWHAL_FABRIC_INTERFACE": "eth1", "NARWHAL_IMAGE": "i", "NARWHAL_MODEL_PATH": "/m",
+              "NARWHAL_NODE_1_ROLE": "prefill", "NARWHAL_NODE_2_ROLE": "decode", key: value}
+    with pytest.raises(InputError) as err:
+        load_inputs(values)
+    assert err.value.key == key and words in str(err.value)
 
 
 def test_writer_check_mode_writes_nothing(tmp_path, dev, run_module):
