@@ -17,6 +17,8 @@ import os
 import re
 import xml.etree.ElementTree as ET  # noqa: N817  (ET is the idiomatic name)
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._pci import read_pci_path
+
 NVIDIA_CTL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 AMD_KFD_DEVICE = "/dev/kfd"
 
@@ -550,6 +552,7 @@ def nvidia_facts(parsed, sysfs_root, dev_root, source):
             "uuid": gpu["uuid"],
             "name": gpu["name"],
             "pci_bus_id": gpu["pci_bus_id"],
+            "pci_path": read_pci_path(sysfs_root, gpu["pci_bus_id"]),
             "devices": devices,
             "numa_node": read_pci_numa_node(sysfs_root, gpu["pci_bus_id"]),
             "memory_mib": gpu["memory_mib"],
@@ -584,6 +587,7 @@ def amd_facts(parsed, sysfs_root, source):
                 "uuid": gpu["uuid"],
                 "name": gpu["name"],
                 "pci_bus_id": bdf,
+                "pci_path": read_pci_path(sysfs_root, bdf),
                 "devices": devices,
                 "numa_node": numa if numa is not None else gpu.get("numa_node"),
                 "memory_mib": gpu["memory_mib"],

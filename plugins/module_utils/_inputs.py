@@ -56,8 +56,9 @@ INPUTS = [
     {"name": "NARWHAL_TRANSPORT", "kind": "choice", "choices": ["ucx_tcp", "ucx_rdma"], "default": "ucx_tcp",
      "example": "ucx_tcp", "doc": "KV transfer transport of NixlConnector: UCX over TCP or over RDMA."},
     {"name": "NARWHAL_RDMA_DEVICES", "kind": "str", "default": "auto", "example": "auto",
-     "doc": "ucx_rdma only: HCA:port list (mlx5_0:1,mlx5_1:1) or auto (the active port closest, by NUMA node, "
-            "to the engine's GPUs); per node NARWHAL_NODE_<n>_RDMA_DEVICES."},
+     "doc": "ucx_rdma only: HCA:port list (mlx5_0:1,mlx5_1:1) or auto (for each of the engine's GPUs the "
+            "nearest active port: behind the same PCIe switch, else on its NUMA node; every such rail is used); "
+            "per node NARWHAL_NODE_<n>_RDMA_DEVICES."},
     {"name": "NARWHAL_KV_CACHE_DTYPE", "kind": "choice",
      "choices": ["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"],
      "default": "auto", "example": "auto", "doc": "KV cache dtype (vLLM --kv-cache-dtype)."},

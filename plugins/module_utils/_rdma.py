@@ -2,8 +2,9 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """RDMA inventory: sysfs reader and ``ibstat`` / ``ibv_devinfo`` / ``ibstatus`` text parsers (no subprocess).
 
-Every HCA is returned as ``{"name", "hca_type", "fw_ver", "board_id", "numa_node", "pci_bus_id", "uverbs",
-"ports": [{"port", "state", "phys_state", "link_layer", "rate", "netdev", "active"}]}``.
+Every HCA is returned as ``{"name", "hca_type", "fw_ver", "board_id", "numa_node", "pci_bus_id", "pci_path",
+"uverbs", "ports": [{"port", "state", "phys_state", "link_layer", "rate", "netdev", "active"}]}``
+(``pci_path``: see ``_pci.pci_path``; only sysfs knows it).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import glob
 import os
 import re
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._pci import pci_path
 
 RDMA_CM = "/dev/infiniband/rdma_cm"
 
@@ -89,6 +92,7 @@ def _hca(name, hca_type=None, fw_ver=None, board_id=None):
         "board_id": board_id,
         "numa_node": None,
         "pci_bus_id": None,
+        "pci_path": None,
         "uverbs": None,
         "ports": [],
     }
@@ -110,6 +114,7 @@ def read_uverbs_map(sysfs_root):
 
 
 def _device_numa_and_bdf(hca_dir):
+    """(NUMA node, PCI bus id) of the PCI device below an HCA's sysfs directory."""
     device = os.path.join(hca_dir, "device")
     if not os.path.exists(device):
         return None, None
@@ -158,6 +163,7 @@ def read_sysfs_hcas(sysfs_root):
             _read(os.path.join(hca_dir, "board_id")),
         )
         hca["numa_node"], hca["pci_bus_id"] = _device_numa_and_bdf(hca_dir)
+        hca["pci_path"] = pci_path(sysfs_root, os.path.join(hca_dir, "device"))
         hca["uverbs"] = uverbs.get(name)
         if hca["uverbs"] is None:
             # real sysfs also links the verbs device below the PCI device

@@ -93,7 +93,10 @@ def allocate_gpus(engine, n, node_policy, site, host_gpus, taken):
 
 
 def choose_rdma(engine, n, node_policy, site, rdma, gpus):
-    """-> (net_devices, devices, reason) for ucx_rdma."""
+    """-> (net_devices, devices, reason) for ucx_rdma.
+
+    auto: every rail the engine's GPUs are nearest to (see :func:`nearest_rails`); an explicit
+    NARWHAL_RDMA_DEVICES / NARWHAL_NODE_<n>_RDMA_DEVICES list is taken as given, each port checked active."""
     key = "NARWHAL_NODE_%d_RDMA_DEVICES" % n if node_policy.get("RDMA_DEVICES") else "NARWHAL_RDMA_DEVICES"
     wanted = node_policy.get("RDMA_DEVICES") or site["NARWHAL_RDMA_DEVICES"] or "auto"
     hcas = dict((h["name"], h) for h in (rdma or {}).get("hcas", []))
@@ -103,18 +106,8 @@ def choose_rdma(engine, n, node_policy, site, rdma, gpus):
                                               "port up or use NARWHAL_TRANSPORT=ucx_tcp"
                          % (engine, ", ".join(sorted(hcas)) or "no HCA found"))
     if wanted == "auto":
-        numa = [g.get("numa_node") for g in gpus if g.get("numa_node") is not None]
-        target = sorted(set(numa), key=lambda x: (-numa.count(x), x))[0] if numa else None
-        ranked = sorted(active, key=lambda hp: (0 if target is not None and hp[0].get("numa_node") == target else 1,
-                                                0 if hp[1].get("link_layer") == "InfiniBand" else 1,
-                                                _natural(hp[0]["name"]), hp[1]["port"]))
-        hca, port = ranked[0]
-        picked = [(hca, port)]
-        reason = "%s port %d: active %s%s" % (
-            hca["name"], port["port"], port.get("link_layer") or "",
-            ", NUMA node %s like the engine's GPUs" % target if target is not None and hca.get("numa_node") == target
-            else " (no HCA shares the GPUs' NUMA node; first active port)" if target is not None
-            else " (GPU NUMA node unknown; first active port)")
+        picked, reason = nearest_rails(active, gpus)
+        reason = "%s=auto, %s" % (key, reason)
     else:
         picked = []
         for item in [x.strip() for x in wanted.split(",") if x.strip()]:
@@ -148,6 +141,77 @@ def choose_rdma(engine, n, node_policy, site, rdma, gpus):
 def _natural(name):
     import re
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def _pci_shared(a, b):
+    """How many leading elements two PCI paths (root bus, root port, switch ports...) share; 0 if one is unknown."""
+    a, b = a or [], b or []
+    shared = 0
+    while shared < min(len(a), len(b)) and a[shared] == b[shared]:
+        shared += 1
+    return shared
+
+
+def _rail_rank(hca, port, path, numa, served):
+    """Sort key of an active (HCA, port) for one GPU: nearest first (see nearest_rails)."""
+    return (-_pci_shared(path, hca.get("pci_path")),
+            0 if numa is not None and hca.get("numa_node") == numa else 1,
+            0 if port.get("link_layer") == "InfiniBand" else 1,
+            len(served.get("%s:%d" % (hca["name"], port["port"]), [])),
+            _natural(hca["name"]), port["port"])
+
+
+def _rail_why(gpu, hca, numa):
+    """Why a port is the nearest one of a GPU, in words."""
+    path = gpu.get("pci_path")
+    shared = _pci_shared(path, hca.get("pci_path"))
+    if shared >= 3:
+        return "same PCIe switch %s" % path[shared - 1]
+    if shared == 2:
+        return "same PCIe root port %s" % path[1]
+    if numa is not None and hca.get("numa_node") == numa:
+        return "NUMA node %s (%s)" % (numa, "PCIe path unknown" if not path
+                                      else "PCIe path of %s unknown" % hca["name"] if not hca.get("pci_path")
+                                      else "no active port shares its PCIe switch")
+    if shared == 1:
+        return "same PCIe root complex %s" % path[0]
+    return ("no active port on NUMA node %s or below its PCIe switch" % numa if numa is not None
+            else "NUMA node and PCIe path unknown")
+
+
+def nearest_rails(active, gpus):
+    """NARWHAL_RDMA_DEVICES=auto -> ([(hca, port)] deduplicated in GPU order, reason).
+
+    For each allocated GPU, in order, the nearest active port: the one behind the deepest PCIe switch it shares
+    with the GPU (longest common prefix of their sysfs PCI paths: switch, then root port, then root complex),
+    then on the GPU's NUMA node, then InfiniBand before Ethernet, then the one serving the fewest of the
+    engine's GPUs so far (equally near GPUs spread over equally near rails), then natural name order. GPUs
+    share a port when there are fewer rails than GPUs. Without PCI paths this is the NUMA rule, per GPU; a GPU
+    of unknown NUMA node counts as on the node most of the engine's GPUs are on."""
+    numas = [g.get("numa_node") for g in gpus if g.get("numa_node") is not None]
+    engine_numa = sorted(set(numas), key=lambda x: (-numas.count(x), x))[0] if numas else None
+    if not gpus:
+        hca, port = min(active, key=lambda hp: _rail_rank(hp[0], hp[1], None, None, {}))
+        return [(hca, port)], "the engine has no GPU: %s:%d, the first active port (InfiniBand first)" % (
+            hca["name"], port["port"])
+    served, picked, lines = {}, [], []
+    for gpu in gpus:
+        numa = gpu.get("numa_node") if gpu.get("numa_node") is not None else engine_numa
+        path = gpu.get("pci_path")
+        hca, port = min(active, key=lambda hp: _rail_rank(hp[0], hp[1], path, numa, served))
+        name = "%s:%d" % (hca["name"], port["port"])
+        why = _rail_why(gpu, hca, numa)
+        if port.get("link_layer") != "InfiniBand":
+            why += ", %s (no InfiniBand port as near)" % (port.get("link_layer") or "link layer unknown")
+        if served.get(name):
+            why += ", shared with GPU %s" % ", ".join(str(i) for i in served[name])
+        else:
+            picked.append((hca, port))
+        served.setdefault(name, []).append(gpu.get("index"))
+        label = "GPU %s (%s)" % (gpu.get("index"), gpu["pci_bus_id"]) if gpu.get("pci_bus_id") else \
+            "GPU %s" % gpu.get("index")
+        lines.append("%s -> %s: %s" % (label, name, why))
+    return picked, "the nearest active port of each GPU: " + "; ".join(lines)
 
 
 def check_extra_args(key, words):

@@ -24,7 +24,7 @@ description:
 options:
   sysfs_root:
     description:
-      - Root of the sysfs tree to read (PCI NUMA nodes, KFD topology, DRM class).
+      - Root of the sysfs tree to read (PCI NUMA nodes and PCIe paths, KFD topology, DRM class).
       - Tests and simulated hosts point it at a prepared tree.
     type: path
     default: /sys
@@ -86,7 +86,13 @@ ansible_facts:
           description:
             - One entry per GPU, in host index order, with C(index) (int), C(uuid) (str or null; C(GPU-...) on
               NVIDIA, the AMD C(Unique ID) as printed), C(name), C(pci_bus_id) (C(dddd:bb:dd.f), lower case),
-              C(devices) (device paths this GPU needs), C(numa_node) (int or null), C(memory_mib) (int or null).
+              C(pci_path), C(devices) (device paths this GPU needs), C(numa_node) (int or null), C(memory_mib)
+              (int or null).
+            - C(pci_path) is the PCIe hierarchy above the GPU as sysfs nests it below C(devices/) -- its root bus
+              (C(pciDDDD:BB)), then every bridge (root port, switch ports) down to its parent, for example
+              C([pci0000:00, 0000:00:01.0, 0000:10:00.0]); null when O(sysfs_root) does not place the GPU (no
+              C(bus/pci/devices/<bdf>) link into C(devices/)). Discovery pairs each GPU with the RDMA port
+              behind the deepest PCIe switch it shares (M(narwhal.deploy.rdma_facts) returns the same key).
             - NVIDIA entries also carry C(minor_number); GPUs in MIG mode carry C(mig_devices) (list of
               C(index), C(gpu_instance_id), C(compute_instance_id), C(uuid), C(memory_mib)).
             - AMD entries also carry C(device_source) (C(kfd-topology), C(drm-class) or both).
@@ -98,6 +104,7 @@ ansible_facts:
               uuid: GPU-76098dc1-d3bc-9a1b-7ea6-f7b48837829e
               name: Tesla V100S-PCIE-32GB
               pci_bus_id: "0000:00:0d.0"
+              pci_path: ["pci0000:00", "0000:00:01.0", "0000:10:00.0", "0000:11:00.0", "0000:12:00.0", "0000:13:00.0"]
               devices: [/dev/nvidia0]
               numa_node: 0
               memory_mib: 32510

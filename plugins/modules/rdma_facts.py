@@ -11,8 +11,9 @@ short_description: Inventory the RDMA HCAs of an engine host, their ports and th
 version_added: 0.1.0
 description:
   - Reads C(class/infiniband) below O(sysfs_root) (HCA type, firmware, board id, ports with state, physical
-    state, link layer, rate and netdev), C(class/infiniband/<hca>/device) for the NUMA node and PCI bus id,
-    and C(class/infiniband_verbs/uverbs*/ibdev) for the verbs device of each HCA.
+    state, link layer, rate and netdev), C(class/infiniband/<hca>/device) for the NUMA node, PCI bus id and
+    PCIe path (where that link resolves below C(devices/)), and C(class/infiniband_verbs/uverbs*/ibdev) for the
+    verbs device of each HCA.
   - When C(class/infiniband) does not exist, falls back to C(ibstat), then C(ibv_devinfo); a host with none
     of them reports no HCAs, which is not an error.
   - Device nodes (C(/dev/infiniband/uverbs*), C(/dev/infiniband/rdma_cm)) are those that exist below
@@ -75,8 +76,13 @@ ansible_facts:
         hcas:
           description:
             - One entry per HCA (natural name order) with C(name), C(hca_type), C(fw_ver), C(board_id),
-              C(numa_node) (int or null), C(pci_bus_id) (or null), C(uverbs) (C(/dev/infiniband/uverbsN) or
-              null) and C(ports).
+              C(numa_node) (int or null), C(pci_bus_id) (or null), C(pci_path) (or null), C(uverbs)
+              (C(/dev/infiniband/uverbsN) or null) and C(ports).
+            - C(pci_path) is the PCIe hierarchy above the HCA as sysfs nests it below C(devices/) -- its root bus
+              (C(pciDDDD:BB)), then every bridge (root port, switch ports) down to its parent; null without a
+              C(device) link that resolves into C(devices/), and always null from C(ibstat) / C(ibv_devinfo).
+              It is compared with the GPUs' C(pci_path) (M(narwhal.deploy.gpu_facts)) to find each GPU's
+              nearest port.
             - Each port has C(port) (int), C(state) (for example C(ACTIVE)), C(phys_state) (for example
               C(LinkUp)), C(link_layer) (C(InfiniBand) or C(Ethernet)), C(rate), C(netdev) (or null) and
               C(active) (bool).
@@ -90,6 +96,7 @@ ansible_facts:
               board_id: MT_0000000838
               numa_node: 0
               pci_bus_id: "0000:1a:00.0"
+              pci_path: ["pci0000:00", "0000:00:01.0", "0000:10:00.0", "0000:11:00.0", "0000:12:00.0", "0000:13:01.0"]
               uverbs: /dev/infiniband/uverbs0
               ports:
                 - port: 1

@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _gpu
+from ansible_collections.narwhal.deploy.plugins.module_utils import _gpu, _pci
 from ansible_collections.narwhal.deploy.plugins.modules import gpu_facts
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -552,6 +552,55 @@ def test_nvidia_facts_numa_and_devices(tmp_path):
     assert [g["devices"] for g in facts["gpus"]] == [[f"/dev/nvidia{i}"] for i in range(8)]
 
 
+def test_nvidia_profile_pci_paths():
+    """nvidia-8gpu-rdma: root port 00:0k.0 per pair of GPUs, a first-level switch per root port, one
+    second-level switch per GPU (its HCA behind the same one, see test_rdma_facts)."""
+    parsed = _gpu.parse_nvidia_smi_xml((NVIDIA / "datakit__gtx-8card.xml").read_text())
+    facts = _gpu.nvidia_facts(parsed, str(NVIDIA_SYS), str(NVIDIA_SYS), "nvidia-smi -q -x")
+    for gpu in facts["gpus"]:
+        k, j = divmod(gpu["index"], 2)
+        base, sub = 0x10 * (k + 1), 0x10 * (k + 1) + 2 + 4 * j
+        assert gpu["pci_path"] == ["pci0000:00", "0000:00:%02x.0" % (k + 1), "0000:%02x:00.0" % base,
+                                   "0000:%02x:%02x.0" % (base + 1, j), "0000:%02x:00.0" % sub,
+                                   "0000:%02x:00.0" % (sub + 1)]
+
+
+def test_amd_profile_pci_paths():
+    """amd-4gpu-rdma: one root complex per GPU (pci0000:80/a0/c0/e0), root port, one switch."""
+    paths = [g["pci_path"] for g in _amd_profile_gpus(AMD_SYS)["gpus"]]
+    assert paths == [["pci0000:%02x" % r, "0000:%02x:01.1" % r, "0000:%02x:00.0" % (r + 1), "0000:%02x:00.0" % (r + 2)]
+                     for r in (0x80, 0xA0, 0xC0, 0xE0)]
+
+
+def test_pci_path_unknown_without_a_devices_tree(tmp_path):
+    root = tmp_path / "sys"
+    shutil.copytree(AMD_SYS, root, symlinks=False)  # bus/pci/devices/<bdf> now real directories
+    assert [g["pci_path"] for g in _amd_profile_gpus(root)["gpus"]] == [None] * 4
+    assert [g["pci_path"] for g in _amd_profile_gpus(tmp_path / "none")["gpus"]] == [None] * 4
+    assert _pci.read_pci_path(str(AMD_SYS), None) is None
+
+
+@pytest.mark.parametrize(
+    "location, expected",
+    [
+        ("pci0000:00/0000:00:1e.0", ["pci0000:00"]),  # on the root bus
+        ("pci0000:80/0000:80:01.1/0000:81:00.0/0000:82:00.0/0000:83:00.0",
+         ["pci0000:80", "0000:80:01.1", "0000:81:00.0", "0000:82:00.0"]),
+        # Hyper-V: the root bus sits below platform nodes
+        ("LNXSYSTM:00/LNXSYBUS:00/PNP0A03:00/device:07/VMBUS:01/47505500-0001-0000-3130-444531444234/pci0001:00/"
+         "0001:00:00.0", ["pci0001:00"]),
+        ("platform/soc/0000:00:00.0", None),  # no root bus directory
+        ("pci0000:00/0000:00:01.0/usb1/0000:01:00.0", None),  # something else than PCI functions in between
+    ],
+)
+def test_pci_path_of_a_sysfs_location(tmp_path, location, expected):
+    (tmp_path / "devices" / location).mkdir(parents=True)
+    link = tmp_path / "bus" / "pci" / "devices" / location.rsplit("/", 1)[1]
+    link.parent.mkdir(parents=True)
+    os.symlink(os.path.relpath(tmp_path / "devices" / location, link.parent), link)
+    assert _pci.read_pci_path(str(tmp_path), link.name) == expected
+
+
 def test_nvidia_device_node_follows_minor_number(tmp_path):
     parsed = _gpu.parse_nvidia_smi_xml((NVIDIA / "telegraf__dual_a5000-v13.xml").read_text())
     facts = _gpu.nvidia_facts(parsed, str(tmp_path), str(tmp_path), "nvidia-smi -q -x")
@@ -626,6 +675,7 @@ def test_module_nvidia(module_runner, tmp_path, no_host_tools):
         "uuid": "GPU-39c3a168-9034-0b5a-223a-1042f30a9242",
         "name": V100S,
         "pci_bus_id": "0000:00:12.0",
+        "pci_path": ["pci0000:00", "0000:00:03.0", "0000:30:00.0", "0000:31:01.0", "0000:36:00.0", "0000:37:00.0"],
         "devices": ["/dev/nvidia5"],
         "numa_node": 1,
         "memory_mib": 32510,

@@ -141,7 +141,7 @@ def test_amd_rdma_plan():
         "/dev/kfd:/dev/kfd:rwm", "/dev/dri/renderD128:/dev/dri/renderD128:rwm",
         "/dev/dri/card0:/dev/dri/card0:rwm", "/dev/dri/renderD129:/dev/dri/renderD129:rwm",
         "/dev/dri/card1:/dev/dri/card1:rwm", "/dev/infiniband/uverbs4:/dev/infiniband/uverbs4:rwm",
-        "/dev/infiniband/rdma_cm:/dev/infiniband/rdma_cm:rwm"]
+        "/dev/infiniband/uverbs5:/dev/infiniband/uverbs5:rwm", "/dev/infiniband/rdma_cm:/dev/infiniband/rdma_cm:rwm"]
     assert plan["device_requests"] == [] and plan["verify_devices"] == []
     import grp
 
@@ -162,7 +162,7 @@ def test_amd_rdma_plan():
     assert plan["security_opt"] == ["seccomp=unconfined"]
     env = plan["environment"]
     assert env["ROCR_VISIBLE_DEVICES"] == "0,1" and "CUDA_VISIBLE_DEVICES" not in env
-    assert env["UCX_NET_DEVICES"] == "mlx5_6:1"
+    assert env["UCX_NET_DEVICES"] == "mlx5_6:1,mlx5_7:1"  # one rail per GPU
     assert env["UCX_TLS"] == "rc,ud,rocm_copy,rocm_ipc,sm,self"
     assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "172.31.241.12"
     assert plan["command"][plan["command"].index("--tensor-parallel-size") + 1] == "2"

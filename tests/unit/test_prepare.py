@@ -259,7 +259,7 @@ def test_derive_amd_rdma(records):
     d = derive(records["engine-2"], CHECKOUT, "run-0123456789ab")
     env = d["environment"]
     assert env["ROCR_VISIBLE_DEVICES"] == "0,1"
-    assert env["UCX_NET_DEVICES"] == "mlx5_6:1"
+    assert env["UCX_NET_DEVICES"] == "mlx5_6:1,mlx5_7:1"
     assert env["UCX_TLS"] == "rc,ud,rocm_copy,rocm_ipc,sm,self"
     assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "172.31.241.12"
     assert "CUDA_VISIBLE_DEVICES" not in env

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -63,7 +65,7 @@ def test_real_sysfs_dump(real_sysfs):
     assert _summary(hcas) == SYSFS_EXPECTED
     # a plain dump: no device links, no infiniband_verbs, no ndevs
     for hca in hcas:
-        assert (hca["numa_node"], hca["pci_bus_id"], hca["uverbs"]) == (None, None, None)
+        assert (hca["numa_node"], hca["pci_bus_id"], hca["pci_path"], hca["uverbs"]) == (None, None, None, None)
         assert hca["ports"][0]["netdev"] is None
 
 
@@ -90,6 +92,39 @@ def test_simulated_host_tree():
     assert [(h["name"], h["numa_node"], h["pci_bus_id"], h["uverbs"]) for h in hcas] == SIM_PLACEMENT
 
 
+def _sim_hca_path(rail):
+    """nvidia-8gpu-rdma (sys/README.md): rail i shares the second-level PCIe switch of GPU i."""
+    k, j = divmod(rail, 2)
+    base, sub = 0x10 * (k + 1), 0x10 * (k + 1) + 2 + 4 * j
+    return ["pci0000:00", "0000:00:%02x.0" % (k + 1), "0000:%02x:00.0" % base, "0000:%02x:%02x.0" % (base + 1, j),
+            "0000:%02x:00.0" % sub, "0000:%02x:01.0" % (sub + 1)]
+
+
+def test_simulated_host_pci_paths():
+    hcas = _rdma.read_sysfs_hcas(str(SIM_SYS))
+    assert [h["pci_path"] for h in hcas] == [_sim_hca_path(i) for i in range(8)] + [["pci0000:00", "0000:00:05.0"]]
+
+
+def test_amd_profile_pci_paths():
+    """amd-4gpu-rdma: mlx5_6..9 share a PCIe switch with the MI100s (bus 83, a3, c3, e3), the rest stand alone."""
+    hcas = _rdma.read_sysfs_hcas(str(SIM_SYS.parent.parent / "amd-4gpu-rdma" / "sys"))
+    assert [(h["name"], h["numa_node"], h["pci_bus_id"], h["uverbs"]) for h in hcas] == [
+        (name, numa, bdf, uverbs) for (name, numa, _bdf, uverbs), bdf in zip(SIM_PLACEMENT, (
+            "0000:01:00.0", "0000:21:00.0", "0000:41:00.0", "0000:61:00.0",
+            "0000:84:00.0", "0000:a4:00.0", "0000:c4:00.0", "0000:e4:00.0", "0000:02:00.0"), strict=True)]
+    paths = {h["name"]: h["pci_path"] for h in hcas}
+    assert paths["mlx5_6"] == ["pci0000:80", "0000:80:01.1", "0000:81:00.0", "0000:82:01.0"]
+    assert paths["mlx5_9"] == ["pci0000:e0", "0000:e0:01.1", "0000:e1:00.0", "0000:e2:01.0"]
+    assert paths["mlx5_1"] == ["pci0000:20", "0000:20:01.1"]
+    assert paths["mlx5_bond_0"] == ["pci0000:00", "0000:00:03.1"]
+
+
+def test_simulated_pci_trees_are_what_the_generator_writes():
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "gen-sim-pci.py"), "--check"],
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 def test_simulated_tree_is_a_faithful_copy_of_the_real_dump():
     for dirpath, _dirs, files in os.walk(REAL_TREE):
         rel = os.path.relpath(dirpath, REAL_TREE)
@@ -113,6 +148,7 @@ def test_dereferenced_links_fall_back_to_uevent(tmp_path):
     )
     hca = _rdma.read_sysfs_hcas(str(root))[0]
     assert (hca["numa_node"], hca["pci_bus_id"], hca["uverbs"]) == (1, "0000:00:19.0", None)
+    assert hca["pci_path"] is None  # no devices/ tree to place it in
 
 
 def test_ndevs_netdev_and_natural_order(tmp_path):
@@ -250,6 +286,7 @@ def test_module_simulated_host(module_runner, sim_dev):
     assert facts["devices"] == [f"/dev/infiniband/uverbs{i}" for i in range(9)] + ["/dev/infiniband/rdma_cm"]
     assert facts["source"] == os.path.join(str(SIM_SYS), "class", "infiniband")
     assert [(h["name"], h["numa_node"], h["pci_bus_id"], h["uverbs"]) for h in facts["hcas"]] == SIM_PLACEMENT
+    assert facts["hcas"][0]["pci_path"] == _sim_hca_path(0)
     assert facts["hcas"][0]["ports"] == [
         {
             "port": 1,
