@@ -40,8 +40,8 @@ class StaleRecordsError(InputError):
     """Records older than their inputs; the message starts with the changed key (no `key:` prefix)."""
 
     def __init__(self, key, text):
-        ValueError.__init__(self, text)
-        self.key = key
+        super(StaleRecordsError, self).__init__(key, text)
+        self.args = (text,)
 
 
 def launch_policy(inputs, engines):

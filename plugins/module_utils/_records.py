@@ -318,7 +318,7 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
         ucx_list = _plan.ucx_tls(site["NARWHAL_TRANSPORT"], platform, kv_buffer_device)
     except _plan.PlanError as exc:
         raise InputError(image_key, "%s: %s" % (engine, exc))
-    sources["transfer"] += "; UCX_TLS %s for %s KV memory on %s (GPU memory needs the GPU copy transport)" % (
+    sources["ucx_tls"] = "UCX_TLS %s for %s KV memory on %s (GPU memory needs the GPU copy transport)" % (
         ",".join(ucx_list), "host" if kv_buffer_device == "cpu" else "GPU", platform)
     # runtime
     dists = image.get("distributions") or {}

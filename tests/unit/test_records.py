@@ -303,7 +303,7 @@ def test_ucx_tcp(tmp_path, dev):
     recs = build({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path))
     assert recs["engine-1"]["transfer"] == {"transport": "ucx_tcp", "net_devices": ["${NARWHAL_FABRIC_INTERFACE}"],
                                             "devices": [], "ucx_tls": ["tcp", "cuda_copy", "cuda_ipc", "sm", "self"]}
-    assert "UCX_TLS tcp,cuda_copy,cuda_ipc,sm,self for GPU KV memory on cuda" in recs["engine-1"]["sources"]["transfer"]
+    assert "UCX_TLS tcp,cuda_copy,cuda_ipc,sm,self for GPU KV memory on cuda" in recs["engine-1"]["sources"]["ucx_tls"]
     assert recs["engine-1"]["network_mode"] == "host"
 
 
@@ -340,10 +340,11 @@ def test_ucx_rdma_auto_eight_gpus_use_all_eight_rails(tmp_path, dev):
     """The records of the nvidia-8gpu-rdma profile list every rail, each GPU on the HCA of its own switch."""
     recs = build({"NARWHAL_TRANSPORT": "ucx_rdma"}, rdma_pair(tmp_path), shared=False)
     for record in recs.values():
-        assert record["transfer"] == {"transport": "ucx_rdma", "net_devices": RAILS, "devices": UVERBS + [RDMA_CM]}
+        assert record["transfer"] == {"transport": "ucx_rdma", "net_devices": RAILS, "devices": UVERBS + [RDMA_CM],
+                                      "ucx_tls": ["rc", "ud", "cuda_copy", "cuda_ipc", "sm", "self"]}
         assert rails(record) == [(i, RAILS[i], "same PCIe switch " + SUB_SWITCHES[i]) for i in range(8)]
     assert "GPU 0 (0000:00:0d.0) -> mlx5_0:1: same PCIe switch 0000:12:00.0; GPU 1 (0000:00:0e.0) -> mlx5_1:1" \
-        in recs["engine-1"]["sources"]["transfer"]
+        in recs["engine-1"]["sources"]["ucx_tls"]
 
 
 def test_ucx_rdma_auto_four_gpus_get_their_four_nearest(tmp_path, dev):
@@ -445,7 +446,7 @@ def test_ucx_rdma_explicit_devices(tmp_path, dev):
                  rdma_pair(tmp_path))
     assert recs["engine-2"]["transfer"]["net_devices"] == ["mlx5_8:1"]
     assert recs["engine-2"]["transfer"]["devices"] == ["/dev/infiniband/uverbs6", "/dev/infiniband/rdma_cm"]
-    assert recs["engine-2"]["sources"]["transfer"].startswith("NARWHAL_RDMA_DEVICES=mlx5_8:1; UCX_TLS rc,ud,")
+    assert recs["engine-2"]["sources"]["transfer"] == "NARWHAL_RDMA_DEVICES=mlx5_8:1"
     assert recs["engine-1"]["transfer"]["devices"] == ["/dev/infiniband/uverbs8", "/dev/infiniband/rdma_cm"]
 
 

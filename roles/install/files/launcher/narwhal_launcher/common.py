@@ -181,4 +181,3 @@ def check_host(plan):
         if not os.path.isdir(mount["source"]):
             raise LaunchError("launch record runtime.model_path %s is not a directory on this host; stage the "
                               "model or rerun discovery" % mount["source"])
-

@@ -44,7 +44,7 @@ def serve_parser():
         from vllm.utils.argparse_utils import FlexibleArgumentParser  # vLLM >= 0.11
     except ImportError:
         from vllm.utils import FlexibleArgumentParser
-    import vllm.entrypoints.cli.serve as serve
+    from vllm.entrypoints.cli import serve
     parser = FlexibleArgumentParser(prog="vllm", description="vLLM CLI")
     subparsers = parser.add_subparsers(required=False, dest="subparser")
     commands = {}

@@ -121,4 +121,3 @@ def probe_version(role_env_path, timeout=300.0, interval=1.0, address=None, out=
                           "is not the checked image: stop it and run start again" % (version_url, served, expected))
     print("version ok: %s %s = checked %s" % (version_url, served, expected), file=out or sys.stdout)
     return result
-

@@ -83,8 +83,8 @@ def start(role_env_path, force=False, out=None):
             raise LaunchError("launch record runtime.image_id %s is not on this host; load the recorded image "
                               "(%s) or rerun discovery" % (plan["image"], plan["image_ref"]))
         try:
-            container = client.containers.create(**create_kwargs(docker, plan, digest, api_key,
-                                                                   prepared.group_ids))
+            kwargs = create_kwargs(docker, plan, digest, api_key, prepared.group_ids)
+            container = client.containers.create(**kwargs)
             container.start()
         except docker.errors.APIError as exc:
             raise LaunchError("docker refused container %s: %s"
@@ -108,5 +108,3 @@ def start(role_env_path, force=False, out=None):
     print("unchanged" if action == "unchanged" else "%s %s %s" % (action, plan["name"], container.id),
           file=out or sys.stdout)
     return deployment
-
-
