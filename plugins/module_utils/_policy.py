@@ -40,7 +40,7 @@ class StaleRecordsError(InputError):
     """Records older than their inputs; the message starts with the changed key (no `key:` prefix)."""
 
     def __init__(self, key, text):
-        super(StaleRecordsError, self).__init__(key, text)
+        super().__init__(key, text)
         self.args = (text,)
 
 

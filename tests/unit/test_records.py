@@ -344,7 +344,7 @@ def test_ucx_rdma_auto_eight_gpus_use_all_eight_rails(tmp_path, dev):
                                       "ucx_tls": ["rc", "ud", "cuda_copy", "cuda_ipc", "sm", "self"]}
         assert rails(record) == [(i, RAILS[i], "same PCIe switch " + SUB_SWITCHES[i]) for i in range(8)]
     assert "GPU 0 (0000:00:0d.0) -> mlx5_0:1: same PCIe switch 0000:12:00.0; GPU 1 (0000:00:0e.0) -> mlx5_1:1" \
-        in recs["engine-1"]["sources"]["ucx_tls"]
+        in recs["engine-1"]["sources"]["transfer"]
 
 
 def test_ucx_rdma_auto_four_gpus_get_their_four_nearest(tmp_path, dev):
@@ -664,7 +664,7 @@ def test_build_record_alone_lacks_the_file_sources(tmp_path, dev):
     record, span = build_record(plan["nodes"][0], inputs["site"], {}, h, h["image"], h["model"], plan["fleet"][0],
                                 {}, 5600)
     assert span == 1
-    assert sorted(record["sources"]) == ["allocation", "environment", "extra_args", "transfer", "visibility"]
+    assert sorted(record["sources"]) == ["allocation", "environment", "extra_args", "transfer", "ucx_tls", "visibility"]
     assert any("sources" in e for e in validation_errors(record, RECORD_SCHEMA))
 
 
