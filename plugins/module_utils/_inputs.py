@@ -146,6 +146,11 @@ class InputError(ValueError):
         self.key = key
 
 
+# The advice that ends a refusal of generated configuration (prepare's gates).
+REGENERATE = ("correct the named input, regenerate the affected configuration (rerun discovery) and prepare a "
+              "new run")
+
+
 def _check(spec, key, raw):
     kind = spec["kind"]
     value = raw.strip() if isinstance(raw, str) else raw

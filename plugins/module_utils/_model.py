@@ -339,6 +339,22 @@ def kv_geometry(config):
     }
 
 
+def record_geometry(geometry):
+    """The part of :func:`kv_geometry` a launch record keeps (``runtime.model_geometry``) for the P/D gate, named
+    as vLLM's ModelConfig reports it to ``compute_nixl_compatibility_hash``: total KV heads, head size (MLA: the
+    latent ``kv_lora_rank + qk_rope_head_dim``), hidden layers, sliding window, MLA, and the kind of Mamba /
+    linear-attention state (None for a pure-attention model)."""
+    geometry = geometry or {}
+    return {
+        "num_kv_heads": geometry.get("num_kv_heads"),
+        "head_size": geometry.get("head_dim"),
+        "num_hidden_layers": geometry.get("num_layers"),
+        "sliding_window": geometry.get("sliding_window"),
+        "use_mla": bool(geometry.get("mla")),
+        "ssm_state": (geometry.get("mamba") or {}).get("kind"),
+    }
+
+
 def model_facts(path, config_bytes, config, tokenizer_config, tokenizer_files, config_name="config.json"):
     """``narwhal_model`` facts from already-read documents. Raises ModelConfigError for a non-HF config."""
     if not isinstance(config, dict):

@@ -10,7 +10,8 @@ import hashlib
 import json
 
 from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
-from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError
+from ansible_collections.narwhal.deploy.plugins.module_utils._handshake import check_pairs
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import REGENERATE, InputError
 from ansible_collections.narwhal.deploy.plugins.module_utils._schema import (
     FLEET_SCHEMA,
     LAUNCH_CONFIG_SCHEMA,
@@ -19,8 +20,6 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._schema import (
 
 __metaclass__ = type
 
-REGENERATE = ("correct the named input, regenerate the affected configuration (rerun discovery) and prepare a "
-              "new run")
 
 
 def canonical(document):
@@ -46,40 +45,9 @@ def check_documents(fleet, launch_config, site):
                          % (site["NARWHAL_FLEET"], ", ".join(iids), REGENERATE))
 
 
-def _nixl_version(record):
-    pins = record["runtime"]["expected_packages"]
-    dist = record["runtime"].get("nixl_distribution")
-    return pins.get(dist) if dist else None
-
-
 def compatibility(records):
-    """The P/D gate: every prefill/decode pair must be able to exchange KV."""
-    prefill = [r for r in records.values() if r["role"] == "prefill"]
-    decode = [r for r in records.values() if r["role"] == "decode"]
-    for p in prefill:
-        for d in decode:
-            pair = "%s (prefill) and %s (decode)" % (p["engine"], d["engine"])
-            checks = [
-                ("vllm version", p["runtime"]["vllm_version"], d["runtime"]["vllm_version"], "NARWHAL_IMAGE"),
-                ("NIXL version", _nixl_version(p), _nixl_version(d), "NARWHAL_IMAGE"),
-                ("kv_cache_dtype", p["runtime"]["kv_cache_dtype"], d["runtime"]["kv_cache_dtype"],
-                 "NARWHAL_KV_CACHE_DTYPE"),
-                ("effective block size", p["runtime"]["cache_plan"]["block_size"],
-                 d["runtime"]["cache_plan"]["block_size"], "NARWHAL_BLOCK_SIZE"),
-                ("model dtype", p["runtime"]["model_dtype"], d["runtime"]["model_dtype"], "NARWHAL_MODEL_DTYPE"),
-                ("served model", p["runtime"]["served_model_name"], d["runtime"]["served_model_name"],
-                 "NARWHAL_SERVED_MODEL_NAME"),
-            ]
-            if p["tensor_parallel_size"] == d["tensor_parallel_size"]:
-                checks.append(("KV page bytes", p["runtime"]["cache_plan"]["page_bytes"],
-                               d["runtime"]["cache_plan"]["page_bytes"], "NARWHAL_KV_CACHE_DTYPE"))
-            if p["runtime"].get("ssm_conv_state") or d["runtime"].get("ssm_conv_state"):
-                checks.append(("tensor-parallel size (hybrid SSM models need equal TP)",
-                               p["tensor_parallel_size"], d["tensor_parallel_size"], "NARWHAL_TP_SIZE"))
-            for what, a, b, key in checks:
-                if a != b:
-                    raise InputError(key, "%s cannot exchange KV: %s differs (%s vs %s); %s"
-                                     % (pair, what, a, b, REGENERATE))
+    """The P/D gate: every prefill/decode pair must pass vLLM's NIXL handshake (_handshake.check_pairs)."""
+    check_pairs(records)
 
 
 def shared_hosts(records):

@@ -22,6 +22,7 @@ import shlex
 from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
 from ansible_collections.narwhal.deploy.plugins.module_utils._cacheplan import kv_cache_plan
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError
+from ansible_collections.narwhal.deploy.plugins.module_utils._model import record_geometry
 
 __metaclass__ = type
 
@@ -411,6 +412,7 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
             "extra_args": extra_args,
             "trust_remote_code": bool(model.get("trust_remote_code")),
             "ssm_conv_state": bool(model.get("ssm_conv_state")),
+            "model_geometry": record_geometry(model.get("kv_geometry")),
         },
         "sources": dict(sources, visibility=reason_vis),
     }

@@ -10,6 +10,7 @@ __metaclass__ = type
 _STR = {"type": "string", "minLength": 1}
 _PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
 _PATHS = {"type": "array", "items": {"type": "string", "pattern": "^/dev/"}}
+_COUNT = {"type": ["integer", "null"], "minimum": 1}
 
 FLEET_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -93,6 +94,14 @@ RECORD_SCHEMA = {
                 "derived_environment": {"type": "object", "additionalProperties": {"type": "string"}},
                 "extra_args": {"type": "array", "items": {"type": "string"}},
                 "model_path": {"type": "string", "pattern": "^/"},
+                "model_geometry": {
+                    "type": "object",
+                    "required": ["num_kv_heads", "head_size", "num_hidden_layers", "sliding_window", "use_mla",
+                                 "ssm_state"],
+                    "properties": {"num_kv_heads": _COUNT, "head_size": _COUNT, "num_hidden_layers": _COUNT,
+                                   "sliding_window": _COUNT, "use_mla": {"type": "boolean"},
+                                   "ssm_state": {"type": ["string", "null"]}},
+                },
             },
         },
         "sources": {"type": "object", "required": ["host", "image", "model", "policy", "allocation", "transfer"]},

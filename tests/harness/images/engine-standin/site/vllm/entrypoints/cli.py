@@ -24,6 +24,11 @@ def main(argv=None):
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--gpu-memory-utilization", type=float)
+    # what the NIXL handshake hashes or checks (vllm.standin.handshake)
+    p.add_argument("--attention-backend")
+    p.add_argument("--disable-hybrid-kv-cache-manager", action=argparse.BooleanOptionalAction, default=False)
+    p.add_argument("--speculative-config")
+    p.add_argument("--decode-context-parallel-size", "-dcp", type=int, default=1)
     args, unknown = p.parse_known_args(argv[1:])
     kv = None
     if args.kv_transfer_config:

@@ -5,8 +5,11 @@ Replays the HTTP surface and P/D flow of vLLM with NixlConnector (VLLM_FACTS.md)
   Producer request with kv_transfer_params.do_remote_decode -> answers with kv_transfer_params that
   name this engine's side channel (VLLM_NIXL_SIDE_CHANNEL_HOST/PORT, advertised exactly as set).
   Consumer request with do_remote_prefill -> connects to remote_host:remote_port over TCP through the
-  UCX_NET_DEVICES interface and reads the blocks; a failed load ends the request with HTTP 500
-  (kv_load_failure_policy=fail). /metrics counts vllm:nixl_bytes_transferred and failed transfers.
+  UCX_NET_DEVICES interface, performs vLLM's NIXL handshake (the producer answers with its compatibility
+  hash and agent metadata; the consumer compares the hash with its own and validates TP, block size and KV
+  layout: vllm.standin.handshake), then reads the blocks; a failed handshake or load ends the request with
+  HTTP 500 (kv_load_failure_policy=fail). /metrics counts vllm:nixl_bytes_transferred and failed transfers
+  (failed handshakes included, as vLLM 0.33 counts them).
 The "KV" is a deterministic function of the prompt, so the consumer checks what it received.
 """
 import hashlib
@@ -21,13 +24,40 @@ import uuid
 from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from vllm.standin import handshake
 from vllm.version import __version__
 
 BYTES_PER_TOKEN = 256
 
 
+def platform():
+    """cuda or rocm, from the NIXL module this image's vLLM imports (make_dists.py writes it)."""
+    try:
+        from vllm.standin.nixl_module import NIXL_API
+    except ImportError:
+        return "cuda"
+    return "rocm" if NIXL_API.startswith("nixl_rocm") else "cuda"
+
+
+def agent_metadata(args, model_config, engine_id, env=None):
+    """-> (compatibility hash, NixlAgentMetadata-like dict) of this engine, from its own command line,
+    environment, platform and mounted model config (handshake module docstring)."""
+    env = os.environ if env is None else env
+    geometry = handshake.model_geometry(model_config)
+    backend = handshake.attention_backend(args.attention_backend, platform(), __version__, geometry["use_mla"], env)
+    speculative = handshake.speculative_factors(args.speculative_config, args.kv_cache_dtype)
+    factors = handshake.compatibility_factors(
+        __version__, args.model, handshake.model_dtype(args.dtype, model_config), geometry, backend,
+        args.kv_cache_dtype, not args.disable_hybrid_kv_cache_manager, speculative)
+    meta = {"engine_id": engine_id, "block_size": args.block_size or 16, "tp_size": args.tensor_parallel_size,
+            "kv_cache_layout": handshake.kv_cache_layout(env, geometry["use_mla"]), "attn_backend_name": backend,
+            "num_kv_heads": geometry["num_kv_heads"], "use_mla": geometry["use_mla"],
+            "dcp_size": args.decode_context_parallel_size}
+    return handshake.hash_factors(factors), meta
+
+
 class State:
-    def __init__(self, args, kv):
+    def __init__(self, args, kv, model_config=None):
         self.args = args
         self.kv = kv
         self.served = (args.served_model_name or [args.model])[0]
@@ -36,6 +66,7 @@ class State:
         self.side_host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost")
         self.side_port = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))
         self.block_size = args.block_size or 16
+        self.compat_hash, self.meta = agent_metadata(args, model_config or {}, self.engine_id)
         self.blocks = OrderedDict()
         self.next_block = 0
         self.lock = threading.Lock()
@@ -92,19 +123,47 @@ def fetch_blocks(state, params):
                 pass
         sock.settimeout(10)
         sock.connect(info[4])
+        reader = sock.makefile("rb")
+        nixl_handshake(state, sock, reader, params)
         sock.sendall(json.dumps({"engine_id": params.get("remote_engine_id"),
                                  "block_ids": params.get("remote_block_ids")}).encode() + b"\n")
-        header = sock.recv(9)
+        header = reader.read(9)
         if not header.startswith(b"OK"):
             raise OSError("remote side refused the block read: " + header.decode(errors="replace"))
         size = int.from_bytes(header[2:9], "big")
         data = bytearray()
         while len(data) < size:
-            chunk = sock.recv(min(65536, size - len(data)))
+            chunk = reader.read(min(65536, size - len(data)))
             if not chunk:
                 raise OSError("side channel closed mid-transfer")
             data.extend(chunk)
         return bytes(data)
+
+
+class HandshakeError(OSError):
+    """The handshake failed the way vLLM's does (RuntimeError / AssertionError in the handshake thread)."""
+
+
+def nixl_handshake(state, sock, reader, params):
+    """BaseNixlWorker._nixl_handshake: ask for the producer's payload (GET_META_MSG), compare its
+    compatibility hash with ours before anything else, then validate its agent metadata."""
+    sock.sendall(json.dumps({"get_meta": True}).encode() + b"\n")
+    line = reader.readline()
+    try:
+        payload = json.loads(line)
+        handshake.check_hash(state.compat_hash, payload["compatibility_hash"])
+        meta = payload["agent_metadata"]
+        if meta["engine_id"] != params.get("remote_engine_id"):
+            raise RuntimeError(f"Remote NIXL agent engine ID mismatch. Expected {params.get('remote_engine_id')},"
+                               f"received {meta['engine_id']}.")
+        handshake.validate_remote(state.meta, meta)
+    except (RuntimeError, AssertionError, KeyError, ValueError, TypeError) as exc:
+        context = {"remote_engine_id": params.get("remote_engine_id"), "remote_host": params.get("remote_host"),
+                   "remote_port": params.get("remote_port")}
+        # vLLM logs the failed handshake through _log_failure and fails the request (failed_recv_reqs)
+        print(f"ERROR NIXL transfer failure: handshake_failed | Context: {context}\n"
+              f"{type(exc).__name__}: {exc}", flush=True)
+        raise HandshakeError(f"{type(exc).__name__}: {exc}") from None
 
 
 class SideChannel(socketserver.StreamRequestHandler):
@@ -112,6 +171,11 @@ class SideChannel(socketserver.StreamRequestHandler):
         state = self.server.state
         try:
             req = json.loads(self.rfile.readline())
+            if req.get("get_meta"):
+                self.wfile.write(json.dumps({"compatibility_hash": state.compat_hash,
+                                             "agent_metadata": state.meta}).encode() + b"\n")
+                self.wfile.flush()
+                req = json.loads(self.rfile.readline())
             if req.get("engine_id") != state.engine_id:
                 self.wfile.write(b"NO" + b"engine"[:7].ljust(7))
                 return
@@ -283,7 +347,7 @@ def serve(args, kv, unknown):
         print(f"ERROR: The repository {args.model} contains custom code which must be executed to "
               "correctly load the model. Please pass the argument `trust_remote_code=True`.", file=sys.stderr)
         return 1
-    state = State(args, kv)
+    state = State(args, kv, model_config)
     if kv is not None:
         side_cls = _server_class(state.side_host if state.side_host != "localhost" else "127.0.0.1",
                                  socketserver.ThreadingTCPServer)
@@ -293,6 +357,8 @@ def serve(args, kv, unknown):
         threading.Thread(target=side.serve_forever, daemon=True).start()
         print(f"INFO NIXL side channel listening on {side_bind}:{state.side_port} "
               f"(engine_id={state.engine_id}, kv_role={kv.kv_role})", flush=True)
+        print(f"INFO NIXL compatibility hash: {state.compat_hash} (model={args.model}, "
+              f"attn_backend={state.meta['attn_backend_name']}, cache_dtype={args.kv_cache_dtype})", flush=True)
     host = args.host if args.host is not None else "0.0.0.0"
     http_cls = _server_class(host, ThreadingHTTPServer)
     httpd = http_cls((host, args.port), make_handler(state))
