@@ -171,9 +171,9 @@ def parse_role_env(text, where):
             raise PlanError("role environment %s line %d: %r is not KEY=VALUE; fix the line"
                             % (where, number, stripped))
         if key not in ROLE_ENV_KEYS:
+            known = ", ".join(ROLE_ENV_KEYS)
             raise PlanError("role environment %s line %d: %s is not a key the launcher reads (%s); the role "
-                            "environment is written by prepare: prepare a new run" % (where, number, key,
-                                                                                    ", ".join(ROLE_ENV_KEYS)), key)
+                            "environment is written by prepare: prepare a new run" % (where, number, key, known), key)
         if key in result:
             raise PlanError("role environment %s line %d: %s is set twice; prepare a new run" % (where, number, key),
                             key)

@@ -21,7 +21,6 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._schema import (
 __metaclass__ = type
 
 
-
 def canonical(document):
     return json.dumps(document, sort_keys=True, separators=(",", ":"))
 

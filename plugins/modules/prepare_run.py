@@ -15,9 +15,9 @@ description:
     C(engine-launch.sources.json), must equal the policy of the current site inputs; every changed input is
     named with both values), validates the documents against their schemas, checks
     that every engine in the play has a record, and applies the prefill/decode compatibility gate (every pair must
-    pass vLLM's NIXL handshake as predicted from the records: the factors of its compatibility hash such as vLLM
-    version, model, dtype, KV geometry, attention backend and KV cache dtype, and its checks of block size, TP
-    ratio and KV layout) and the shared-host gate (no overlapping GPUs, HTTP, attestation or side-channel ports).
+    pass vLLM's NIXL handshake as predicted from the records, i.e. the factors of its compatibility hash such as
+    vLLM version, model, dtype, KV geometry, attention backend and KV cache dtype, and its checks of block size,
+    TP ratio and KV layout) and the shared-host gate (no overlapping GPUs, HTTP, attestation or side-channel ports).
   - With O(stage=plan) it only returns the records and the derived values. With O(stage=write) it also compares
     each record with the current host inspection (stale records are refused), checks the API key file, and only
     then creates C(runs/<run-id>/) with the manifest, each engine's record copy, role environment and derived
