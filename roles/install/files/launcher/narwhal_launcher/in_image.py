@@ -8,10 +8,13 @@ import importlib.metadata as md
 import io
 import json
 import os
+import re
 import sys
 
 
 def err(exc):
+    if isinstance(exc, ParserRefusedError):
+        return str(exc)[:600]
     return ("%s: %s" % (type(exc).__name__, exc))[:600]
 
 
@@ -39,7 +42,8 @@ def kv_config(spec):
 
 
 def serve_parser():
-    """The parser `vllm serve` uses, built the way vllm/entrypoints/cli/main.py builds it."""
+    """The parser `vllm serve` uses, built the way vllm/entrypoints/cli/main.py builds it (prog "vllm", the serve
+    subcommand's own subparser "vllm serve"; argparse's prefix abbreviations stay on, as vLLM leaves them)."""
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser  # vLLM >= 0.11
     except ImportError:
@@ -55,24 +59,41 @@ def serve_parser():
 
 
 class ParserRefusedError(Exception):
-    pass
+    """The parser's own error line ("vllm: error: unrecognized arguments: ..."), reported without a type name."""
+
+
+PARSER_ERROR = re.compile(r"^vllm(?: [\w-]+)?: error: ")
+
+
+def parser_message(text, code):
+    """argparse's `PROG: error: MESSAGE` from what the parser wrote to stderr (usage first, perhaps a hint after);
+    other lines (warnings) are ignored."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for index in range(len(lines) - 1, -1, -1):
+        if PARSER_ERROR.match(lines[index]):
+            return " ".join(lines[index:])
+    if code == 0:
+        return "the parser printed its help or version and exited (code 0) instead of parsing; remove --help/--version"
+    return lines[-1] if lines else "the parser exited with code %s and no message" % code
 
 
 def serve_args(spec):
-    """Parse the complete recorded `vllm serve` argv with the image's own parser (no engine is built)."""
+    """Parse the complete recorded `vllm serve` argv with the image's own parser and run the serve command's
+    validate(), as `vllm` does before it builds anything (in vLLM 0.32 validate checks the chat template, the gRPC
+    port and flag combinations: no model files, no GPU). Unknown flags, bad values and ambiguous abbreviations raise
+    ParserRefusedError with the parser's own words. vLLM's logger keeps writing to the real stdout (its handler
+    holds that stream): harmless, the launcher reads only the last marker line."""
     parser, commands = serve_parser()
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
-            args = parser.parse_args(spec["serve_argv"])
+            args = parser.parse_args(list(spec["serve_argv"]))
     except SystemExit as exc:
-        lines = [line for line in stderr.getvalue().splitlines() if line.strip()]
-        raise ParserRefusedError(lines[-1] if lines else "the parser exited with %s" % exc.code)
+        raise ParserRefusedError(parser_message(stderr.getvalue(), exc.code))
     command = commands.get(getattr(args, "subparser", None))
     if command is None:
-        raise ParserRefusedError("the parser did not select the serve command")
-    if hasattr(command, "validate"):
-        command.validate(args)
+        raise ParserRefusedError("the parser did not select the serve command (argv %r)" % spec["serve_argv"][:1])
+    command.validate(args)
     return {"model": getattr(args, "model_tag", None) or getattr(args, "model", None)}
 
 

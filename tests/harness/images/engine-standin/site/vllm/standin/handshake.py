@@ -90,7 +90,7 @@ def speculative_factors(text, cache_dtype):
     """_get_speculative_compatibility_factors: only EAGLE-style drafts count."""
     if not text:
         return None
-    config = json.loads(text)
+    config = text if isinstance(text, dict) else json.loads(text)  # the strict parser gives it parsed
     method = str(config.get("method") or "")
     if method not in EAGLE_METHODS and not method.endswith("mtp"):
         return None

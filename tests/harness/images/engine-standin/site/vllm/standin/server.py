@@ -61,7 +61,7 @@ class State:
         self.args = args
         self.kv = kv
         self.served = (args.served_model_name or [args.model])[0]
-        self.api_key = args.api_key or os.environ.get("VLLM_API_KEY")
+        self.api_keys = list(args.api_key or []) or [k for k in [os.environ.get("VLLM_API_KEY")] if k]
         self.engine_id = (kv.engine_id if kv and kv.engine_id else str(uuid.uuid4()))
         self.side_host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost")
         self.side_port = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))
@@ -107,6 +107,26 @@ def _listdir(path):
         return os.listdir(path)
     except OSError:
         return []
+
+
+GPU_MEMORY_TRANSPORT = {"cuda": "cuda_copy", "rocm": "rocm_copy"}
+
+
+def register_kv_memory(kv, env=None):
+    """What NIXL's UCX backend does when vLLM registers the KV cache (registerMem): with the cache in GPU memory
+    and UCX_TLS lacking the GPU memory transport, UCX classifies VRAM as host memory and NIXL refuses it
+    (ai-dynamo/nixl PRs 1385/1393: NIXL_ERR_BACKEND, "VRAM memory is detected as host by UCX"; issue 1628).
+    UCX's default (UCX_TLS unset or "all") includes the GPU transports. Returns an error line or None."""
+    env = os.environ if env is None else env
+    if kv is None or getattr(kv, "kv_buffer_device", "cuda") == "cpu":
+        return None
+    tls = env.get("UCX_TLS", "all")
+    transports = [t.strip() for t in tls.split(",")]
+    needed = GPU_MEMORY_TRANSPORT[platform()]
+    if "all" in transports or needed in transports:
+        return None
+    return ("NIXL_ERR_BACKEND: registerMem failed for the KV cache (VRAM): VRAM memory is detected as host by UCX; "
+            "UCX_TLS=%s lacks %s (UCX's GPU memory transport)" % (tls, needed))
 
 
 def fetch_blocks(state, params):
@@ -204,9 +224,9 @@ def make_handler(state):
             self.wfile.write(data)
 
         def authorized(self):
-            if not state.api_key or not self.path.startswith("/v1"):
+            if not state.api_keys or not self.path.startswith("/v1"):
                 return True
-            if self.headers.get("Authorization", "") == f"Bearer {state.api_key}":
+            if self.headers.get("Authorization", "") in [f"Bearer {key}" for key in state.api_keys]:
                 return True
             self.send(401, {"error": "Unauthorized"})
             return False
@@ -224,7 +244,7 @@ def make_handler(state):
                 return self.send(200, {"object": "list", "data": [{
                     "id": state.served, "object": "model", "created": int(time.time()),
                     "owned_by": "vllm", "root": state.args.model, "parent": None,
-                    "max_model_len": state.args.max_model_len or 2048}]})
+                    "max_model_len": max(state.args.max_model_len or 0, 0) or 2048}]})
             return self.send(404, {"detail": "Not Found"})
 
         def do_POST(self):
@@ -335,7 +355,9 @@ def _server_class(host, base):
     return type("Server", (base,), attrs)
 
 
-def serve(args, kv, unknown):
+def serve(args, kv):
+    """Serve after `vllm serve` parsed and validated args with the strict parser (vllm/entrypoints/cli/serve.py);
+    kv is the parsed --kv-transfer-config (the stand-in KVTransferConfig) or None."""
     config = os.path.join(args.model, "config.json")
     try:
         with open(config, encoding="utf-8") as fh:
@@ -346,6 +368,10 @@ def serve(args, kv, unknown):
     if "auto_map" in model_config and not args.trust_remote_code:
         print(f"ERROR: The repository {args.model} contains custom code which must be executed to "
               "correctly load the model. Please pass the argument `trust_remote_code=True`.", file=sys.stderr)
+        return 1
+    refused = register_kv_memory(kv)
+    if refused:
+        print("ERROR %s" % refused, file=sys.stderr, flush=True)
         return 1
     state = State(args, kv, model_config)
     if kv is not None:
@@ -362,8 +388,6 @@ def serve(args, kv, unknown):
     host = args.host if args.host is not None else "0.0.0.0"
     http_cls = _server_class(host, ThreadingHTTPServer)
     httpd = http_cls((host, args.port), make_handler(state))
-    if unknown:
-        print(f"INFO stand-in ignores flags: {' '.join(unknown)}", flush=True)
     print(f"INFO vLLM API server version {__version__} (narwhal.deploy stand-in)", flush=True)
     print(f"INFO Uvicorn running on http://{host}:{args.port}", flush=True)
     httpd.serve_forever()
