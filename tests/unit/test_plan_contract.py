@@ -7,8 +7,9 @@ import sys
 
 import pytest
 from launcher_support import EXAMPLE, write_inputs, zipapp
-from test_records import amd, build, host, nv_pair, rdma_pair
+from test_records import amd, build, host, image, model, nv_pair, rdma_pair
 
+from ansible_collections.narwhal.deploy.plugins.module_utils import _gpu
 from ansible_collections.narwhal.deploy.plugins.module_utils._prepare import derive
 
 CHECKOUT = "/opt/narwhal"
@@ -22,6 +23,13 @@ def _records(tmp_path):
     yield "nvidia-extras", build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_EXTRA_ARGS": "--max-model-len 4096",
                                   "NARWHAL_NODE_2_EXTRA_ARGS": "--max-num-seqs 8",
                                   "NARWHAL_ENGINE_ENV": "VLLM_LOGGING_LEVEL=DEBUG"}, nv_pair(tmp_path))
+    yield "remote-code", build({"NARWHAL_GPUS_PER_ENGINE": "2"},
+                               nv_pair(tmp_path, mdl=model(tmp_path, "syjjhl__chatglm2-6b")))
+    yield "ssm", build({"NARWHAL_GPUS_PER_ENGINE": "4"},
+                       nv_pair(tmp_path, mdl=model(tmp_path, "fetchwiki__LiquidAI-LFM2-1.2B")))
+    cpu = host(_gpu.empty_facts("none"), tmp_path, img=image({"vllm": "0.32.0+cpu", "nixl": "0.7.1"}, ["PATH=/usr/bin"],
+                                                             "vllm/vllm-openai-cpu:v0.32.0"))
+    yield "cpu", build({"NARWHAL_BLOCK_SIZE": "64"}, {"engine-1": cpu, "engine-2": cpu}, shared=False)
     amd_host = host(amd(), tmp_path)
     amd_host["image"] = dict(amd_host["image"], platform="rocm", nixl_distribution="nixl-rocm",
                              distributions={"vllm": "0.33.0", "nixl-rocm": "1.5.1"})
@@ -55,7 +63,7 @@ def test_manifest_equals_the_launchers_plan_for_every_record(tmp_path):
             assert host_plan["plan"]["environment"] == derived["environment"], (name, engine)
             assert host_plan["plan"]["command"][2:] == derived["vllm_args"], (name, engine)
             compared += 1
-    assert compared >= 10
+    assert compared >= 16
 
 
 @pytest.mark.parametrize("broken,words", [
