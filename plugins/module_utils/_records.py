@@ -248,23 +248,25 @@ def _flags(words):
 
 
 def _engine_args(n, node_policy, site, model):
-    """-> (extra_args, source): derived flags + NARWHAL_EXTRA_ARGS + NARWHAL_NODE_<n>_EXTRA_ARGS, in that order,
-    so that vLLM's parser (the last occurrence wins) gives the node's value of a flag the site also sets."""
+    """-> (extra_args, source): derived flags + NARWHAL_EXTRA_ARGS + NARWHAL_ENGINE_ARGS +
+    NARWHAL_NODE_<n>_EXTRA_ARGS, in that order, so that vLLM's parser (the last occurrence wins) gives the
+    node's value of a flag the site also sets, and the derived flags are kept whatever the extras say."""
     node_key = "NARWHAL_NODE_%d_EXTRA_ARGS" % n
-    site_args = _checked_args("NARWHAL_EXTRA_ARGS", site.get("NARWHAL_EXTRA_ARGS"))
+    site_parts = [(key, _checked_args(key, site.get(key))) for key in ("NARWHAL_EXTRA_ARGS", "NARWHAL_ENGINE_ARGS")]
+    site_args = [word for _key, words in site_parts for word in words]
     node_args = _checked_args(node_key, node_policy.get("EXTRA_ARGS"))
     derived = ["--trust-remote-code"] if model.get("trust_remote_code") else []
     parts = []
     if derived:
         parts.append("derived --trust-remote-code (auto_map in the checkpoint's model or tokenizer config)")
-    if site_args:
-        parts.append("NARWHAL_EXTRA_ARGS (%s)" % _words(site_args))
+    parts += ["%s (%s)" % (key, _words(words)) for key, words in site_parts if words]
     if node_args:
         repeated = sorted(set(_flags(site_args)) & set(_flags(node_args)))
         parts.append("%s (%s)%s" % (node_key, _words(node_args),
                                     "; the node's %s wins over the site's (vLLM takes the last)" % ", ".join(repeated)
                                     if repeated else ""))
-    source = " + ".join(parts) if parts else "none (no derived flag, NARWHAL_EXTRA_ARGS and %s unset)" % node_key
+    source = " + ".join(parts) if parts else (
+        "none (no derived flag, NARWHAL_EXTRA_ARGS, NARWHAL_ENGINE_ARGS and %s unset)" % node_key)
     return derived + site_args + node_args, source
 
 

@@ -904,7 +904,7 @@ def test_no_extra_args_says_so(tmp_path, dev):
     recs = build({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path))
     assert recs["engine-2"]["runtime"]["extra_args"] == []
     assert recs["engine-2"]["sources"]["extra_args"] == (
-        "none (no derived flag, NARWHAL_EXTRA_ARGS and NARWHAL_NODE_2_EXTRA_ARGS unset)")
+        "none (no derived flag, NARWHAL_EXTRA_ARGS, NARWHAL_ENGINE_ARGS and NARWHAL_NODE_2_EXTRA_ARGS unset)")
 
 
 def test_node_engine_env_over_the_site_env(tmp_path, dev):
@@ -977,3 +977,16 @@ def test_writer_records_the_per_node_policy(tmp_path, dev, run_module):
     changed = copy.deepcopy(args["site"])
     changed["nodes"]["2"]["EXTRA_ARGS"] = "--max-num-seqs 4"
     assert policy_changes(policy, changed) == [("NARWHAL_NODE_2_EXTRA_ARGS", "--max-num-seqs 8", "--max-num-seqs 4")]
+
+
+def test_engine_args_recorded_after_extra_args_and_before_node_args(tmp_path, dev):
+    """NARWHAL_ENGINE_ARGS (the seed's name) is a real input: recorded with its source, derived flags kept."""
+    mdl = model(tmp_path, "syjjhl__chatglm2-6b")
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "2", "NARWHAL_EXTRA_ARGS": "--max-model-len 4096",
+                  "NARWHAL_ENGINE_ARGS": "--max-num-seqs 64", "NARWHAL_NODE_2_EXTRA_ARGS": "--max-num-seqs 8"},
+                 nv_pair(tmp_path, mdl=mdl))
+    assert recs["engine-2"]["runtime"]["extra_args"] == ["--trust-remote-code", "--max-model-len", "4096",
+                                                         "--max-num-seqs", "64", "--max-num-seqs", "8"]
+    assert "NARWHAL_ENGINE_ARGS (--max-num-seqs 64)" in recs["engine-1"]["sources"]["extra_args"]
+    err = refused({"NARWHAL_GPUS_PER_ENGINE": "2", "NARWHAL_ENGINE_ARGS": "--port 1"}, nv_pair(tmp_path))
+    assert err.key == "NARWHAL_ENGINE_ARGS" and "overrides launcher-managed --port" in str(err)
