@@ -168,7 +168,8 @@ def validate_remote(local, remote):
     if local["block_size"] % remote["block_size"]:
         raise AssertionError(f"Local block size {local['block_size']} is not divisible by remote block size "
                              f"{remote['block_size']} or vice versa.")
-    replicated = remote_tp > local["num_kv_heads"]
+    # a config without head counts (HF would apply its model class defaults): no replication known
+    replicated = local["num_kv_heads"] is not None and remote_tp > local["num_kv_heads"]
     if not local["use_mla"]:
         if tp_ratio < 0 and replicated:
             raise AssertionError("assert not (tp_ratio < 0 and self.transfer_topo.is_kv_replicated(remote_engine_id))")
