@@ -16,6 +16,10 @@ description:
     overrides whose port matches the node's port, and refuses a bad input with a message naming it.
   - Writes C(deployment.env) and the fleet file (C(NARWHAL_FLEET)) as one set, only after everything was planned
     and validated; a failure leaves the previous set byte-for-byte intact. Unchanged outputs are not touched.
+  - The set is written under a lock in C(NARWHAL_CONFIG_DIR) (a second discovery waits up to 60 s, then is
+    refused naming the lock and its holder) and swapped through a journal, so that a run killed at any instant
+    leaves, once the next discovery or prepare has started, either the complete previous or the complete new set
+    (see docs/outputs.md). A full disk or a permission problem is refused naming the file.
 options:
   site:
     description: The validated inputs, as returned by M(narwhal.deploy.site_inputs).
@@ -91,7 +95,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._fleet import plan_fleet, render_env
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError
-from ansible_collections.narwhal.deploy.plugins.module_utils._outputs import apply_set, plan_set
+from ansible_collections.narwhal.deploy.plugins.module_utils._outputs import OutputError, OutputSet
 from ansible_collections.narwhal.deploy.plugins.module_utils._policy import POLICY_FILE, SOURCES_FILE, launch_policy
 from ansible_collections.narwhal.deploy.plugins.module_utils._records import build_record
 from ansible_collections.narwhal.deploy.plugins.module_utils._schema import (
@@ -119,11 +123,16 @@ def dump(document):
     return json.dumps(document, indent=2, sort_keys=False) + "\n"
 
 
-def stale_extracts(index_path, config_dir, files):
-    """Extracts of the previous set that the new set no longer has (a fresh output set never keeps them)."""
+def stale_extracts(index_path, config_dir, files, read=None):
+    """Extracts of the previous set that the new set no longer has (a fresh output set never keeps them).
+    read(path) -> bytes or None: how the previous index is read (OutputSet.read: as recovery will leave it)."""
     try:
-        with open(index_path) as fh:
-            previous = json.load(fh).get("files", {})
+        if read is None:
+            with open(index_path, "rb") as fh:
+                raw = fh.read()
+        else:
+            raw = read(index_path)
+        previous = json.loads(raw).get("files", {}) if raw is not None else {}
     except (OSError, ValueError, AttributeError):
         return []
     paths = [os.path.join(config_dir, os.path.basename(name)) for name in previous]
@@ -225,21 +234,27 @@ def main():
         index["launch_config_sha256"] = hashlib.sha256(launch_text.encode()).hexdigest()
         files[launch_path] = (launch_text, 0o600)
         files[index_path] = (dump(index), 0o600)
-        remove = stale_extracts(index_path, config_dir, files)
     if errors:
         module.fail_json(msg="discovery produced output that fails its schema, nothing was written: %s"
                              % "; ".join(errors[:10]))
-    changes = plan_set(files, remove)
+    # One lock for the set (a second discovery waits, then is refused by name); an interrupted write of a previous
+    # run is completed or undone first; the swap is journaled (plugins/module_utils/_outputs.py, docs/outputs.md).
+    try:
+        with OutputSet(config_dir, "discovery", check_mode=module.check_mode) as outputs:
+            if records is not None:
+                remove = stale_extracts(index_path, config_dir, files, outputs.read)
+            changes = outputs.plan(files, remove)
+            if changes and not module.check_mode:
+                outputs.apply(changes)
+    except OutputError as exc:
+        module.fail_json(msg="discovery: %s" % exc, path=exc.path)
+    for note in outputs.notes:
+        module.warn(note)
     result = {"changed": bool(changes), "table": plan["table"],
               "files": dict((path, any(c[0] == path for c in changes)) for path in files)}
     if module._diff:
         result["diff"] = [{"before_header": c[0], "after_header": c[0], "before": c[1] or "", "after": c[2] or ""}
                           for c in changes]
-    if changes and not module.check_mode:
-        try:
-            apply_set(changes)
-        except OSError as exc:
-            module.fail_json(msg="writing the discovery outputs failed (%s); the previous set was restored" % exc)
     module.exit_json(**result)
 
 

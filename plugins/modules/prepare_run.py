@@ -23,6 +23,11 @@ description:
     then creates C(runs/<run-id>/) with the manifest, each engine's record copy, role environment and derived
     environment, and the launcher snapshot with its sha256.
   - The run ID is a hash of what was prepared, so preparing unchanged inputs again changes nothing.
+  - The fleet and the launch config are read under discovery's lock of C(NARWHAL_CONFIG_DIR), after completing
+    an interrupted discovery write. The run is written under a lock of C(NARWHAL_RUNS_DIR) (a second prepare waits
+    up to 60 s, then is refused naming the lock and its holder): a new run directory is built next to its place and
+    renamed into it, so it appears complete or not at all; a full disk or a permission problem is refused naming
+    the file (see docs/outputs.md).
 options:
   site:
     description: The validated inputs, as returned by M(narwhal.deploy.site_inputs).
@@ -114,7 +119,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError
 from ansible_collections.narwhal.deploy.plugins.module_utils._launcher_build import build_zipapp, launcher_sources
-from ansible_collections.narwhal.deploy.plugins.module_utils._outputs import apply_set, plan_set
+from ansible_collections.narwhal.deploy.plugins.module_utils._outputs import OutputError, OutputSet
 from ansible_collections.narwhal.deploy.plugins.module_utils._policy import (
     POLICY_FILE,
     RERUN,
@@ -189,6 +194,22 @@ def check_records_policy(root, site, inputs):
                  "%s, sha256 %s" % (site["NARWHAL_LAUNCH_CONFIG"], digest[:12]) if isinstance(digest, str) else None)
 
 
+def read_config(module, root, site, nodes):
+    """The fleet and the launch config, read under discovery's lock of NARWHAL_CONFIG_DIR (after completing or
+    undoing an interrupted discovery write, docs/outputs.md) so that they are one set with the policy extract."""
+    with OutputSet(_path(root, site["NARWHAL_CONFIG_DIR"]), "discovery", check_mode=module.check_mode, create=False,
+                   who="prepare") as config:
+        if config.pending:
+            raise InputError("NARWHAL_CONFIG_DIR", "%s; run prepare without check mode (it completes that write "
+                                                   "first) or rerun discovery" % config.pending)
+        fleet_raw, fleet = _load("NARWHAL_FLEET", _path(root, site["NARWHAL_FLEET"]))
+        launch_raw, launch = _load("NARWHAL_LAUNCH_CONFIG", _path(root, site["NARWHAL_LAUNCH_CONFIG"]))
+        check_records_policy(root, site, {"site": site, "nodes": nodes})
+    for note in config.notes:
+        module.warn(note)
+    return fleet_raw, fleet, launch_raw, launch
+
+
 def revision(module, root):
     git = module.get_bin_path("git")
     if not git:
@@ -216,9 +237,7 @@ def main():
     p = module.params
     site, root, engines = p["site"]["site"], p["root"], sorted(p["engines"])
     try:
-        fleet_raw, fleet = _load("NARWHAL_FLEET", _path(root, site["NARWHAL_FLEET"]))
-        launch_raw, launch = _load("NARWHAL_LAUNCH_CONFIG", _path(root, site["NARWHAL_LAUNCH_CONFIG"]))
-        check_records_policy(root, site, {"site": site, "nodes": p["site"].get("nodes") or {}})
+        fleet_raw, fleet, launch_raw, launch = read_config(module, root, site, p["site"].get("nodes") or {})
         check_documents(fleet, launch, site)
         records = launch["engines"]
         missing = [e for e in engines if e not in records]
@@ -256,11 +275,14 @@ def main():
             stale(records[e], p["hosts"].get(e) or {})
     except InputError as exc:
         module.fail_json(msg="prepare refused, no run was created: %s" % exc, input=exc.key)
+    except OutputError as exc:
+        module.fail_json(msg="prepare: %s" % exc, path=exc.path)
     rev, dirty = revision(module, root)
     for e in engines:
         # The launcher records it in deployment.json with the container ID and its own digest.
         derived[e]["role_env"]["NARWHAL_APP_REVISION"] = "%s%s" % (rev or "unknown", "-dirty" if dirty else "")
-    run_dir = os.path.join(_path(root, site["NARWHAL_RUNS_DIR"]), rid)
+    runs_dir = _path(root, site["NARWHAL_RUNS_DIR"])
+    run_dir = os.path.join(runs_dir, rid)
     manifest = {
         "run_id": rid,
         "application": {"revision": rev, "dirty": dirty},
@@ -285,13 +307,23 @@ def main():
         files[os.path.join(run_dir, e, "prepared.json")] = (json.dumps(
             {"environment": derived[e]["environment"], "vllm_args": derived[e]["vllm_args"],
              "container": derived[e]["container"], "plan_hash": derived[e]["plan_hash"]}, indent=2) + "\n", 0o600)
-    changes = plan_set(files)
+    # One lock for the runs directory (a second prepare waits, then is refused by name); a new run is built aside and
+    # renamed into place, a changed one swapped through the journal (plugins/module_utils/_outputs.py).
+    try:
+        with OutputSet(runs_dir, "prepare", check_mode=module.check_mode) as runs:
+            changes = runs.plan(files)
+            if changes and not module.check_mode:
+                if os.path.isdir(run_dir):
+                    runs.apply(changes, kept="the previous files of %s are intact" % run_dir)
+                else:
+                    runs.create_tree(run_dir, files)
+    except OutputError as exc:
+        module.fail_json(msg="prepare: %s" % exc, path=exc.path)
+    for note in runs.notes:
+        module.warn(note)
     result.update(changed=bool(changes), run_dir=run_dir, manifest=manifest)
     if module._diff and changes:
         result["diff"] = {"before": "", "after": "\n".join(sorted(c[0] for c in changes)) + "\n"}
-    if changes and not module.check_mode:
-        os.makedirs(run_dir, mode=0o700, exist_ok=True)
-        apply_set(changes)
     module.exit_json(**result)
 
 

@@ -199,8 +199,9 @@ def test_output_set_unchanged_is_untouched_and_failure_restores(tmp_path, monkey
         return real_replace(src, dst)
 
     monkeypatch.setattr(_outputs.os, "replace", failing_replace)
-    with pytest.raises(OSError):
+    with pytest.raises(_outputs.OutputError) as err:
         _outputs.apply_set(_outputs.plan_set(new))
+    assert str(err.value).endswith("disk full; fix the cause and rerun — the previous set is intact")
     monkeypatch.setattr(_outputs.os, "replace", real_replace)
     assert a.read_text() == "A1\n" and b.read_text() == "B1\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["deployment.env", "fleet.json"]

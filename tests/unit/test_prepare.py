@@ -416,8 +416,13 @@ def write_policy(root, site=None, nodes=None):
 
 @pytest.fixture
 def root(tmp_path, pd_launch):
-    launch = pd_launch
-    (tmp_path / "config").mkdir()
+    return make_checkout(tmp_path, pd_launch)
+
+
+def make_checkout(tmp_path, launch):
+    """A checkout as discovery leaves it (fleet, launch config, policy extract, index), with the API key file and a
+    copy of the collection's launcher parts."""
+    (tmp_path / "config").mkdir(parents=True)
     (tmp_path / "config" / "fleet.json").write_text(json.dumps(fleet_for(launch["engines"]), indent=2))
     (tmp_path / "config" / "engine-launch.local.json").write_text(json.dumps(launch, indent=2))
     write_policy(tmp_path)
