@@ -16,6 +16,11 @@ description:
     overrides whose port matches the node's port, and refuses a bad input with a message naming it.
   - Writes C(deployment.env) and the fleet file (C(NARWHAL_FLEET)) as one set, only after everything was planned
     and validated; a failure leaves the previous set byte-for-byte intact. Unchanged outputs are not touched.
+  - Refuses, before planning, output paths that collide (with each other, after resolving symbolic links, or with
+    the C(.env) file or the API key file) or that lie inside the checkout at a place git does not ignore
+    (C(git check-ignore), or the shipped C(.gitignore)'s site paths without git); settings for an C(engine-<n>)
+    the inventory lacks; a fabric interface whose link is down; and a C(deployment.env) value that could add a
+    line or be expanded.
 options:
   site:
     description: The validated inputs, as returned by M(narwhal.deploy.site_inputs).
@@ -92,6 +97,12 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.narwhal.deploy.plugins.module_utils._fleet import plan_fleet, render_env
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs import apply_set, plan_set
+from ansible_collections.narwhal.deploy.plugins.module_utils._paths import (
+    DEPLOYMENT_ENV,
+    INSPECTION_FILE,
+    check_paths,
+    git_ignore_checker,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._policy import POLICY_FILE, SOURCES_FILE, launch_policy
 from ansible_collections.narwhal.deploy.plugins.module_utils._records import build_record
 from ansible_collections.narwhal.deploy.plugins.module_utils._schema import (
@@ -106,15 +117,6 @@ ENV_HEADER = [
 ]
 
 
-def output_path(root, relative, key, patterns=None):
-    path = os.path.normpath(os.path.join(root, relative))
-    rel = os.path.relpath(path, root)
-    if patterns and not rel.startswith("..") and not any(fnmatch.fnmatch(rel, p) for p in patterns):
-        raise InputError(key, "%s is inside the checkout but not at an ignored site path (%s); site data must "
-                              "not be committed: use one of those names" % (relative, " or ".join(patterns)))
-    return path
-
-
 def dump(document):
     return json.dumps(document, indent=2, sort_keys=False) + "\n"
 
@@ -127,7 +129,9 @@ def stale_extracts(index_path, config_dir, files):
     except (OSError, ValueError, AttributeError):
         return []
     paths = [os.path.join(config_dir, os.path.basename(name)) for name in previous]
-    return [path for path in paths if path not in files and os.path.basename(path).startswith("engine-launch.")]
+    # only inspection extracts: an edited index must not make discovery remove another file of the directory
+    return [path for path in paths if path not in files
+            and fnmatch.fnmatchcase(os.path.basename(path), INSPECTION_FILE % "*")]
 
 
 def plan_records(plan, inputs, hosts):
@@ -158,7 +162,7 @@ def plan_records(plan, inputs, hosts):
         for index in record["gpu_host_indices"]:
             taken[host_key][index] = engine
         next_port[host_key] = port + span
-        inspection = "engine-launch.%s.inspection.json" % engine
+        inspection = INSPECTION_FILE % engine
         record["sources"].update({
             "host": {"file": inspection, "pointer": "/host"},
             "image": {"file": inspection, "pointer": "/image"},
@@ -193,19 +197,20 @@ def main():
     inputs = {"site": p["site"]["site"], "nodes": {int(k): v for k, v in p["site"]["nodes"].items()}}
     root = p["root"]
     try:
-        plan = plan_fleet(inputs, p["engines"], p["interfaces"])
         site = inputs["site"]
-        config_dir = output_path(root, site["NARWHAL_CONFIG_DIR"], "NARWHAL_CONFIG_DIR")
-        fleet_path = output_path(root, site["NARWHAL_FLEET"], "NARWHAL_FLEET", ["config/fleet.json", "config/fleet.*.json"])
+        # every output path of its own, none an input, git-ignored inside the checkout: before any planning
+        paths = check_paths(root, site, p["engines"], p["site"].get("env_file"), git_ignore_checker(module, root),
+                            os.path.realpath)
+        config_dir, fleet_path, launch_path = paths["config_dir"], paths["fleet"], paths["launch_config"]
+        plan = plan_fleet(inputs, p["engines"], p["interfaces"])
+        env_text = render_env(plan["deployment_env"], ENV_HEADER)
         records = None
         if p["hosts"] is not None:
-            launch_path = output_path(root, site["NARWHAL_LAUNCH_CONFIG"], "NARWHAL_LAUNCH_CONFIG",
-                                      ["config/engine-launch.*.json", "config/*/*"])
             records = plan_records(plan, inputs, p["hosts"])
     except InputError as exc:
         module.fail_json(msg="discovery refused its inputs, nothing was written: %s" % exc, input=exc.key)
     files = {
-        os.path.join(config_dir, "deployment.env"): (render_env(plan["deployment_env"], ENV_HEADER), 0o600),
+        os.path.join(config_dir, DEPLOYMENT_ENV): (env_text, 0o600),
         fleet_path: (dump(plan["fleet"]), 0o600),
     }
     errors = validation_errors(plan["fleet"], FLEET_SCHEMA)

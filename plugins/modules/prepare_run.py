@@ -23,6 +23,8 @@ description:
     then creates C(runs/<run-id>/) with the manifest, each engine's record copy, role environment and derived
     environment, and the launcher snapshot with its sha256.
   - The run ID is a hash of what was prepared, so preparing unchanged inputs again changes nothing.
+  - Before reading anything, refuses a run directory (C(NARWHAL_RUNS_DIR)) or input path that collides with
+    another output or input, or a run directory inside the checkout that git does not ignore.
 options:
   site:
     description: The validated inputs, as returned by M(narwhal.deploy.site_inputs).
@@ -115,6 +117,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError
 from ansible_collections.narwhal.deploy.plugins.module_utils._launcher_build import build_zipapp, launcher_sources
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs import apply_set, plan_set
+from ansible_collections.narwhal.deploy.plugins.module_utils._paths import check_paths, git_ignore_checker
 from ansible_collections.narwhal.deploy.plugins.module_utils._policy import (
     POLICY_FILE,
     RERUN,
@@ -216,8 +219,11 @@ def main():
     p = module.params
     site, root, engines = p["site"]["site"], p["root"], sorted(p["engines"])
     try:
-        fleet_raw, fleet = _load("NARWHAL_FLEET", _path(root, site["NARWHAL_FLEET"]))
-        launch_raw, launch = _load("NARWHAL_LAUNCH_CONFIG", _path(root, site["NARWHAL_LAUNCH_CONFIG"]))
+        # the run directory and the files prepare reads: each its own, none an input, git-ignored in the checkout
+        paths = check_paths(root, site, engines, p["site"].get("env_file"), git_ignore_checker(module, root),
+                            os.path.realpath)
+        fleet_raw, fleet = _load("NARWHAL_FLEET", paths["fleet"])
+        launch_raw, launch = _load("NARWHAL_LAUNCH_CONFIG", paths["launch_config"])
         check_records_policy(root, site, {"site": site, "nodes": p["site"].get("nodes") or {}})
         check_documents(fleet, launch, site)
         records = launch["engines"]
@@ -247,7 +253,7 @@ def main():
                       "launch_config_sha256": sha256_text(launch_raw)}
         rid = run_id(engines, records, draft, launcher_sha, inputs_sha)
         derived = dict((e, derive(records[e], checkout, rid)) for e in engines)
-        check_key_file(_path(root, site["NARWHAL_API_KEY_FILE"]))
+        check_key_file(paths["api_key_file"])
         result = {"changed": False, "run_id": rid, "records": dict((e, records[e]) for e in engines),
                   "derived": derived, "launcher_sha256": launcher_sha}
         if p["stage"] == "plan":
@@ -260,7 +266,7 @@ def main():
     for e in engines:
         # The launcher records it in deployment.json with the container ID and its own digest.
         derived[e]["role_env"]["NARWHAL_APP_REVISION"] = "%s%s" % (rev or "unknown", "-dirty" if dirty else "")
-    run_dir = os.path.join(_path(root, site["NARWHAL_RUNS_DIR"]), rid)
+    run_dir = os.path.join(paths["runs_dir"], rid)
     manifest = {
         "run_id": rid,
         "application": {"revision": rev, "dirty": dirty},
