@@ -51,6 +51,45 @@ state. The other inputs (paths, engine checkout, API key file, ready timeout) ar
 launch themselves and take effect without rediscovery.
 """
 
+RULES = """
+## Rules every value follows
+
+Refused when the inputs are read (site_inputs), each naming the key, the value and the fix, before anything is
+written; these would otherwise pass silently or end up in generated files:
+
+- **One line of printable text.** A value with a newline, carriage return, NUL, tab or other control character
+  (also U+2028/U+2029) is refused: values are written into line-based files (`deployment.env`, the engines'
+  role environments) and paths, where it could add a line such as `NARWHAL_RUN_DIR=/tmp/evil`.
+- **Known keys, once.** An unknown `NARWHAL_*` key in `.env` is refused with the closest input (`did you mean
+  NARWHAL_TRANSPORT?`), a key set twice (python-dotenv keeps the last silently), a line python-dotenv cannot
+  parse (it skips it silently) and a `NARWHAL_*` key without `=`. Unknown `NARWHAL_*` variables of the controller
+  environment are ignored, with a warning when they resemble an input. `NARWHAL_NODE_<n>_*` settings for an
+  `engine-<n>` the inventory does not have are refused by discovery.
+- **Numbers** are written with the ASCII digits 0-9 (`8_000`, `+8000` and full-width digits are refused);
+  counts are at least 1, ports 1-65535; `NARWHAL_NODE_<n>_GPU_IDS` are distinct, non-negative and as many as
+  `NARWHAL_TP_SIZE` when that is set, and `NARWHAL_GPUS_PER_ENGINE` must equal `NARWHAL_TP_SIZE` when both are set.
+- **Addresses.** `NARWHAL_NODE_<n>_IP` is an address of `NARWHAL_BIND_FAMILY`, never loopback, unspecified,
+  link-local, multicast or IPv4-mapped (`::ffff:10.0.0.11`: write the IPv4 address). URL hosts are a dotted-quad
+  IPv4 address, a bracketed IPv6 address or a DNS name: other numeric spellings (`127.1`, `0x7f.0.0.1`), loopback
+  and localhost names (`localhost.`) are refused. `NARWHAL_NODE_<n>_URL` is `scheme://host:port` only;
+  `NARWHAL_NODE_<n>_ATTESTATION_URL` may add a path; neither may carry user information, a query or a fragment.
+  Discovery refuses a fabric interface whose link is down.
+- **Names and paths.** `NARWHAL_SERVED_MODEL_NAME` (and, when it is unset, the last component of
+  `NARWHAL_MODEL_PATH`) takes letters, digits and `. _ - + : @ /`, starts with a letter or digit and has no empty,
+  `.` or `..` component: the engines mount the checkpoint at `/models/<name with / as _>`. Engine-host paths
+  (`NARWHAL_MODEL_PATH`, `NARWHAL_ENGINE_CHECKOUT`) are absolute, below `/`, without `,` (docker `--mount`
+  separates options by commas) or `.`/`..` components. Controller paths have no `..` component and no `~`.
+  Image references and package names take their usual characters only.
+- **Outputs of their own, out of git.** The fleet, the launch records, the files discovery writes into
+  `NARWHAL_CONFIG_DIR` (`deployment.env`, `engine-launch.policy.json`, `engine-launch.sources.json`,
+  `engine-launch.<engine>.inspection.json`) and the run directory each need a path of their own (compared after
+  resolving symbolic links), none may be the `.env` file or the API key file, and one inside the checkout must be
+  git-ignored (asked with `git check-ignore`; without git or a repository, the site paths of the shipped
+  `.gitignore`: `config/fleet.json`, `config/fleet.*.json`, `config/engine-launch.*.json`, `config/deployment.env`,
+  `config/<dir>/`, `config/*.key`, `runs/`). `NARWHAL_CONFIG_DIR=docs` is refused: the records would land in a
+  tracked folder.
+"""
+
 
 def env_example():
     out = ["# narwhal.deploy site inputs. Copy to .env (git-ignored) and fill in.",
@@ -62,7 +101,7 @@ def env_example():
         if spec.get("choices"):
             extra += "; one of %s" % ", ".join(spec["choices"])
         out.append("# (%s)" % extra)
-        out.append("%s=%s" % (spec["name"], spec["example"]))
+        out.append("%s=%s" % (spec["name"], "" if spec["example"] is None else spec["example"]))  # empty: unset
         out.append("")
     out.append("# Per engine: engine-<n> in the inventory is node <n>. The two-engine minimum:")
     for spec in NODE_INPUTS:
@@ -90,6 +129,7 @@ def docs():
             "| variable | kind | meaning |", "|---|---|---|"]
     for spec in NODE_INPUTS:
         out.append("| `NARWHAL_NODE_<n>_%s` | %s | %s |" % (spec["name"], spec["kind"], spec["doc"]))
+    out += RULES.splitlines()
     out += TUNING.splitlines()
     out += (CHANGES % ", ".join("`%s`" % k for k in POLICY_KEYS)).splitlines()
     return "\n".join(out) + "\n"

@@ -17,6 +17,11 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import Inpu
 __metaclass__ = type
 
 ENGINE_NAME = re.compile(r"^engine-([1-9][0-9]*)$")
+# `ip` operstates of a link that carries no traffic (UNKNOWN, e.g. of some virtual links, is not refused)
+DOWN_STATES = ("DOWN", "LOWERLAYERDOWN", "NOTPRESENT")
+# deployment.env values, as python-dotenv and a shell both read them unquoted: nothing that ends a line, quotes,
+# comments (#), expands ($, `), escapes (\) or splits words
+ENV_VALUE = re.compile(r"^[A-Za-z0-9._:/\[\]@%+,=~-]*$")
 
 
 def engine_number(name):
@@ -104,10 +109,13 @@ def plan_fleet(inputs, engines, interfaces):
     for name in engines:
         numbers[engine_number(name)] = name
     for n in sorted(inputs["nodes"]):
-        if n not in numbers and inputs["nodes"][n].get("ROLE"):
-            raise InputError("NARWHAL_NODE_%d_ROLE" % n,
-                             "is set but the inventory has no engine-%d in group engines; add the host or "
-                             "remove the role" % n)
+        if n not in numbers and inputs["nodes"][n]:
+            names = ["NARWHAL_NODE_%d_%s" % (n, k) for k in sorted(inputs["nodes"][n])]
+            key = "NARWHAL_NODE_%d_ROLE" % n if "ROLE" in inputs["nodes"][n] else names[0]
+            raise InputError(key, "is set but the inventory has no engine-%d in group engines (it has %s), so %s "
+                                  "would configure nothing; add the host to group engines or remove %s from .env"
+                             % (n, ", ".join(numbers[m] for m in sorted(numbers)) or "none", ", ".join(names),
+                                "it" if len(names) == 1 else "them"))
     nodes = []
     for n in sorted(numbers):
         host = numbers[n]
@@ -119,6 +127,12 @@ def plan_fleet(inputs, engines, interfaces):
         interface = node_interface(inputs, n)
         facts = dict(interfaces.get(host) or {})
         facts["per_node"] = "FABRIC_INTERFACE" in node
+        if str(facts.get("operstate") or "").upper() in DOWN_STATES:
+            key = "NARWHAL_NODE_%d_FABRIC_INTERFACE" % n if facts["per_node"] else "NARWHAL_FABRIC_INTERFACE"
+            raise InputError(key, "interface %s on host %s is down (ip reports operstate %s), so its addresses carry "
+                                  "no traffic and must not go into the records; bring the link up (cable, switch "
+                                  "port, 'ip link set %s up') or choose another interface, then rerun discovery"
+                             % (interface, host, facts["operstate"], interface))
         address = select_address(n, host, interface, facts, family, node.get("IP"))
         engine_port = node.get("ENGINE_PORT") or site["NARWHAL_ENGINE_PORT"]
         attest_port = node.get("ATTEST_PORT") or site["NARWHAL_ATTEST_PORT"]
@@ -170,6 +184,14 @@ def _check_shared_hosts(nodes):
 
 
 def render_env(entries, header):
+    """deployment.env: KEY=VALUE lines read by python-dotenv (scripts/narwhal-fleet, the fleet lookup) and
+    shells. A value that could add a line, be expanded or be read differently unquoted is refused by key."""
     lines = ["# %s" % line for line in header]
-    lines += ["%s=%s" % (k, v) for k, v in entries]
+    for key, value in entries:
+        value = str(value)
+        if not re.match(r"^[A-Z][A-Z0-9_]*$", key) or not ENV_VALUE.match(value):
+            raise InputError(key, "%r cannot be written into deployment.env as one plain KEY=VALUE line (only letters, "
+                                  "digits and . _ : / [ ] @ %% + , = ~ -); correct the input it comes from in .env, "
+                                  "then rerun discovery" % value)
+        lines.append("%s=%s" % (key, value))
     return "\n".join(lines) + "\n"

@@ -45,6 +45,19 @@ class ModelConfigError(ValueError):
     """Raised for a checkpoint that cannot be described; the message names the file and the fix."""
 
 
+# Counts and sizes of the model's layers, heads and caches that the KV geometry is computed from: when present as
+# a number they must be whole and at least 1 (0 or a negative value would give a nonsensical cache plan and
+# P/D gate), qk_rope_head_dim at least 0.
+POSITIVE_GEOMETRY_KEYS = (
+    "num_hidden_layers", "num_layers", "n_layer", "n_layers", "num_attention_heads", "n_head", "n_heads",
+    "num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num", "head_dim", "attention_head_dim",
+    "kv_channels", "hidden_size", "kv_lora_rank", "linear_num_value_heads", "linear_value_head_dim",
+    "linear_num_key_heads", "linear_key_head_dim", "mamba_n_heads", "mamba_num_heads", "mamba_d_head",
+    "mamba_head_dim",
+)
+NON_NEGATIVE_GEOMETRY_KEYS = ("qk_rope_head_dim",)
+
+
 # --------------------------------------------------------------------------------------------------
 # small helpers
 
@@ -339,6 +352,24 @@ def kv_geometry(config):
     }
 
 
+def check_geometry_numbers(config, file_path):
+    """Refuse a layer, head or size count that is not a whole number >= 1 (>= 0 for qk_rope_head_dim), naming the
+    file and the key (top level or text_config)."""
+    for prefix, source in (("", config), ("text_config.", _text_config(config))):
+        for key in POSITIVE_GEOMETRY_KEYS + NON_NEGATIVE_GEOMETRY_KEYS:
+            value = source.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            least = 0 if key in NON_NEGATIVE_GEOMETRY_KEYS else 1
+            if value != value or value < least or (isinstance(value, float) and not value.is_integer()):
+                raise ModelConfigError(
+                    f"{file_path}: {prefix}{key} is {value!r}, but it counts layers, heads or elements of the "
+                    f"model and must be a whole number of at least {least}; the checkpoint's config is damaged or "
+                    "not for this model: restore config.json from the model's repository (or point the model path "
+                    "at an intact checkpoint)"
+                )
+
+
 def record_geometry(geometry):
     """The part of :func:`kv_geometry` a launch record keeps (``runtime.model_geometry``) for the P/D gate, named
     as vLLM's ModelConfig reports it to ``compute_nixl_compatibility_hash``: total KV heads, head size (MLA: the
@@ -369,6 +400,7 @@ def model_facts(path, config_bytes, config, tokenizer_config, tokenizer_files, c
             f"'architectures' (keys: {keys}); point the model path at a checkpoint saved in Hugging Face format "
             "(config.json from save_pretrained or the Hub repository)"
         )
+    check_geometry_numbers(config, os.path.join(path, config_name))
     sources = []
     if has_auto_map(config):
         sources.append("config.json")

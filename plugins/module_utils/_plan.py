@@ -100,6 +100,42 @@ class PlanError(ValueError):
         self.key = key
 
 
+# ------------------------------------------------------------------------------------- one-line values
+
+def control_character(text):
+    """The first character of `text` that could break a line-based file or a terminal (C0 controls, DEL, C1
+    controls, U+2028/U+2029: every line boundary of str.splitlines()), or None. Tab counts too: no value needs it."""
+    for ch in text:
+        code = ord(ch)
+        if code < 0x20 or 0x7f <= code <= 0x9f or ch in "\u2028\u2029":
+            return ch
+    return None
+
+
+def local_host_reason(host):
+    """Why `host` (an address or a name, IPv6 with or without brackets) only reaches the machine itself or no
+    machine (loopback in any spelling, unspecified, link-local, multicast, an IPv4-mapped loopback, a localhost
+    name), or None. Numeric spellings that resolvers accept but ipaddress does not (127.1, 0x7f.1, 2130706433)
+    are the caller's to refuse as non-canonical."""
+    name = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    lowered = name.lower().rstrip(".")
+    if lowered in ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback") \
+            or lowered.endswith(".localhost"):
+        return "a localhost name"
+    try:
+        ip = ipaddress.ip_address(name)
+    except ValueError:
+        return None
+    mapped = getattr(ip, "ipv4_mapped", None)
+    if mapped is not None and (mapped.is_loopback or mapped.is_unspecified):
+        return "an IPv4-mapped loopback or unspecified address"
+    for test, why in (("is_unspecified", "the unspecified address"), ("is_loopback", "a loopback address"),
+                      ("is_link_local", "a link-local address"), ("is_multicast", "a multicast address")):
+        if getattr(ip, test) or (mapped is not None and getattr(mapped, test)):
+            return why
+    return None
+
+
 # ----------------------------------------------------------------------------------------- role environment
 
 def install_paths(checkout, engine, run_id):
@@ -150,9 +186,9 @@ def render_role_env(role_env):
         value = role_env[key]
         if key not in ROLE_ENV_KEYS:
             raise PlanError("role env key %s is not one the launcher reads" % key, key)
-        if not isinstance(value, str) or any(ch in value for ch in "\r\n\x00"):
-            raise PlanError("role env %s=%r must be one line of text; correct the input it comes from" % (key, value),
-                            key)
+        if not isinstance(value, str) or control_character(value) is not None:
+            raise PlanError("role env %s=%r must be one line of text without control characters; correct the input "
+                            "it comes from" % (key, value), key)
         lines.append("%s=%s" % (key, value))
     return "\n".join(lines) + "\n"
 
@@ -161,13 +197,19 @@ def parse_role_env(text, where):
     """The inverse of render_role_env: `#` comments and blank lines ignored, no expansion, no quote removal;
     unknown keys and repeated keys are refused."""
     result = {}
-    for number, line in enumerate(text.splitlines(), 1):
+    # lines end at \n only (what render_role_env writes): str.splitlines() would also split at \r, \v, \f,
+    # \x1c-\x1e, \x85, U+2028 and U+2029, so a value carrying one of them could smuggle in another key
+    for number, line in enumerate(text.split("\n"), 1):
+        bad = control_character(line)
+        if bad is not None:
+            raise PlanError("role environment %s line %d contains the control character %r; a role environment is "
+                            "one KEY=VALUE per line of printable text: prepare a new run" % (where, number, bad))
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
             continue
         key, sep, value = stripped.partition("=")
         key = key.strip()
-        if not sep or not ENV_NAME.match(key) or "\x00" in value:
+        if not sep or not ENV_NAME.match(key):
             raise PlanError("role environment %s line %d: %r is not KEY=VALUE; fix the line"
                             % (where, number, stripped))
         if key not in ROLE_ENV_KEYS:
@@ -302,13 +344,9 @@ def side_channel_host(address):
         raise PlanError("role env NARWHAL_ADVERTISED_ADDRESS is not set; it must be the node's fabric address",
                         "NARWHAL_ADVERTISED_ADDRESS")
     name = address.strip("[]")
-    lowered = name.lower().rstrip(".")
-    bad = lowered in ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback") \
-        or lowered.endswith(".localhost")
+    bad = local_host_reason(name) is not None
     try:
-        ip = ipaddress.ip_address(name)
-        mapped = getattr(ip, "ipv4_mapped", None)
-        bad = bad or ip.is_unspecified or ip.is_loopback or ip.is_link_local or bool(mapped and mapped.is_loopback)
+        ipaddress.ip_address(name)
     except ValueError:
         bad = True  # the side channel is advertised by address: a name is refused too
     if bad:

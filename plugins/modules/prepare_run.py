@@ -28,6 +28,8 @@ description:
     up to 60 s, then is refused naming the lock and its holder): a new run directory is built next to its place and
     renamed into it, so it appears complete or not at all; a full disk or a permission problem is refused naming
     the file (see docs/outputs.md).
+  - Before reading anything, refuses a run directory (C(NARWHAL_RUNS_DIR)) or input path that collides with
+    another output or input, or a run directory inside the checkout that git does not ignore.
 options:
   site:
     description: The validated inputs, as returned by M(narwhal.deploy.site_inputs).
@@ -120,6 +122,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError
 from ansible_collections.narwhal.deploy.plugins.module_utils._launcher_build import build_zipapp, launcher_sources
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs import OutputError, OutputSet
+from ansible_collections.narwhal.deploy.plugins.module_utils._paths import check_paths, git_ignore_checker
 from ansible_collections.narwhal.deploy.plugins.module_utils._policy import (
     POLICY_FILE,
     RERUN,
@@ -194,7 +197,7 @@ def check_records_policy(root, site, inputs):
                  "%s, sha256 %s" % (site["NARWHAL_LAUNCH_CONFIG"], digest[:12]) if isinstance(digest, str) else None)
 
 
-def read_config(module, root, site, nodes):
+def read_config(module, root, site, nodes, paths):
     """The fleet and the launch config, read under discovery's lock of NARWHAL_CONFIG_DIR (after completing or
     undoing an interrupted discovery write, docs/outputs.md) so that they are one set with the policy extract."""
     with OutputSet(_path(root, site["NARWHAL_CONFIG_DIR"]), "discovery", check_mode=module.check_mode, create=False,
@@ -202,8 +205,8 @@ def read_config(module, root, site, nodes):
         if config.pending:
             raise InputError("NARWHAL_CONFIG_DIR", "%s; run prepare without check mode (it completes that write "
                                                    "first) or rerun discovery" % config.pending)
-        fleet_raw, fleet = _load("NARWHAL_FLEET", _path(root, site["NARWHAL_FLEET"]))
-        launch_raw, launch = _load("NARWHAL_LAUNCH_CONFIG", _path(root, site["NARWHAL_LAUNCH_CONFIG"]))
+        fleet_raw, fleet = _load("NARWHAL_FLEET", paths["fleet"])
+        launch_raw, launch = _load("NARWHAL_LAUNCH_CONFIG", paths["launch_config"])
         check_records_policy(root, site, {"site": site, "nodes": nodes})
     for note in config.notes:
         module.warn(note)
@@ -237,7 +240,10 @@ def main():
     p = module.params
     site, root, engines = p["site"]["site"], p["root"], sorted(p["engines"])
     try:
-        fleet_raw, fleet, launch_raw, launch = read_config(module, root, site, p["site"].get("nodes") or {})
+        # the run directory and the files prepare reads: each its own, none an input, git-ignored in the checkout
+        paths = check_paths(root, site, engines, p["site"].get("env_file"), git_ignore_checker(module, root),
+                            os.path.realpath)
+        fleet_raw, fleet, launch_raw, launch = read_config(module, root, site, p["site"].get("nodes") or {}, paths)
         check_documents(fleet, launch, site)
         records = launch["engines"]
         missing = [e for e in engines if e not in records]
@@ -266,7 +272,7 @@ def main():
                       "launch_config_sha256": sha256_text(launch_raw)}
         rid = run_id(engines, records, draft, launcher_sha, inputs_sha)
         derived = dict((e, derive(records[e], checkout, rid)) for e in engines)
-        check_key_file(_path(root, site["NARWHAL_API_KEY_FILE"]))
+        check_key_file(paths["api_key_file"])
         result = {"changed": False, "run_id": rid, "records": dict((e, records[e]) for e in engines),
                   "derived": derived, "launcher_sha256": launcher_sha}
         if p["stage"] == "plan":
@@ -281,7 +287,7 @@ def main():
     for e in engines:
         # The launcher records it in deployment.json with the container ID and its own digest.
         derived[e]["role_env"]["NARWHAL_APP_REVISION"] = "%s%s" % (rev or "unknown", "-dirty" if dirty else "")
-    runs_dir = _path(root, site["NARWHAL_RUNS_DIR"])
+    runs_dir = paths["runs_dir"]
     run_dir = os.path.join(runs_dir, rid)
     manifest = {
         "run_id": rid,

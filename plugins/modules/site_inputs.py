@@ -13,7 +13,12 @@ description:
   - Runs on the controller. Reads the C(.env) file with python-dotenv, lets C(NARWHAL_*) variables of the
     process environment override it, and validates every input against the collection's input description
     (types, defaults, allowed values).
-  - A bad input fails with a message naming the C(.env) key and how to fix it.
+  - A bad input fails with a message naming the C(.env) key and how to fix it. Refused too, because
+    python-dotenv would pass them silently, are a line it cannot parse, a C(NARWHAL_*) key set twice, and an
+    unknown C(NARWHAL_*) key in the file (named with the closest input). Unknown C(NARWHAL_*) variables of the
+    process environment are ignored, with a warning when they resemble an input.
+  - With O(root), the output paths (fleet, launch records, config directory, run directory) are checked too:
+    each its own path, none an input, git-ignored inside the checkout.
   - Read-only; never reports a change. Returns no secret values.
 options:
   env_file:
@@ -24,6 +29,12 @@ options:
     description: Let C(NARWHAL_*) variables of the controller environment override the file.
     type: bool
     default: true
+  root:
+    description:
+      - Checkout directory that relative paths are relative to. When given, the output paths are checked
+        (distinct, not an input, git-ignored inside the checkout, asked with C(git check-ignore) where git and a
+        repository are there).
+    type: path
 attributes:
   check_mode:
     description: Can run in check mode and return the same result.
@@ -47,6 +58,7 @@ EXAMPLES = r"""
 - name: Read the site inputs once, on the controller
   narwhal.deploy.site_inputs:
     env_file: "{{ playbook_dir }}/../.env"
+    root: "{{ playbook_dir | dirname }}"
   delegate_to: localhost
   run_once: true
 """
@@ -66,15 +78,24 @@ ansible_facts:
 """
 
 import hashlib
+import io
 import os
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError, load_inputs
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import (
+    InputError,
+    check_env_file,
+    is_input_name,
+    load_inputs,
+    unknown_name_warning,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._paths import check_paths, git_ignore_checker
 
 try:
     from dotenv import dotenv_values
+    from dotenv.parser import parse_stream
 except ImportError:
     DOTENV_ERROR = traceback.format_exc()
 else:
@@ -86,6 +107,7 @@ def main():
         argument_spec=dict(
             env_file=dict(type="path", required=True),
             use_process_env=dict(type="bool", default=True),
+            root=dict(type="path"),
         ),
         supports_check_mode=True,
     )
@@ -98,11 +120,29 @@ def main():
     except OSError as exc:
         module.fail_json(msg="cannot read the site inputs %s (%s); copy .env.example to .env and fill it in, "
                              "or point NARWHAL_ENV_FILE at the site's file" % (path, exc.strerror))
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        module.fail_json(msg="invalid site input in %s: the file is not UTF-8 text (byte %d); save it as UTF-8"
+                             % (path, exc.start), input="NARWHAL_ENV_FILE")
     values = {k: v for k, v in dotenv_values(path).items() if k.startswith("NARWHAL_")}
     if module.params["use_process_env"]:
-        values.update({k: v for k, v in os.environ.items() if k.startswith("NARWHAL_") and k != "NARWHAL_ENV_FILE"})
+        for key, value in os.environ.items():
+            if not key.startswith("NARWHAL_"):
+                continue
+            if is_input_name(key):
+                values[key] = value
+            else:  # the project's tool variables and others: not inputs (a near miss of an input is warned about)
+                warning = unknown_name_warning(key)
+                if warning:
+                    module.warn(warning)
     try:
+        # what python-dotenv passes silently: unparseable lines, repeated keys (the last wins)
+        check_env_file([(b.key, b.value, b.original.line, b.error) for b in parse_stream(io.StringIO(text))], path)
         inputs = load_inputs(values)
+        if module.params["root"]:
+            check_paths(module.params["root"], inputs["site"], env_file=path,
+                        ignored=git_ignore_checker(module, module.params["root"]), resolve=os.path.realpath)
     except InputError as exc:
         module.fail_json(msg="invalid site input in %s: %s" % (path, exc), input=exc.key)
     inputs["nodes"] = {str(n): v for n, v in inputs["nodes"].items()}

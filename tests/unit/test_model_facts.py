@@ -460,3 +460,23 @@ def test_module_requires_path(run_module):
     how, result = run_module({})
     assert how == "fail"
     assert "path" in result["msg"]
+
+
+@pytest.mark.parametrize("patch,where", [
+    ({"num_key_value_heads": -8}, "num_key_value_heads is -8"),
+    ({"num_attention_heads": 0}, "num_attention_heads is 0"),
+    ({"num_hidden_layers": 1.5}, "num_hidden_layers is 1.5"),
+    ({"head_dim": float("inf")}, "head_dim is inf"),
+    ({"text_config": {"num_key_value_heads": -1}}, "text_config.num_key_value_heads is -1"),
+    ({"qk_rope_head_dim": -64}, "qk_rope_head_dim is -64"),
+])
+def test_negative_or_zero_counts_are_refused_naming_file_and_key(tmp_path, patch, where):
+    """Issue 13, class 4: a damaged config.json never reaches the cache plan or the P/D gate."""
+    path = checkpoint(tmp_path, "YouZiSoftware__lzlv_70b_fp16_hf")
+    config = json.loads((path / "config.json").read_text())
+    config.update(patch)
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(_model.ModelConfigError) as err:
+        _model.read_checkpoint(str(path))
+    assert str(err.value).startswith("%s: %s" % (path / "config.json", where))
+    assert "must be a whole number of at least" in str(err.value)

@@ -307,10 +307,30 @@ def test_derive_unresolvable_net_device_is_refused(records, device):
     assert "transfer.net_devices[0]" in str(err.value)
 
 
-def test_role_env_cannot_be_injected(records):
+@pytest.mark.parametrize("sep", ["\n", "\r", "\x0b", "\x0c", "\x1c", "\x85", "\u2028", "\u2029", "\x00"])
+def test_role_env_cannot_be_injected(records, sep):
+    """Class 1: prepare writes no value that adds a line, and the launcher's reader (the same planner) splits at
+    \n only and refuses a line with any other line boundary or control character."""
+    from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
+
     d = derive(records["engine-1"], CHECKOUT, "run-x")
     with pytest.raises(InputError, match="must be one line of text"):
-        render_role_env(dict(d["role_env"], NARWHAL_SERVED_MODEL_NAME="x\nNARWHAL_RUN_DIR=/tmp/evil"))
+        render_role_env(dict(d["role_env"], NARWHAL_SERVED_MODEL_NAME="x%sNARWHAL_APP_REVISION=evil" % sep))
+    if sep == "\n":
+        return  # a real line: the reader cannot tell it from prepare's own (render_role_env refused it above)
+    line = "NARWHAL_SERVED_MODEL_NAME=tiny-llama"
+    text = render_role_env(d["role_env"]).replace(line, line + sep + "NARWHAL_APP_REVISION=evil")
+    with pytest.raises(_plan.PlanError) as err:
+        _plan.parse_role_env(text, "/opt/narwhal/config/engine-1.env")
+    assert "/opt/narwhal/config/engine-1.env line" in str(err.value)
+    assert "control character" in str(err.value) or "is not KEY=VALUE" in str(err.value)
+
+
+def test_role_env_reader_takes_what_prepare_writes(records):
+    from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
+
+    d = derive(records["engine-1"], CHECKOUT, "run-x")
+    assert _plan.parse_role_env(render_role_env(d["role_env"]), "x") == d["role_env"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -703,3 +723,29 @@ def test_policy_changes_ignore_unset_spellings_and_node_number_types():
                "nodes": {"1": {"ROLE": "prefill"}, "2": {"ROLE": "decode", "GPU_IDS": [0, 1]}, "4": {"IP": "10.0.0.4"}}}
     # "" and None are both unset; a node without a role is not an engine (discovery ignores it too)
     assert policy_changes(recorded, current) == []
+
+
+# ------------------------------------------------------------------------------------------------
+# output paths (issue 13, class 3): the run directory its own, not an input, out of git; nothing created
+
+
+@pytest.mark.parametrize("site,key,words", [
+    ({"NARWHAL_RUNS_DIR": "config"}, "NARWHAL_RUNS_DIR", "which is also the output directory (NARWHAL_CONFIG_DIR)"),
+    ({"NARWHAL_RUNS_DIR": "docs/runs"}, "NARWHAL_RUNS_DIR",
+     "a prepared run (%s/docs/runs/<run-id>) would be docs/runs/run-0 inside the checkout, which is not one of the "
+     "git-ignored site paths"),
+    ({"NARWHAL_RUNS_DIR": "config/engine-launch.local.json"}, "NARWHAL_LAUNCH_CONFIG",
+     "which is also the run directory (NARWHAL_RUNS_DIR)"),
+    ({"NARWHAL_API_KEY_FILE": "config/fleet.json"}, "NARWHAL_FLEET", "which is also the engine API key file"),
+    ({"NARWHAL_API_KEY_FILE": "runs/engine-api.key"}, "NARWHAL_API_KEY_FILE", "inside the run directory"),
+    ({"NARWHAL_API_KEY_FILE": "engine-api.key"}, "NARWHAL_API_KEY_FILE",
+     "the engine API key file would be engine-api.key inside the checkout"),
+    ({"NARWHAL_FLEET": "/x/.env"}, "NARWHAL_FLEET", "which is also the site inputs (.env)"),
+])
+@pytest.mark.parametrize("stage", ["plan", "write"])
+def test_prepare_refuses_paths_that_collide_or_go_public(root, run_module, site, key, words, stage):
+    before = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    status, result = run_module(prep_args(root, stage, good_hosts(), site=site))
+    assert status == "fail" and result["input"] == key, result
+    _refused(root, result, words % root if "%s" in words else words)
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before

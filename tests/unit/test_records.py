@@ -800,7 +800,7 @@ def test_writer_removes_extracts_of_an_engine_no_longer_in_the_fleet(tmp_path, d
 
 
 @pytest.mark.parametrize("extra,key", [
-    ({"NARWHAL_TP_SIZE": "2"}, "NARWHAL_TP_SIZE"),
+    ({"NARWHAL_NODE_1_GPU_IDS": "8,9,10,11"}, "NARWHAL_NODE_1_GPU_IDS"),
     ({"NARWHAL_GPUS_PER_ENGINE": "5"}, "NARWHAL_GPUS_PER_ENGINE"),
     ({"NARWHAL_TRANSPORT": "ucx_rdma"}, "NARWHAL_TRANSPORT"),
 ])
@@ -990,3 +990,119 @@ def test_engine_args_recorded_after_extra_args_and_before_node_args(tmp_path, de
     assert "NARWHAL_ENGINE_ARGS (--max-num-seqs 64)" in recs["engine-1"]["sources"]["extra_args"]
     err = refused({"NARWHAL_GPUS_PER_ENGINE": "2", "NARWHAL_ENGINE_ARGS": "--port 1"}, nv_pair(tmp_path))
     assert err.key == "NARWHAL_ENGINE_ARGS" and "overrides launcher-managed --port" in str(err)
+
+
+# ------------------------------------------------------------------------------------------------
+# 8. hostile inputs at the writer (issue 13): refused by name, the previous set byte for byte intact
+
+
+def first_set(tmp_path, run_module, root=None):
+    hosts = nv_pair(tmp_path)
+    root = root or tmp_path / "checkout"
+    root.mkdir(exist_ok=True)
+    status, result = run_module(module_args(root, hosts))
+    assert status == "exit", result
+    return root, hosts, snapshot(root)
+
+
+def writer_refuses(run_module, root, args, snap, key, words):
+    status, result = run_module(args)
+    assert status == "fail" and result["input"] == key, result
+    assert "nothing was written" in result["msg"] and words in result["msg"], result["msg"]
+    assert snapshot(root) == snap
+
+
+@pytest.mark.parametrize("extra,key,words", [
+    ({"NARWHAL_LAUNCH_CONFIG": "config/engine-launch.policy.json"}, "NARWHAL_LAUNCH_CONFIG",
+     "which is also the policy extract (NARWHAL_CONFIG_DIR)"),
+    ({"NARWHAL_LAUNCH_CONFIG": "config/engine-launch.sources.json"}, "NARWHAL_LAUNCH_CONFIG",
+     "which is also the sources index (NARWHAL_CONFIG_DIR)"),
+    ({"NARWHAL_LAUNCH_CONFIG": "config/engine-launch.engine-2.inspection.json"}, "NARWHAL_LAUNCH_CONFIG",
+     "which is also the inspection extract of engine-2"),
+    ({"NARWHAL_LAUNCH_CONFIG": "config/engine-launch.engine-7.inspection.json"}, "NARWHAL_LAUNCH_CONFIG",
+     "is named like a file discovery owns in NARWHAL_CONFIG_DIR"),
+    ({"NARWHAL_FLEET": "config/deployment.env"}, "NARWHAL_FLEET", "which is also deployment.env (NARWHAL_CONFIG_DIR)"),
+    ({"NARWHAL_LAUNCH_CONFIG": "./config//fleet.json"}, "NARWHAL_LAUNCH_CONFIG",
+     "which is also the fleet file (NARWHAL_FLEET)"),
+    ({"NARWHAL_FLEET": "config/engine-api.key"}, "NARWHAL_FLEET", "which is also the engine API key file"),
+    ({"NARWHAL_FLEET": "config"}, "NARWHAL_FLEET", "which is also the output directory (NARWHAL_CONFIG_DIR)"),
+    ({"NARWHAL_RUNS_DIR": "config"}, "NARWHAL_RUNS_DIR", "which is also the output directory"),
+    ({"NARWHAL_FLEET": "runs/fleet.json"}, "NARWHAL_FLEET", "inside the run directory"),
+    ({"NARWHAL_CONFIG_DIR": "docs"}, "NARWHAL_CONFIG_DIR",
+     "deployment.env would be docs/deployment.env inside the checkout, which is not one of the git-ignored"),
+    ({"NARWHAL_FLEET": "fleet.json"}, "NARWHAL_FLEET", "not one of the git-ignored site paths"),
+])
+def test_writer_refuses_output_paths_that_collide_or_go_public(tmp_path, dev, run_module, extra, key, words):
+    """Class 3: every output its own path, none an input, inside the checkout only at git-ignored paths (here
+    the checkout is no repository: the shipped .gitignore's site paths decide)."""
+    root, hosts, snap = first_set(tmp_path, run_module)
+    writer_refuses(run_module, root, module_args(root, hosts, extra), snap, key, words)
+
+
+def test_writer_compares_resolved_paths(tmp_path, dev, run_module):
+    root, hosts, _snap = first_set(tmp_path, run_module)
+    os.symlink("deployment.env", root / "config" / "fleet.alias.json")
+    snap = snapshot(root)
+    writer_refuses(run_module, root, module_args(root, hosts, {"NARWHAL_FLEET": "config/fleet.alias.json"}), snap,
+                   "NARWHAL_FLEET", "which is also deployment.env")
+
+
+def test_writer_refuses_the_env_file_as_an_output(tmp_path, dev, run_module):
+    root, hosts, snap = first_set(tmp_path, run_module)
+    args = module_args(root, hosts, {"NARWHAL_FLEET": str(tmp_path / "site.env")})
+    args["site"]["env_file"] = str(tmp_path / "site.env")
+    writer_refuses(run_module, root, args, snap, "NARWHAL_FLEET", "which is also the site inputs (.env)")
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_writer_asks_git_inside_a_repository(tmp_path, dev, run_module):
+    """Class 3 with git: a tracked file is not ignored even where .gitignore matches; config/<site>/ is."""
+    import subprocess
+
+    git = shutil.which("git")
+    root = tmp_path / "checkout"
+    root.mkdir()
+    subprocess.run([git, "init", "-q", str(root)], check=True)
+    shutil.copyfile(REPO / ".gitignore", root / ".gitignore")
+    root, hosts, snap = first_set(tmp_path, run_module, root)
+    writer_refuses(run_module, root, module_args(root, hosts, {"NARWHAL_CONFIG_DIR": "docs"}), snap,
+                   "NARWHAL_CONFIG_DIR", "docs/deployment.env inside the checkout, which git does not ignore")
+    subprocess.run([git, "-C", str(root), "add", "-f", "config/fleet.json"], check=True)
+    writer_refuses(run_module, root, module_args(root, hosts), snapshot(root), "NARWHAL_FLEET",
+                   "config/fleet.json inside the checkout, which git does not ignore")
+    subprocess.run([git, "-C", str(root), "rm", "-q", "--cached", "config/fleet.json"], check=True)
+    status, result = run_module(module_args(root, hosts, {"NARWHAL_CONFIG_DIR": "config/site-a",
+                                                          "NARWHAL_FLEET": "config/fleet.site-a.json",
+                                                          "NARWHAL_LAUNCH_CONFIG": "config/site-a/launch.json"}))
+    assert status == "exit", result
+
+
+@pytest.mark.parametrize("change,key,words", [
+    # values that load_inputs refuses, handed to the writer directly: the writer refuses them on its own
+    (lambda a: a["site"]["site"].update(NARWHAL_FABRIC_INTERFACE="eth1\nNARWHAL_RUN_DIR=/tmp/evil"),
+     "NARWHAL_NODE_1_FABRIC_INTERFACE", "cannot be written into deployment.env as one plain KEY=VALUE line"),
+    (lambda a: a["site"]["nodes"]["1"].update(URL="http://10.0.0.11:8000/$(id)"), "NARWHAL_NODE_1_URL",
+     "has a path"),
+    (lambda a: a["interfaces"]["engine-2"].update(operstate="DOWN"), "NARWHAL_FABRIC_INTERFACE",
+     "interface eth1 on host engine-2 is down"),
+    (lambda a: a["site"]["nodes"].update({"3": {"IP": "10.0.0.13"}}), "NARWHAL_NODE_3_IP",
+     "the inventory has no engine-3"),
+])
+def test_writer_refuses_injection_and_unchecked_values(tmp_path, dev, run_module, change, key, words):
+    """Classes 1 and 4 at the writer: nothing written, the previous set byte for byte intact."""
+    root, hosts, snap = first_set(tmp_path, run_module)
+    args = module_args(root, hosts)
+    change(args)
+    writer_refuses(run_module, root, args, snap, key, words)
+
+
+def test_writer_removes_only_inspection_extracts_an_edited_index_names(tmp_path, dev, run_module):
+    root, hosts, _snap = first_set(tmp_path, run_module)
+    other = root / "config" / "engine-launch.other-site.json"
+    other.write_text("{}\n")
+    index_path = root / "config" / "engine-launch.sources.json"
+    index = json.loads(index_path.read_text())
+    index["files"]["engine-launch.other-site.json"] = "0" * 64
+    index_path.write_text(json.dumps(index))
+    assert run_module(module_args(root, hosts))[0] == "exit"
+    assert other.read_text() == "{}\n"
