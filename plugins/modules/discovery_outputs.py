@@ -124,7 +124,7 @@ def stale_extracts(index_path, config_dir, files):
     try:
         with open(index_path) as fh:
             previous = json.load(fh).get("files", {})
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return []
     paths = [os.path.join(config_dir, os.path.basename(name)) for name in previous]
     return [path for path in paths if path not in files and os.path.basename(path).startswith("engine-launch.")]

@@ -23,6 +23,8 @@ description:
     then creates C(runs/<run-id>/) with the manifest, each engine's record copy, role environment and derived
     environment, and the launcher snapshot with its sha256.
   - The run ID is a hash of what was prepared, so preparing unchanged inputs again changes nothing.
+  - The application revision comes from C(git rev-parse HEAD) and C(git status) in O(root); each git command may
+    take 60 seconds, a git that does not answer by then is killed and fails the module naming it.
 options:
   site:
     description: The validated inputs, as returned by M(narwhal.deploy.site_inputs).
@@ -135,6 +137,12 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._prepare import (
     stale,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._schema import MANIFEST_SCHEMA, validation_errors
+from ansible_collections.narwhal.deploy.plugins.module_utils._tools import (
+    CommandTimeoutError,
+    host_name,
+    read_regular,
+    run_bounded,
+)
 
 
 def _path(root, value):
@@ -143,10 +151,11 @@ def _path(root, value):
 
 def _load(key, path):
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
+        raw = read_regular(path)
         return raw, json.loads(raw)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
+        if isinstance(exc, RecursionError):
+            exc = "nested too deeply to be JSON a discovery wrote"
         raise InputError(key, "cannot read %s (%s); run discovery first, or %s" % (path, exc, REGENERATE))
 
 
@@ -154,8 +163,7 @@ def check_key_file(path):
     """The engine API key file: readable, mode 0600 or 0400, one non-empty line (never printed)."""
     try:
         st = os.stat(path)
-        with open(path, "rb") as fh:
-            raw = fh.read(65537)
+        raw = read_regular(path, 65536)  # a FIFO is refused by name, never waited on
     except OSError as exc:
         raise InputError("NARWHAL_API_KEY_FILE", "cannot read the engine API key file %s (%s); create it (one line, "
                                                  "mode 0600) and prepare a new run" % (path, exc.strerror))
@@ -189,15 +197,33 @@ def check_records_policy(root, site, inputs):
                  "%s, sha256 %s" % (site["NARWHAL_LAUNCH_CONFIG"], digest[:12]) if isinstance(digest, str) else None)
 
 
+GIT_TIMEOUT = 60  # seconds each git command may take
+
+
+def _git(module, git, root, *args):
+    """(rc, stdout) of `git -C root args`, with a deadline that fails the module naming git and the host."""
+    try:
+        rc, out, _err = run_bounded([git, "-C", root] + list(args), GIT_TIMEOUT, {"LC_ALL": "C"})
+    except CommandTimeoutError:
+        module.fail_json(msg="prepare refused, no run was created: 'git %s' in %s on host %s did not answer within "
+                             "%d s (timed out, killed); git hangs on an unreachable network file system or a held "
+                             "repository lock (.git/index.lock): check the checkout, then prepare again"
+                             % (" ".join(args), root, host_name(), GIT_TIMEOUT))
+    except OSError as exc:
+        module.fail_json(msg="prepare refused, no run was created: git could not be started on host %s (%s)"
+                             % (host_name(), exc.strerror or exc))
+    return rc, out
+
+
 def revision(module, root):
+    """(HEAD commit, dirty) of the checkout; (None, None) without git or outside a repository."""
     git = module.get_bin_path("git")
     if not git:
         return None, None
-    rc, out, _err = module.run_command([git, "-C", root, "rev-parse", "HEAD"], check_rc=False)
+    rc, out = _git(module, git, root, "rev-parse", "HEAD")
     if rc != 0:
         return None, None
-    rc2, status, _err = module.run_command([git, "-C", root, "status", "--porcelain", "--untracked-files=no"],
-                                           check_rc=False)
+    rc2, status = _git(module, git, root, "status", "--porcelain", "--untracked-files=no")
     return out.strip(), bool(status.strip()) if rc2 == 0 else None
 
 

@@ -13,7 +13,13 @@ description:
   - Runs on the controller. Reads the C(.env) file with python-dotenv, lets C(NARWHAL_*) variables of the
     process environment override it, and validates every input against the collection's input description
     (types, defaults, allowed values).
-  - A bad input fails with a message naming the C(.env) key and how to fix it.
+  - Values are literal. python-dotenv's C(${VAR}) expansion is off, so nothing of the controller's environment
+    is pulled into a value or an error message; a value that holds C(${...}) is kept as written and warned about.
+    (The fleet file's complete-value C(${NAME}) substitution is separate, see docs/substitution.md.)
+  - A bad input fails with a message naming the C(.env) key and how to fix it. Secret-looking values in the
+    message (values of names with KEY, TOKEN, SECRET, PASSWORD or CREDENTIAL, secret flags such as
+    C(--hf-token), URL passwords, bearer tokens) show as C(<redacted>).
+  - The file must be a regular UTF-8 file (a FIFO is refused by name, never waited on).
   - Read-only; never reports a change. Returns no secret values.
 options:
   env_file:
@@ -67,18 +73,19 @@ ansible_facts:
 
 import hashlib
 import os
-import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._dotenv import (
+    DOTENV_IMPORT_ERROR,
+    DotenvError,
+    decode_dotenv,
+    literal_expansions,
+    parse_dotenv,
+    read_dotenv_bytes,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError, load_inputs
-
-try:
-    from dotenv import dotenv_values
-except ImportError:
-    DOTENV_ERROR = traceback.format_exc()
-else:
-    DOTENV_ERROR = None
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan import redact_text, secret_values
 
 
 def main():
@@ -89,22 +96,30 @@ def main():
         ),
         supports_check_mode=True,
     )
-    if DOTENV_ERROR:
-        module.fail_json(msg=missing_required_lib("python-dotenv"), exception=DOTENV_ERROR)
+    if DOTENV_IMPORT_ERROR:
+        module.fail_json(msg=missing_required_lib("python-dotenv"), exception=DOTENV_IMPORT_ERROR)
     path = module.params["env_file"]
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except OSError as exc:
-        module.fail_json(msg="cannot read the site inputs %s (%s); copy .env.example to .env and fill it in, "
-                             "or point NARWHAL_ENV_FILE at the site's file" % (path, exc.strerror))
-    values = {k: v for k, v in dotenv_values(path).items() if k.startswith("NARWHAL_")}
+        raw = read_dotenv_bytes(path)
+    except DotenvError as exc:
+        module.fail_json(msg="site inputs: %s; copy .env.example to .env and fill it in, or point "
+                             "NARWHAL_ENV_FILE at the site's file" % exc)
+    try:
+        parsed = parse_dotenv(decode_dotenv(path, raw))
+    except DotenvError as exc:
+        module.fail_json(msg="site inputs: %s; save it as UTF-8" % exc)
+    # values of secret-looking names of .env and of the controller's environment: hidden wherever they are pasted
+    secrets = secret_values(parsed, os.environ if module.params["use_process_env"] else {})
+    values = {k: v for k, v in parsed.items() if k.startswith("NARWHAL_")}
     if module.params["use_process_env"]:
         values.update({k: v for k, v in os.environ.items() if k.startswith("NARWHAL_") and k != "NARWHAL_ENV_FILE"})
+    for key in literal_expansions(values):
+        module.warn("%s holds '${...}', which stays literal: .env values are not expanded from the environment; "
+                    "write the value itself" % key)
     try:
         inputs = load_inputs(values)
     except InputError as exc:
-        module.fail_json(msg="invalid site input in %s: %s" % (path, exc), input=exc.key)
+        module.fail_json(msg=redact_text("invalid site input in %s: %s" % (path, exc), secrets), input=exc.key)
     inputs["nodes"] = {str(n): v for n, v in inputs["nodes"].items()}
     inputs["env_file"] = path
     inputs["env_sha256"] = hashlib.sha256(raw).hexdigest()

@@ -698,3 +698,29 @@ def test_policy_changes_ignore_unset_spellings_and_node_number_types():
                "nodes": {"1": {"ROLE": "prefill"}, "2": {"ROLE": "decode", "GPU_IDS": [0, 1]}, "4": {"IP": "10.0.0.4"}}}
     # "" and None are both unset; a node without a role is not an engine (discovery ignores it too)
     assert policy_changes(recorded, current) == []
+
+
+# ------------------------------------------------------------------------------------------------
+# hostile files and hanging tools (issue 13, classes 5 and 6)
+
+
+def test_prepare_key_file_that_is_a_fifo_is_refused_not_waited_on(root, run_module):
+    key = root / "config" / "engine-api.key"
+    key.unlink()
+    os.mkfifo(key, 0o600)
+    status, result = run_module(prep_args(root, "write", good_hosts()))
+    assert status == "fail" and result["input"] == "NARWHAL_API_KEY_FILE"
+    _refused(root, result, "is a FIFO, not a regular file")
+
+
+def test_prepare_git_that_hangs_is_named(root, run_module, monkeypatch, tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "git").write_text("#!/bin/sh\n/bin/sleep 30\n")
+    (bindir / "git").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bindir))
+    monkeypatch.setattr(prepare_run, "GIT_TIMEOUT", 1)
+    status, result = run_module(prep_args(root, "write", good_hosts()))
+    assert status == "fail"
+    _refused(root, result, "'git rev-parse HEAD' in %s on host " % root, "did not answer within 1 s (timed out, "
+             "killed); git hangs on an unreachable network file system or a held repository lock")
