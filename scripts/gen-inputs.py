@@ -94,7 +94,8 @@ written; these would otherwise pass silently or end up in generated files:
 def env_example():
     out = ["# narwhal.deploy site inputs. Copy to .env (git-ignored) and fill in.",
            "# Generated from plugins/module_utils/_inputs.py by scripts/gen-inputs.py; docs/inputs.md explains",
-           "# every variable. The process environment overrides this file.", ""]
+           "# every variable. The process environment overrides this file. Values are literal: ${VAR} is not",
+           "# expanded.", ""]
     for spec in INPUTS:
         out.append("# %s" % spec["doc"])
         extra = "required" if spec.get("required") else "default: %s" % spec.get("default")
@@ -120,6 +121,12 @@ def docs():
            "The controller reads `.env` at the checkout root (or `$NARWHAL_ENV_FILE`) with python-dotenv;",
            "`NARWHAL_*` variables of the process environment override it. Every bad value stops discovery with",
            "an error naming the variable, before anything is written.", "",
+           "Values are literal: `${VAR}` in `.env` is not expanded from the controller's environment (python-dotenv",
+           "runs with `interpolate=False`), so `NARWHAL_MODEL_PATH=${HOME}/m` stays the text `${HOME}/m`, which is",
+           "refused as not absolute; a value holding `${...}` draws a warning. The one substitution is the",
+           "fleet file's complete-value `${NAME}` (docs/substitution.md). Secret-looking values (of names with",
+           "KEY, TOKEN, SECRET, PASSWORD or CREDENTIAL, after `--api-key`/`--hf-token`-style flags, URL passwords,",
+           "bearer tokens, the controller environment's own secrets) show as `<redacted>` in every error.", "",
            "| variable | kind | default | meaning |", "|---|---|---|---|"]
     for spec in INPUTS:
         kind = spec["kind"] + (" (%s)" % "/".join(spec["choices"]) if spec.get("choices") else "")

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan import redact_text, secret_values
 from ansible_collections.narwhal.deploy.plugins.module_utils._subst import SubstitutionError, resolve_values
 
 
 def resolve_values_filter(data, env):
-    """Replace every JSON string that is exactly ${NAME} with env[NAME]; see docs/substitution.md."""
+    """Replace every JSON string that is exactly ${NAME} with env[NAME]; see docs/substitution.md. An error shows
+    secret-looking values (and the values of env's secret-looking names) as <redacted>."""
+    env = dict(env or {})
     try:
-        return resolve_values(data, dict(env or {}))
+        return resolve_values(data, env)
     except SubstitutionError as exc:
-        raise AnsibleFilterError(str(exc)) from exc
+        raise AnsibleFilterError(redact_text(str(exc), secret_values(env))) from None
 
 
 def table_row(row):

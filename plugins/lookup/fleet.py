@@ -11,6 +11,9 @@ description:
   - Reads the fleet file and resolves it with complete-value substitution (see docs/substitution.md). Values come
     from the controller's process environment, over the site C(.env), over C(deployment.env); it is the same code
     as the C(narwhal.deploy.resolve_values) filter and C(scripts/narwhal-fleet).
+  - The C(.env) files are read with literal values (python-dotenv's own C(${VAR}) expansion is off); only a fleet
+    value that is exactly C(${NAME}) is substituted. Secret-looking values in error messages show as
+    C(<redacted>).
 options:
   _terms:
     description: Path of the fleet file.
@@ -46,34 +49,42 @@ import os
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._dotenv import (
+    DOTENV_IMPORT_ERROR,
+    DotenvError,
+    read_dotenv,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan import redact_text, secret_values
 from ansible_collections.narwhal.deploy.plugins.module_utils._subst import (
     SubstitutionError,
     layered_env,
     resolve_values,
 )
-
-try:
-    from dotenv import dotenv_values
-except ImportError:
-    dotenv_values = None
+from ansible_collections.narwhal.deploy.plugins.module_utils._tools import read_regular
 
 
 class LookupModule(LookupBase):
     def run(self, terms, variables=None, **kwargs):
         self.set_options(var_options=variables, direct=kwargs)
-        if dotenv_values is None:
+        if DOTENV_IMPORT_ERROR:
             raise AnsibleLookupError("narwhal.deploy.fleet needs python-dotenv on the controller")
         env_file, deployment = self.get_option("env_file"), self.get_option("deployment_env")
-        env = layered_env(dict(os.environ),
-                          dotenv_values(env_file) if os.path.exists(env_file) else {},
-                          dotenv_values(deployment) if os.path.exists(deployment) else {})
+        try:
+            env = layered_env(dict(os.environ),
+                              read_dotenv(env_file) if os.path.exists(env_file) else {},
+                              read_dotenv(deployment) if os.path.exists(deployment) else {})
+        except DotenvError as exc:
+            raise AnsibleLookupError("narwhal.deploy.fleet: %s" % exc)
+        secrets = secret_values(env)
         out = []
         for term in terms:
             try:
-                with open(term) as fh:
-                    out.append(resolve_values(json.load(fh), env))
-            except (OSError, ValueError) as exc:
-                if isinstance(exc, SubstitutionError):
-                    raise AnsibleLookupError("%s: %s" % (term, exc))
-                raise AnsibleLookupError("cannot read the fleet %s: %s; run discovery first" % (term, exc))
+                out.append(resolve_values(json.loads(read_regular(term).decode("utf-8")), env))
+            except SubstitutionError as exc:
+                raise AnsibleLookupError(redact_text("%s: %s" % (term, exc), secrets))
+            except (OSError, ValueError, RecursionError) as exc:
+                if isinstance(exc, RecursionError):
+                    exc = "nested too deeply to be a fleet"
+                raise AnsibleLookupError(redact_text("cannot read the fleet %s: %s; run discovery first"
+                                                     % (term, exc), secrets))
         return out

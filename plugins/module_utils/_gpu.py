@@ -151,10 +151,19 @@ def parse_nvidia_smi_xml(text):
                 )
             gpu["mig_devices"] = migs
         gpus.append(gpu)
+    attached = _to_int(root.findtext("attached_gpus"))
+    if not gpus:
+        # nvidia-smi reports a host without GPUs by failing ("No devices were found"), never with an empty log
+        raise GpuParseError(f"the <nvidia_smi_log> lists no <gpu> (attached_gpus: {attached}); a GPU-less host "
+                            "makes nvidia-smi fail with 'No devices were found', so this is not a real inventory")
+    for gpu in gpus:
+        if gpu["pci_bus_id"] is None and gpu["minor_number"] is None:
+            raise GpuParseError(f"GPU {gpu['index']} has neither a PCI bus id nor a minor number, so no device node "
+                                "or sysfs entry can be found for it")
     return {
         "driver_version": _clean(root.findtext("driver_version")),
         "cuda_version": _clean(root.findtext("cuda_version")),
-        "attached_gpus": _to_int(root.findtext("attached_gpus")),
+        "attached_gpus": attached,
         "gpus": gpus,
     }
 
@@ -283,6 +292,8 @@ def _load_json(text, what):
         return json.loads(text)
     except ValueError as exc:
         raise GpuParseError(f"not valid JSON (expected {what}): {exc}") from None
+    except RecursionError:
+        raise GpuParseError(f"JSON nested too deeply to read (expected {what})") from None
 
 
 def parse_rocm_smi_json(text):

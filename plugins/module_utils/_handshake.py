@@ -187,7 +187,7 @@ def speculative_factors(record):
         return None
     try:
         config = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return text
     if not isinstance(config, dict):
         return text

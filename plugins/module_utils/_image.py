@@ -10,6 +10,10 @@ from __future__ import annotations
 import json
 import re
 
+from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
+
+__metaclass__ = type
+
 CACHE_FORMAT = 1
 
 DEFAULT_DISTRIBUTIONS = [
@@ -124,6 +128,22 @@ def filter_env(env_list):
     return {k: v for k, v in env_list_to_dict(env_list).items() if is_runtime_env_key(k)}
 
 
+def is_secret_env_key(key):
+    return bool(ENV_SECRET_PATTERN.search(key.upper())) or _plan.is_secret_name(key)
+
+
+def withheld_env(env_list):
+    """Names of the image's Env entries whose values look secret (HF_TOKEN, VLLM_API_KEY ...): reported by name
+    so the operator knows the image bakes a credential; their values are never returned, cached or recorded."""
+    return sorted(k for k in env_list_to_dict(env_list) if is_secret_env_key(k))
+
+
+def redact_labels(labels):
+    """Image labels with the values of secret-looking names (and secret-shaped values) redacted."""
+    return dict((k, _plan.REDACTED if is_secret_env_key(str(k)) else _plan.redact_text(v))
+                for k, v in (labels or {}).items())
+
+
 def parse_script_output(text, requested):
     """The {name: version} dict from VERSION_SCRIPT's stdout, limited to the requested names."""
     if isinstance(text, bytes):
@@ -133,7 +153,7 @@ def parse_script_output(text, requested):
         if line.startswith(SCRIPT_MARKER):
             try:
                 data = json.loads(line[len(SCRIPT_MARKER):])
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
                 raise ImageFactsError("version script printed unreadable JSON: %s" % exc)
             if not isinstance(data, dict):
                 raise ImageFactsError("version script printed %s, not an object" % type(data).__name__)
@@ -214,10 +234,11 @@ def build_facts(reference, attrs, distributions, cached):
         "repo_digests": list(attrs.get("RepoDigests") or []),
         "architecture": attrs.get("Architecture"),
         "os": attrs.get("Os"),
-        "entrypoint": config.get("Entrypoint"),
-        "cmd": config.get("Cmd"),
+        "entrypoint": _plan.redact_argv(config.get("Entrypoint")),
+        "cmd": _plan.redact_argv(config.get("Cmd")),
         "env": env,
-        "labels": dict(config.get("Labels") or {}),
+        "withheld_env": withheld_env(config.get("Env")),
+        "labels": redact_labels(config.get("Labels")),
         "distributions": distributions,
         "platform": platform,
         "nixl_distribution": choose_nixl(distributions, platform),

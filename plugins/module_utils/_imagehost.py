@@ -131,7 +131,7 @@ def load_cache(path):
     try:
         with open(path) as handle:
             return json.load(handle)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
 
 

@@ -149,10 +149,14 @@ FIX = "correct it in .env (or the environment), then rerun discovery"
 
 
 class InputError(ValueError):
-    """A bad input: `key` names it, the message says what is wrong and how to fix it."""
+    """A bad input: `key` names it, the message says what is wrong and how to fix it. The value of a
+    secret-looking input and every other secret-looking value in the message show as <redacted>
+    (_plan.redact_text): an error never prints a token."""
 
     def __init__(self, key, message):
-        super().__init__("%s: %s" % (key, message))
+        if _plan.holds_secret(key):
+            message = re.sub(r"'[^']*'|\"[^\"]*\"", repr(_plan.REDACTED), message)  # a %r of the value itself
+        super().__init__(_plan.redact_text("%s: %s" % (key, message)))
         self.key = key
 
 

@@ -12,6 +12,8 @@ import hashlib
 import json
 import os
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._tools import NotRegularFileError, path_kind, read_regular
+
 TOKENIZER_FILE_NAMES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -429,8 +431,13 @@ def model_facts(path, config_bytes, config, tokenizer_config, tokenizer_files, c
 
 
 def _load_json_file(file_path):
-    with open(file_path, "rb") as handle:
-        raw = handle.read()
+    """(bytes, parsed JSON) of a regular file; never blocks on a FIFO (see _tools.open_regular)."""
+    try:
+        raw = read_regular(file_path)
+    except NotRegularFileError as exc:
+        raise ModelConfigError(f"{exc}; the checkpoint's JSON files must be regular files (or links to them)") from None
+    except OSError as exc:
+        raise ModelConfigError(f"cannot read {file_path}: {exc.strerror or exc}") from None
     try:
         # allow_nan: Nemotron-H configs carry a bare Infinity (time_step_limit), which Python's json reads
         return raw, json.loads(raw.decode("utf-8"))
@@ -438,14 +445,40 @@ def _load_json_file(file_path):
         raise ModelConfigError(f"{file_path} is not UTF-8 text: {exc}") from None
     except ValueError as exc:
         raise ModelConfigError(f"{file_path} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ModelConfigError(f"{file_path} is nested too deeply to be a model configuration (more levels of "
+                               "objects or arrays than JSON readers allow); replace it with the checkpoint's "
+                               "own file") from None
 
 
-def read_checkpoint(path):
-    """Read ``config.json`` (+ ``tokenizer_config.json`` and tokenizer file names) below ``path``.
+def _kind(path, what):
+    """True when `path` is a regular file or a directory, False when nothing is there; ModelConfigError naming
+    what else it is (a FIFO, a socket, a device, a symlink loop). Only stats: opening a FIFO would block."""
+    try:
+        kind = path_kind(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise ModelConfigError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    if kind == "a symlink loop":
+        raise ModelConfigError(f"{what} {path} is a symlink loop (a link that leads back to itself); point it at "
+                               "the real checkpoint")
+    if kind is not None and what == "model path":
+        raise ModelConfigError(f"model path {path} is {kind}, not a checkpoint directory; point the model path at "
+                               "the checkpoint directory that holds config.json")
+    if kind is not None:
+        raise ModelConfigError(f"{what} {path} is {kind}, not a regular file; replace it with the checkpoint's own "
+                               "file")
+    return True
 
-    Returns the facts of :func:`model_facts`; raises ModelConfigError naming the path on any problem.
-    """
-    if not os.path.exists(path):
+
+def checkpoint_config_path(path):
+    """The config.json of checkpoint directory `path`; ModelConfigError naming what is wrong: missing, a FIFO,
+    a socket or device, a symlink loop, not a directory, no config.json. Nothing is opened (a FIFO would block)."""
+    if not _kind(path, "model path"):
+        if os.path.islink(path):
+            raise ModelConfigError(f"model path {path} is a symlink to {os.readlink(path)}, which does not exist on "
+                                   "this host; stage the checkpoint there or point the model path at it")
         raise ModelConfigError(
             f"model path {path} does not exist on this host; set the model path input to the checkpoint directory"
         )
@@ -454,22 +487,28 @@ def read_checkpoint(path):
             f"model path {path} is not a directory; give the checkpoint directory that holds config.json"
         )
     config_path = os.path.join(path, "config.json")
-    if not os.path.isfile(config_path):
+    if os.path.isdir(config_path):
+        raise ModelConfigError(f"{config_path} is a directory, not a file; {path} is not a Hugging Face checkpoint "
+                               "directory (point the model path at the directory that holds config.json)")
+    if not _kind(config_path, "config file"):
         raise ModelConfigError(
             f"{config_path} does not exist: {path} is not a Hugging Face checkpoint directory (download the full model "
             "repository, or point the model path at the directory that holds config.json)"
         )
-    try:
-        config_bytes, config = _load_json_file(config_path)
-    except OSError as exc:
-        raise ModelConfigError(f"cannot read {config_path}: {exc}") from None
+    return config_path
+
+
+def read_checkpoint(path):
+    """Read ``config.json`` (+ ``tokenizer_config.json`` and tokenizer file names) below ``path``.
+
+    Returns the facts of :func:`model_facts`; raises ModelConfigError naming the path on any problem.
+    """
+    config_path = checkpoint_config_path(path)
+    config_bytes, config = _load_json_file(config_path)
     tokenizer_config = None
     tokenizer_config_path = os.path.join(path, "tokenizer_config.json")
-    if os.path.isfile(tokenizer_config_path):
-        try:
-            _raw, tokenizer_config = _load_json_file(tokenizer_config_path)
-        except OSError as exc:
-            raise ModelConfigError(f"cannot read {tokenizer_config_path}: {exc}") from None
+    if not os.path.isdir(tokenizer_config_path) and _kind(tokenizer_config_path, "tokenizer config"):
+        _raw, tokenizer_config = _load_json_file(tokenizer_config_path)
     try:
         names = set(os.listdir(path))
     except OSError as exc:

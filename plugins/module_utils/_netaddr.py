@@ -18,21 +18,38 @@ REJECT_FLAGS = ("tentative", "dadfailed", "deprecated", "temporary")
 
 
 def parse_ip_json(text):
-    """`ip -j addr` output (one array, or one object/array per line as some tools print) -> list."""
+    """`ip -j addr` output (one array, or one object/array per line as some tools print) -> list of interface
+    objects. ValueError (naming what is wrong) for anything else: no output, not JSON, not interface objects
+    (each needs a string `ifname`; `addr_info`, when present, is a list of objects)."""
     text = (text or "").strip()
     if not text:
-        return []
+        raise ValueError("no output (every host has at least the loopback interface)")
     try:
         data = json.loads(text)
     except ValueError:
         data = []
-        for line in text.splitlines():
+        for number, line in enumerate(text.splitlines(), 1):
             line = line.strip().rstrip(",")
             if line in ("", "[", "]"):
                 continue
-            item = json.loads(line)
+            try:
+                item = json.loads(line)
+            except ValueError as exc:
+                raise ValueError("line %d is not JSON (%s)" % (number, exc)) from None
             data.extend(item if isinstance(item, list) else [item])
-    return data if isinstance(data, list) else [data]
+    links = data if isinstance(data, list) else [data]
+    for position, link in enumerate(links):
+        if not isinstance(link, dict):
+            raise ValueError("entry %d is a JSON %s, not an interface object" % (position, type(link).__name__))
+        if not isinstance(link.get("ifname"), str):
+            raise ValueError("entry %d has no ifname" % position)
+        addr_info = link.get("addr_info")
+        if addr_info is not None and (not isinstance(addr_info, list)
+                                      or not all(isinstance(a, dict) for a in addr_info)):
+            raise ValueError("interface %s: addr_info is not a list of address objects" % link["ifname"])
+    if not links:
+        raise ValueError("an empty list (every host has at least the loopback interface)")
+    return links
 
 
 def classify(info):

@@ -18,6 +18,11 @@ import os
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import FIX, InputError
 from ansible_collections.narwhal.deploy.plugins.module_utils._policy import POLICY_FILE, SOURCES_FILE
+from ansible_collections.narwhal.deploy.plugins.module_utils._tools import (
+    CommandTimeoutError,
+    host_name,
+    run_bounded,
+)
 
 __metaclass__ = type
 
@@ -130,20 +135,34 @@ def _check_ignored(root, site, entries, ignored, resolve):
                     % (what, rel), None)
 
 
-def git_ignore_checker(module, root):
-    """`ignored` for check_paths: `git check-ignore` in `root` through the module; None without git."""
+GIT_TIMEOUT = 60  # seconds each git command may take (a hung git names itself, see _tools.run_bounded)
+
+
+def git_ignore_checker(module, root, timeout=GIT_TIMEOUT):
+    """`ignored` for check_paths: `git check-ignore` in `root` (each call bounded by `timeout`); None without
+    git. A git that does not answer is refused naming it (InputError), never waited on."""
     git = module.get_bin_path("git")
     if not git:
         return None
 
+    def run(*args):
+        try:
+            return run_bounded([git, "-C", root] + list(args), timeout, {"LC_ALL": "C"})[0]
+        except CommandTimeoutError:
+            raise InputError("git", "'git %s' in %s on host %s did not answer within %s s (timed out, killed) "
+                                    "while checking that the outputs are git-ignored; git hangs on an unreachable "
+                                    "network file system or a held repository lock (.git/index.lock): check the "
+                                    "checkout, then rerun" % (" ".join(args[:2]), root, host_name(), timeout))
+        except OSError:
+            return None
+
     def ignored(paths):
-        rc, _out, _err = module.run_command([git, "-C", root, "rev-parse", "--is-inside-work-tree"], check_rc=False)
-        if rc != 0:
-            return None  # not a repository: the fallback decides
+        if run("rev-parse", "--is-inside-work-tree") != 0:
+            return None  # not a repository (or no usable git): the fallback decides
         found = set()
         for path in paths:
             # one path per call: no stdin (git may exit before reading it) and no quoted output to decode
-            rc, _out, _err = module.run_command([git, "-C", root, "check-ignore", "-q", "--", path], check_rc=False)
+            rc = run("check-ignore", "-q", "--", path)
             if rc == 0:
                 found.add(path)
             elif rc != 1:

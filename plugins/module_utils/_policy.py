@@ -140,7 +140,7 @@ def verify_extract(index, raw, index_path, extract_path):
                          % (extract_path, actual[:12], index_path, str(expected)[:12], fix))
     try:
         extract = json.loads(raw)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise InputError("NARWHAL_CONFIG_DIR", "the policy extract %s is not JSON (%s); %s" % (extract_path, exc, fix))
     if not isinstance(extract, dict) or not isinstance(extract.get("site"), dict) \
             or not isinstance(extract.get("nodes"), dict):

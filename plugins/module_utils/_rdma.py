@@ -269,8 +269,11 @@ def _ibstat_rate(value):
 
 
 def parse_ibv_devinfo(text):
-    """Parse ``ibv_devinfo`` output (``hca_id:`` blocks with ``port:`` sub-blocks, tab-indented)."""
-    if text is None or not text.strip():
+    """Parse ``ibv_devinfo`` output (``hca_id:`` blocks with ``port:`` sub-blocks, tab-indented).
+
+    No output, or only ``No IB devices found``, is a host without HCAs; anything else without an ``hca_id:`` line
+    is an error."""
+    if text is None or not text.strip() or text.strip() == "No IB devices found":
         return []
     hcas = []
     hca = None
@@ -288,6 +291,8 @@ def parse_ibv_devinfo(text):
         if hca is None:
             continue
         if key == "port":
+            if not value.isdigit():
+                raise RdmaParseError(f"hca {hca['name']}: 'port: {value}' is not a port number")
             port = {"port": int(value)}
             hca["ports"].append(port)
         elif port is None:

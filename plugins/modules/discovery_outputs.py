@@ -135,7 +135,7 @@ def stale_extracts(index_path, config_dir, files, read=None):
         else:
             raw = read(index_path)
         previous = json.loads(raw).get("files", {}) if raw is not None else {}
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return []
     paths = [os.path.join(config_dir, os.path.basename(name)) for name in previous]
     # only inspection extracts: an edited index must not make discovery remove another file of the directory

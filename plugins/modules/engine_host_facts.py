@@ -57,6 +57,14 @@ options:
     description: Seconds to wait for the Docker API and for the version container.
     type: int
     default: 120
+  command_timeout:
+    description:
+      - Seconds each host tool (C(ip), C(nvidia-smi), C(amd-smi), C(rocm-smi), C(ibstat), C(ibv_devinfo)) may take.
+      - A tool that does not answer in time is killed with its process group and fails the module with a message
+        naming the tool, the host and why that tool hangs. Output that is not what the tool writes fails the
+        module the same way; it is never read as "nothing found".
+    type: int
+    default: 60
   model_path:
     description: The checkpoint directory (O(narwhal.deploy.model_facts#module:path)).
     type: path
@@ -154,15 +162,16 @@ def main():
             cache_dir=dict(type="path", default="/var/cache/narwhal/image-facts"),
             docker_host=dict(type="str", default="unix:///var/run/docker.sock"),
             timeout=dict(type="int", default=120),
+            command_timeout=dict(type="int", default=60),
             model_path=dict(type="path", required=True),
         ),
         supports_check_mode=True,
     )
     p = module.params
     facts = {
-        "narwhal_interface": read_interface(module, p["interface"], p["family"]),
-        "narwhal_gpus": read_gpus(module, p["sysfs_root"], p["dev_root"]),
-        "narwhal_rdma": read_rdma(module, p["sysfs_root"], p["dev_root"]),
+        "narwhal_interface": read_interface(module, p["interface"], p["family"], p["command_timeout"]),
+        "narwhal_gpus": read_gpus(module, p["sysfs_root"], p["dev_root"], p["command_timeout"]),
+        "narwhal_rdma": read_rdma(module, p["sysfs_root"], p["dev_root"], p["command_timeout"]),
     }
     fail_without_docker(module, p["image"])
     facts["narwhal_image"] = read_image(module, p["image"], p["distributions"], p["cache_dir"], p["docker_host"],

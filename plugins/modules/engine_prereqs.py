@@ -26,6 +26,12 @@ options:
     description: Docker daemon to ask.
     type: str
     default: unix:///var/run/docker.sock
+  command_timeout:
+    description:
+      - Seconds C(ip -j addr show) may run. A command that does not answer in time is killed and reported as a
+        problem naming the tool and the host.
+    type: int
+    default: 60
 attributes:
   check_mode:
     description: Only reads; runs the same in check mode.
@@ -69,7 +75,14 @@ import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._model import ModelConfigError, checkpoint_config_path
 from ansible_collections.narwhal.deploy.plugins.module_utils._netaddr import interface_addresses, parse_ip_json
+from ansible_collections.narwhal.deploy.plugins.module_utils._tools import (
+    CommandTimeoutError,
+    excerpt,
+    host_name,
+    run_bounded,
+)
 
 try:
     import docker
@@ -132,10 +145,37 @@ def foreign_listeners(ports, container_id):
                   if not all(i in owners and in_container(owners[i], container_id) for i in inodes))
 
 
+def read_links(module):
+    """`ip -j addr show` as a list of interfaces, or the problem (a str naming the tool and the host): not
+    installed, timed out, failed, or output that is not ip's JSON -- never read as "no interfaces"."""
+    host = "host %s" % host_name()
+    ip = module.get_bin_path("ip")
+    if not ip:
+        return "'ip' (iproute2) is not installed on %s; install iproute2" % host
+    timeout = module.params["command_timeout"]
+    try:
+        rc, out, err = run_bounded([ip, "-j", "addr", "show"], timeout, {"LC_ALL": "C"})
+    except CommandTimeoutError:
+        return ("'ip -j addr show' on %s did not answer within %s s (timed out, killed); ip hangs when the kernel's "
+                "netlink socket does not answer (a stuck network driver: check 'dmesg')" % (host, timeout))
+    except OSError as exc:
+        return "'ip -j addr show' could not be started on %s: %s" % (host, exc.strerror or exc)
+    if rc != 0:
+        first = (err or out or "").strip().splitlines()
+        return ("'ip -j addr show' failed on %s (rc=%d): %s; install a current iproute2"
+                % (host, rc, first[0] if first else "no output"))
+    try:
+        return parse_ip_json(out)
+    except (ValueError, RecursionError) as exc:
+        return ("'ip -j addr show' output on %s is not the JSON 'ip -j' writes (%s): %s; run it by hand on the host"
+                % (host, excerpt(out), exc if isinstance(exc, ValueError) else "nested too deeply to read"))
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(record=dict(type="dict", required=True),
-                           docker_host=dict(type="str", default="unix:///var/run/docker.sock")),
+                           docker_host=dict(type="str", default="unix:///var/run/docker.sock"),
+                           command_timeout=dict(type="int", default=60)),
         supports_check_mode=True,
     )
     record = module.params["record"]
@@ -168,23 +208,31 @@ def main():
             except Exception:  # noqa: BLE001
                 own_container = None
     model = record["runtime"]["model_path"]
-    if not os.path.isdir(model) or not os.access(os.path.join(model, "config.json"), os.R_OK):
-        problems.append("the model path %s does not exist or its config.json is not readable; place the checkpoint "
-                        "there (NARWHAL_MODEL_PATH)" % model)
+    try:
+        config = checkpoint_config_path(model)
+    except ModelConfigError as exc:
+        problems.append("%s (NARWHAL_MODEL_PATH)" % exc)
+    else:
+        if not os.access(config, os.R_OK):
+            problems.append("the model's %s is not readable; make it readable to the launcher (NARWHAL_MODEL_PATH)"
+                            % config)
     missing = [p for p in record.get("accelerator_devices", []) + record["transfer"].get("devices", [])
                if not os.path.exists(p)]
     if missing:
         problems.append("recorded device paths are missing: %s; check the drivers, or rerun discovery if the "
                         "hardware changed" % ", ".join(missing))
     node = record["node"]
-    ip = module.get_bin_path("ip")
-    rc, out, err = module.run_command([ip or "ip", "-j", "addr", "show"], check_rc=False)
-    link, addresses = interface_addresses(parse_ip_json(out) if rc == 0 else [], node["fabric_interface"])
-    if link is None:
-        problems.append("the fabric interface %s does not exist (NARWHAL_FABRIC_INTERFACE)" % node["fabric_interface"])
-    elif node["address"] not in [a["address"] for a in addresses]:
-        problems.append("%s no longer carries the recorded address %s; rerun discovery"
-                        % (node["fabric_interface"], node["address"]))
+    links = read_links(module)
+    if isinstance(links, str):
+        problems.append(links)
+    else:
+        link, addresses = interface_addresses(links, node["fabric_interface"])
+        if link is None:
+            problems.append("the fabric interface %s does not exist (NARWHAL_FABRIC_INTERFACE)"
+                            % node["fabric_interface"])
+        elif node["address"] not in [a["address"] for a in addresses]:
+            problems.append("%s no longer carries the recorded address %s; rerun discovery"
+                            % (node["fabric_interface"], node["address"]))
     side = node.get("side_channel_ports") or [node["side_channel_port"], node["side_channel_port"]]
     ports = set([node["engine_port"], node["attest_port"]] + list(range(side[0], side[1] + 1)))
     busy = foreign_listeners(ports, own_container)

@@ -49,6 +49,8 @@ attributes:
     support: full
 requirements:
   - C(nvidia-smi), C(amd-smi) or C(rocm-smi) on the engine host for a GPU host
+extends_documentation_fragment:
+  - narwhal.deploy.command_timeout
 author:
   - narwhal.deploy contributors (@narwhal-deploy)
 """
@@ -139,10 +141,11 @@ def main():
         argument_spec=dict(
             sysfs_root=dict(type="path", default="/sys"),
             dev_root=dict(type="path", default="/dev"),
+            command_timeout=dict(type="int", default=60),
         ),
         supports_check_mode=True,
     )
-    facts = read_gpus(module, module.params["sysfs_root"], module.params["dev_root"])
+    facts = read_gpus(module, module.params["sysfs_root"], module.params["dev_root"], module.params["command_timeout"])
     module.exit_json(changed=False, ansible_facts={"narwhal_gpus": facts})
 
 

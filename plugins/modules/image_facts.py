@@ -21,7 +21,11 @@ description:
     C(LD_PRELOAD), C(LIBRARY_PATH), C(CPATH); prefixes C(ROCM_), C(HIP_), C(HSA_), C(HCC_), C(AMD_), C(MIOPEN_),
     C(RCCL_), C(CUDA_), C(CUDNN_), C(NV_), C(NVIDIA_), C(NCCL_), C(UCX_), C(NIXL_), C(VLLM_), C(TORCH_),
     C(PYTORCH_), C(PYTHON)). Names that look like secrets (C(TOKEN), C(SECRET), C(PASSW), C(API_KEY), C(*_KEY),
-    C(CREDENTIAL), C(AUTH), C(PRIVATE)) are never returned, and the full env is not returned at all.
+    C(KEY), C(CREDENTIAL), C(AUTH), C(PRIVATE)) are never returned with their value, and the full env is not
+    returned at all; their names are listed in RV(ansible_facts.narwhal_image.withheld_env) so the operator
+    knows the image carries a credential.
+  - The values of secret-looking flags (C(--api-key), C(--hf-token), C(--*-password) ...) in the image's
+    C(Entrypoint) and C(Cmd), and of secret-looking labels, are returned as C(<redacted>).
   - Read-only towards the image and the daemon; never reports a change.
 options:
   image:
@@ -133,13 +137,13 @@ ansible_facts:
           returned: always
           sample: linux
         entrypoint:
-          description: Configured entry point, null when none.
+          description: Configured entry point, null when none (values of secret-looking flags C(<redacted>)).
           type: list
           elements: str
           returned: always
           sample: [vllm, serve]
         cmd:
-          description: Configured command, null when none.
+          description: Configured command, null when none (values of secret-looking flags C(<redacted>)).
           type: list
           elements: str
           returned: always
@@ -149,8 +153,16 @@ ansible_facts:
           type: dict
           returned: always
           sample: {CUDA_VERSION: 12.9.1, PATH: /usr/local/bin:/usr/bin:/bin, UCX_HOME: /usr/local/ucx}
+        withheld_env:
+          description:
+            - Names of the image's C(Env) entries that look like secrets (for example C(HF_TOKEN)). Their values
+              are never returned, cached, recorded in the inspection extracts or the launch records.
+          type: list
+          elements: str
+          returned: always
+          sample: [HF_TOKEN]
         labels:
-          description: Image labels.
+          description: Image labels (values of secret-looking labels C(<redacted>)).
           type: dict
           returned: always
           sample: {org.opencontainers.image.version: 0.33.0}

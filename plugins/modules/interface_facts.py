@@ -41,6 +41,8 @@ attributes:
     support: full
 requirements:
   - iproute2 (C(ip)) with JSON output on the engine host
+extends_documentation_fragment:
+  - narwhal.deploy.command_timeout
 author:
   - narwhal.deploy contributors (@narwhal-deploy)
 """
@@ -111,10 +113,11 @@ def main():
         argument_spec=dict(
             name=dict(type="str", required=True),
             family=dict(type="str", default="any", choices=["any", "ipv4", "ipv6"]),
+            command_timeout=dict(type="int", default=60),
         ),
         supports_check_mode=True,
     )
-    facts = read_interface(module, module.params["name"], module.params["family"])
+    facts = read_interface(module, module.params["name"], module.params["family"], module.params["command_timeout"])
     module.exit_json(changed=False, ansible_facts={"narwhal_interface": facts})
 
 

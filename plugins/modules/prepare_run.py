@@ -30,6 +30,8 @@ description:
     the file (see docs/outputs.md).
   - Before reading anything, refuses a run directory (C(NARWHAL_RUNS_DIR)) or input path that collides with
     another output or input, or a run directory inside the checkout that git does not ignore.
+  - The application revision comes from C(git rev-parse HEAD) and C(git status) in O(root); each git command may
+    take 60 seconds, a git that does not answer by then is killed and fails the module naming it.
 options:
   site:
     description: The validated inputs, as returned by M(narwhal.deploy.site_inputs).
@@ -143,6 +145,12 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._prepare import (
     stale,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._schema import MANIFEST_SCHEMA, validation_errors
+from ansible_collections.narwhal.deploy.plugins.module_utils._tools import (
+    CommandTimeoutError,
+    host_name,
+    read_regular,
+    run_bounded,
+)
 
 
 def _path(root, value):
@@ -151,10 +159,11 @@ def _path(root, value):
 
 def _load(key, path):
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
+        raw = read_regular(path)
         return raw, json.loads(raw)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
+        if isinstance(exc, RecursionError):
+            exc = "nested too deeply to be JSON a discovery wrote"
         raise InputError(key, "cannot read %s (%s); run discovery first, or %s" % (path, exc, REGENERATE))
 
 
@@ -162,8 +171,7 @@ def check_key_file(path):
     """The engine API key file: readable, mode 0600 or 0400, one non-empty line (never printed)."""
     try:
         st = os.stat(path)
-        with open(path, "rb") as fh:
-            raw = fh.read(65537)
+        raw = read_regular(path, 65536)  # a FIFO is refused by name, never waited on
     except OSError as exc:
         raise InputError("NARWHAL_API_KEY_FILE", "cannot read the engine API key file %s (%s); create it (one line, "
                                                  "mode 0600) and prepare a new run" % (path, exc.strerror))
@@ -213,15 +221,33 @@ def read_config(module, root, site, nodes, paths):
     return fleet_raw, fleet, launch_raw, launch
 
 
+GIT_TIMEOUT = 60  # seconds each git command may take
+
+
+def _git(module, git, root, *args):
+    """(rc, stdout) of `git -C root args`, with a deadline that fails the module naming git and the host."""
+    try:
+        rc, out, _err = run_bounded([git, "-C", root] + list(args), GIT_TIMEOUT, {"LC_ALL": "C"})
+    except CommandTimeoutError:
+        module.fail_json(msg="prepare refused, no run was created: 'git %s' in %s on host %s did not answer within "
+                             "%d s (timed out, killed); git hangs on an unreachable network file system or a held "
+                             "repository lock (.git/index.lock): check the checkout, then prepare again"
+                             % (" ".join(args), root, host_name(), GIT_TIMEOUT))
+    except OSError as exc:
+        module.fail_json(msg="prepare refused, no run was created: git could not be started on host %s (%s)"
+                             % (host_name(), exc.strerror or exc))
+    return rc, out
+
+
 def revision(module, root):
+    """(HEAD commit, dirty) of the checkout; (None, None) without git or outside a repository."""
     git = module.get_bin_path("git")
     if not git:
         return None, None
-    rc, out, _err = module.run_command([git, "-C", root, "rev-parse", "HEAD"], check_rc=False)
+    rc, out = _git(module, git, root, "rev-parse", "HEAD")
     if rc != 0:
         return None, None
-    rc2, status, _err = module.run_command([git, "-C", root, "status", "--porcelain", "--untracked-files=no"],
-                                           check_rc=False)
+    rc2, status = _git(module, git, root, "status", "--porcelain", "--untracked-files=no")
     return out.strip(), bool(status.strip()) if rc2 == 0 else None
 
 
@@ -241,7 +267,7 @@ def main():
     site, root, engines = p["site"]["site"], p["root"], sorted(p["engines"])
     try:
         # the run directory and the files prepare reads: each its own, none an input, git-ignored in the checkout
-        paths = check_paths(root, site, engines, p["site"].get("env_file"), git_ignore_checker(module, root),
+        paths = check_paths(root, site, engines, p["site"].get("env_file"), git_ignore_checker(module, root, GIT_TIMEOUT),
                             os.path.realpath)
         fleet_raw, fleet, launch_raw, launch = read_config(module, root, site, p["site"].get("nodes") or {}, paths)
         check_documents(fleet, launch, site)

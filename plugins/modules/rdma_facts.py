@@ -43,6 +43,8 @@ attributes:
   idempotent:
     description: A second run with the same inputs changes nothing.
     support: full
+extends_documentation_fragment:
+  - narwhal.deploy.command_timeout
 author:
   - narwhal.deploy contributors (@narwhal-deploy)
 """
@@ -134,10 +136,11 @@ def main():
         argument_spec=dict(
             sysfs_root=dict(type="path", default="/sys"),
             dev_root=dict(type="path", default="/dev"),
+            command_timeout=dict(type="int", default=60),
         ),
         supports_check_mode=True,
     )
-    facts = read_rdma(module, module.params["sysfs_root"], module.params["dev_root"])
+    facts = read_rdma(module, module.params["sysfs_root"], module.params["dev_root"], module.params["command_timeout"])
     module.exit_json(changed=False, ansible_facts={"narwhal_rdma": facts})
 
 

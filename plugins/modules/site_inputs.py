@@ -13,7 +13,14 @@ description:
   - Runs on the controller. Reads the C(.env) file with python-dotenv, lets C(NARWHAL_*) variables of the
     process environment override it, and validates every input against the collection's input description
     (types, defaults, allowed values).
-  - A bad input fails with a message naming the C(.env) key and how to fix it. Refused too, because
+  - Values are literal. python-dotenv's C(${VAR}) expansion is off, so nothing of the controller's environment
+    is pulled into a value or an error message; a value that holds C(${...}) is kept as written and warned about.
+    (The fleet file's complete-value C(${NAME}) substitution is separate, see docs/substitution.md.)
+  - A bad input fails with a message naming the C(.env) key and how to fix it. Secret-looking values in the
+    message (values of names with KEY, TOKEN, SECRET, PASSWORD or CREDENTIAL, secret flags such as
+    C(--hf-token), URL passwords, bearer tokens) show as C(<redacted>).
+  - The file must be a regular UTF-8 file (a FIFO is refused by name, never waited on).
+  - Refused too, because
     python-dotenv would pass them silently, are a line it cannot parse, a C(NARWHAL_*) key set twice, and an
     unknown C(NARWHAL_*) key in the file (named with the closest input). Unknown C(NARWHAL_*) variables of the
     process environment are ignored, with a warning when they resemble an input.
@@ -80,10 +87,17 @@ ansible_facts:
 import hashlib
 import io
 import os
-import traceback
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._dotenv import (
+    DOTENV_IMPORT_ERROR,
+    DotenvError,
+    decode_dotenv,
+    literal_expansions,
+    parse_dotenv,
+    read_dotenv_bytes,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import (
     InputError,
     check_env_file,
@@ -92,14 +106,12 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import (
     unknown_name_warning,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._paths import check_paths, git_ignore_checker
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan import redact_text, secret_values
 
 try:
-    from dotenv import dotenv_values
     from dotenv.parser import parse_stream
 except ImportError:
-    DOTENV_ERROR = traceback.format_exc()
-else:
-    DOTENV_ERROR = None
+    parse_stream = None
 
 
 def main():
@@ -111,21 +123,22 @@ def main():
         ),
         supports_check_mode=True,
     )
-    if DOTENV_ERROR:
-        module.fail_json(msg=missing_required_lib("python-dotenv"), exception=DOTENV_ERROR)
+    if DOTENV_IMPORT_ERROR:
+        module.fail_json(msg=missing_required_lib("python-dotenv"), exception=DOTENV_IMPORT_ERROR)
     path = module.params["env_file"]
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except OSError as exc:
-        module.fail_json(msg="cannot read the site inputs %s (%s); copy .env.example to .env and fill it in, "
-                             "or point NARWHAL_ENV_FILE at the site's file" % (path, exc.strerror))
+        raw = read_dotenv_bytes(path)
+    except DotenvError as exc:
+        module.fail_json(msg="site inputs: %s; copy .env.example to .env and fill it in, or point "
+                             "NARWHAL_ENV_FILE at the site's file" % exc)
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        module.fail_json(msg="invalid site input in %s: the file is not UTF-8 text (byte %d); save it as UTF-8"
-                             % (path, exc.start), input="NARWHAL_ENV_FILE")
-    values = {k: v for k, v in dotenv_values(path).items() if k.startswith("NARWHAL_")}
+        text = decode_dotenv(path, raw)
+        parsed = parse_dotenv(text)
+    except DotenvError as exc:
+        module.fail_json(msg="site inputs: %s; save it as UTF-8" % exc, input="NARWHAL_ENV_FILE")
+    # values of secret-looking names of .env and of the controller's environment: hidden wherever they are pasted
+    secrets = secret_values(parsed, os.environ if module.params["use_process_env"] else {})
+    values = {k: v for k, v in parsed.items() if k.startswith("NARWHAL_")}
     if module.params["use_process_env"]:
         for key, value in os.environ.items():
             if not key.startswith("NARWHAL_"):
@@ -136,6 +149,9 @@ def main():
                 warning = unknown_name_warning(key)
                 if warning:
                     module.warn(warning)
+    for key in literal_expansions(values):
+        module.warn("%s holds '${...}', which stays literal: .env values are not expanded from the environment; "
+                    "write the value itself" % key)
     try:
         # what python-dotenv passes silently: unparseable lines, repeated keys (the last wins)
         check_env_file([(b.key, b.value, b.original.line, b.error) for b in parse_stream(io.StringIO(text))], path)
@@ -144,7 +160,7 @@ def main():
             check_paths(module.params["root"], inputs["site"], env_file=path,
                         ignored=git_ignore_checker(module, module.params["root"]), resolve=os.path.realpath)
     except InputError as exc:
-        module.fail_json(msg="invalid site input in %s: %s" % (path, exc), input=exc.key)
+        module.fail_json(msg=redact_text("invalid site input in %s: %s" % (path, exc), secrets), input=exc.key)
     inputs["nodes"] = {str(n): v for n, v in inputs["nodes"].items()}
     inputs["env_file"] = path
     inputs["env_sha256"] = hashlib.sha256(raw).hexdigest()

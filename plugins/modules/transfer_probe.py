@@ -107,6 +107,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._probe import (
     reference_request,
     verdict,
 )
+from ansible_collections.narwhal.deploy.plugins.module_utils._tools import read_regular
 
 
 def call(url, key, body=None, request_id=None, timeout=120):
@@ -128,7 +129,7 @@ def call(url, key, body=None, request_id=None, timeout=120):
             text = str(exc)
     try:
         return status, json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return status, text
 
 
@@ -147,8 +148,7 @@ def main():
     )
     p = module.params
     try:
-        with open(p["api_key_file"]) as fh:
-            key = fh.read().strip()
+        key = read_regular(p["api_key_file"], 65536).decode("utf-8", "replace").strip()
     except OSError as exc:
         module.fail_json(msg="cannot read the engine API key file %s (%s); NARWHAL_API_KEY_FILE" % (p["api_key_file"], exc))
     module.no_log_values.add(key)

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _outputs
+from ansible_collections.narwhal.deploy.plugins.module_utils import _outputs, _plan
+from ansible_collections.narwhal.deploy.plugins.module_utils._dotenv import DotenvError, parse_dotenv, read_dotenv
 from ansible_collections.narwhal.deploy.plugins.module_utils._fleet import plan_fleet, render_env
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError, load_inputs
 from ansible_collections.narwhal.deploy.plugins.module_utils._netaddr import (
@@ -23,6 +24,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._subst import (
     layered_env,
     resolve_values,
 )
+from ansible_collections.narwhal.deploy.plugins.modules import site_inputs
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 NET = REPO / "tests" / "fixtures" / "real" / "net"
@@ -470,6 +472,30 @@ def site_module(module_runner, tmp_path, monkeypatch):
     return run
 
 
+# secrets and literal .env values (issue 13, class 5); hostile .env files (class 6)
+
+TOKEN = "hf_controllerToken0123456789abcdef"
+SITE_ENV = ("NARWHAL_FABRIC_INTERFACE=eth1\nNARWHAL_IMAGE=vllm/vllm-openai:v0.33.0\n"
+            "NARWHAL_MODEL_PATH=/srv/models/m\nNARWHAL_NODE_1_ROLE=prefill\nNARWHAL_NODE_2_ROLE=decode\n")
+
+
+@pytest.fixture
+def site(module_runner, monkeypatch, tmp_path):
+    """site_inputs.main over a .env in tmp_path; the controller environment holds a token and no NARWHAL_*."""
+    for key in [k for k in os.environ if k.startswith("NARWHAL_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setenv("HOME", "/home/operator")
+
+    def run(text, path=None):
+        path = path or tmp_path / ".env"
+        if text is not None:
+            path.write_text(text)
+        return module_runner(site_inputs.main, {"env_file": str(path)})
+
+    return run
+
+
 @pytest.mark.parametrize("text,key,words", [
     (ENV_TEXT + "NARWHAL_ENGINE_PORT=8000\nNARWHAL_ENGINE_PORT=9000\n", "NARWHAL_ENGINE_PORT",
      "is set twice in %s (lines 6 and 7); python-dotenv would keep the last value silently"),
@@ -540,3 +566,109 @@ def test_the_fallback_patterns_agree_with_the_shipped_gitignore(tmp_path):
     for rel in samples:
         by_git = subprocess.run([GIT, "-C", str(root), "check-ignore", "-q", "--", rel]).returncode == 0
         assert by_git == any(fnmatch.fnmatchcase(rel, p) for p in FALLBACK_IGNORED), rel
+
+
+def test_dotenv_values_are_literal(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    values = parse_dotenv('A=${HOME}/x\nB="${HF_TOKEN}"\nC=${HF_TOKEN:-fallback}\nD=$HOME\n')
+    assert values == {"A": "${HOME}/x", "B": "${HF_TOKEN}", "C": "${HF_TOKEN:-fallback}", "D": "$HOME"}
+
+
+@pytest.mark.parametrize("value", ["${HOME}/models/m", "${HF_TOKEN}"])
+def test_site_input_with_an_expansion_stays_literal_in_the_error(site, value):
+    how, result = site(SITE_ENV.replace("/srv/models/m", value))
+    assert how == "fail" and result["input"] == "NARWHAL_MODEL_PATH"
+    assert "%r is not an absolute path" % value in result["msg"]
+    assert "/home/operator" not in result["msg"] and TOKEN not in result["msg"]
+
+
+def test_site_input_expansion_is_kept_and_warned(site):
+    how, result = site(SITE_ENV + "NARWHAL_EXTRA_ARGS=--served-model-name-suffix ${USER}-model\n")
+    assert how == "exit", result
+    assert result["ansible_facts"]["narwhal_site"]["site"]["NARWHAL_EXTRA_ARGS"] == \
+        "--served-model-name-suffix ${USER}-model"
+    from ansible.module_utils.common.warnings import get_warning_messages
+
+    assert any("NARWHAL_EXTRA_ARGS holds '${...}', which stays literal" in w for w in get_warning_messages())
+
+
+@pytest.mark.parametrize("extra, key, shown", [
+    # the controller's token pasted into an input: redacted as a known secret of the environment
+    ("NARWHAL_FABRIC_INTERFACE=%s\n" % TOKEN, "NARWHAL_FABRIC_INTERFACE", "'<redacted>' is not a network interface"),
+    # a secret of the .env itself (not a NARWHAL_ input), pasted into another input
+    ("MY_SECRET=Zq9-site-secret\nNARWHAL_ENGINE_PORT=Zq9-site-secret\n", "NARWHAL_ENGINE_PORT",
+     "'<redacted>' is not a whole number"),
+    ("NARWHAL_EXTRA_ARGS=--api-key=sk-site-0123456789\n", "NARWHAL_EXTRA_ARGS", "'--api-key=<redacted>' overrides"),
+    ("NARWHAL_ENGINE_ENV='HF_TOKEN=hf_x-9876543210'\n", "NARWHAL_ENGINE_ENV",
+     "sets HF_TOKEN, which looks like a secret"),
+    ("NARWHAL_NODE_1_URL=http://admin:pa55-w0rd@10.0.0.11:8000\n", "NARWHAL_NODE_1_URL",
+     "user information"),
+], ids=["env-token", "dotenv-secret", "api-key-flag", "engine-env", "url-password"])
+def test_secret_values_are_redacted_in_site_errors(site, extra, key, shown):
+    base = SITE_ENV.replace("NARWHAL_FABRIC_INTERFACE=eth1\n", "") if extra.startswith("NARWHAL_FABRIC_INTERFACE=") \
+        else SITE_ENV
+    how, result = site(base + extra)
+    assert how == "fail" and result["input"] == key, result
+    assert shown in result["msg"]
+    for secret in (TOKEN, "Zq9-site-secret", "sk-site-0123456789", "hf_x-9876543210", "pa55-w0rd"):
+        assert secret not in result["msg"]
+
+
+@pytest.mark.parametrize("make, needle", [
+    (os.mkfifo, "is a FIFO, not a regular file"),
+    (lambda p: os.symlink(p.name, p), "is a symlink loop"),
+    (lambda p: p.write_bytes(b"NARWHAL_FABRIC_INTERFACE=eth\xff1\n"), "is not UTF-8 text"),
+], ids=["fifo", "symlink-loop", "latin-1"])
+def test_hostile_env_file_is_named_not_waited_on(site, tmp_path, make, needle):
+    path = tmp_path / "site.env"
+    make(path)
+    how, result = site(None, path)
+    assert how == "fail" and needle in result["msg"] and str(path) in result["msg"]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("HF_TOKEN=abc123 x", "HF_TOKEN=<redacted> x"),
+    ("NARWHAL_API_KEY_FILE=config/engine-api.key", "NARWHAL_API_KEY_FILE=config/engine-api.key"),  # a path
+    ("{'api_key': 'abcdefgh', 'model': 'm'}", "{'api_key': '<redacted>', 'model': 'm'}"),
+    ('{"hf_token": ["hf-1"]}', '{"hf_token": ["<redacted>"]}'),
+    ("vllm serve m --hf-token abcdef123 --port 8000", "vllm serve m --hf-token <redacted> --port 8000"),
+    ("['--api-key', 'k-0123456']", "['--api-key', '<redacted>']"),
+    ("--api-key is launcher-managed", "--api-key is launcher-managed"),  # prose stays
+    ("is not KEY=VALUE", "is not KEY=VALUE"),
+    ("Authorization: Bearer abcdef0123", "Authorization: Bearer <redacted>"),
+    ("https://u:p4ss@h.example/x", "https://u:<redacted>@h.example/x"),
+    ("token hf_ABCDEFGHIJKLMNOPQRSTUVWXYZ here", "token <redacted> here"),
+    ("--max-num-batched-tokens 8192 --ssl-keyfile /k.pem", "--max-num-batched-tokens 8192 --ssl-keyfile /k.pem"),
+])
+def test_redact_text(text, expected):
+    assert _plan.redact_text(text) == expected
+
+
+def test_redact_text_known_secrets_and_registered_key():
+    assert _plan.redact_text("key: zebra-777", ["zebra-777"]) == "key: <redacted>"
+    _plan.register_secret("registered-key-0123")
+    try:
+        assert str(_plan.PlanError("docker said registered-key-0123 is bad")) == "docker said <redacted> is bad"
+    finally:
+        _plan._SECRET_VALUES.discard("registered-key-0123")
+
+
+def test_input_error_of_a_secret_looking_key_hides_its_value():
+    err = InputError("NARWHAL_NODE_1_HF_TOKEN", "%r is not valid; fix it" % "plain")
+    assert str(err) == "NARWHAL_NODE_1_HF_TOKEN: '<redacted>' is not valid; fix it"
+
+
+def test_fleet_cli_keeps_dotenv_values_literal(tmp_path):
+    fleet = tmp_path / "fleet.json"
+    fleet.write_text(json.dumps([{"iid": "n1", "url": "${NARWHAL_NODE_1_URL}", "model": "${MODEL_DIR}"}]))
+    (tmp_path / "site.env").write_text("MODEL_DIR=${HOME}/models\n")
+    (tmp_path / "deployment.env").write_text("NARWHAL_NODE_1_URL=http://10.0.0.11:8000\n")
+    cmd = [sys.executable, str(REPO / "scripts" / "narwhal-fleet"), "--fleet", str(fleet),
+           "--env-file", str(tmp_path / "site.env"), "--deployment-env", str(tmp_path / "deployment.env")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NARWHAL_")}
+    env.update(HOME="/home/operator")
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
+    assert json.loads(out.stdout) == [{"iid": "n1", "url": "http://10.0.0.11:8000", "model": "${HOME}/models"}]
+    with pytest.raises(DotenvError, match="is a FIFO"):
+        os.mkfifo(tmp_path / "fifo.env")
+        read_dotenv(str(tmp_path / "fifo.env"))

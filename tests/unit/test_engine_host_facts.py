@@ -3,6 +3,8 @@ the messages, of interface_facts, gpu_facts, rdma_facts, image_facts and model_f
 from __future__ import annotations
 
 import json
+import socket
+import time
 
 import pytest
 from test_gpu_facts import NVIDIA, NVIDIA_SYS, _replay
@@ -94,3 +96,69 @@ def test_same_failure_as_the_single_module(module_runner, host):
     assert _combined(module_runner, host, "eth9") == _singles(module_runner, host, "eth9")
     how, result = _combined(module_runner, host, "eth9")
     assert how == "fail" and "interface eth9 does not exist on this host" in result["msg"]
+
+
+# ------------------------------------------------------------------------------------------------
+# tools that hang or lie (issue 13, class 6): the same named failure from the combined and the single modules
+
+
+def _ip_prints(host_tmp, text):
+    (host_tmp / "ip.json").write_text(text)
+
+
+@pytest.mark.parametrize("text, cause", [
+    ("", "no output (every host has at least the loopback interface)"),
+    ("[]", "an empty list"),
+    ("null", "entry 0 is a JSON NoneType, not an interface object"),
+    ("[1, 2]", "entry 0 is a JSON int, not an interface object"),
+    ('{"mtu": 1500}', "entry 0 has no ifname"),
+    ('[{"ifname": "eth1", "addr_info": "172.31.201.11"}]', "interface eth1: addr_info is not a list of address"),
+    ("Object \"addr\" is unknown, try \"ip help\".", "line 1 is not JSON"),
+    ("[" * 100000, "nested too deeply to read"),
+], ids=["empty", "empty-list", "null", "ints", "no-ifname", "addr-info-string", "old-iproute2", "deep"])
+def test_odd_ip_output_is_named_not_a_missing_interface(module_runner, host, tmp_path, text, cause):
+    _ip_prints(tmp_path, text)
+    how, result = _combined(module_runner, host)
+    assert (how, result) == _singles(module_runner, host)
+    assert how == "fail"
+    assert result["msg"].startswith("'ip -j addr show' output on host %s is not the JSON 'ip -j' writes (a list of "
+                                    "interface objects) (" % socket.gethostname())
+    assert cause in result["msg"] and "does not exist" not in result["msg"]
+
+
+def test_ip_that_hangs_is_killed_and_named(module_runner, host, tmp_path):
+    (tmp_path / "bin" / "ip").write_text("#!/bin/sh\n/bin/sleep 30\n")
+    started = time.monotonic()
+    how, result = module_runner(interface_facts.main, {"name": "eth1", "command_timeout": 1})
+    assert time.monotonic() - started < 10
+    assert how == "fail" and result["timed_out"] is True
+    assert result["msg"].startswith("'ip -j addr show' on host %s did not answer within 1 s (timed out, killed); ip "
+                                    "hangs when the kernel's netlink socket does not answer" % socket.gethostname())
+
+
+class _PrereqModule:
+    """The two things engine_prereqs.read_links asks of its AnsibleModule."""
+
+    def __init__(self, bindir, timeout=1):
+        self.params = {"command_timeout": timeout}
+        self.bindir = bindir
+
+    def get_bin_path(self, name):
+        path = self.bindir / name
+        return str(path) if path.exists() else None
+
+
+@pytest.mark.parametrize("script, needle", [
+    ("/bin/sleep 30", "did not answer within 1 s (timed out, killed)"),
+    ("echo '[1]'", "is not the JSON 'ip -j' writes ('[1]'): entry 0 is a JSON int"),
+    ("echo 'RTNETLINK answers: Operation not permitted' >&2; exit 2", "failed on host"),
+])
+def test_prereqs_name_ip_trouble_instead_of_a_missing_interface(tmp_path, script, needle):
+    from ansible_collections.narwhal.deploy.plugins.modules import engine_prereqs
+
+    (tmp_path / "ip").write_text("#!/bin/sh\n%s\n" % script)
+    (tmp_path / "ip").chmod(0o755)
+    problem = engine_prereqs.read_links(_PrereqModule(tmp_path))
+    assert isinstance(problem, str) and needle in problem and "'ip -j addr show'" in problem
+    assert socket.gethostname() in problem
+    assert engine_prereqs.read_links(_PrereqModule(tmp_path / "none")).startswith("'ip' (iproute2) is not installed")

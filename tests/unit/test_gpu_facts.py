@@ -8,6 +8,8 @@ import json
 import os
 import pathlib
 import shutil
+import socket
+import time
 
 import pytest
 
@@ -738,7 +740,7 @@ def test_module_tool_fails(module_runner, no_host_tools):
     stub = 'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."\nexit 9\n'
     how, result = module_runner({}, {"nvidia-smi": stub})
     assert how == "fail"
-    assert "'nvidia-smi -q -x' failed on this host (rc=9)" in result["msg"]
+    assert "'nvidia-smi -q -x' failed on host %s (rc=9)" % socket.gethostname() in result["msg"]
     assert "couldn't communicate with the NVIDIA driver" in result["msg"]
     assert "lsmod | grep nvidia" in result["msg"]
 
@@ -747,4 +749,60 @@ def test_module_tool_prints_garbage(module_runner, no_host_tools):
     how, result = module_runner({}, {"rocm-smi": "echo 'WARNING: unknown option'\nexit 0\n"})
     assert how == "fail"
     assert "rocm-smi --showproductname --showbus --showuniqueid --json" in result["msg"]
-    assert "cannot be read" in result["msg"] and "not valid JSON" in result["msg"]
+    assert "output on host %s is not the JSON rocm-smi writes ('WARNING: unknown option')" % socket.gethostname() \
+        in result["msg"] and "not valid JSON" in result["msg"]
+
+
+# ------------------------------------------------------------------------------------------------
+# tools that hang or lie (issue 13, class 6): a deadline naming the tool and the host; unreadable output is an
+# error naming them, never "zero GPUs"
+
+HANG = "/bin/sleep 30\n"  # a child of the stub shell holds the pipes: the whole process group must go
+DEEP_JSON = "[" * 100000
+
+
+@pytest.mark.parametrize("tool, label, cause", [
+    ("nvidia-smi", "nvidia-smi -q -x", "nvidia-smi hangs when the NVIDIA driver is wedged"),
+    ("amd-smi", "amd-smi static --json", "amd-smi hangs when the amdgpu driver is stuck"),
+    ("rocm-smi", "rocm-smi --showproductname --showbus --showuniqueid --json", "rocm-smi hangs when the amdgpu"),
+])
+def test_module_tool_that_hangs_is_killed_and_named(module_runner, no_host_tools, tool, label, cause):
+    started = time.monotonic()
+    how, result = module_runner({"command_timeout": 1}, {tool: HANG})
+    assert time.monotonic() - started < 10
+    assert how == "fail" and result["timed_out"] is True
+    assert result["msg"].startswith(f"'{label}' on host {socket.gethostname()} did not answer within 1 s "
+                                    "(timed out, killed); " + cause)
+    assert "raise command_timeout" in result["msg"]
+
+
+@pytest.mark.parametrize("tool, output, form, cause", [
+    ("nvidia-smi", "garbage", "the XML nvidia-smi writes", "not well-formed XML"),
+    ("nvidia-smi", "<nvidia_smi_log><attached_gpus>8</attached_gpus></nvidia_smi_log>", "the XML nvidia-smi writes",
+     "lists no <gpu> (attached_gpus: 8)"),
+    ("nvidia-smi", "<nvidia_smi_log></nvidia_smi_log>", "the XML nvidia-smi writes", "lists no <gpu>"),
+    ("nvidia-smi", "<nvidia_smi_log><gpu/></nvidia_smi_log>", "the XML nvidia-smi writes",
+     "GPU 0 has neither a PCI bus id nor a minor number"),
+    ("rocm-smi", "{}", "the JSON rocm-smi writes", "no cardN entries"),
+    ("rocm-smi", '{"card0": "x"}', "the JSON rocm-smi writes", "no cardN entries"),
+    ("rocm-smi", DEEP_JSON, "the JSON rocm-smi writes", "nested too deeply"),
+    ("amd-smi", "[]", "the JSON amd-smi writes", "no GPU objects"),
+    ("amd-smi", '"ok"', "the JSON amd-smi writes", "expected a list of GPUs"),
+    ("amd-smi", DEEP_JSON, "the JSON amd-smi writes", "nested too deeply"),
+], ids=["nv-text", "nv-attached-no-gpu", "nv-empty-log", "nv-blank-gpu", "rocm-empty", "rocm-card-not-object",
+        "rocm-deep", "amd-empty", "amd-string", "amd-deep"])
+def test_module_garbage_output_is_an_error_not_zero_gpus(module_runner, tmp_path, no_host_tools, tool, output, form,
+                                                         cause):
+    captured = tmp_path / "out.txt"
+    captured.write_text(output)
+    how, result = module_runner({}, {tool: f"exec /bin/cat {captured}\n"})
+    assert how == "fail", result
+    assert f"output on host {socket.gethostname()} is not {form} (" in result["msg"]
+    assert cause in result["msg"]
+    assert repr(output[:80] + ("..." if len(output) > 80 else "")) in result["msg"]  # the first 80 characters
+
+
+def test_parse_nvidia_smi_xml_refuses_an_empty_inventory():
+    with pytest.raises(_gpu.GpuParseError, match="lists no <gpu>"):
+        _gpu.parse_nvidia_smi_xml("<?xml version='1.0'?><nvidia_smi_log><driver_version>535</driver_version>"
+                                  "</nvidia_smi_log>")

@@ -135,7 +135,7 @@ def test_build_facts_layout():
     facts = _image.build_facts("img", attrs, {"vllm": "0.33.0", "nixl": "1.5.1", "nixl-cu12": "1.5.1"}, False)
     assert set(facts) == {
         "image", "id", "repo_tags", "repo_digests", "architecture", "os", "entrypoint", "cmd", "env",
-        "labels", "distributions", "platform", "nixl_distribution", "cached",
+        "withheld_env", "labels", "distributions", "platform", "nixl_distribution", "cached",
     }
     assert facts["platform"] == "cuda"
     assert facts["nixl_distribution"] == "nixl"
@@ -386,3 +386,31 @@ def test_real_daemon_standin(run_module, tmp_path):
     assert facts["id"].startswith("sha256:") and facts["cached"] is False
     assert run(args)["ansible_facts"]["narwhal_image"]["cached"] is True
     assert {c.id for c in real.containers.list(all=True)} == before
+
+
+# ------------------------------------------------------------------------------------------------
+# secrets (issue 13, class 5): names of secret-looking image env reported, values never returned or cached
+
+
+@pytest.mark.parametrize("config, secret", [
+    ({"Env": ["HF_TOKEN=hf_imageToken0123456789abcdefgh"]}, "hf_imageToken0123456789abcdefgh"),
+    ({"Cmd": ["--hf-token", "plainvalue-123"]}, "plainvalue-123"),
+    ({"Cmd": ["--api-key=sk-cmd-0123456789abcdefghij"]}, "sk-cmd-0123456789abcdefghij"),
+    ({"Entrypoint": ["sh", "-c", "HF_TOKEN=inline-0123 vllm serve"]}, "inline-0123"),
+    ({"Labels": {"com.example.api_key": "label-secret-01"}}, "label-secret-01"),
+    ({"Labels": {"com.example.note": "pull with https://bot:p4ssw0rd@registry.example"}}, "p4ssw0rd"),
+], ids=["env", "cmd-flag", "cmd-flag-equals", "entrypoint-pair", "label-name", "label-url-password"])
+def test_module_never_returns_image_secrets(run_module, tmp_path, config, secret):
+    attrs = json.loads(json.dumps(STANDIN_ATTRS))
+    attrs["Config"].update(config)
+    kind, res = run_module({"image": "narwhal-sim/engine-standin:latest", "cache_dir": str(tmp_path)},
+                           FakeClient(attrs, STANDIN_VERSIONS))
+    assert kind == "exit", res
+    assert secret not in json.dumps(res)
+    assert "<redacted>" in json.dumps(res) or res["ansible_facts"]["narwhal_image"]["withheld_env"]
+    for cached in tmp_path.iterdir():
+        assert secret not in cached.read_text()
+
+
+def test_withheld_env_names_every_secret_looking_image_variable():
+    assert _image.withheld_env(STANDIN_ENV) == ["AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN", "HF_TOKEN", "VLLM_API_KEY"]

@@ -209,7 +209,8 @@ def test_reject_managed_flag_in_extra_args(args):
     with pytest.raises(le.LaunchError) as info:
         le.build_plan(role_env("engine-2"), rec)
     message = str(info.value)
-    assert "runtime.extra_args[2]=%r" % args[0] in message and "launcher-managed" in message
+    shown = args[0].split("=", 1)[0] + "=<redacted>" if args[0].startswith("--api") and "=" in args[0] else args[0]
+    assert "runtime.extra_args[2]=%r" % shown in message and "launcher-managed" in message
 
 
 @pytest.mark.parametrize("args", MANAGED_FLAG_FORMS, ids=lambda a: a[0])
@@ -219,7 +220,8 @@ def test_reject_managed_flag_in_an_input(args):
         le.check_args(le.split_args(" ".join("'%s'" % a for a in ["--enforce-eager"] + args), "NARWHAL_EXTRA_ARGS"),
                       "NARWHAL_EXTRA_ARGS")
     assert info.value.key == "NARWHAL_EXTRA_ARGS"
-    assert "NARWHAL_EXTRA_ARGS[1]=%r overrides launcher-managed" % args[0] in str(info.value)
+    shown = args[0].split("=", 1)[0] + "=<redacted>" if args[0].startswith("--api") and "=" in args[0] else args[0]
+    assert "NARWHAL_EXTRA_ARGS[1]=%r overrides launcher-managed" % shown in str(info.value)
 
 
 def test_trust_remote_code_only_as_derived():
@@ -500,3 +502,55 @@ def test_start_standin_container(tmp_path, capsys, monkeypatch):
         except docker.errors.NotFound:
             pass
         shutil.rmtree(tmp_path / "runs", ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------ hostile inputs
+# (issue 13, class 6: never a hang; class 5: the key never printed)
+
+
+@pytest.mark.parametrize("which", ["role_env", "record", "api_key"])
+@pytest.mark.parametrize("make, needle", [
+    (lambda p: os.mkfifo(p, 0o600), "a FIFO, not a regular file"),
+    (lambda p: os.symlink(p.name, p), "a symlink loop"),
+], ids=["fifo", "symlink-loop"])
+def test_launcher_inputs_that_are_fifos_or_loops_are_named(tmp_path, which, make, needle):
+    env_path, env = write_inputs(tmp_path, record("engine-1"))
+    path = {"role_env": env_path, "record": pathlib.Path(env["NARWHAL_RECORD"]),
+            "api_key": pathlib.Path(env["NARWHAL_API_KEY_FILE"])}[which]
+    path.unlink()
+    make(path)
+    with pytest.raises(le.LaunchError) as info:
+        le.prepare(str(env_path))  # would block forever on open() of the FIFO
+    assert needle in str(info.value) and str(path) in str(info.value)
+
+
+def test_launcher_deeply_nested_record_is_named(tmp_path):
+    env_path, env = write_inputs(tmp_path, record("engine-1"))
+    pathlib.Path(env["NARWHAL_RECORD"]).write_text("[" * 100000)
+    with pytest.raises(le.LaunchError, match="is not JSON"):
+        le.prepare(str(env_path))
+    checked = tmp_path / "checked.json"
+    checked.write_text("{\"a\":" * 100000)
+    assert le.read_json_file(str(checked)) is None
+
+
+def test_cli_errors_never_print_the_key(tmp_path, capsys, monkeypatch):
+    env_path, env = write_inputs(tmp_path, record("engine-1"))
+
+    def leaky(role_env_path, **_kw):
+        le.read_api_key(env["NARWHAL_API_KEY_FILE"])  # registers the key for redaction
+        raise RuntimeError("daemon said: invalid env VLLM_API_KEY=%s and %s" % (SECRET, SECRET))
+
+    monkeypatch.setattr(MODULES["start"], "start", leaky)
+    assert MODULES["cli"].main(["--role-env", str(env_path), "start"]) == 3
+    err = capsys.readouterr().err
+    assert "unexpected error" in err and "RuntimeError: daemon said" in err
+    assert SECRET not in err and "<redacted>" in err
+
+    def refused(role_env_path, **_kw):
+        raise le.LaunchError("docker refused: %s" % SECRET)
+
+    monkeypatch.setattr(MODULES["start"], "start", refused)
+    assert MODULES["cli"].main(["--role-env", str(env_path), "start"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("launch_engine: error: docker refused: <redacted>") and SECRET not in err

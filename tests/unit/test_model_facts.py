@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import pathlib
 import shutil
 
@@ -480,3 +481,63 @@ def test_negative_or_zero_counts_are_refused_naming_file_and_key(tmp_path, patch
         _model.read_checkpoint(str(path))
     assert str(err.value).startswith("%s: %s" % (path / "config.json", where))
     assert "must be a whole number of at least" in str(err.value)
+
+
+# ------------------------------------------------------------------------------------------------
+# hostile paths and files: named errors, never a hang or "does not exist" (issue 13, class 6)
+
+
+def _fifo(path):
+    os.mkfifo(path)
+    return path
+
+
+def _loop(path):
+    os.symlink(path.name, path)  # a link to itself
+    return path
+
+
+@pytest.mark.parametrize(
+    "make, needle",
+    [
+        (_fifo, "is a FIFO, not a checkpoint directory"),
+        (_loop, "is a symlink loop"),
+        (lambda p: (os.symlink(p.parent / "gone", p), p)[1], "is a symlink to"),
+    ],
+    ids=["fifo", "symlink-loop", "dangling-link"],
+)
+def test_model_path_that_is_no_directory_is_named(tmp_path, make, needle):
+    path = make(tmp_path / "model")
+    with pytest.raises(_model.ModelConfigError) as info:
+        _model.read_checkpoint(str(path))
+    assert needle in str(info.value) and str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer_config.json"])
+@pytest.mark.parametrize("make, needle", [(_fifo, "is a FIFO, not a regular file"), (_loop, "is a symlink loop")],
+                         ids=["fifo", "symlink-loop"])
+def test_checkpoint_file_that_is_a_fifo_or_loop_is_named(tmp_path, name, make, needle):
+    path = checkpoint(tmp_path, "aiconf__Qwen--Qwen2.5-7B")
+    (path / name).unlink(missing_ok=True)
+    make(path / name)
+    with pytest.raises(_model.ModelConfigError) as info:
+        _model.read_checkpoint(str(path))  # would block forever if it opened the FIFO
+    assert needle in str(info.value) and str(path / name) in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer_config.json"])
+@pytest.mark.parametrize("opener", ["[", '{"a":'])
+def test_deeply_nested_json_is_named(tmp_path, name, opener):
+    path = checkpoint(tmp_path, "aiconf__Qwen--Qwen2.5-7B")
+    (path / name).write_text(opener * 200000)
+    with pytest.raises(_model.ModelConfigError) as info:
+        _model.read_checkpoint(str(path))
+    assert str(path / name) in str(info.value) and "is nested too deeply to be a model configuration" in str(info.value)
+
+
+def test_module_fifo_model_path(run_module, tmp_path):
+    path = _fifo(tmp_path / "model")
+    how, result = run_module({"path": str(path)})
+    assert how == "fail"
+    assert result["msg"] == (f"model path {path} is a FIFO, not a checkpoint directory; point the model path at the "
+                             "checkpoint directory that holds config.json")

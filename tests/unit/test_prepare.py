@@ -749,3 +749,30 @@ def test_prepare_refuses_paths_that_collide_or_go_public(root, run_module, site,
     assert status == "fail" and result["input"] == key, result
     _refused(root, result, words % root if "%s" in words else words)
     assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before
+
+
+# hostile files and hanging tools (issue 13, classes 5 and 6)
+
+
+def test_prepare_key_file_that_is_a_fifo_is_refused_not_waited_on(root, run_module):
+    key = root / "config" / "engine-api.key"
+    key.unlink()
+    os.mkfifo(key, 0o600)
+    status, result = run_module(prep_args(root, "write", good_hosts()))
+    assert status == "fail" and result["input"] == "NARWHAL_API_KEY_FILE"
+    _refused(root, result, "is a FIFO, not a regular file")
+
+
+def test_prepare_git_that_hangs_is_named(root, run_module, monkeypatch, tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "git").write_text("#!/bin/sh\n/bin/sleep 30\n")
+    (bindir / "git").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bindir))
+    monkeypatch.setattr(prepare_run, "GIT_TIMEOUT", 1)
+    status, result = run_module(prep_args(root, "write", good_hosts()))
+    assert status == "fail"
+    # the first git call is the check that the outputs are git-ignored
+    _refused(root, result, "'git rev-parse --is-inside-work-tree' in %s on host " % root, "did not answer within 1 s "
+             "(timed out, killed) while checking that the outputs are git-ignored; git hangs on an unreachable "
+             "network file system or a held repository lock")

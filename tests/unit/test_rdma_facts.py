@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -329,11 +331,44 @@ def test_module_tool_fails(module_runner, tmp_path, no_host_tools):
     stub = "echo 'ibpanic: [1234] main: stat of IB device mlx5_0 failed' >&2\nexit 1\n"
     how, result = module_runner({"sysfs_root": str(tmp_path)}, {"ibstat": stub})
     assert how == "fail"
-    assert "'ibstat' failed on this host (rc=1): ibpanic" in result["msg"]
+    assert "'ibstat' failed on host %s (rc=1): ibpanic" % socket.gethostname() in result["msg"]
     assert "mlx5_ib" in result["msg"]
 
 
 def test_module_tool_prints_garbage(module_runner, tmp_path, no_host_tools):
     how, result = module_runner({"sysfs_root": str(tmp_path)}, {"ibstat": "echo 'usage: ibstat [-d]'\n"})
     assert how == "fail"
-    assert "cannot be read" in result["msg"]
+    assert "'ibstat' output on host %s is not the text ibstat writes ('usage: ibstat [-d]')" % socket.gethostname() \
+        in result["msg"]
+
+
+# ------------------------------------------------------------------------------------------------
+# tools that hang or lie (issue 13, class 6)
+
+
+@pytest.mark.parametrize("tool", ["ibstat", "ibv_devinfo"])
+def test_module_tool_that_hangs_is_killed_and_named(module_runner, tmp_path, no_host_tools, tool):
+    started = time.monotonic()
+    how, result = module_runner({"sysfs_root": str(tmp_path), "command_timeout": 1}, {tool: "/bin/sleep 30\n"})
+    assert time.monotonic() - started < 10
+    assert how == "fail" and result["timed_out"] is True
+    assert result["msg"].startswith(f"'{tool}' on host {socket.gethostname()} did not answer within 1 s (timed out, "
+                                    f"killed); {tool} hangs when an HCA's driver or firmware is stuck")
+
+
+@pytest.mark.parametrize("tool, output, cause", [
+    ("ibv_devinfo", "hca_id:\tmlx5_0\n\tport:\t\tone\n", "'port: one' is not a port number"),
+    ("ibv_devinfo", "transport: InfiniBand (0)\n", "no 'hca_id:' lines"),
+    ("ibstat", "Port 1:\n\tState: Active\n", "no \"CA '<name>'\" lines"),
+], ids=["devinfo-port-word", "devinfo-no-hca", "ibstat-no-ca"])
+def test_module_odd_tool_output_is_named(module_runner, tmp_path, no_host_tools, tool, output, cause):
+    captured = tmp_path / "out.txt"
+    captured.write_text(output)
+    how, result = module_runner({"sysfs_root": str(tmp_path)}, {tool: f"exec /bin/cat {captured}\n"})
+    assert how == "fail", result
+    assert f"'{tool}' output on host {socket.gethostname()} is not the text {tool} writes" in result["msg"]
+    assert cause in result["msg"]
+
+
+def test_ibv_devinfo_without_devices_is_no_hca():
+    assert _rdma.parse_ibv_devinfo("No IB devices found\n") == []

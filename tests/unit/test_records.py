@@ -1106,3 +1106,46 @@ def test_writer_removes_only_inspection_extracts_an_edited_index_names(tmp_path,
     index_path.write_text(json.dumps(index))
     assert run_module(module_args(root, hosts))[0] == "exit"
     assert other.read_text() == "{}\n"
+
+
+# ------------------------------------------------------------------------------------------------
+# secrets (issue 13, class 5): a token the image bakes never reaches a written file; its name does
+
+IMAGE_SECRETS = ("hf_bakedTokenValue0123456789abcd", "sk-baked-api-key-0123456789abcdef", "s3cr3t-label-value")
+
+
+def test_image_secrets_never_reach_the_output_set(tmp_path, dev, run_module):
+    attrs = {"Id": IMAGE_ID, "RepoTags": ["vllm/vllm-openai:v0.33.0"], "RepoDigests": [], "Architecture": "amd64",
+             "Os": "linux",
+             "Config": {"Env": ["CUDA_VERSION=12.9.1", "HF_TOKEN=" + IMAGE_SECRETS[0],
+                                "VLLM_API_KEY=" + IMAGE_SECRETS[1]],
+                        "Entrypoint": ["vllm", "serve"], "Cmd": ["--hf-token", IMAGE_SECRETS[0],
+                                                                 "--api-key=" + IMAGE_SECRETS[1]],
+                        "Labels": {"org.example.deploy-token": IMAGE_SECRETS[2], "version": "0.33.0"}}}
+    img = _image.build_facts("vllm/vllm-openai:v0.33.0", attrs, CUDA_DISTS, False)
+    root = tmp_path / "checkout"
+    root.mkdir()
+    status, result = run_module(module_args(root, nv_pair(tmp_path, img=img)))
+    assert status == "exit", result
+    for path, (data, _mtime, _mode) in snapshot(root).items():
+        for secret in IMAGE_SECRETS:
+            assert secret.encode() not in data, (path, secret)
+    inspection = json.loads((root / "config" / "engine-launch.engine-1.inspection.json").read_text())
+    assert inspection["image"]["withheld_env"] == ["HF_TOKEN", "VLLM_API_KEY"]
+    assert inspection["image"]["cmd"] == ["--hf-token", "<redacted>", "--api-key=<redacted>"]
+    assert inspection["image"]["labels"] == {"org.example.deploy-token": "<redacted>", "version": "0.33.0"}
+    launch = json.loads((root / "config" / "engine-launch.local.json").read_text())
+    assert "HF_TOKEN" not in launch["engines"]["engine-1"]["runtime"]["environment"]
+
+
+@pytest.mark.parametrize("key, value, flag", [
+    ("NARWHAL_EXTRA_ARGS", "--hf-token hf_operatorToken0123456789abcdef", "--hf-token"),
+    ("NARWHAL_EXTRA_ARGS", "--hf_token=hf_operatorToken0123456789abcdef", "--hf_token"),
+    ("NARWHAL_NODE_2_EXTRA_ARGS", "--enforce-eager --hf-tok hf_operatorToken0123456789abcdef", "--hf-tok"),
+])
+def test_credential_flags_in_extra_args_are_refused_without_their_value(tmp_path, key, value, flag):
+    with pytest.raises(InputError) as info:
+        build({key: value}, nv_pair(tmp_path))
+    assert info.value.key == key
+    assert "sets %s, which takes a credential" % flag in str(info.value)
+    assert "hf_operatorToken" not in str(info.value)

@@ -22,12 +22,16 @@ vllm/vllm-openai images have ENTRYPOINT `vllm serve` (recent) or `python3 -m vll
 "vllm" / "serve ..." is exactly what `docker run --entrypoint vllm IMAGE serve ...` produces, so the recorded
 argv and the container's Config.Entrypoint/Config.Cmd agree one to one.
 
-Errors exit with status 2 and one line on stderr naming the field or entry and the fix.
+Errors exit with status 2 and one line on stderr naming the field or entry and the fix; an unexpected error
+exits with status 3 and its traceback. Both are printed with secrets redacted (the API key the launcher read,
+secret-looking NAME=VALUE pairs and flags, tokens), as every message of the planner is.
 """
 import argparse
 import shlex
 import sys
+import traceback
 
+from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
 from narwhal_launcher.common import LaunchError, prepare
 
 
@@ -55,6 +59,10 @@ def main(argv=None):
             from narwhal_launcher.start import start
             start(args.role_env, force=args.force)
     except LaunchError as exc:
-        print("launch_engine: error: %s" % " ".join(str(exc).split()), file=sys.stderr)
+        print("launch_engine: error: %s" % _plan.redact_text(" ".join(str(exc).split())), file=sys.stderr)
         return 2
+    except Exception:  # noqa: BLE001 - the unexpected: its traceback, secrets redacted (the key, tokens)
+        print("launch_engine: unexpected error (a bug or a broken host), secrets redacted:\n%s"
+              % _plan.redact_text(traceback.format_exc()), file=sys.stderr)
+        return 3
     return 0

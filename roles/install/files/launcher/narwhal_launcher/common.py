@@ -1,8 +1,11 @@
 """Inputs, files and the plan on the engine host: the role environment, the record, the API key, the run
 directory, the launcher's own digest, and `prepare` (record + role env -> plan.json via the planner)."""
+import errno
+import fcntl
 import hashlib
 import json
 import os
+import stat
 import sys
 
 from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
@@ -12,9 +15,31 @@ __all__ = ["LaunchError"]
 MAX_INPUT_BYTES = 4 * 1024 * 1024  # role env, record, check output: a bigger file is not ours
 
 
+def _open_regular(path):
+    """A regular file opened for reading; never blocks on a FIFO (O_NONBLOCK, then fstat). OSError otherwise, with
+    a strerror saying what the path is (a FIFO, a socket, a device, a symlink loop)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(exc.errno, "a symlink loop (a link that leads back to itself)")
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else
+                    "a directory" if stat.S_ISDIR(mode) else "a device")
+            raise OSError(errno.EINVAL, "%s, not a regular file" % kind)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
 def _read_text(path, what, fix):
     try:
-        with open(path, "rb") as fh:
+        with _open_regular(path) as fh:
             data = fh.read(MAX_INPUT_BYTES + 1)
     except OSError as exc:
         raise LaunchError("%s %s: %s; %s" % (what, path, exc.strerror or exc, fix))
@@ -51,13 +76,14 @@ def read_api_key(path):
         st = os.stat(path)
     except OSError as exc:
         raise LaunchError("NARWHAL_API_KEY_FILE %s: %s; rerun install to write the engine key"
-                          % (path, exc.strerror or exc))
+                          % (path, "a symlink loop" if exc.errno == errno.ELOOP else exc.strerror or exc))
     if st.st_mode & 0o077:
         raise LaunchError("NARWHAL_API_KEY_FILE %s has mode %04o; it must be 0600 (chmod 600)"
                           % (path, st.st_mode & 0o7777))
     key = _read_text(path, "NARWHAL_API_KEY_FILE", "rerun install to write the engine key").strip()
     if not key or "\n" in key or "\r" in key:
         raise LaunchError("NARWHAL_API_KEY_FILE %s must hold exactly one non-empty line" % path)
+    _plan.register_secret(key)  # from now on redacted from every message of this process
     return key
 
 
@@ -91,9 +117,9 @@ def write_private(path, data):
 
 def read_json_file(path):
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
+        with _open_regular(path) as fh:
+            data = json.loads(fh.read(MAX_INPUT_BYTES + 1).decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
 

@@ -185,7 +185,7 @@ def parse_check_output(text):
         if line.startswith(CHECK_MARKER):
             try:
                 report = json.loads(line[len(CHECK_MARKER):])
-            except ValueError:
+            except (ValueError, RecursionError):
                 break
             if isinstance(report, dict):
                 return report

@@ -104,7 +104,7 @@ def probe_version(role_env_path, timeout=300.0, interval=1.0, address=None, out=
     try:
         status, body = _http_get(version_url, timeout=10)
         served = json.loads(body.decode("utf-8")).get("version") if status == 200 else None
-    except (OSError, ValueError, AttributeError) as exc:
+    except (OSError, ValueError, AttributeError, RecursionError) as exc:
         raise LaunchError("GET %s failed (%s); the engine is not a vLLM OpenAI server" % (version_url, exc))
     if status != 200 or not isinstance(served, str):
         raise LaunchError("GET %s answered HTTP %s without a version; the engine is not a vLLM OpenAI server"
