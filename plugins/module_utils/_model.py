@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._tools import NotRegularFileError, path_kind, read_regular
@@ -363,7 +364,7 @@ def check_geometry_numbers(config, file_path):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
             least = 0 if key in NON_NEGATIVE_GEOMETRY_KEYS else 1
-            if value != value or value < least or (isinstance(value, float) and not value.is_integer()):
+            if math.isnan(value) or value < least or (isinstance(value, float) and not value.is_integer()):
                 raise ModelConfigError(
                     f"{file_path}: {prefix}{key} is {value!r}, but it counts layers, heads or elements of the "
                     f"model and must be a whole number of at least {least}; the checkpoint's config is damaged or "

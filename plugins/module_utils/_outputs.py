@@ -269,9 +269,9 @@ def overlay(anchor, name):
                 view[op["target"]] = op["old"]
         else:
             view[op["target"]] = None
+    how = "completes" if state == "journal" else "undoes"
     return view, ("a previous %s run (pid %s) was interrupted while writing its outputs and left %s; the next run "
-                  "without check mode %s that write first" % (name, pid, path, "completes" if state == "journal"
-                                                                else "undoes"))
+                  "without check mode %s that write first" % (name, pid, path, how))
 
 
 # ------------------------------------------------------------------------------------------------

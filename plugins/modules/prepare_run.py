@@ -25,7 +25,7 @@ description:
   - The run ID is a hash of what was prepared, so preparing unchanged inputs again changes nothing.
   - The fleet and the launch config are read under discovery's lock of C(NARWHAL_CONFIG_DIR), after completing
     an interrupted discovery write. The run is written under a lock of C(NARWHAL_RUNS_DIR) (a second prepare waits
-    up to 60 s, then is refused naming the lock and its holder): a new run directory is built next to its place and
+    up to 60 s, then is refused naming the lock and its holder); a new run directory is built next to its place and
     renamed into it, so it appears complete or not at all; a full disk or a permission problem is refused naming
     the file (see docs/outputs.md).
   - Before reading anything, refuses a run directory (C(NARWHAL_RUNS_DIR)) or input path that collides with

@@ -20,11 +20,10 @@ description:
     message (values of names with KEY, TOKEN, SECRET, PASSWORD or CREDENTIAL, secret flags such as
     C(--hf-token), URL passwords, bearer tokens) show as C(<redacted>).
   - The file must be a regular UTF-8 file (a FIFO is refused by name, never waited on).
-  - Refused too, because
-    python-dotenv would pass them silently, are a line it cannot parse, a C(NARWHAL_*) key set twice, and an
+  - Refused too, because python-dotenv would pass them silently, are a line it cannot parse, a C(NARWHAL_*) key set twice, and an
     unknown C(NARWHAL_*) key in the file (named with the closest input). Unknown C(NARWHAL_*) variables of the
     process environment are ignored, with a warning when they resemble an input.
-  - With O(root), the output paths (fleet, launch records, config directory, run directory) are checked too:
+  - With O(root), the output paths (fleet, launch records, config directory, run directory) are checked too,
     each its own path, none an input, git-ignored inside the checkout.
   - Read-only; never reports a change. Returns no secret values.
 options:

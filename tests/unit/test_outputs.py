@@ -280,7 +280,7 @@ def test_apply_set_with_a_failed_rename_killed_during_its_rollback(tmp_path, no_
     rolled_back = 0
     for k in range(fail_step + 1, total + 1):
         restore(top, old)
-        ended, _ = in_child(write, hook=hook, kill_at=k, sync=False)
+        ended, _out = in_child(write, hook=hook, kill_at=k, sync=False)
         assert ended == "killed"
         with _outputs.OutputSet(str(top / "site"), "discovery") as out:
             notes = list(out.notes)
@@ -323,12 +323,12 @@ def test_random_kills_of_a_swap_loop(tmp_path, no_sync):
 
     restore(top, expected[0])
     started = time.monotonic()
-    for _ in range(5):
+    for _round in range(5):
         write(sets[1])
         write(sets[0])
     per_swap = (time.monotonic() - started) / 10
     landed = {}
-    for _ in range(100):
+    for _round in range(100):
         pid, r = spawn(forever)
         time.sleep(rng.uniform(0.002, 0.002 + 4 * per_swap))
         os.kill(pid, signal.SIGKILL)
@@ -376,7 +376,7 @@ def test_prepare_killed_before_every_file_operation(tmp_path, module_runner, war
     outcomes = []
     for k in range(1, total + 1):
         restore(runs, old)
-        ended, _ = in_child(lambda: run()[0], kill_at=k, sync=False)
+        ended, _out = in_child(lambda: run()[0], kill_at=k, sync=False)
         assert ended == "killed", k
         if scratch.exists():
             shutil.rmtree(scratch)
@@ -419,7 +419,7 @@ def test_random_kills_while_runs_are_created(tmp_path, no_sync):
 
     rng = random.Random(5)
     partial = 0
-    for _ in range(50):
+    for _round in range(50):
         pid, r = spawn(forever)
         time.sleep(rng.uniform(0.002, 0.03))
         os.kill(pid, signal.SIGKILL)
@@ -486,7 +486,7 @@ def test_two_concurrent_discoveries_the_second_is_refused_by_name(tmp_path, modu
 
 def test_concurrent_discoveries_started_together_leave_one_consistent_set(tmp_path, module_runner):
     root, run, args_a, args_b, old, new = discovery_case(tmp_path, module_runner)
-    for _ in range(4):
+    for _round in range(4):
         shutil.rmtree(root / "config")
         children = [spawn(lambda a=a: run(a)[0]) for a in (args_a, args_b, args_a, args_b)]
         assert [finish(*c)[1]["out"] for c in children] == ["exit"] * 4
@@ -640,8 +640,8 @@ def interrupted(tmp_path, module_runner):
     return case
 
 
-def test_check_mode_compares_with_the_set_the_recovery_leaves_and_changes_nothing(tmp_path, module_runner,
-                                                                               warnings):
+def test_check_mode_compares_with_the_set_the_recovery_leaves_and_changes_nothing(
+        tmp_path, module_runner, warnings):
     root, run, args_a, args_b, old, new = interrupted(tmp_path, module_runner)
     torn, torn_left = state(root), leftovers(root)
     assert torn not in (old, new)

@@ -58,7 +58,7 @@ def describe_type(fn):
 
 
 def main(argv):
-    import vllm.entrypoints.cli.serve as serve
+    from vllm.entrypoints.cli import serve
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     from vllm.version import __version__
 

@@ -66,7 +66,7 @@ def value_type(description):
     """The converter for a type description of serve_flags.json (see dump_serve_flags.describe_type)."""
     if description is None:
         return None
-    kind, _, inner = description.partition(":")
+    kind, _sep, inner = description.partition(":")
     if kind == "optional":
         return optional_type(value_type(inner))
     if kind == "parse":
