@@ -17,9 +17,9 @@ What it does, in order:
      (`docker events`); then one more untimed run of each under a /proc sampler for the peak PSS of the
      controller process tree;
   3. the launcher: discover -> prepare -> launch on engine-1/engine-2, then on engine-1 R rounds that
-     alternate `launch_engine.py start` (container removed first; checked.json reused, so the image check
+     alternate `launch_engine.pyz start` (container removed first; checked.json reused, so the image check
      is excluded) and a bare `docker run -d` of the argv recorded in plan.json (API key filled in), each
-     timed inside the host to `running`, plus `launch_engine.py check` alone (the image check);
+     timed inside the host to `running`, plus `launch_engine.pyz check` alone (the image check);
   4. writes bench/results/<stamp>/{bench.json,bench.png,table.txt,logs/}, prints the table, tears the site
      down (--keep keeps it; --down only tears down).
 

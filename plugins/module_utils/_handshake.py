@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import re
 
+from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import REGENERATE, InputError
 from ansible_collections.narwhal.deploy.plugins.module_utils._records import _version_tuple
 
@@ -111,8 +112,7 @@ def flag_value(args, *names):
     value = None
     for i, word in enumerate(args):
         flag, eq, rest = word.partition("=")
-        flag = flag if not flag.startswith("--") else "--" + flag[2:].replace("_", "-")
-        if flag in wanted:
+        if _plan.canonical_flag(flag, wanted) in wanted and "." not in flag:
             value = rest if eq else (args[i + 1] if i + 1 < len(args) else "")
     return value
 
@@ -122,7 +122,7 @@ def _switch(args, name):
     state = None
     for word in args:
         flag, eq, rest = word.partition("=")
-        flag = "--" + flag[2:].replace("_", "-") if flag.startswith("--") else flag
+        flag = _plan.canonical_flag(flag, (name, "--no-" + name[2:]))
         if flag == name:
             state = rest.strip().lower() not in ("false", "0", "no") if eq else True
         elif flag == "--no-" + name[2:]:
@@ -245,7 +245,7 @@ def factors(record):
         "speculative_config": (speculative_factors(record), "--speculative-config"),
         "block_size": ((runtime.get("cache_plan") or {}).get("block_size"), "cache plan"),
         "kv_cache_layout": (layout, layout_why),
-        "decode_context_parallel_size": (max(1, int(dcp)) if dcp and dcp.isdigit() else 1,
+        "decode_context_parallel_size": (max(1, int(dcp)) if dcp and re.fullmatch(r"[0-9]+", dcp) else 1,
                                          "--decode-context-parallel-size" if dcp else "vLLM's default"),
         "tensor_parallel_size": (record.get("tensor_parallel_size"), "--tensor-parallel-size"),
     }

@@ -55,8 +55,6 @@ ENV_PREFIXES = (
     "PYTORCH_",
     "PYTHON",
 )
-# Never returned even when the prefix matches (e.g. VLLM_API_KEY): names that look like secrets.
-ENV_SECRET_PATTERN = re.compile(r"(TOKEN|SECRET|PASSW|PASSPHRASE|CREDENTIAL|API_KEY|PRIVATE|_KEY$|^KEY$|AUTH)")
 
 ROCM_ENV_KEYS = ("ROCM_PATH", "ROCM_HOME", "ROCM_VERSION", "HIP_PATH", "HIP_PLATFORM")
 CUDA_ENV_KEYS = ("CUDA_VERSION", "CUDA_HOME", "CUDA_PATH", "NV_CUDA_LIB_VERSION", "NVIDIA_REQUIRE_CUDA")
@@ -118,7 +116,7 @@ def env_list_to_dict(env_list):
 
 
 def is_runtime_env_key(key):
-    if ENV_SECRET_PATTERN.search(key.upper()):
+    if _plan.is_secret_name(key):  # never returned even when the prefix matches (e.g. VLLM_API_KEY)
         return False
     return key in ENV_EXACT or key.startswith(ENV_PREFIXES)
 
@@ -129,7 +127,7 @@ def filter_env(env_list):
 
 
 def is_secret_env_key(key):
-    return bool(ENV_SECRET_PATTERN.search(key.upper())) or _plan.is_secret_name(key)
+    return _plan.is_secret_name(key)
 
 
 def withheld_env(env_list):

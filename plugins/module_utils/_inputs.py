@@ -310,14 +310,6 @@ def check_served_name(key, name, derived_from=None):
                      % (what, fix))
 
 
-def parse_env_words(key, text):
-    """KEY=VALUE shell words -> dict; InputError naming `key` on a malformed, managed or secret-looking entry."""
-    try:
-        return _plan.parse_env_words(text, key)
-    except _plan.PlanError as exc:
-        raise InputError(key, "%s; %s" % (exc, FIX))
-
-
 def _url_host(key, url, host):
     if host.startswith("["):
         try:

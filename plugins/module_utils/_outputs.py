@@ -38,6 +38,12 @@ import stat
 import time
 import uuid
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._tools import (
+    NotRegularFileError,
+    open_regular,
+    read_regular,
+)
+
 __metaclass__ = type
 
 LOCK_WAIT_S = 60.0  # how long a second run waits for the set's lock before it is refused
@@ -153,11 +159,10 @@ def _pending(anchor, name, tidy=True):
         path = _control(anchor, name, state)
         try:
             st = os.lstat(path)
-            with open(path, "rb") as fh:
-                raw = fh.read()
+            raw = b"" if not stat.S_ISREG(st.st_mode) else read_regular(path)  # never opens a FIFO
         except FileNotFoundError:
             continue
-        except OSError as exc:
+        except (OSError, NotRegularFileError) as exc:
             raise _failed("reading", path, exc, "the set was not changed")
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
             raise OutputError("%s is not a journal this user (uid %d) wrote (a %s of uid %d); narwhal did not write it "
@@ -172,7 +177,7 @@ def _pending(anchor, name, tidy=True):
                           for k in ("target", "new", "old"))
                 op["dir"] = bool(entry.get("dir"))
                 ops.append(op)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
             if state == "staging":
                 if tidy:
                     _remove(path)
@@ -283,11 +288,11 @@ def _current(path, view=None):
     if source is None:
         return None, None
     try:
-        with open(source, "rb") as fh:
+        with open_regular(source) as fh:  # an output that is a FIFO is refused by name, never waited on
             return fh.read(), stat.S_IMODE(os.fstat(fh.fileno()).st_mode)
     except FileNotFoundError:
         return None, None
-    except OSError as exc:
+    except (OSError, NotRegularFileError) as exc:
         raise _failed("reading", path, exc, "nothing was changed")
 
 

@@ -85,8 +85,8 @@ UCX_KNOWN = set(NETWORK_TRANSPORTS["ucx_tcp"] + NETWORK_TRANSPORTS["ucx_rdma"]) 
 GPU_TRANSPORTS = {"cuda": ("cuda_copy", "cuda_ipc", "gdr_copy"), "rocm": ("rocm_copy", "rocm_ipc", "rocm_gdr")}
 
 BIND_HOSTS = {"ipv4": "0.0.0.0", "ipv6": "::"}
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-ENGINE_NAME = re.compile(r"^engine-[1-9][0-9]*$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+ENGINE_NAME = re.compile(r"^engine-[1-9][0-9]*\Z")
 ROLE_ENV_KEYS = ("NARWHAL_ENGINE", "NARWHAL_RECORD", "NARWHAL_MODEL_MOUNT", "NARWHAL_SERVED_MODEL_NAME",
                  "NARWHAL_BIND_FAMILY", "NARWHAL_HTTP_PORT", "NARWHAL_ADVERTISED_ADDRESS", "NARWHAL_SIDE_CHANNEL_PORT",
                  "NARWHAL_FABRIC_INTERFACE", "NARWHAL_API_KEY_FILE", "NARWHAL_RUN_ID", "NARWHAL_RUN_DIR",
@@ -227,6 +227,18 @@ def parse_role_env(text, where):
 
 # ---------------------------------------------------------------------------------------------- checks
 
+def canonical_flag(head, known):
+    """`head` (a `--flag` without `=value`) as vLLM's parser reads it: --x_y is --x-y, and an unambiguous prefix
+    of one of `known` (argparse abbreviations, which vLLM's parser allows) is that flag."""
+    if not head.startswith("--"):
+        return head
+    head = "--" + head[2:].replace("_", "-")
+    if head in known:
+        return head
+    matches = [flag for flag in known if len(head) > 3 and flag.startswith(head)]
+    return matches[0] if len(matches) == 1 else head
+
+
 def flag_name(token):
     """The managed flag a token sets, or None. Handles --x_y, --flag=value, --flag.key (vLLM dotted JSON
     args), -tp/-tp=2, and unambiguous argparse abbreviations of a managed flag (--tensor-parallel)."""
@@ -270,8 +282,13 @@ def check_args(args, where, allowed=()):
     return list(args)
 
 
+SECRET_NAME = re.compile(r"PASSW|PASSPHRASE|PRIVATE|AUTH|_KEY\Z|^KEY\Z")
+
+
 def is_secret_name(name):
-    return any(s in name.upper() for s in SECRETISH)
+    """A variable name whose value looks secret (the one rule: records, image facts, redaction)."""
+    upper = name.upper()
+    return any(s in upper for s in SECRETISH) or bool(SECRET_NAME.search(upper))
 
 
 # ------------------------------------------------------------------------------------------------ redaction
@@ -475,7 +492,7 @@ def side_channel_host(address):
 def version_tuple(text, where="launch record runtime.vllm_version"):
     parts = []
     for piece in str(text).split("+", 1)[0].split("."):
-        match = re.match(r"\d+", piece)
+        match = re.match(r"[0-9]+", piece)
         if not match:
             break
         parts.append(int(match.group(0)))
@@ -620,7 +637,7 @@ def container_spec(record, role_env):
         raise PlanError("%s; the role env provides NARWHAL_FABRIC_INTERFACE (prepare a new run)" % exc,
                         "transfer.net_devices")
     for index, dev in enumerate(net_devices):
-        if not isinstance(dev, str) or not re.match(r"^[A-Za-z0-9_.@-]+(:[0-9]+)?$", dev):
+        if not isinstance(dev, str) or not re.match(r"^[A-Za-z0-9_.@-]+(:[0-9]+)?\Z", dev):
             raise PlanError("launch record transfer.net_devices[%d]=%r is not an interface or HCA:port; %s"
                             % (index, dev, RERUN), "transfer.net_devices")
 

@@ -17,6 +17,7 @@ import json
 import re
 import shlex
 
+from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError
 
 __metaclass__ = type
@@ -33,7 +34,7 @@ POLICY_KEYS = ("NARWHAL_IMAGE", "NARWHAL_MODEL_PATH", "NARWHAL_SERVED_MODEL_NAME
 POLICY_FILE = "engine-launch.policy.json"
 SOURCES_FILE = "engine-launch.sources.json"
 RERUN = "rerun discovery (ansible-playbook playbooks/discover.yml), then prepare a new run"
-ENGINE = re.compile(r"^engine-([1-9][0-9]*)$")
+ENGINE = re.compile(r"^engine-([1-9][0-9]*)\Z")
 _NOT_RECORDED = object()
 
 
@@ -42,7 +43,7 @@ class StaleRecordsError(InputError):
 
     def __init__(self, key, text):
         super().__init__(key, text)
-        self.args = (text,)
+        self.args = (_plan.redact_text(text),)  # the message without the `key:` prefix, still redacted
 
 
 def launch_policy(inputs, engines):

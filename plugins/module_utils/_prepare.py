@@ -122,6 +122,7 @@ def derive(record, checkout, run_id):
     engine = record["engine"]
     role_env = _plan.role_environment(record, checkout, run_id)
     try:
+        _plan.render_role_env(role_env)  # every value one line of text (the role env is a line-based file)
         plan = _plan.container_spec(record, role_env)
     except _plan.PlanError as exc:
         raise InputError(engine, "the launcher would refuse the record of %s: %s; %s" % (engine, exc, REGENERATE))

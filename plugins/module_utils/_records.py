@@ -32,10 +32,11 @@ CPU_BLOCK_MULTIPLE = 32
 
 
 def _version_tuple(version):
-    parts = []
-    for item in str(version or "0").split("+", 1)[0].split(".")[:3]:
-        digits = "".join(ch for ch in item if ch.isdigit())
-        parts.append(int(digits or 0))
+    """(major, minor, patch) of a version string by the planner's one parser (0.19.0rc1 -> (0, 19, 0))."""
+    try:
+        parts = list(_plan.version_tuple(version or "0.0"))[:3]
+    except _plan.PlanError:
+        parts = [0, 0]
     return tuple(parts + [0] * (3 - len(parts)))
 
 

@@ -13,7 +13,7 @@ import re
 
 __metaclass__ = type
 
-COMPLETE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+COMPLETE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}\Z")
 
 
 class SubstitutionError(ValueError):

@@ -195,10 +195,10 @@ def check_records_policy(root, site, inputs):
                                                    "match .env; %s" % (path, RERUN))
     _raw, index = _load("NARWHAL_CONFIG_DIR", index_path)
     try:
-        with open(extract_path, "rb") as fh:
-            raw = fh.read()
+        raw = read_regular(extract_path)  # a FIFO is refused by name, never waited on (under discovery's lock)
     except OSError as exc:
-        raise InputError("NARWHAL_CONFIG_DIR", "cannot read %s (%s); %s" % (extract_path, exc.strerror, RERUN))
+        raise InputError("NARWHAL_CONFIG_DIR", "cannot read %s (%s); %s"
+                         % (extract_path, getattr(exc, "strerror", None) or exc, RERUN))
     extract = verify_extract(index, raw, index_path, extract_path)
     digest = index.get("launch_config_sha256")  # which discovery wrote the records (no timestamp: idempotent)
     check_policy(extract, inputs,

@@ -401,3 +401,11 @@ def test_standin_validates_the_remote_agent_like_vllm(local, remote, message):
     with pytest.raises((AssertionError, RuntimeError)) as err:
         standin.validate_remote(local, remote)
     assert message in str(err.value)
+
+
+def test_flags_read_as_vllm_reads_them(pair):
+    """An abbreviated or snake_case flag counts (vLLM's parser takes both); a non-ASCII digit is no DCP size."""
+    pair["engine-2"]["runtime"]["extra_args"] = ["--attention_back", "FLASHINFER"]
+    assert "attention backend differs" in str(refusal(pair)) and "FLASHINFER" in str(refusal(pair))
+    pair["engine-2"]["runtime"]["extra_args"] = ["--attention-backend", "TRITON_ATTN", "-dcp", "\u00b2"]
+    _handshake.check_pairs(pair)  # no traceback: '²' is not a size (vLLM's own parser refuses it at the check)

@@ -554,3 +554,18 @@ def test_cli_errors_never_print_the_key(tmp_path, capsys, monkeypatch):
     assert MODULES["cli"].main(["--role-env", str(env_path), "start"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("launch_engine: error: docker refused: <redacted>") and SECRET not in err
+
+
+def test_zipapp_carries_everything_the_launcher_imports(tmp_path):
+    """The engine host has only the zipapp, the standard library and the Docker SDK: every launcher part imports
+    from the artefact alone (no site-packages, so nothing of Ansible or the checkout), the in-image observer is in
+    it as data."""
+    launcher = zipapp(tmp_path)
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+            "import narwhal_launcher.cli, narwhal_launcher.common, narwhal_launcher.image_check, "
+            "narwhal_launcher.probe, narwhal_launcher.start; "
+            "print(len(narwhal_launcher.image_check.in_image_script()))")
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(launcher)], capture_output=True, text=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout) > 1000

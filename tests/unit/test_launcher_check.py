@@ -1,4 +1,4 @@
-"""launch_engine.py image check (seed §16): the pure verdict over a check report, and -- when a Docker daemon
+"""The launcher's image check (seed §16): the pure verdict over a check report, and -- when a Docker daemon
 and the stand-in image are here -- the check container against narwhal-sim/engine-standin:latest."""
 import json
 import pathlib

@@ -776,3 +776,18 @@ def test_prepare_git_that_hangs_is_named(root, run_module, monkeypatch, tmp_path
     _refused(root, result, "'git rev-parse --is-inside-work-tree' in %s on host " % root, "did not answer within 1 s "
              "(timed out, killed) while checking that the outputs are git-ignored; git hangs on an unreachable "
              "network file system or a held repository lock")
+
+
+def test_a_record_value_that_would_add_a_role_env_line_is_refused(records):
+    """The role env is a line-based file: a record value with a line break is refused by name, no traceback."""
+    records["engine-1"]["node"]["fabric_interface"] = "eth1\nNARWHAL_RUN_DIR=/tmp/evil"
+    with pytest.raises(InputError, match="must be one line of text"):
+        derive(records["engine-1"], CHECKOUT, "run-x")
+
+
+def test_stale_record_refusal_is_redacted():
+    from ansible_collections.narwhal.deploy.plugins.module_utils._policy import StaleRecordsError
+
+    err = StaleRecordsError("NARWHAL_EXTRA_ARGS",
+                            "NARWHAL_EXTRA_ARGS changed (records: --hf-token hf_abcdefghijklmnop)")
+    assert "hf_abcdefghijklmnop" not in str(err) and "<redacted>" in str(err)

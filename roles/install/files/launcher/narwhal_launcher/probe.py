@@ -68,7 +68,7 @@ def probe_version(role_env_path, timeout=300.0, interval=1.0, address=None, out=
     directory = run_dir(role_env)
     checked = read_json_file(os.path.join(directory, "checked.json"))
     if not checked or not checked.get("vllm_api_version"):
-        raise LaunchError("%s/checked.json is missing or unreadable; run `launch_engine.py check` (or start) first"
+        raise LaunchError("%s/checked.json is missing or unreadable; run `launch_engine.pyz check` (or start) first"
                           % directory)
     if checked.get("plan_hash") != digest:
         raise LaunchError("%s/checked.json is for plan %s, the current plan is %s; run start (or check) again"
