@@ -53,7 +53,7 @@ need_docker() {
 
 need_venv() {
   local stamp=$VENV/.narwhal-requirements req_hash
-  req_hash=$(cat requirements/*.txt | sha256sum | cut -c1-16)
+  req_hash=$(cat requirements.txt requirements/*.txt | sha256sum | cut -c1-16)
   [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$req_hash" ] && return 0
   step "venv at $VENV"
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"

@@ -73,7 +73,8 @@ def test_checkout_only_parts_stay_out_and_what_runs_is_in(artefact):
     assert not tops & {"tests", "bench", "extensions", "scripts", ".ci", "Makefile", "ansible.cfg"}
     for needed in ("plugins/module_utils/_plan.py", "roles/install/files/launcher/__main__.py",
                    "roles/install/files/launcher/narwhal_launcher/in_image.py", "playbooks/site.yml",
-                   "meta/runtime.yml", "LICENSE", "README.md", ".env.example"):
+                   "meta/runtime.yml", "LICENSE", "README.md", ".env.example", "requirements.txt", "bindep.txt",
+                   "meta/execution-environment.yml"):
         assert needed in members, needed
     assert tarball.stat().st_size < 1024 * 1024  # no fixtures, images or caches
 
