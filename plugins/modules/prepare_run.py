@@ -121,6 +121,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError
 from ansible_collections.narwhal.deploy.plugins.module_utils._launcher_build import build_zipapp, launcher_sources
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs import OutputError, OutputSet
@@ -171,17 +172,14 @@ def check_key_file(path):
     """The engine API key file: readable, mode 0600 or 0400, one non-empty line (never printed)."""
     try:
         st = os.stat(path)
-        raw = read_regular(path, 65536)  # a FIFO is refused by name, never waited on
+        raw = read_regular(path, _plan.API_KEY_MAX_BYTES)  # a FIFO is refused by name, never waited on
     except OSError as exc:
         raise InputError("NARWHAL_API_KEY_FILE", "cannot read the engine API key file %s (%s); create it (one line, "
                                                  "mode 0600) and prepare a new run" % (path, exc.strerror))
-    if st.st_mode & 0o077:
-        raise InputError("NARWHAL_API_KEY_FILE", "the engine API key file %s has mode %04o; it must be 0600 or 0400 "
-                                                 "(chmod 600 %s)" % (path, st.st_mode & 0o7777, path))
-    lines = [line for line in raw.splitlines() if line.strip()]
-    if len(lines) != 1 or len(raw) > 65536 or b"\x00" in raw:
-        raise InputError("NARWHAL_API_KEY_FILE", "the engine API key file %s must hold exactly one non-empty line "
-                                                 "(it has %d); write the key alone into it" % (path, len(lines)))
+    try:
+        _plan.api_key_from(raw, st.st_mode, path)  # the launcher's own rule for the same file
+    except _plan.PlanError as exc:
+        raise InputError("NARWHAL_API_KEY_FILE", str(exc))
 
 
 def check_records_policy(root, site, inputs):

@@ -77,12 +77,10 @@ def read_api_key(path):
     except OSError as exc:
         raise LaunchError("NARWHAL_API_KEY_FILE %s: %s; rerun install to write the engine key"
                           % (path, "a symlink loop" if exc.errno == errno.ELOOP else exc.strerror or exc))
-    if st.st_mode & 0o077:
-        raise LaunchError("NARWHAL_API_KEY_FILE %s has mode %04o; it must be 0600 (chmod 600)"
-                          % (path, st.st_mode & 0o7777))
-    key = _read_text(path, "NARWHAL_API_KEY_FILE", "rerun install to write the engine key").strip()
-    if not key or "\n" in key or "\r" in key:
-        raise LaunchError("NARWHAL_API_KEY_FILE %s must hold exactly one non-empty line" % path)
+    if st.st_mode & 0o077:  # refused before the key is read
+        _plan.api_key_from(b"", st.st_mode, path)
+    text = _read_text(path, "NARWHAL_API_KEY_FILE", "rerun install to write the engine key")
+    key = _plan.api_key_from(text.encode("utf-8"), st.st_mode, path)  # prepare's rule for the same file
     _plan.register_secret(key)  # from now on redacted from every message of this process
     return key
 
