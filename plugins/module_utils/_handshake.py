@@ -234,7 +234,7 @@ def factors(record):
         "vllm_version": (vllm_version(runtime.get("vllm_version")), "image %s" % runtime.get("image")),
         "nixl_version": (_nixl_version(runtime), "%s in image %s" % (runtime.get("nixl_distribution"),
                                                                      runtime.get("image"))),
-        "model": ("/models/%s" % runtime["served_model_name"].replace("/", "_"), "served model name %s"
+        "model": (_plan.model_mount(record), "served model name %s"
                   % runtime["served_model_name"]),
         "checkpoint": (runtime.get("model_path"), "NARWHAL_MODEL_PATH"),
         "model_dtype": (runtime.get("model_dtype"), "--dtype"),

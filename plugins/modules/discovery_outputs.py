@@ -125,15 +125,11 @@ def dump(document):
     return json.dumps(document, indent=2, sort_keys=False) + "\n"
 
 
-def stale_extracts(index_path, config_dir, files, read=None):
+def stale_extracts(index_path, config_dir, files, read):
     """Extracts of the previous set that the new set no longer has (a fresh output set never keeps them).
     read(path) -> bytes or None: how the previous index is read (OutputSet.read: as recovery will leave it)."""
     try:
-        if read is None:
-            with open(index_path, "rb") as fh:
-                raw = fh.read()
-        else:
-            raw = read(index_path)
+        raw = read(index_path)
         previous = json.loads(raw).get("files", {}) if raw is not None else {}
     except (OSError, ValueError, AttributeError, RecursionError):
         return []

@@ -454,12 +454,17 @@ ENV_TEXT = ("NARWHAL_FABRIC_INTERFACE=eth1\nNARWHAL_IMAGE=vllm/vllm-openai:v0.33
             "NARWHAL_MODEL_PATH=/srv/models/tiny\nNARWHAL_NODE_1_ROLE=prefill\nNARWHAL_NODE_2_ROLE=decode\n")
 
 
+def _without_narwhal_env(monkeypatch):
+    """The controller environment without NARWHAL_* (site_inputs reads it by default)."""
+    for key in [k for k in os.environ if k.startswith("NARWHAL_")]:
+        monkeypatch.delenv(key)
+
+
 @pytest.fixture
 def site_module(module_runner, tmp_path, monkeypatch):
     from ansible_collections.narwhal.deploy.plugins.modules import site_inputs
 
-    for key in [k for k in os.environ if k.startswith("NARWHAL_")]:
-        monkeypatch.delenv(key)
+    _without_narwhal_env(monkeypatch)
 
     def run(text, root=None, process_env=False):
         env_file = tmp_path / "site.env"
@@ -482,8 +487,7 @@ SITE_ENV = ("NARWHAL_FABRIC_INTERFACE=eth1\nNARWHAL_IMAGE=vllm/vllm-openai:v0.33
 @pytest.fixture
 def site(module_runner, monkeypatch, tmp_path):
     """site_inputs.main over a .env in tmp_path; the controller environment holds a token and no NARWHAL_*."""
-    for key in [k for k in os.environ if k.startswith("NARWHAL_")]:
-        monkeypatch.delenv(key)
+    _without_narwhal_env(monkeypatch)
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     monkeypatch.setenv("HOME", "/home/operator")
 
