@@ -4,6 +4,7 @@
 # it produced, tear the site down (KEEP=1 keeps it; `scripts/demo.sh down` removes it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+REPO=$PWD
 export PATH=$PWD/.venv/bin:$PATH ANSIBLE_COLLECTIONS_PATH=$PWD/collections
 SITE=tests/harness/sites/demo.yml
 STATE=.cache/narwhal-sim-demo
@@ -14,12 +15,27 @@ fi
 start=$SECONDS
 ansible-playbook -i localhost, tests/harness/site.yml -e @"$SITE"
 echo "== site up in $((SECONDS - start)) s"
-export NARWHAL_ENV_FILE=$PWD/tests/harness/sites/demo.env
-export NARWHAL_API_KEY_FILE=$PWD/$STATE/engine-api.key NARWHAL_RUNS_DIR=$PWD/$STATE/runs
-[ -s "$NARWHAL_API_KEY_FILE" ] || (umask 077; head -c 24 /dev/urandom | base64 > "$NARWHAL_API_KEY_FILE")
+# The collection as an operator uses it: built, installed into a collections path, and run by FQCN from a
+# project directory of its own (.env, inventory, ansible.cfg; config/ and runs/ are written there).
+PROJECT=${NARWHAL_DEMO_PROJECT:-$PWD/$STATE/project}
+COLLECTIONS=$PWD/$STATE/collections
+rm -rf "$STATE/dist" "$COLLECTIONS" && mkdir -p "$STATE/dist" "$PROJECT/inventory"
+ansible-galaxy collection build --force --output-path "$STATE/dist" . >/dev/null
+ansible-galaxy collection install --offline --force -p "$COLLECTIONS" "$STATE"/dist/narwhal-deploy-*.tar.gz >/dev/null
+echo "== collection installed: $(ls "$STATE"/dist) -> $COLLECTIONS"
+unset ANSIBLE_COLLECTIONS_PATH NARWHAL_ENV_FILE
+cp tests/harness/sites/demo.env "$PROJECT/.env"
+cp "$STATE/hosts.yml" "$PROJECT/inventory/hosts.yml"
+printf 'plugin: narwhal.deploy.fleet_groups\n' > "$PROJECT/inventory/narwhal.yml"
+printf '[defaults]\ninventory = inventory\ncollections_path = %s\nhost_key_checking = False\nforks = 32\n'\
+'[ssh_connection]\npipelining = True\n' "$COLLECTIONS" > "$PROJECT/ansible.cfg"
+KEY=$PROJECT/config/engine-api.key
+mkdir -p "$PROJECT/config"
+[ -s "$KEY" ] || (umask 077; head -c 24 /dev/urandom | base64 > "$KEY")
+cd "$PROJECT"
 t=$SECONDS
-ansible-playbook -i "$STATE/hosts.yml" playbooks/site.yml
-echo "== pipeline in $((SECONDS - t)) s"
+ansible-playbook narwhal.deploy.site
+echo "== pipeline in $((SECONDS - t)) s (from $PROJECT)"
 printf '\n== config/demo/deployment.env\n'; cat config/demo/deployment.env
 printf '\n== config/fleet.demo.json\n'; cat config/fleet.demo.json
 printf '\n== launch records (config/engine-launch.demo.json, mode %s; extracts and sources index in config/demo/)\n' \
@@ -35,17 +51,19 @@ for name, r in doc["engines"].items():
           f"net={r['transfer']['net_devices']} image={rt['image_id'][:19]} pins={rt['expected_packages']} "
           f"block={rt['cache_plan']['block_size']} page={rt['cache_plan']['page_bytes']}B")
 PY
-printf '\n== prepared runs (%s)\n' "$NARWHAL_RUNS_DIR"
-find "$NARWHAL_RUNS_DIR" -maxdepth 4 -type f | sed "s|^$PWD/||" | sort | head -40
+printf '\n== prepared runs (runs/)\n'
+find runs -maxdepth 4 -type f | sort | head -40
 printf '\n== transfer probes (each engine once as producer, once as consumer)\n'
-python - "$NARWHAL_RUNS_DIR/probes.json" <<'PY'
+python - runs/probes.json <<'PY'
 import json, sys
 for r in json.load(open(sys.argv[1])):
     print(f"{r['producer']} -> {r['consumer']}: {'PASS' if r['ok'] else 'FAIL ' + '; '.join(r['reasons'])}, "
           f"{r['bytes']} bytes of KV from {r['remote_host']}:{r['remote_port']}, {r['latency_s']} s")
 PY
-printf '\n== the fleet as the router resolves it (scripts/narwhal-fleet)\n'
-python scripts/narwhal-fleet --fleet config/fleet.demo.json --env-file "$NARWHAL_ENV_FILE" --deployment-env config/demo/deployment.env
+printf '\n== the fleet as the router resolves it (the installed scripts/narwhal-fleet)\n'
+python "$COLLECTIONS/ansible_collections/narwhal/deploy/scripts/narwhal-fleet"
+cd "$REPO"
+export ANSIBLE_COLLECTIONS_PATH=$REPO/collections
 if [ "${KEEP:-0}" != 1 ]; then
   ansible-playbook -i localhost, tests/harness/site.yml -e @"$SITE" -e sim_state=absent >/dev/null
   echo "== site removed (KEEP=1 keeps it)"

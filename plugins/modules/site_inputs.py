@@ -37,7 +37,7 @@ options:
     default: true
   root:
     description:
-      - Checkout directory that relative paths are relative to. When given, the output paths are checked
+      - The project directory (the operator's, or a checkout) that relative paths are relative to. When given, the output paths are checked
         (distinct, not an input, git-ignored inside the checkout, asked with C(git check-ignore) where git and a
         repository are there).
     type: path
@@ -63,8 +63,8 @@ author:
 EXAMPLES = r"""
 - name: Read the site inputs once, on the controller
   narwhal.deploy.site_inputs:
-    env_file: "{{ playbook_dir }}/../.env"
-    root: "{{ playbook_dir | dirname }}"
+    env_file: "{{ narwhal_project_dir }}/.env"
+    root: "{{ narwhal_project_dir }}"
   delegate_to: localhost
   run_once: true
 """
@@ -76,7 +76,10 @@ ansible_facts:
   type: dict
   contains:
     narwhal_site:
-      description: Site-wide inputs (C(site)), per-node inputs by node number (C(nodes)), the file read and its sha256.
+      description:
+        - Site-wide inputs (C(site)), per-node inputs by node number (C(nodes)), the file read and its sha256.
+        - With O(root), also C(project_dir) (O(root)) and C(paths), the absolute paths of the outputs and the key
+          file (C(fleet), C(launch_config), C(config_dir), C(deployment_env), C(runs_dir), C(api_key_file)).
       returned: always
       type: dict
       sample: {"site": {"NARWHAL_FABRIC_INTERFACE": "eth1", "NARWHAL_ENGINE_PORT": 8000}, "nodes": {"1": {"ROLE": "prefill"}},
@@ -104,7 +107,11 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import (
     load_inputs,
     unknown_name_warning,
 )
-from ansible_collections.narwhal.deploy.plugins.module_utils._paths import check_paths, git_ignore_checker
+from ansible_collections.narwhal.deploy.plugins.module_utils._paths import (
+    DEPLOYMENT_ENV,
+    check_paths,
+    git_ignore_checker,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan import redact_text, secret_values
 
 try:
@@ -155,14 +162,19 @@ def main():
         # what python-dotenv passes silently: unparseable lines, repeated keys (the last wins)
         check_env_file([(b.key, b.value, b.original.line, b.error) for b in parse_stream(io.StringIO(text))], path)
         inputs = load_inputs(values)
-        if module.params["root"]:
-            check_paths(module.params["root"], inputs["site"], env_file=path,
-                        ignored=git_ignore_checker(module, module.params["root"]), resolve=os.path.realpath)
+        root = module.params["root"]
+        if root:
+            paths = check_paths(root, inputs["site"], env_file=path,
+                                ignored=git_ignore_checker(module, root), resolve=os.path.realpath)
     except InputError as exc:
         module.fail_json(msg=redact_text("invalid site input in %s: %s" % (path, exc), secrets), input=exc.key)
     inputs["nodes"] = {str(n): v for n, v in inputs["nodes"].items()}
     inputs["env_file"] = path
     inputs["env_sha256"] = hashlib.sha256(raw).hexdigest()
+    if root:
+        paths["deployment_env"] = os.path.join(paths["config_dir"], DEPLOYMENT_ENV)
+        inputs["paths"] = paths
+        inputs["project_dir"] = os.path.normpath(root)
     module.exit_json(changed=False, ansible_facts={"narwhal_site": inputs})
 
 
