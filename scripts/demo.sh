@@ -18,7 +18,7 @@ echo "== site up in $((SECONDS - start)) s"
 # The collection as an operator uses it: built, installed into a collections path, and run by FQCN from a
 # project directory of its own (.env, inventory, ansible.cfg; config/ and runs/ are written there).
 PROJECT=${NARWHAL_DEMO_PROJECT:-$PWD/$STATE/project}
-COLLECTIONS=$PWD/$STATE/collections
+COLLECTIONS=$PROJECT/collections
 rm -rf "$STATE/dist" "$COLLECTIONS" && mkdir -p "$STATE/dist" "$PROJECT/inventory"
 ansible-galaxy collection build --force --output-path "$STATE/dist" . >/dev/null
 ansible-galaxy collection install --offline --force -p "$COLLECTIONS" "$STATE"/dist/narwhal-deploy-*.tar.gz >/dev/null
@@ -60,6 +60,8 @@ for r in json.load(open(sys.argv[1])):
     print(f"{r['producer']} -> {r['consumer']}: {'PASS' if r['ok'] else 'FAIL ' + '; '.join(r['reasons'])}, "
           f"{r['bytes']} bytes of KV from {r['remote_host']}:{r['remote_port']}, {r['latency_s']} s")
 PY
+printf '\n== status (read-only; runs/status-<stamp>.json; exits non-zero when an engine is not serving as recorded)\n'
+ansible-playbook narwhal.deploy.status | sed -n '/Show the engines/,/^$/p'
 printf '\n== the fleet as the router resolves it (the installed scripts/narwhal-fleet)\n'
 python "$COLLECTIONS/ansible_collections/narwhal/deploy/scripts/narwhal-fleet"
 cd "$REPO"

@@ -47,17 +47,57 @@ print("bench smoke: JSON ok")
 PY
 }
 
+installed() {  # the built tarball installed into a fresh path; the demo site's pipeline by FQCN outside the checkout
+  local project rc=0
+  project=$(mktemp -d /tmp/narwhal-installed.XXXXXX)
+  KEEP=1 NARWHAL_DEMO_PROJECT=$project scripts/demo.sh || rc=$?
+  if [ "$rc" = 0 ]; then (cd "$project" && installed_day_two) || rc=$?; fi
+  scripts/demo.sh down >/dev/null || true
+  rm -rf "$project"
+  return "$rc"
+}
+
+installed_day_two() {  # in the project directory, with the installed collection only (errexit is off here)
+  export ANSIBLE_COLLECTIONS_PATH=$PWD/collections
+  unset NARWHAL_ENV_FILE
+  local fail=0 step
+  step() { echo "+ $*" >&2; "$@" || { echo "installed: FAILED: $*" >&2; fail=1; }; }
+  step play site --tags probe probe.log
+  step grep -q "engine-1 -> engine-2: PASS" probe.log
+  step not grep -q "TASK \[narwhal.deploy.discover" probe.log
+  step play status -l decode status.log
+  step grep -q "engine-2 " status.log
+  step not grep -q "engine-1 " status.log
+  step play stop -l decode stop1.log
+  step grep -Eq "engine-2 +: ok=[0-9]+ +changed=[1-9]" stop1.log
+  step not play status status2.log
+  step grep -q "engine-2: " status2.log
+  step play stop -e narwhal_teardown=true stop2.log
+  step play stop -e narwhal_teardown=true stop3.log
+  step grep -Eq "engine-1 +: ok=[0-9]+ +changed=0 " stop3.log
+  step grep -Eq "engine-2 +: ok=[0-9]+ +changed=0 " stop3.log
+  return "$fail"
+}
+
+play() {  # play BOOK ARGS... LOG: ansible-playbook narwhal.deploy.BOOK, output shown and kept in LOG
+  local book=$1 log=${*: -1}; local args=("${@:2:$#-2}")
+  ansible-playbook "narwhal.deploy.$book" ${args[@]+"${args[@]}"} 2>&1 | tee "$log"
+}
+
+not() { ! "$@"; }
+
 molecule_all() {
   for s in $MOLECULE_SCENARIOS; do run "molecule $s" molecule test -s "$s"; done
 }
 
-gates=("$@"); [ "${#gates[@]}" = 0 ] && gates=(lint unit sanity molecule)
+gates=("$@"); [ "${#gates[@]}" = 0 ] && gates=(lint unit sanity installed molecule)
 for g in "${gates[@]}"; do
   case $g in
     lint) lint ;;
     unit) run pytest unit ;;
     sanity) run sanity sanity ;;
     molecule) molecule_all ;;
+    installed) run "installed collection" installed ;;
     bench-smoke) run "bench smoke" bench_smoke ;;
     *) echo "unknown gate $g" >&2; exit 2 ;;
   esac

@@ -1,6 +1,6 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters of narwhal.deploy: resolve_values (complete-value substitution) and table_row."""
+"""Filters of narwhal.deploy: resolve_values (complete-value substitution) and the rows of the playbooks' tables."""
 
 from __future__ import annotations
 
@@ -31,9 +31,10 @@ def inspection(hostvars):
             "image": hostvars.get("narwhal_image"), "model": hostvars.get("narwhal_model")}
 
 
-def current_inspection(hostvars):
-    """What prepare compares a record with: the host's GPUs, fabric interface and recorded image ID now."""
-    prereqs = hostvars.get("__narwhal_prereqs") or {}
+def current_inspection(hostvars, prereqs_var="prepare_prereqs"):
+    """What prepare compares a record with: the host's GPUs, fabric interface and recorded image ID now
+    (the image ID from engine_prereqs' result, registered as `prereqs_var`)."""
+    prereqs = hostvars.get(prereqs_var) or {}
     return {"gpus": hostvars.get("narwhal_gpus"), "interface": hostvars.get("narwhal_interface"),
             "image_id": prereqs.get("image_id")}
 
@@ -49,7 +50,32 @@ def probe_row(result):
         result.get("decode_s"), same)
 
 
+def _short(value, n=12):
+    value = str(value or "-")
+    return value.split(":", 1)[-1][:n]
+
+
+def status_row(status):
+    """One engine of the status table (the launcher's `status` document)."""
+    container = status.get("container") or {}
+    state = container.get("state") or "absent"
+    if container.get("restart_count"):
+        state = "%s/%sr" % (state, container["restart_count"])
+    nixl = status.get("nixl") or {}
+    return "%-10s %-8s %-9s %-12s %-14s %-7s %-9s %-13s %s" % (
+        status.get("engine"), status.get("role") or "-", state, _short(container.get("id")),
+        _short(status.get("plan_hash_running")), "ok" if (status.get("health") or {}).get("ok") else "FAIL",
+        (status.get("version") or {}).get("running") or "-", nixl.get("bytes_transferred", "-"),
+        "; ".join(status.get("problems") or []) or "serving as recorded")
+
+
+def status_problems(status):
+    """`<engine>: <problem>; <problem>` for an engine that does not serve as recorded."""
+    return "%s: %s" % (status.get("engine"), "; ".join(status.get("problems") or ["not serving as recorded"]))
+
+
 class FilterModule:
     def filters(self):
         return {"resolve_values": resolve_values_filter, "table_row": table_row, "inspection": inspection,
-                "current_inspection": current_inspection, "probe_row": probe_row}
+                "current_inspection": current_inspection, "probe_row": probe_row,
+                "status_row": status_row, "status_problems": status_problems}

@@ -9,7 +9,7 @@ short_description: Groups prefill and decode from the fleet roles in the site's 
 version_added: 0.1.0
 description:
   - Adds every engine host of the inventory (named C(engine-<n>)) to the group of its C(NARWHAL_NODE_<n>_ROLE)
-    in the site's C(.env) (C(prefill) or C(decode)), so C(--limit decode) and C(hosts: prefill) work. The C(.env)
+    in the site's C(.env) (C(prefill) or C(decode)), so C(--limit decode) works and plays can target C(prefill). The C(.env)
     stays the single source of the roles written into the launch records.
   - Works like C(ansible.builtin.constructed) - put this file after the inventory that defines the hosts (in an
     inventory directory, sources are read in name order - C(hosts.yml) before C(narwhal.yml)).
