@@ -52,15 +52,12 @@ options:
         C(engine-launch.sources.json) are planned, schema-validated and written with the same set.
     type: dict
 attributes:
-  check_mode:
-    description: Can run in check mode and return the same result.
-    support: full
   diff_mode:
     description: Returns the before and after text of every output file that changes.
-    support: full
-  idempotent:
-    description: A second run with the same inputs changes nothing.
-    support: full
+extends_documentation_fragment:
+  - narwhal.deploy.attributes
+  - narwhal.deploy.attributes.writer
+  - narwhal.deploy.attributes.controller
 author:
   - narwhal.deploy contributors (@narwhal-deploy)
 """

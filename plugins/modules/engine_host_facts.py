@@ -72,18 +72,12 @@ options:
 attributes:
   check_mode:
     description: Can run in check mode; the image facts cache is read but never written.
-    support: full
-  diff_mode:
-    description: Returns no diff; nothing changes.
-    support: none
-  facts:
-    description: Returns its results as facts.
-    support: full
-  idempotent:
-    description: A second run with the same inputs changes nothing.
-    support: full
 requirements:
   - iproute2 (C(ip)) with JSON output, the Docker SDK for Python and a Docker daemon on the engine host
+extends_documentation_fragment:
+  - narwhal.deploy.attributes
+  - narwhal.deploy.attributes.facts
+  - narwhal.deploy.attributes.engine_host
 author:
   - narwhal.deploy contributors (@narwhal-deploy)
 """

@@ -33,18 +33,15 @@ options:
     type: int
     default: 60
 attributes:
-  check_mode:
-    description: Only reads; runs the same in check mode.
-    support: full
-  diff_mode:
-    description: Returns no diff; nothing changes.
-    support: none
   idempotent:
     description: Never changes anything.
-    support: full
 requirements:
   - Docker SDK for Python on the engine host (Debian python3-docker)
   - iproute2 (C(ip))
+extends_documentation_fragment:
+  - narwhal.deploy.attributes
+  - narwhal.deploy.attributes.read_only
+  - narwhal.deploy.attributes.engine_host
 author:
   - narwhal.deploy contributors (@narwhal-deploy)
 """

@@ -60,19 +60,13 @@ options:
 attributes:
   check_mode:
     description: Can run in check mode; inspects and may run the version container, but writes no cache file.
-    support: full
-  diff_mode:
-    description: Returns no diff; nothing changes.
-    support: none
-  facts:
-    description: Returns its results as facts.
-    support: full
-  idempotent:
-    description: A second run with the same inputs changes nothing.
-    support: full
 requirements:
   - Docker SDK for Python (C(docker), Debian C(python3-docker) 5.0.3 or later) on the engine host
   - A Docker daemon on the engine host on which O(image) is present
+extends_documentation_fragment:
+  - narwhal.deploy.attributes
+  - narwhal.deploy.attributes.facts
+  - narwhal.deploy.attributes.engine_host
 author:
   - narwhal.deploy contributors (@narwhal-deploy)
 """

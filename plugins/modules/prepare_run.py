@@ -66,15 +66,16 @@ options:
 attributes:
   check_mode:
     description: Validates and reports the run that would be written, writes nothing.
-    support: full
   diff_mode:
     description: Lists the files of a new run.
-    support: full
   idempotent:
     description: Unchanged inputs give the same run ID and change nothing.
-    support: full
 requirements:
   - jsonschema on the controller
+extends_documentation_fragment:
+  - narwhal.deploy.attributes
+  - narwhal.deploy.attributes.writer
+  - narwhal.deploy.attributes.controller
 author:
   - narwhal.deploy contributors (@narwhal-deploy)
 """

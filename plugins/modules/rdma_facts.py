@@ -30,20 +30,10 @@ options:
       - Paths are always reported with their C(/dev/...) names.
     type: path
     default: /dev
-attributes:
-  check_mode:
-    description: Can run in check mode and return the same result.
-    support: full
-  diff_mode:
-    description: Returns no diff; nothing changes.
-    support: none
-  facts:
-    description: Returns its results as facts.
-    support: full
-  idempotent:
-    description: A second run with the same inputs changes nothing.
-    support: full
 extends_documentation_fragment:
+  - narwhal.deploy.attributes
+  - narwhal.deploy.attributes.facts
+  - narwhal.deploy.attributes.engine_host
   - narwhal.deploy.command_timeout
 author:
   - narwhal.deploy contributors (@narwhal-deploy)

@@ -41,21 +41,12 @@ options:
         (distinct, not an input, git-ignored inside the checkout, asked with C(git check-ignore) where git and a
         repository are there).
     type: path
-attributes:
-  check_mode:
-    description: Can run in check mode and return the same result.
-    support: full
-  diff_mode:
-    description: Returns no diff; nothing changes.
-    support: none
-  facts:
-    description: Returns its results as facts.
-    support: full
-  idempotent:
-    description: A second run with the same inputs changes nothing.
-    support: full
 requirements:
   - python-dotenv on the controller
+extends_documentation_fragment:
+  - narwhal.deploy.attributes
+  - narwhal.deploy.attributes.facts
+  - narwhal.deploy.attributes.controller
 author:
   - narwhal.deploy contributors (@narwhal-deploy)
 """

@@ -56,13 +56,12 @@ options:
 attributes:
   check_mode:
     description: Probes in check mode too (nothing changes).
-    support: full
-  diff_mode:
-    description: Returns no diff.
-    support: none
   idempotent:
     description: Never changes the fleet.
-    support: full
+extends_documentation_fragment:
+  - narwhal.deploy.attributes
+  - narwhal.deploy.attributes.read_only
+  - narwhal.deploy.attributes.controller
 author:
   - narwhal.deploy contributors (@narwhal-deploy)
 """
