@@ -74,8 +74,26 @@ def status_problems(status):
     return "%s: %s" % (status.get("engine"), "; ".join(status.get("problems") or ["not serving as recorded"]))
 
 
+def summary_entry(hostvars, urls=None):
+    """One engine's row of a playbook's closing table, from the fact narwhal_engine_summary its stages set."""
+    done = hostvars.get("narwhal_engine_summary") or {}
+    engine = hostvars.get("inventory_hostname")
+    node = ((hostvars.get("narwhal_site") or {}).get("nodes") or {}).get(str(engine).replace("engine-", "", 1)) or {}
+    return {"engine": engine, "host": hostvars.get("ansible_host") or engine, "role": node.get("ROLE"),
+            "url": (urls or {}).get(engine), "run_id": done.get("run_id"), "container_id": done.get("container_id"),
+            "action": done.get("action"), "vllm_version": done.get("vllm_version"), "probe": done.get("probe")}
+
+
+def summary_row(entry):
+    return "%-10s %-16s %-8s %-34s %-12s %-10s %-8s %s" % (
+        entry.get("engine"), entry.get("host"), entry.get("role") or "-", entry.get("url") or "-",
+        _short(entry.get("container_id")), entry.get("action") or "-", entry.get("vllm_version") or "-",
+        entry.get("probe") or "-")
+
+
 class FilterModule:
     def filters(self):
         return {"resolve_values": resolve_values_filter, "table_row": table_row, "inspection": inspection,
                 "current_inspection": current_inspection, "probe_row": probe_row,
-                "status_row": status_row, "status_problems": status_problems}
+                "status_row": status_row, "status_problems": status_problems,
+                "summary_entry": summary_entry, "summary_row": summary_row}
