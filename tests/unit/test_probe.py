@@ -150,7 +150,8 @@ def test_failed_transfers_of_other_traffic():
     assert v["ok"] and any("not this probe's transfer" in n for n in v["notes"])
     # without per-request proof, or without other traffic, a failed transfer fails the pair
     assert not verdict(OK_P, answer(cached=None), ZERO, busy(failed=1.0))["ok"]
-    alone = dict(ZERO, bytes_transferred=3584.0, finished_requests=1.0, external_prompt_tokens=14.0, failed_transfers=1.0)
+    alone = dict(ZERO, bytes_transferred=3584.0, finished_requests=1.0, external_prompt_tokens=14.0,
+                 failed_transfers=1.0)
     assert not verdict(OK_P, answer(cached=14), ZERO, alone)["ok"]
 
 
