@@ -368,8 +368,8 @@ def main():
         if p["from_run"]:
             # a relaunch: the earlier run is the recipe; the current .env policy is not applied (a rollback)
             records, launcher_bytes, earlier = read_past_run(paths["runs_dir"], p["from_run"], engines)
-            inputs_sha = dict((k, earlier["inputs"].get(k)) for k in ("env_file_sha256", "fleet_sha256",
-                                                                         "launch_config_sha256"))
+            digests = ("env_file_sha256", "fleet_sha256", "launch_config_sha256")
+            inputs_sha = dict((k, earlier["inputs"].get(k)) for k in digests)
             inputs_sha["relaunched_from"] = p["from_run"]
         else:
             records, launcher_bytes, inputs_sha = current_records(module, p, root, site, engines, paths)

@@ -28,8 +28,8 @@ description:
   - A pure HTTP client that reads nothing of the controller's, so it can run where the fabric is, e.g. delegated
     to the consumer's engine host when the management workstation cannot reach the engines. The API key comes
     from O(api_key), O(api_key_file), or the engine installed on the host that runs the probe (O(engine_checkout)
-    and O(installed_engine): its role environment names C(NARWHAL_API_KEY_FILE)). The key file must be mode 0600 or
-    0400 and hold one line, the launcher's rule. The key never appears in the results.
+    and O(installed_engine), whose role environment names C(NARWHAL_API_KEY_FILE)). The key file must be mode 0600
+    or 0400 and hold one line, the launcher's rule. The key never appears in the results.
   - Read-only for the fleet; never reports a change. Fails when any pair fails, naming it and the reason.
 options:
   engines:
