@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
 from ansible_collections.narwhal.deploy.plugins.module_utils._handshake import check_pairs
@@ -15,6 +16,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import REGE
 from ansible_collections.narwhal.deploy.plugins.module_utils._schema import (
     FLEET_SCHEMA,
     LAUNCH_CONFIG_SCHEMA,
+    MANIFEST_SCHEMA,
     validation_errors,
 )
 
@@ -144,3 +146,65 @@ def run_id(engines, records, derived, launcher_sha256, inputs_sha):
                                                "vllm_args": derived[e]["vllm_args"]}) for e in engines),
                           "launcher": launcher_sha256, "inputs": inputs_sha})
     return "run-" + sha256_text(material)[:12]
+
+
+# ------------------------------------------------------------------------------------------------ relaunch
+
+RUN_ID = re.compile(r"^run-[0-9a-f]{12}\Z")
+RELAUNCH = "prepare from another run, or from the current records (without from_run)"
+
+
+def check_run_id(from_run):
+    if not isinstance(from_run, str) or not RUN_ID.match(from_run):
+        raise InputError("from_run", "%r is not a run ID (run-<12 hex digits>, the name of a directory in "
+                                     "NARWHAL_RUNS_DIR); %s" % (from_run, RELAUNCH))
+
+
+def past_run(from_run, run_dir, manifest, launcher, records, role_envs, engines):
+    """Validate an earlier run read from `run_dir` (its manifest as parsed JSON, its launcher snapshot bytes, and
+    per engine of the manifest its record copy and its role environment, each parsed, or None when the file is
+    missing) and return its records for a relaunch of `engines`. Checked: the manifest's schema and run ID, the
+    launcher and every record against the manifest's own digests, each role environment against the manifest, and
+    that every engine asked for is in the run. Not checked: the current .env policy (a relaunch is a rollback)."""
+    where = "run %s (%s)" % (from_run, run_dir)
+    errors = validation_errors(manifest, MANIFEST_SCHEMA)
+    if errors:
+        raise InputError("from_run", "the manifest of %s fails its schema (%s); %s"
+                         % (where, "; ".join(errors[:5]), RELAUNCH))
+    if manifest["run_id"] != from_run:
+        raise InputError("from_run", "the manifest of %s is the manifest of %s; %s"
+                         % (where, manifest["run_id"], RELAUNCH))
+    missing = [e for e in engines if e not in manifest["engines"]]
+    if missing:
+        raise InputError("from_run", "%s did not prepare %s (it has %s); limit the play to its engines (-l) or %s"
+                         % (where, ", ".join(missing), ", ".join(sorted(manifest["engines"])), RELAUNCH))
+    if launcher is None:
+        raise InputError("from_run", "%s has no launcher snapshot %s; %s" % (where, manifest["launcher"]["file"],
+                                                                             RELAUNCH))
+    if sha256_text(launcher) != manifest["launcher"]["sha256"]:
+        raise InputError("from_run", "the launcher snapshot of %s does not match the sha256 its manifest records "
+                                     "(%s): it was changed after prepare; %s"
+                         % (where, manifest["launcher"]["sha256"][:12], RELAUNCH))
+    for engine in sorted(manifest["engines"]):
+        entry = manifest["engines"][engine]
+        if records.get(engine) is None:
+            raise InputError("from_run", "%s has no record copy for %s (%s/engine-launch.%s.json); %s"
+                             % (where, engine, engine, engine, RELAUNCH))
+        if sha256_text(canonical(records[engine])) != entry["record_sha256"]:
+            raise InputError("from_run", "the record copy of %s in %s does not match the sha256 its manifest records "
+                                         "(%s): it was changed after prepare; %s"
+                             % (engine, where, entry["record_sha256"][:12], RELAUNCH))
+        if role_envs.get(engine) is None:
+            raise InputError("from_run", "%s has no role environment for %s (%s/%s.env); %s"
+                             % (where, engine, engine, engine, RELAUNCH))
+        if role_envs[engine] != entry["role_env"]:
+            changed = sorted(k for k in set(role_envs[engine]) | set(entry["role_env"])
+                             if role_envs[engine].get(k) != entry["role_env"].get(k))
+            raise InputError("from_run", "the role environment of %s in %s differs from its manifest (%s): it was "
+                                         "changed after prepare; %s" % (engine, where, ", ".join(changed), RELAUNCH))
+    launch = {"version": 1, "engines": dict((e, records[e]) for e in manifest["engines"])}
+    errors = validation_errors(launch, LAUNCH_CONFIG_SCHEMA)
+    if errors:
+        raise InputError("from_run", "the records of %s fail the launch-record schema of this narwhal.deploy (%s); "
+                                     "%s" % (where, "; ".join(errors[:5]), RELAUNCH))
+    return launch["engines"]

@@ -16,6 +16,10 @@ description:
     exists, that the fabric interface exists and still carries the recorded address, and that nothing else
     listens on the engine's HTTP, attestation or side-channel ports. Sockets held by processes of this engine's
     own running container, C(narwhal-<engine>), are allowed, so a prepare of the running engine is not refused.
+  - A listener on the attestation port that answers a GET of the engine's attestation URL (O(attestation_url), by
+    default the one discovery derives from the record, C(http://<node.address>:<node.attest_port>/v1/attestation))
+    with a 2xx status is the attestation sidecar, not a conflict; whether it answered is returned in
+    RV(attestation). Anything else listening on the engine's ports is refused.
   - Fails with every problem found, each naming what is missing and how to fix it.
 options:
   record:
@@ -26,6 +30,15 @@ options:
     description: Docker daemon to ask.
     type: str
     default: unix:///var/run/docker.sock
+  attestation_url:
+    description:
+      - The engine's attestation URL (the fleet's C(attestation_url), e.g. a C(NARWHAL_NODE_<n>_ATTESTATION_URL)
+        override). Its port must be the record's C(node.attest_port). Default from the record.
+    type: str
+  attestation_timeout:
+    description: Seconds the GET of the attestation URL may take.
+    type: int
+    default: 5
   command_timeout:
     description:
       - Seconds C(ip -j addr show) may run. A command that does not answer in time is killed and reported as a
@@ -59,6 +72,16 @@ image_id:
   returned: success
   type: str
   sample: sha256:c261354381582881da50c70a35a35bbe65b52c1b48cb2591b0c97e7291c60d18
+attestation:
+  description:
+    - The attestation port as found. C(url) asked, C(port), C(listening) (something listens on the port),
+      C(answered) (null when nothing listens; true when the listener answered the URL with 2xx, so it is the
+      sidecar and accepted), C(status) (the HTTP status, null without an answer) and C(error) (why it did not
+      answer, else null).
+  returned: always
+  type: dict
+  sample: {"url": "http://172.31.241.11:8010/v1/attestation", "port": 8010, "listening": true, "answered": true,
+           "status": 200, "error": null}
 python:
   description: The Python that ran the check (and will run the launcher).
   returned: always
@@ -71,7 +94,10 @@ import sys
 import traceback
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.six.moves.urllib.parse import urlsplit
+from ansible.module_utils.urls import open_url
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._fleet import attestation_url
 from ansible_collections.narwhal.deploy.plugins.module_utils._model import ModelConfigError, checkpoint_config_path
 from ansible_collections.narwhal.deploy.plugins.module_utils._netaddr import interface_addresses, parse_ip_json
 from ansible_collections.narwhal.deploy.plugins.module_utils._tools import (
@@ -142,6 +168,56 @@ def foreign_listeners(ports, container_id):
                   if not all(i in owners and in_container(owners[i], container_id) for i in inodes))
 
 
+def get_status(url, timeout):
+    """(HTTP status, None) of a GET of `url`, or (status or None, why) when it did not answer 2xx."""
+    try:
+        resp = open_url(url, method="GET", timeout=timeout, validate_certs=False, follow_redirects="none")
+        status = resp.getcode()
+    except Exception as exc:  # noqa: BLE001 - an HTTP error carries its status; anything else did not answer
+        status = getattr(exc, "code", None)
+        return status, ("HTTP %s" % status) if status else str(getattr(exc, "reason", None) or exc)
+    return status, None if 200 <= status < 300 else "HTTP %s" % status
+
+
+def attestation_check(node, url, busy, get, timeout):
+    """-> (attestation report, problem or None) for the attestation port. A listener there that answers the
+    attestation URL (2xx) is the sidecar; one that does not, or a URL on another port, is a conflict."""
+    port = node["attest_port"]
+    report = {"url": url, "port": port, "listening": port in busy, "answered": None, "status": None, "error": None}
+    if port not in busy:
+        return report, None
+    try:
+        url_port = urlsplit(url).port
+    except ValueError:
+        url_port = None
+    if url_port != port:
+        report.update(answered=False, error="the attestation URL is not on port %s" % port)
+        return report, ("something already listens on port %s of host %s (the attestation port), and the attestation "
+                        "URL %s is not on that port, so it cannot be the sidecar; set NARWHAL_NODE_<n>_ATTESTATION_URL "
+                        "to the sidecar's URL on port %s, or stop the listener" % (port, host_name(), url, port))
+    status, error = get(url, timeout)
+    report.update(answered=error is None, status=status, error=error)
+    if error is None:
+        return report, None
+    return report, ("something already listens on port %s of host %s (the attestation port) but does not answer the "
+                    "attestation URL %s (%s), so it is not the attestation sidecar; stop it, fix the sidecar, or give "
+                    "this engine another attestation port (NARWHAL_NODE_<n>_ATTEST_PORT)"
+                    % (port, host_name(), url, error))
+
+
+def port_problems(record, busy, url, get, timeout):
+    """Problems of the engine's ports given `busy` (ports something other than its container listens on)."""
+    engine, node = record.get("engine", "?"), record["node"]
+    report, problem = attestation_check(node, url, busy, get, timeout)
+    problems = [problem] if problem else []
+    others = [p for p in busy if p != node["attest_port"]]
+    if others:
+        problems.append("something already listens on port %s of this host; stop it or give %s other ports "
+                        "(NARWHAL_NODE_<n>_ENGINE_PORT / _ATTEST_PORT, NARWHAL_SIDE_CHANNEL_PORT)"
+                        % (",".join(map(str, others)), engine))
+    return report, problems
+
+
 def read_links(module):
     """`ip -j addr show` as a list of interfaces, or the problem (a str naming the tool and the host): not
     installed, timed out, failed, or output that is not ip's JSON -- never read as "no interfaces"."""
@@ -172,6 +248,8 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(record=dict(type="dict", required=True),
                            docker_host=dict(type="str", default="unix:///var/run/docker.sock"),
+                           attestation_url=dict(type="str"),
+                           attestation_timeout=dict(type="int", default=5),
                            command_timeout=dict(type="int", default=60)),
         supports_check_mode=True,
     )
@@ -232,15 +310,15 @@ def main():
                             % (node["fabric_interface"], node["address"]))
     side = node.get("side_channel_ports") or [node["side_channel_port"], node["side_channel_port"]]
     ports = set([node["engine_port"], node["attest_port"]] + list(range(side[0], side[1] + 1)))
-    busy = foreign_listeners(ports, own_container)
-    if busy:
-        problems.append("something already listens on port %s of this host; stop it or give %s other ports "
-                        "(NARWHAL_NODE_<n>_ENGINE_PORT / _ATTEST_PORT, NARWHAL_SIDE_CHANNEL_PORT)"
-                        % (",".join(map(str, busy)), engine))
+    url = module.params["attestation_url"] or attestation_url(node["address"], node["attest_port"])
+    attestation, busy_problems = port_problems(record, foreign_listeners(ports, own_container), url, get_status,
+                                               module.params["attestation_timeout"])
+    problems.extend(busy_problems)
     if problems:
         module.fail_json(msg="%s is missing remote prerequisites: %s. Correct them, then prepare a new run."
-                             % (engine, " | ".join(problems)), problems=problems, python=sys.executable)
-    module.exit_json(changed=False, image_id=image_id, python=sys.executable)
+                             % (engine, " | ".join(problems)), problems=problems, python=sys.executable,
+                         attestation=attestation)
+    module.exit_json(changed=False, image_id=image_id, python=sys.executable, attestation=attestation)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,16 @@ options:
       C(interface) (M(narwhal.deploy.interface_facts)) and C(image_id) (M(narwhal.deploy.engine_prereqs)).
     type: dict
     default: {}
+  from_run:
+    description:
+      - Prepare a new run from an earlier one (a relaunch, e.g. a rollback) instead of the current fleet and launch
+        config. Its manifest, record copies, role environments and launcher snapshot are read from
+        C(<NARWHAL_RUNS_DIR>/<from_run>/) and checked against the manifest's own digests; every engine of the play
+        must be in it. The schema, the prefill/decode compatibility gate, the shared-host gate, the API key file and
+        (O(stage=write)) the host inspection are applied; the check against the current C(.env) launch policy is
+        not (the point of a rollback). The launcher snapshot is reused byte for byte (same sha256), the manifest
+        records C(relaunched_from), and the return values have the shape of a normal prepare.
+    type: str
 attributes:
   check_mode:
     description: Validates and reports the run that would be written, writes nothing.
@@ -81,6 +91,16 @@ author:
 """
 
 EXAMPLES = r"""
+- name: Relaunch an earlier run's records and launcher (a rollback), as a new run
+  narwhal.deploy.prepare_run:
+    site: "{{ narwhal_site }}"
+    engines: "{{ ansible_play_hosts_all }}"
+    root: "{{ playbook_dir | dirname }}"
+    collection: "{{ playbook_dir | dirname }}"
+    from_run: run-3f2a9c0d1e4b
+  delegate_to: localhost
+  run_once: true
+
 - name: Validate first
   narwhal.deploy.prepare_run:
     site: "{{ narwhal_site }}"
@@ -111,9 +131,14 @@ derived:
   returned: success
   type: dict
 launcher_sha256:
-  description: sha256 of the launcher snapshot.
+  description: sha256 of the launcher snapshot (with O(from_run), the earlier run's).
   returned: success
   type: str
+manifest:
+  description: The run's manifest; with O(from_run) it has C(relaunched_from) (the earlier run ID) and the earlier
+    run's C(inputs).
+  returned: stage is write
+  type: dict
 """
 
 import hashlib
@@ -136,10 +161,13 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._policy import (
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._prepare import (
     REGENERATE,
+    RELAUNCH,
     canonical,
     check_documents,
+    check_run_id,
     compatibility,
     derive,
+    past_run,
     render_role_env,
     run_id,
     sha256_text,
@@ -250,6 +278,75 @@ def revision(module, root):
     return out.strip(), bool(status.strip()) if rc2 == 0 else None
 
 
+def current_records(module, p, root, site, engines, paths):
+    """(records, launcher bytes, inputs digests) from the current fleet and launch config (discovery's output,
+    checked against the current .env policy) and the launcher built from the collection."""
+    fleet_raw, fleet, launch_raw, launch = read_config(module, root, site, p["site"].get("nodes") or {}, paths)
+    check_documents(fleet, launch, site)
+    records = launch["engines"]
+    missing = [e for e in engines if e not in records]
+    if missing:
+        raise InputError("NARWHAL_LAUNCH_CONFIG", "%s has no record for %s; %s"
+                         % (site["NARWHAL_LAUNCH_CONFIG"], ", ".join(missing), REGENERATE))
+    fleet_by_engine = dict((f.get("engine"), f) for f in fleet)
+    for e in engines:
+        f = fleet_by_engine.get(e)
+        if f is None or f["iid"] != records[e]["iid"] or f["role"] != records[e]["role"]:
+            raise InputError("NARWHAL_FLEET", "the fleet and the launch config disagree about %s; %s" % (e, REGENERATE))
+        if "accelerator" in f and f["accelerator"] != records[e]["accelerator"]:
+            raise InputError("NARWHAL_FLEET", "the fleet's hardware fields for %s (%s) differ from its record "
+                                              "(%s); %s" % (e, f["accelerator"], records[e]["accelerator"], REGENERATE))
+    try:
+        launcher_bytes = build_zipapp(launcher_sources(p["collection"]))
+    except (OSError, ValueError) as exc:
+        raise InputError("collection", "cannot build the launcher from the collection at %s (%s); reinstall "
+                                       "narwhal.deploy" % (p["collection"], exc))
+    inputs_sha = {"env_file_sha256": p["site"].get("env_sha256"), "fleet_sha256": sha256_text(fleet_raw),
+                  "launch_config_sha256": sha256_text(launch_raw)}
+    return records, launcher_bytes, inputs_sha
+
+
+def _run_file(path, parse):
+    """A file of an earlier run: None when it does not exist, else parse(bytes); unreadable is refused by name."""
+    try:
+        raw = read_regular(path)
+    except OSError as exc:
+        if not os.path.lexists(path):
+            return None
+        raise InputError("from_run", "cannot read %s (%s); %s" % (path, getattr(exc, "strerror", None) or exc,
+                                                                  RELAUNCH))
+    try:
+        return parse(raw)
+    except (ValueError, RecursionError, _plan.PlanError) as exc:
+        raise InputError("from_run", "%s is not what prepare wrote (%s); %s"
+                         % (path, exc if not isinstance(exc, RecursionError) else "nested too deeply", RELAUNCH))
+
+
+def read_past_run(runs_dir, from_run, engines):
+    """(records of the run, its launcher snapshot bytes, its manifest) from runs/<from_run>/, validated
+    (_prepare.past_run). Reads only that run's files."""
+    check_run_id(from_run)
+    run_dir = os.path.join(runs_dir, from_run)
+    if not os.path.isdir(run_dir):
+        raise InputError("from_run", "there is no run %s: %s is not a directory (NARWHAL_RUNS_DIR); pick a run ID "
+                                     "from the directories of %s" % (from_run, run_dir, runs_dir))
+    manifest = _run_file(os.path.join(run_dir, "manifest.json"), json.loads)
+    if manifest is None:
+        raise InputError("from_run", "run %s (%s) has no manifest.json; %s" % (from_run, run_dir, RELAUNCH))
+    names = sorted(manifest.get("engines") or {}) if isinstance(manifest, dict) else []
+    names = [e for e in names if _plan.ENGINE_NAME.match(e)]  # never a path from the manifest
+    launcher_file = "launch_engine.pyz"
+    launcher = _run_file(os.path.join(run_dir, launcher_file), bytes)
+    records = dict((e, _run_file(os.path.join(run_dir, e, "engine-launch.%s.json" % e), json.loads)) for e in names)
+    role_envs = dict((e, _run_file(os.path.join(run_dir, e, "%s.env" % e),
+                                   lambda raw, e=e: _plan.parse_role_env(raw.decode("utf-8"), "%s/%s.env" % (e, e))))
+                     for e in names)
+    if not isinstance(manifest, dict) or manifest.get("launcher", {}).get("file", launcher_file) != launcher_file:
+        raise InputError("from_run", "the manifest of run %s (%s) is not one prepare wrote; %s"
+                         % (from_run, run_dir, RELAUNCH))
+    return past_run(from_run, run_dir, manifest, launcher, records, role_envs, engines), launcher, manifest
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -259,6 +356,7 @@ def main():
             collection=dict(type="path", required=True),
             stage=dict(type="str", default="plan", choices=["plan", "write"]),
             hosts=dict(type="dict", default={}),
+            from_run=dict(type="str"),
         ),
         supports_check_mode=True,
     )
@@ -268,33 +366,19 @@ def main():
         # the run directory and the files prepare reads: each its own, none an input, git-ignored in the checkout
         paths = check_paths(root, site, engines, p["site"].get("env_file"), git_ignore_checker(module, root, GIT_TIMEOUT),
                             os.path.realpath)
-        fleet_raw, fleet, launch_raw, launch = read_config(module, root, site, p["site"].get("nodes") or {}, paths)
-        check_documents(fleet, launch, site)
-        records = launch["engines"]
-        missing = [e for e in engines if e not in records]
-        if missing:
-            raise InputError("NARWHAL_LAUNCH_CONFIG", "%s has no record for %s; %s"
-                             % (site["NARWHAL_LAUNCH_CONFIG"], ", ".join(missing), REGENERATE))
-        fleet_by_engine = dict((f.get("engine"), f) for f in fleet)
-        for e in engines:
-            f = fleet_by_engine.get(e)
-            if f is None or f["iid"] != records[e]["iid"] or f["role"] != records[e]["role"]:
-                raise InputError("NARWHAL_FLEET", "the fleet and the launch config disagree about %s; %s" % (e, REGENERATE))
-            if "accelerator" in f and f["accelerator"] != records[e]["accelerator"]:
-                raise InputError("NARWHAL_FLEET", "the fleet's hardware fields for %s (%s) differ from its record "
-                                                  "(%s); %s" % (e, f["accelerator"], records[e]["accelerator"], REGENERATE))
+        if p["from_run"]:
+            # a relaunch: the earlier run is the recipe; the current .env policy is not applied (a rollback)
+            records, launcher_bytes, earlier = read_past_run(paths["runs_dir"], p["from_run"], engines)
+            digests = ("env_file_sha256", "fleet_sha256", "launch_config_sha256")
+            inputs_sha = dict((k, earlier["inputs"].get(k)) for k in digests)
+            inputs_sha["relaunched_from"] = p["from_run"]
+        else:
+            records, launcher_bytes, inputs_sha = current_records(module, p, root, site, engines, paths)
         compatibility(records)
         shared_hosts(records)
-        try:
-            launcher_bytes = build_zipapp(launcher_sources(p["collection"]))
-        except (OSError, ValueError) as exc:
-            raise InputError("collection", "cannot build the launcher from the collection at %s (%s); reinstall "
-                                           "narwhal.deploy" % (p["collection"], exc))
         launcher_sha = hashlib.sha256(launcher_bytes).hexdigest()
         checkout = site["NARWHAL_ENGINE_CHECKOUT"]
         draft = dict((e, derive(records[e], checkout, "run-pending")) for e in engines)
-        inputs_sha = {"env_file_sha256": p["site"].get("env_sha256"), "fleet_sha256": sha256_text(fleet_raw),
-                      "launch_config_sha256": sha256_text(launch_raw)}
         rid = run_id(engines, records, draft, launcher_sha, inputs_sha)
         derived = dict((e, derive(records[e], checkout, rid)) for e in engines)
         check_key_file(paths["api_key_file"])
@@ -318,14 +402,17 @@ def main():
         "run_id": rid,
         "application": {"revision": rev, "dirty": dirty},
         "launcher": {"file": "launch_engine.pyz", "sha256": launcher_sha},
-        "inputs": dict(inputs_sha, env_file=p["site"].get("env_file"), fleet=site["NARWHAL_FLEET"],
-                       launch_config=site["NARWHAL_LAUNCH_CONFIG"]),
+        "inputs": (dict(earlier["inputs"]) if p["from_run"] else
+                   dict(inputs_sha, env_file=p["site"].get("env_file"), fleet=site["NARWHAL_FLEET"],
+                        launch_config=site["NARWHAL_LAUNCH_CONFIG"])),
         "engines": dict((e, {"host": e, "role": records[e]["role"], "iid": records[e]["iid"],
                              "record_sha256": sha256_text(canonical(records[e])),
                              "environment": derived[e]["environment"], "vllm_args": derived[e]["vllm_args"],
                              "container": derived[e]["container"], "plan_hash": derived[e]["plan_hash"],
                              "role_env": derived[e]["role_env"], "install": derived[e]["paths"]}) for e in engines),
     }
+    if p["from_run"]:
+        manifest["relaunched_from"] = p["from_run"]
     errors = validation_errors(manifest, MANIFEST_SCHEMA)
     if errors:
         module.fail_json(msg="the manifest fails its schema, no run was created: %s" % "; ".join(errors))

@@ -791,3 +791,152 @@ def test_stale_record_refusal_is_redacted():
     err = StaleRecordsError("NARWHAL_EXTRA_ARGS",
                             "NARWHAL_EXTRA_ARGS changed (records: --hf-token hf_abcdefghijklmnop)")
     assert "hf_abcdefghijklmnop" not in str(err) and "<redacted>" in str(err)
+
+
+# ------------------------------------------------------------------------------------------------
+# relaunch: a new run from an earlier run's records and launcher snapshot (from_run)
+
+
+def tree(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.fixture
+def earlier(root, run_module):
+    status, result = run_module(prep_args(root, "write", good_hosts()))
+    assert status == "exit", result
+    return result
+
+
+def test_relaunch_makes_a_new_run_from_the_earlier_recipe(root, run_module, earlier):
+    old_dir = root / "runs" / earlier["run_id"]
+    # since then: .env's launch policy changed (the current records are refused), the collection's launcher changed,
+    # and the current launch config is gone -- none of it matters to a relaunch
+    assert run_module(prep_args(root, site={"NARWHAL_KV_CACHE_DTYPE": "fp8"}))[0] == "fail"
+    main = root / "collection" / "roles" / "install" / "files" / "launcher" / "__main__.py"
+    main.write_text(main.read_text() + "# v2\n")
+    (root / "config" / "engine-launch.local.json").unlink()
+    args = dict(prep_args(root, "write", good_hosts(), site={"NARWHAL_KV_CACHE_DTYPE": "fp8"}),
+                from_run=earlier["run_id"])
+    status, result = run_module(args)
+    assert status == "exit", result
+    assert result["changed"] is True and result["run_id"] != earlier["run_id"]
+    new_dir = root / "runs" / result["run_id"]
+    assert result["run_dir"] == str(new_dir)
+    # the same return shape as a normal prepare, so the install role works unchanged
+    assert set(result) == set(earlier)
+    assert set(result["derived"]["engine-1"]) == set(earlier["derived"]["engine-1"])
+    assert result["derived"]["engine-1"]["paths"]["run_dir"] == "%s/runs/%s" % (CHECKOUT, result["run_id"])
+    assert result["derived"]["engine-1"]["role_env"]["NARWHAL_RUN_ID"] == result["run_id"]
+    # the launcher snapshot byte for byte, the records unchanged
+    assert (new_dir / "launch_engine.pyz").read_bytes() == (old_dir / "launch_engine.pyz").read_bytes()
+    assert result["launcher_sha256"] == earlier["launcher_sha256"]
+    assert result["launcher_sha256"] == hashlib.sha256((new_dir / "launch_engine.pyz").read_bytes()).hexdigest()
+    assert result["records"] == earlier["records"]
+    manifest = json.loads((new_dir / "manifest.json").read_text())
+    assert validation_errors(manifest, MANIFEST_SCHEMA) == []
+    assert manifest["relaunched_from"] == earlier["run_id"] and manifest["run_id"] == result["run_id"]
+    assert manifest["inputs"] == earlier["manifest"]["inputs"]
+    assert manifest["launcher"] == earlier["manifest"]["launcher"]
+    for e in ("engine-1", "engine-2"):
+        assert (new_dir / e / ("engine-launch.%s.json" % e)).read_text() == \
+            (old_dir / e / ("engine-launch.%s.json" % e)).read_text()
+        assert "NARWHAL_RUN_ID=%s\n" % result["run_id"] in (new_dir / e / ("%s.env" % e)).read_text()
+    assert (old_dir / "manifest.json").read_text() == json.dumps(earlier["manifest"], indent=2) + "\n"
+    # again: the same run, nothing changes
+    status, again = run_module(args)
+    assert status == "exit" and again["changed"] is False and again["run_id"] == result["run_id"]
+
+
+def test_relaunch_of_some_engines_of_the_run(root, run_module, earlier):
+    status, result = run_module(dict(prep_args(root, engines=("engine-2",)), from_run=earlier["run_id"]))
+    assert status == "exit", result
+    assert set(result["records"]) == {"engine-2"} and result["launcher_sha256"] == earlier["launcher_sha256"]
+
+
+def _tamper_record(run_dir, engine, change, fix_digest):
+    path = run_dir / engine / ("engine-launch.%s.json" % engine)
+    record = json.loads(path.read_text())
+    change(record)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    if fix_digest:  # a consistent edit of record and manifest: the digests pass, the gates must still refuse
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        manifest["engines"][engine]["record_sha256"] = hashlib.sha256(
+            json.dumps(record, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+@pytest.mark.parametrize("case, change, words", [
+    ("bad id", None, ["'../run-0' is not a run ID"]),
+    ("absent", None, ["there is no run run-000000000000", "is not a directory (NARWHAL_RUNS_DIR)"]),
+    ("no manifest", lambda d: (d / "manifest.json").unlink(), ["has no manifest.json"]),
+    ("launcher", lambda d: (d / "launch_engine.pyz").write_bytes(b"PK tampered"),
+     ["the launcher snapshot of run", "does not match the sha256 its manifest records"]),
+    ("no launcher", lambda d: (d / "launch_engine.pyz").unlink(), ["has no launcher snapshot launch_engine.pyz"]),
+    ("record", lambda d: _tamper_record(d, "engine-2", lambda r: r["runtime"].update(block_size=32), False),
+     ["the record copy of engine-2 in run", "does not match the sha256 its manifest records"]),
+    ("no record", lambda d: (d / "engine-1" / "engine-launch.engine-1.json").unlink(),
+     ["has no record copy for engine-1 (engine-1/engine-launch.engine-1.json)"]),
+    ("role env", lambda d: (d / "engine-1" / "engine-1.env").write_text(
+        (d / "engine-1" / "engine-1.env").read_text().replace("NARWHAL_HTTP_PORT=8000", "NARWHAL_HTTP_PORT=9000")),
+     ["the role environment of engine-1 in run", "differs from its manifest (NARWHAL_HTTP_PORT)"]),
+    ("engine", None, ["did not prepare engine-3 (it has engine-1, engine-2); limit the play to its engines"]),
+    ("schema", lambda d: _tamper_record(d, "engine-1", lambda r: r["transfer"].update(transport="tcp"), True),
+     ["fail the launch-record schema"]),
+])
+def test_relaunch_refuses_a_broken_run_naming_it(root, run_module, earlier, case, change, words):
+    run_dir = root / "runs" / earlier["run_id"]
+    from_run = {"bad id": "../run-0", "absent": "run-000000000000"}.get(case, earlier["run_id"])
+    if change:
+        change(run_dir)
+    engines = ("engine-1", "engine-2", "engine-3") if case == "engine" else ("engine-1", "engine-2")
+    before = tree(root)
+    status, result = run_module(dict(prep_args(root, "write", good_hosts(), engines=engines), from_run=from_run))
+    assert status == "fail" and result["input"] == "from_run", result
+    assert result["msg"].startswith("prepare refused, no run was created: from_run: ")
+    for w in words:
+        assert w in result["msg"]
+    if case not in ("bad id", "absent"):
+        assert "run %s (%s)" % (earlier["run_id"], run_dir) in result["msg"]
+    assert tree(root) == before
+
+
+def test_relaunch_applies_the_pd_gate(root, run_module, earlier):
+    run_dir = root / "runs" / earlier["run_id"]
+    _tamper_record(run_dir, "engine-2", lambda r: r["runtime"].update(kv_cache_dtype="fp8"), True)
+    before = tree(root)
+    status, result = run_module(dict(prep_args(root, "write", good_hosts()), from_run=earlier["run_id"]))
+    assert status == "fail" and result["input"] == "NARWHAL_KV_CACHE_DTYPE"
+    assert "would fail vLLM's NIXL handshake: KV cache dtype differs" in result["msg"]
+    assert tree(root) == before
+
+
+def test_relaunch_still_checks_the_host_and_the_key(root, run_module, earlier):
+    hosts = good_hosts()
+    hosts["engine-2"]["image_id"] = "sha256:" + "1" * 64
+    status, result = run_module(dict(prep_args(root, "write", hosts), from_run=earlier["run_id"]))
+    assert status == "fail" and result["input"] == "engine-2" and "no longer matches" in result["msg"]
+    (root / "config" / "engine-api.key").chmod(0o644)
+    status, result = run_module(dict(prep_args(root, "write", good_hosts()), from_run=earlier["run_id"]))
+    assert status == "fail" and result["input"] == "NARWHAL_API_KEY_FILE"
+
+
+# check mode on new inputs creates nothing, anywhere under the checkout (no run, no lock, no runs directory)
+
+
+@pytest.mark.parametrize("stage", ["plan", "write"])
+def test_check_mode_on_new_inputs_creates_nothing(root, run_module, stage):
+    before = tree(root)
+    status, result = run_module(prep_args(root, stage, good_hosts(), check=True))
+    assert status == "exit", result
+    assert tree(root) == before and not (root / "runs").exists()
+
+
+@pytest.mark.parametrize("stage", ["plan", "write"])
+def test_check_mode_relaunch_creates_nothing(root, run_module, earlier, stage):
+    before = tree(root)
+    status, result = run_module(dict(prep_args(root, stage, good_hosts(), check=True), from_run=earlier["run_id"]))
+    assert status == "exit", result
+    assert result["run_id"] != earlier["run_id"] and tree(root) == before
+    if stage == "write":
+        assert result["changed"] is True and result["manifest"]["relaunched_from"] == earlier["run_id"]

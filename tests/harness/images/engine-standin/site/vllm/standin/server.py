@@ -11,6 +11,9 @@ Replays the HTTP surface and P/D flow of vLLM with NixlConnector (VLLM_FACTS.md)
   HTTP 500 (kv_load_failure_policy=fail). /metrics counts vllm:nixl_bytes_transferred and failed transfers
   (failed handshakes included, as vLLM 0.33 counts them).
 The "KV" is a deterministic function of the prompt, so the consumer checks what it received.
+With --enable-prompt-tokens-details the answer carries usage.prompt_tokens_details.cached_tokens, the request's
+num_cached_tokens as vLLM 0.32/0.33 report it (prompt_details below). The stand-in has no prefix cache: a
+request's cached tokens are the tokens it loaded by KV transfer.
 """
 import hashlib
 import json
@@ -28,6 +31,27 @@ from vllm.standin import handshake
 from vllm.version import __version__
 
 BYTES_PER_TOKEN = 256
+
+
+def release(version):
+    return tuple(int(p) for p in version.split("+")[0].split(".")[:2] if p.isdigit())
+
+
+# vLLM 0.32.0 and 0.33.0 (v1/core/sched/scheduler.py): a producer that finishes a request with do_remote_decode
+# adds its own prefix-cache hits to the kv_transfer_params it returns, and a consumer that receives an int there
+# reports it as the request's num_cached_tokens (v1/engine/output_processor.py) instead of its own count.
+REMOTE_CACHED = release(__version__) >= (0, 32)
+
+
+def prompt_details(args, num_cached_tokens):
+    """usage.prompt_tokens_details of a non-streaming completion (entrypoints/openai/completion/serving.py): only
+    with --enable-prompt-tokens-details; vLLM 0.32/0.33 include it whenever num_cached_tokens is not None (so also
+    0), older releases only when it is non-zero."""
+    if not getattr(args, "enable_prompt_tokens_details", False):
+        return None
+    if not REMOTE_CACHED and not num_cached_tokens:
+        return None
+    return {"cached_tokens": num_cached_tokens}
 
 
 def platform():
@@ -274,6 +298,7 @@ def make_handler(state):
             out = {"id": f"cmpl-{rid}", "object": "text_completion", "created": int(time.time()),
                    "model": state.served,
                    "usage": {"prompt_tokens": n_tokens, "completion_tokens": 0, "total_tokens": n_tokens}}
+            cached = 0  # no prefix cache in the stand-in: local hits are always 0
             if params.get("do_remote_prefill"):
                 started = time.time()
                 try:
@@ -292,6 +317,10 @@ def make_handler(state):
                     state.metrics["bytes_count"] += 1
                     state.metrics["xfer_time_sum"] += time.time() - started
                     state.metrics["external_prompt_tokens"] += n_tokens
+                cached = n_tokens  # the scheduler's PrefillStats: local + external cached tokens
+                remote = params.get("remote_prefill_cached_tokens")
+                if REMOTE_CACHED and isinstance(remote, int):
+                    cached = remote  # the producer's hits reported in its place (output_processor)
             else:
                 with state.lock:
                     state.metrics["local_prompt_tokens"] += n_tokens
@@ -301,6 +330,9 @@ def make_handler(state):
                                "stop_reason": None}]
             out["usage"]["completion_tokens"] = max_tokens
             out["usage"]["total_tokens"] = n_tokens + max_tokens
+            details = prompt_details(state.args, cached)
+            if details is not None:
+                out["usage"]["prompt_tokens_details"] = details
             if params.get("do_remote_decode"):
                 n_blocks = -(-n_tokens // state.block_size)
                 step = len(payload) // n_blocks if n_blocks else len(payload)
@@ -317,6 +349,8 @@ def make_handler(state):
                     "remote_engine_id": state.engine_id, "remote_request_id": rid,
                     "remote_host": state.side_host, "remote_port": state.side_port,
                     "tp_size": state.args.tensor_parallel_size}
+                if REMOTE_CACHED:
+                    out["kv_transfer_params"]["remote_prefill_cached_tokens"] = 0  # this engine's own hits
             with state.lock:
                 state.metrics["requests_ok"] += 1
             return self.send(200, out)
