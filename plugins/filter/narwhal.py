@@ -43,11 +43,14 @@ def probe_row(result):
     verdict = "PASS" if result.get("ok") else "FAIL (%s)" % "; ".join(result.get("reasons") or [])
     same = {True: ", output = local recomputation", False: ", output differs from local recomputation"}.get(
         result.get("matches_recompute"), "")
+    evidence = {"request": ", proven by the request (%s prompt tokens loaded)" % result.get("cached_tokens"),
+                "counters": ", proven by the NIXL counters"}.get(result.get("evidence"), "")
+    notes = "".join("; %s" % n for n in result.get("notes") or [])
     host = str(result.get("remote_host"))
-    return "%s -> %s: %s, %s bytes of KV via %s:%s in %ss (decode %ss)%s" % (
+    return "%s -> %s: %s, %s bytes of KV via %s:%s in %ss (decode %ss)%s%s%s" % (
         result.get("producer"), result.get("consumer"), verdict, result.get("bytes"),
         "[%s]" % host if ":" in host else host, result.get("remote_port"), result.get("latency_s"),
-        result.get("decode_s"), same)
+        result.get("decode_s"), evidence, same, notes)
 
 
 def _short(value, n=12):
