@@ -1,0 +1,112 @@
+"""The collection used from an operator's own project: the project directory rule, the prefill/decode groups
+from .env (the fleet_groups inventory plugin, through a real ansible-inventory run), the tables' rows, and every
+role documented by meta/argument_specs.yml."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import yaml
+from ansible_collections.narwhal.deploy.plugins.filter.narwhal import (
+    status_problems,
+    status_row,
+    summary_entry,
+    summary_row,
+)
+from ansible_collections.narwhal.deploy.plugins.inventory.fleet_groups import fleet_roles
+from ansible_collections.narwhal.deploy.plugins.lookup.project_dir import project_dir
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+STAGES = ("inputs", "discover", "prepare", "install", "launch", "probe", "status", "stop", "summary")
+
+
+def test_project_dir_explicit_is_made_absolute():
+    assert project_dir("site-a", "", "/home/op", exists=lambda p: False) == "/home/op/site-a"
+    assert project_dir("/srv/site", "/x", "/home/op", exists=lambda p: True) == "/srv/site"
+
+
+def test_project_dir_first_candidate_with_a_dotenv():
+    have = {"/work/site/.env"}
+    # the current directory first, then the inventory's directory and the two above it
+    assert project_dir("", "/work/site/inventories/prod", "/tmp", exists=have.__contains__) == "/work/site"
+    assert project_dir("", "inventory", "/work/site", exists=have.__contains__) == "/work/site"
+    assert project_dir("", "/elsewhere/inv", "/tmp", exists=have.__contains__) == "/tmp"
+    have.add("/tmp/.env")
+    assert project_dir("", "/work/site/inventory", "/tmp", exists=have.__contains__) == "/tmp"
+
+
+def test_fleet_roles_from_dotenv_values():
+    roles, problems = fleet_roles(
+        ["engine-1", "engine-2", "engine-3", "gpu-a", "engine-10"],
+        {"NARWHAL_NODE_1_ROLE": "prefill", "NARWHAL_NODE_2_ROLE": "decode", "NARWHAL_NODE_3_ROLE": "router",
+         "NARWHAL_NODE_10_ROLE": " decode "})
+    assert roles == {"engine-1": "prefill", "engine-2": "decode", "engine-10": "decode"}
+    assert problems == [("engine-3", "NARWHAL_NODE_3_ROLE is 'router'; set NARWHAL_NODE_3_ROLE=prefill or decode "
+                                     "in .env")]
+
+
+def _inventory(tmp_path, env_text, extra_env=None):
+    (tmp_path / "inventory").mkdir()
+    (tmp_path / ".env").write_text(env_text)
+    (tmp_path / "inventory" / "hosts.yml").write_text(yaml.safe_dump(
+        {"engines": {"hosts": {"engine-1": {}, "engine-2": {}, "engine-3": {}}}}))
+    (tmp_path / "inventory" / "narwhal.yml").write_text("plugin: narwhal.deploy.fleet_groups\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NARWHAL_")}
+    env.update(ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"), **(extra_env or {}))
+    out = subprocess.run([str(pathlib.Path(sys.executable).parent / "ansible-inventory"), "-i",
+                          str(tmp_path / "inventory"), "--list"], capture_output=True, text=True, env=env,
+                         cwd=tmp_path, check=True)
+    return json.loads(out.stdout)
+
+
+def test_inventory_plugin_groups_the_engines_by_role(tmp_path):
+    doc = _inventory(tmp_path, "NARWHAL_NODE_1_ROLE=prefill\nNARWHAL_NODE_2_ROLE=decode\n"
+                               "NARWHAL_NODE_3_ROLE=decode\n")
+    assert doc["prefill"]["hosts"] == ["engine-1"]
+    assert sorted(doc["decode"]["hosts"]) == ["engine-2", "engine-3"]
+
+
+def test_inventory_plugin_process_environment_overrides_the_file(tmp_path):
+    doc = _inventory(tmp_path, "NARWHAL_NODE_1_ROLE=prefill\nNARWHAL_NODE_2_ROLE=decode\n",
+                     {"NARWHAL_NODE_2_ROLE": "prefill"})
+    assert sorted(doc["prefill"]["hosts"]) == ["engine-1", "engine-2"]
+    assert "hosts" not in doc.get("decode", {})
+
+
+def test_status_rows_and_problems():
+    healthy = {"engine": "engine-1", "role": "prefill", "serving": True, "as_recorded": True, "problems": [],
+               "container": {"id": "0123456789abcdef", "state": "running", "restart_count": 1},
+               "plan_hash_running": "sha256:feedfacecafe0000", "health": {"ok": True},
+               "version": {"running": "0.33.0"}, "nixl": {"bytes_transferred": 4096}}
+    row = status_row(healthy)
+    assert row.split()[:6] == ["engine-1", "prefill", "running/1r", "0123456789ab", "feedfacecafe", "ok"]
+    assert row.endswith("serving as recorded")
+    down = {"engine": "engine-2", "problems": ["container narwhal-engine-2 is exited (code 137)"]}
+    assert status_row(down).split()[:4] == ["engine-2", "-", "absent", "-"]
+    assert status_problems(down) == "engine-2: container narwhal-engine-2 is exited (code 137)"
+
+
+def test_summary_entry_and_row():
+    hostvars = {"inventory_hostname": "engine-2", "ansible_host": "10.0.0.2",
+                "narwhal_site": {"nodes": {"2": {"ROLE": "decode"}}},
+                "narwhal_engine_summary": {"run_id": "run-0123456789ab", "container_id": "abcdef0123456789",
+                                           "action": "replaced", "vllm_version": "0.33.0", "probe": "PASS (2/2 pairs)"}}
+    entry = summary_entry(hostvars, {"engine-2": "http://10.1.0.2:8000"})
+    assert entry == {"engine": "engine-2", "host": "10.0.0.2", "role": "decode", "url": "http://10.1.0.2:8000",
+                     "run_id": "run-0123456789ab", "container_id": "abcdef0123456789", "action": "replaced",
+                     "vllm_version": "0.33.0", "probe": "PASS (2/2 pairs)"}
+    assert summary_row(entry).split()[:7] == ["engine-2", "10.0.0.2", "decode", "http://10.1.0.2:8000",
+                                              "abcdef012345", "replaced", "0.33.0"]
+
+
+def test_every_stage_role_is_documented_and_every_playbook_opens_with_the_boilerplate():
+    for role in STAGES:
+        spec = yaml.safe_load((REPO / "roles" / role / "meta" / "argument_specs.yml").read_text())
+        assert spec["argument_specs"]["main"]["short_description"], role
+        assert (REPO / "roles" / role / "README.md").read_text().startswith("# narwhal.deploy.%s" % role)
+    for book in ("discover", "prepare", "launch", "probe", "status", "stop"):
+        plays = yaml.safe_load((REPO / "playbooks" / ("%s.yml" % book)).read_text())
+        assert plays[0]["ansible.builtin.import_playbook"] == "boilerplate.yml", book
+        roles = [r["role"] for p in plays[1:] for r in p.get("roles", [])]
+        assert "narwhal.deploy.%s" % book in roles, book
