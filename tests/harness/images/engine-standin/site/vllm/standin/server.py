@@ -389,6 +389,33 @@ def _server_class(host, base):
     return type("Server", (base,), attrs)
 
 
+# vllm/config/model.py (vllm 0.32.0, read in the real image): the keys a model's maximum length is derived from
+MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_target_positions",
+                "max_sequence_length", "max_seq_length", "seq_len")
+
+
+def max_model_len_error(max_model_len, model_config):
+    """vLLM's _get_and_verify_max_len: a --max-model-len over the model's derived maximum (and over its
+    model_max_length) is a ValueError at engine start unless VLLM_ALLOW_LONG_MAX_MODEL_LEN is set."""
+    if not isinstance(max_model_len, int) or max_model_len <= 0:
+        return None
+    if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0") not in ("", "0"):
+        return None
+    found = [(model_config[k], k) for k in MAX_LEN_KEYS if isinstance(model_config.get(k), int)]
+    if not found:
+        return None
+    derived, key = min(found)
+    model_max_length = model_config.get("model_max_length")
+    if max_model_len <= derived or (model_max_length is not None and max_model_len <= model_max_length):
+        return None
+    return (f"User-specified max_model_len ({max_model_len}) is greater than the derived max_model_len ({key}="
+            f"{derived} or model_max_length={model_max_length} in model's config.json). To allow overriding this "
+            "maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used "
+            "with extreme caution. If the model uses relative position encoding (RoPE), positions exceeding "
+            "derived_max_model_len lead to nan. If the model uses absolute position encoding, positions exceeding "
+            "derived_max_model_len will cause a CUDA array out-of-bounds error.")
+
+
 def serve(args, kv):
     """Serve after `vllm serve` parsed and validated args with the strict parser (vllm/entrypoints/cli/serve.py);
     kv is the parsed --kv-transfer-config (the stand-in KVTransferConfig) or None."""
@@ -398,6 +425,11 @@ def serve(args, kv):
             model_config = json.load(fh)
     except (OSError, ValueError) as exc:
         print(f"ERROR: cannot load model config {config}: {exc}", file=sys.stderr)
+        return 1
+    too_long = max_model_len_error(args.max_model_len, model_config)
+    if too_long:
+        # vLLM builds its ModelConfig after the CLI has parsed (the image check passes), at engine start, and exits
+        print(f"ValueError: {too_long}", file=sys.stderr, flush=True)
         return 1
     if "auto_map" in model_config and not args.trust_remote_code:
         print(f"ERROR: The repository {args.model} contains custom code which must be executed to "
