@@ -44,7 +44,7 @@ older than their inputs are refused before anything is created, naming every cha
 
     prepare refused, no run was created: NARWHAL_KV_CACHE_DTYPE changed since discovery (records: auto,
     .env now: fp8); the records (config/engine-launch.local.json, sha256 ...) were discovered from the old
-    values; rerun discovery (ansible-playbook playbooks/discover.yml), then prepare a new run
+    values; rerun discovery (ansible-playbook narwhal.deploy.discover), then prepare a new run
 
 So after changing any of them: rerun discovery, then prepare a new run; the manifest then records the corrected
 state. The other inputs (paths, engine checkout, API key file, ready timeout) are read by prepare, install and

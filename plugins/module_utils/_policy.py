@@ -33,7 +33,7 @@ POLICY_KEYS = ("NARWHAL_IMAGE", "NARWHAL_MODEL_PATH", "NARWHAL_SERVED_MODEL_NAME
                "NARWHAL_ATTEST_PORT")
 POLICY_FILE = "engine-launch.policy.json"
 SOURCES_FILE = "engine-launch.sources.json"
-RERUN = "rerun discovery (ansible-playbook playbooks/discover.yml), then prepare a new run"
+RERUN = "rerun discovery (ansible-playbook narwhal.deploy.discover), then prepare a new run"
 ENGINE = re.compile(r"^engine-([1-9][0-9]*)\Z")
 _NOT_RECORDED = object()
 

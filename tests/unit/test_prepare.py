@@ -636,7 +636,7 @@ def test_prepare_changed_site_policy_input_is_refused(root, run_module):
     assert result["msg"] == (
         "prepare refused, no run was created: NARWHAL_KV_CACHE_DTYPE changed since discovery (records: auto, "
         ".env now: fp8); the records (config/engine-launch.local.json, sha256 %s) were discovered from the old "
-        "values; rerun discovery (ansible-playbook playbooks/discover.yml), then prepare a new run" % digest[:12])
+        "values; rerun discovery (ansible-playbook narwhal.deploy.discover), then prepare a new run" % digest[:12])
     _refused(root, result)
 
 
@@ -713,7 +713,7 @@ def test_check_policy_names_keys_an_older_extract_did_not_record():
         check_policy(recorded, inputs)
     assert err.value.key == "NARWHAL_ENGINE_PORT"
     assert str(err.value) == ("NARWHAL_ENGINE_PORT changed since discovery (records: not recorded, .env now: 8000); "
-                              "rerun discovery (ansible-playbook playbooks/discover.yml), then prepare a new run")
+                              "rerun discovery (ansible-playbook narwhal.deploy.discover), then prepare a new run")
 
 
 def test_policy_changes_ignore_unset_spellings_and_node_number_types():
