@@ -340,8 +340,10 @@ def test_cli_plan_writes_plan_without_key(tmp_path):
     assert SECRET not in text and SECRET not in proc.stdout
     data = json.loads(text)
     assert data["plan_hash"] == le.plan_hash(data["plan"])
-    assert data["argv"] == le.docker_run_argv(data["plan"])
+    assert data["argv"] == le.docker_run_argv(data["plan"], run_id="r1")
     assert "VLLM_API_KEY=<redacted>" in data["argv"]
+    # the creating run is a label of the container, outside the hashed plan
+    assert "org.narwhal.run-id=r1" in data["argv"] and "org.narwhal.run-id" not in json.dumps(data["plan"])
     assert data["launcher_sha256"] == hashlib.sha256(launcher.read_bytes()).hexdigest()
     assert zipapp(tmp_path).read_bytes() == launcher.read_bytes()  # deterministic: the digest names the sources
     assert proc.stdout.startswith("docker run -d --name narwhal-engine-1 ")
