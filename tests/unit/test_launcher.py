@@ -565,7 +565,7 @@ def test_zipapp_carries_everything_the_launcher_imports(tmp_path):
     launcher = zipapp(tmp_path)
     code = ("import sys; sys.path.insert(0, sys.argv[1]); "
             "import narwhal_launcher.cli, narwhal_launcher.common, narwhal_launcher.image_check, "
-            "narwhal_launcher.probe, narwhal_launcher.start; "
+            "narwhal_launcher.probe, narwhal_launcher.start, narwhal_launcher.stop, narwhal_launcher.status; "
             "print(len(narwhal_launcher.image_check.in_image_script()))")
     proc = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(launcher)], capture_output=True, text=True,
                           check=False)
