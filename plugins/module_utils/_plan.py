@@ -28,9 +28,14 @@ __metaclass__ = type
 
 PLAN_HASH_LABEL = "org.narwhal.plan-hash"
 ENGINE_LABEL = "org.narwhal.engine"
+# The run that created the container: set at create time next to the plan hash, never part of the plan (so the
+# hash stays run-independent and an unchanged engine survives a new run); `status` reads it to say which run serves.
+RUN_ID_LABEL = "org.narwhal.run-id"
 REDACTED = "<redacted>"
 API_KEY_ENV = "VLLM_API_KEY"
-RESTART_POLICY = "unless-stopped"  # engines come back after a daemon restart or host reboot, not after a stop
+# Engines come back after a daemon restart or host reboot, not after a stop. The launch record carries no restart
+# policy (no input sets it), so the plan's is this constant.
+RESTART_POLICY = "unless-stopped"
 RERUN = "rerun discovery"
 
 # Flags whose value the launcher owns (normalised: `--x_y` -> `--x-y`). `--config` (a YAML file of arguments)
@@ -737,9 +742,20 @@ def plan_hash(plan):
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def docker_run_argv(plan, group_ids=None):
+def create_labels(plan, run_id=None):
+    """The container's labels: the plan's, the plan hash, and the run that creates it (RUN_ID_LABEL, when given).
+    The last two are added at create time, outside the hashed plan."""
+    labels = dict(plan["labels"])
+    labels[PLAN_HASH_LABEL] = plan_hash(plan)
+    if run_id:
+        labels[RUN_ID_LABEL] = run_id
+    return labels
+
+
+def docker_run_argv(plan, group_ids=None, run_id=None):
     """The complete container command as `docker run` reads it (API key redacted). `group_ids` maps the plan's
-    group names to the host's numeric IDs (the launcher passes them; see its start)."""
+    group names to the host's numeric IDs (the launcher passes them; see its start); `run_id` is the creating
+    run's label."""
     plan = redacted(plan)
     argv = ["docker", "run", "-d", "--name", plan["name"], "--network", plan["network_mode"],
             "--ipc", plan["ipc_mode"], "--restart", plan["restart_policy"]["name"]]
@@ -758,8 +774,7 @@ def docker_run_argv(plan, group_ids=None):
     for mount in plan["mounts"]:
         argv += ["--mount", "type=%s,source=%s,target=%s%s" % (mount["type"], mount["source"], mount["target"],
                                                                ",readonly" if mount["read_only"] else "")]
-    labels = dict(plan["labels"])
-    labels[PLAN_HASH_LABEL] = plan_hash(plan)
+    labels = create_labels(plan, run_id)
     for key in sorted(labels):
         argv += ["--label", "%s=%s" % (key, labels[key])]
     for key in sorted(plan["environment"]):

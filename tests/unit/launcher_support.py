@@ -14,17 +14,17 @@ SECRET = "s3cr3t-Key-0123456789abcdef"
 
 sys.path.insert(0, str(LAUNCHER_DIR))
 
-from narwhal_launcher import cli, common, image_check, in_image, probe, start  # noqa: E402
+from narwhal_launcher import cli, common, image_check, in_image, probe, start, status, stop  # noqa: E402
 
 from ansible_collections.narwhal.deploy.plugins.module_utils import _launcher_build, _plan  # noqa: E402
 
 MODULES = {"plan": _plan, "common": common, "image_check": image_check, "probe": probe, "start": start, "cli": cli,
-           "in_image": in_image}
+           "in_image": in_image, "status": status, "stop": stop}
 
 
 def _namespace():
     names = {}
-    for module in (_plan, common, image_check, probe, start, cli):
+    for module in (_plan, common, image_check, probe, start, stop, status, cli):
         names.update((k, v) for k, v in vars(module).items() if not k.startswith("__"))
     names["build_plan"] = lambda role_env, record: _plan.container_spec(record, role_env)
     return types.SimpleNamespace(**names)
@@ -63,15 +63,18 @@ def role_env(engine="engine-1", **overrides):
     return env
 
 
-def write_inputs(tmp_path, rec, **overrides):
-    """The record, a 0600 API key file and a role environment pointing at both, under tmp_path."""
-    rec_path = tmp_path / "record.json"
+def write_inputs(tmp_path, rec, tag="", **overrides):
+    """The record, a 0600 API key file and a role environment pointing at both, under tmp_path (`tag` names a
+    second set of record and role environment, as another run installs them)."""
+    rec_path = tmp_path / ("record%s.json" % tag)
     rec_path.write_text(json.dumps(rec))
     key = tmp_path / "api-key"
     key.write_text(SECRET + "\n")
     key.chmod(0o600)
-    env = role_env(rec["engine"], NARWHAL_RECORD=str(rec_path), NARWHAL_API_KEY_FILE=str(key),
-                   NARWHAL_RUN_DIR=str(tmp_path / "runs" / "r1"), **overrides)
-    env_path = tmp_path / "engine.env"
+    given = {"NARWHAL_RECORD": str(rec_path), "NARWHAL_API_KEY_FILE": str(key),
+             "NARWHAL_RUN_DIR": str(tmp_path / "runs" / "r1")}
+    given.update(overrides)
+    env = role_env(rec["engine"], **given)
+    env_path = tmp_path / ("engine%s.env" % tag)
     env_path.write_text("".join("%s=%s\n" % kv for kv in env.items()))
     return env_path, env

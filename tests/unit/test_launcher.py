@@ -340,8 +340,10 @@ def test_cli_plan_writes_plan_without_key(tmp_path):
     assert SECRET not in text and SECRET not in proc.stdout
     data = json.loads(text)
     assert data["plan_hash"] == le.plan_hash(data["plan"])
-    assert data["argv"] == le.docker_run_argv(data["plan"])
+    assert data["argv"] == le.docker_run_argv(data["plan"], run_id="r1")
     assert "VLLM_API_KEY=<redacted>" in data["argv"]
+    # the creating run is a label of the container, outside the hashed plan
+    assert "org.narwhal.run-id=r1" in data["argv"] and "org.narwhal.run-id" not in json.dumps(data["plan"])
     assert data["launcher_sha256"] == hashlib.sha256(launcher.read_bytes()).hexdigest()
     assert zipapp(tmp_path).read_bytes() == launcher.read_bytes()  # deterministic: the digest names the sources
     assert proc.stdout.startswith("docker run -d --name narwhal-engine-1 ")
@@ -563,7 +565,7 @@ def test_zipapp_carries_everything_the_launcher_imports(tmp_path):
     launcher = zipapp(tmp_path)
     code = ("import sys; sys.path.insert(0, sys.argv[1]); "
             "import narwhal_launcher.cli, narwhal_launcher.common, narwhal_launcher.image_check, "
-            "narwhal_launcher.probe, narwhal_launcher.start; "
+            "narwhal_launcher.probe, narwhal_launcher.start, narwhal_launcher.stop, narwhal_launcher.status; "
             "print(len(narwhal_launcher.image_check.in_image_script()))")
     proc = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(launcher)], capture_output=True, text=True,
                           check=False)

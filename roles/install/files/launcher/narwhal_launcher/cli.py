@@ -1,14 +1,32 @@
 """The launcher's command line (ARCHITECTURE.md §7). Runs on the engine host as `python3 launch_engine.pyz`.
 
   launch_engine.pyz --role-env PATH plan         write <NARWHAL_RUN_DIR>/plan.json, print the docker run argv
-  launch_engine.pyz --role-env PATH start [--force]
-                                                 write the plan, then start (or keep) container narwhal-<engine>,
-                                                 write <NARWHAL_RUN_DIR>/deployment.json; runs the image check
-                                                 first (or reuses a matching checked.json) and starts nothing when
-                                                 it fails
+  launch_engine.pyz --role-env PATH start [--force] [--ready-timeout S]
+                                                 write the plan, run the image check first (or reuse a matching
+                                                 checked.json; nothing is touched when it fails), then keep
+                                                 container narwhal-<engine> when it runs with this plan hash
+                                                 (prints `unchanged`), or replace it rolling: the old container
+                                                 is stopped and renamed narwhal-<engine>-previous, the new one
+                                                 must answer /health and a /version equal to checked.json's
+                                                 within S seconds (default: the role env's
+                                                 NARWHAL_ENGINE_READY_TIMEOUT, else 300; its exit is seen at
+                                                 once), writing version-probe.json. Ready: -previous is removed,
+                                                 deployment.json written, stdout `started|replaced <name> <id>`.
+                                                 Not ready: the new container is stopped and kept as
+                                                 narwhal-<engine>-failed, the previous one renamed back and
+                                                 started, rollback.json written, exit 2 with one message
+  launch_engine.pyz --role-env PATH stop         stop and remove narwhal-<engine> and its -previous/-failed
+                                                 companions (only containers labelled as this engine's); prints
+                                                 `stopped <name> <id>` per container, or `absent`
+  launch_engine.pyz --role-env PATH status [--address A]
+                                                 read only: print one JSON document of the running container
+                                                 against the installed run (plan hash, run id, image, /health,
+                                                 /version, NIXL counters, listening ports, version probe age,
+                                                 rollback.json) with `problems`, `serving`, `as_recorded`; exit
+                                                 0 whenever the document was produced
   launch_engine.pyz --role-env PATH check        write the plan, run the image check in a short-lived container of
                                                  the recorded image, write <NARWHAL_RUN_DIR>/checked.json
-  launch_engine.pyz --role-env PATH probe-version [--timeout S]
+  launch_engine.pyz --role-env PATH probe-version [--timeout S] [--address A]
                                                  wait for /health, GET /version, compare it with checked.json's
                                                  vllm_api_version, write <NARWHAL_RUN_DIR>/version-probe.json
 
@@ -21,6 +39,9 @@ vllm/vllm-openai images have ENTRYPOINT `vllm serve` (recent) or `python3 -m vll
 (older); overriding it explicitly makes the process argv independent of the image, and the split
 "vllm" / "serve ..." is exactly what `docker run --entrypoint vllm IMAGE serve ...` produces, so the recorded
 argv and the container's Config.Entrypoint/Config.Cmd agree one to one.
+
+Containers: narwhal-<engine> carries the labels org.narwhal.engine, org.narwhal.plan-hash (the plan's hash,
+run-independent) and org.narwhal.run-id (the run that created it; set at create time, outside the plan hash).
 
 Errors exit with status 2 and one line on stderr naming the field or entry and the fix; an unexpected error
 exits with status 3 and its traceback. Both are printed with secrets redacted (the API key the launcher read,
@@ -38,12 +59,15 @@ from narwhal_launcher.common import LaunchError, prepare
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="launch_engine.pyz", description="Plan and start one vLLM engine.")
     parser.add_argument("--role-env", required=True, help="the engine's role environment file")
-    parser.add_argument("action", choices=("plan", "start", "check", "probe-version"))
+    parser.add_argument("action", choices=("plan", "start", "stop", "status", "check", "probe-version"))
     parser.add_argument("--force", action="store_true", help="start: rerun the image check and replace the "
                         "container even if unchanged (e.g. after an API key rotation, which the plan hash does not "
                         "see)")
     parser.add_argument("--timeout", type=float, default=300.0, help="probe-version: seconds to wait for /health")
-    parser.add_argument("--address", help="probe-version: the engine's address (default: the role env's "
+    parser.add_argument("--ready-timeout", type=float, help="start: seconds a new container gets to answer /health "
+                        "and /version before start rolls back (default: the role env's NARWHAL_ENGINE_READY_TIMEOUT, "
+                        "else 300)")
+    parser.add_argument("--address", help="probe-version, status: the engine's address (default: the role env's "
                         "NARWHAL_ADVERTISED_ADDRESS)")
     args = parser.parse_args(argv)
     try:
@@ -55,9 +79,15 @@ def main(argv=None):
         elif args.action == "probe-version":
             from narwhal_launcher.probe import probe_version
             probe_version(args.role_env, timeout=args.timeout, address=args.address)
+        elif args.action == "stop":
+            from narwhal_launcher.stop import stop
+            stop(args.role_env)
+        elif args.action == "status":
+            from narwhal_launcher.status import status
+            status(args.role_env, address=args.address)
         else:
             from narwhal_launcher.start import start
-            start(args.role_env, force=args.force)
+            start(args.role_env, force=args.force, ready_timeout=args.ready_timeout)
     except LaunchError as exc:
         print("launch_engine: error: %s" % _plan.redact_text(" ".join(str(exc).split())), file=sys.stderr)
         return 2

@@ -162,6 +162,14 @@ class Prepared:
         self.argv, self.group_ids = argv, group_ids
 
 
+def installed(role_env_path):
+    """(role_env, record, plan, plan hash) of the installed run, read only: nothing written, no key read."""
+    role_env = read_role_env(role_env_path)
+    record = load_record(role(role_env, "NARWHAL_RECORD"))
+    plan = _plan.container_spec(record, role_env)
+    return role_env, record, plan, _plan.plan_hash(plan)
+
+
 def prepare(role_env_path):
     """Read the inputs, build the plan with the planner and write plan.json."""
     role_env = read_role_env(role_env_path)
@@ -170,20 +178,21 @@ def prepare(role_env_path):
     plan = _plan.container_spec(record, role_env)
     digest = _plan.plan_hash(plan)
     group_ids = host_group_ids(plan["group_add"])
-    argv = _plan.docker_run_argv(plan, group_ids)
+    argv = _plan.docker_run_argv(plan, group_ids, role_env.get("NARWHAL_RUN_ID", ""))
     write_private(os.path.join(run_dir(role_env), "plan.json"), {
         "engine": plan["engine"], "run_id": role_env.get("NARWHAL_RUN_ID", ""), "plan": _plan.redacted(plan),
         "plan_hash": digest, "argv": argv, "group_ids": group_ids, "launcher_sha256": launcher_sha256()})
     return Prepared(role_env, record, plan, digest, argv, group_ids)
 
 
-def docker_client():
+def docker_client(timeout=None):
+    """(the docker module, a client that answered ping); `timeout` bounds every API call (seconds)."""
     try:
         import docker  # lazily: only start/check need a daemon
     except ImportError:
         raise LaunchError("the Docker SDK for Python is missing; install python3-docker on the engine host")
     try:
-        client = docker.from_env()
+        client = docker.from_env(**({"timeout": timeout} if timeout else {}))
         client.ping()
     except Exception as exc:  # docker.errors.DockerException and connection errors
         raise LaunchError("cannot reach the Docker daemon (%s); start docker or fix DOCKER_HOST" % exc)
@@ -205,3 +214,44 @@ def check_host(plan):
         if not os.path.isdir(mount["source"]):
             raise LaunchError("launch record runtime.model_path %s is not a directory on this host; stage the "
                               "model or rerun discovery" % mount["source"])
+
+
+PREVIOUS_SUFFIX = "-previous"  # the replaced container while its successor proves itself (start)
+FAILED_SUFFIX = "-failed"  # a new container that did not become ready, kept for `docker logs` (start)
+
+
+def companion_names(name):
+    """The engine's container name and its companions, in the order stop removes them."""
+    return [name, name + PREVIOUS_SUFFIX, name + FAILED_SUFFIX]
+
+
+def container_labels(container):
+    return (container.attrs.get("Config") or {}).get("Labels") or {}
+
+
+def our_container(docker, client, name, engine):
+    """The container called `name` if it is narwhal's container of `engine` (its ENGINE_LABEL says so); None when
+    there is none. A container of that name that is not ours is refused, never touched."""
+    try:
+        container = client.containers.get(name)
+    except docker.errors.NotFound:
+        return None
+    label = container_labels(container).get(_plan.ENGINE_LABEL)
+    if label != engine:
+        raise LaunchError("container %s (%s) is not narwhal's container of %s (label %s=%s); it was left alone: "
+                          "rename or remove it (docker rm -f %s) and run again"
+                          % (name, container.short_id, engine, _plan.ENGINE_LABEL, label or "(none)", name))
+    return container
+
+
+def container_name(role_env_path):
+    """The engine's container name from the installed plan; narwhal-<engine> when the record cannot be planned
+    (stop must work on an engine whose record is broken)."""
+    try:
+        return installed(role_env_path)[2]["name"]
+    except LaunchError:
+        role_env = read_role_env(role_env_path)
+        engine = role(role_env, "NARWHAL_ENGINE")
+        if not _plan.ENGINE_NAME.match(engine):
+            raise LaunchError("role env NARWHAL_ENGINE=%r must be engine-<n>; rerun install" % engine)
+        return "narwhal-%s" % engine

@@ -36,9 +36,29 @@ def probe_url(role_env, path, address=None):
     return "http://%s:%d%s" % (address, _plan._port(role_env, "NARWHAL_HTTP_PORT"), path)
 
 
+def _redact(text, secret):
+    text = text.replace(secret, _plan.REDACTED) if secret else text
+    return _plan.redact_text(text)
+
+
+def container_logs(sdk, name, secret=None, lines=25):
+    """The last `lines` log lines of container `name` (id or name), secrets redacted; None when Docker cannot be
+    asked."""
+    if sdk is None:
+        return None
+    docker, client = sdk
+    try:
+        tail = client.containers.get(name).logs(tail=lines).decode("utf-8", "replace")
+    except docker.errors.APIError as exc:
+        return "(logs unavailable: %s)" % exc
+    return _redact(tail, secret).rstrip()
+
+
 def container_exit(sdk, name, secret=None, lines=25):
-    """(exit code, last log lines) when the container `name` has stopped; None while it runs, or when Docker
-    cannot be asked (`sdk` None: the health wait then runs to its timeout). `secret` is redacted."""
+    """(how it ended, last log lines) when the container `name` (id or name) has stopped or is being restarted by
+    its restart policy (it exited at least once: `restarting`, or running again with a restart count); None while
+    it runs, or when Docker cannot be asked (`sdk` None: the health wait then runs to its timeout). `secret` is
+    redacted."""
     if sdk is None:
         return None
     docker, client = sdk
@@ -46,16 +66,119 @@ def container_exit(sdk, name, secret=None, lines=25):
         container = client.containers.get(name)
     except docker.errors.APIError:  # NotFound included: only a stopped container is a definite answer
         return None
-    if container.status not in ("exited", "dead"):
+    restarts = container.attrs.get("RestartCount") or 0
+    if container.status not in ("exited", "dead", "restarting") and not restarts:
         return None
     code = container.attrs.get("State", {}).get("ExitCode")
+    if container.status in ("exited", "dead"):
+        how = "exited (code %s)" % code
+    else:
+        how = "exited (code %s; its restart policy restarted it %d times)" % (code, max(restarts, 1))
     try:
         tail = container.logs(tail=lines).decode("utf-8", "replace")
     except docker.errors.APIError as exc:
         tail = "(logs unavailable: %s)" % exc
-    if secret:
-        tail = tail.replace(secret, _plan.REDACTED)
-    return code, tail.rstrip()
+    return how, _redact(tail, secret).rstrip()
+
+
+class NotReadyError(LaunchError):
+    """The engine did not become ready: `cause` is one short line, `tail` its container's last log lines or None."""
+
+    def __init__(self, message, cause, tail=None):
+        super().__init__(message)
+        self.cause, self.tail = cause, tail
+
+
+def installed_checked(directory, digest):
+    """checked.json of the installed run, refused when missing or for another plan."""
+    checked = read_json_file(os.path.join(directory, "checked.json"))
+    if not checked or not checked.get("vllm_api_version"):
+        raise LaunchError("%s/checked.json is missing or unreadable; run `launch_engine.pyz check` (or start) first"
+                          % directory)
+    if checked.get("plan_hash") != digest:
+        raise LaunchError("%s/checked.json is for plan %s, the current plan is %s; run start (or check) again"
+                          % (directory, checked.get("plan_hash"), digest))
+    return checked
+
+
+def fetch_version(url, timeout=10):
+    """(HTTP status, served version or None) of GET /version; LaunchError when it cannot be read."""
+    try:
+        status, body = _http_get(url, timeout=timeout)
+        served = json.loads(body.decode("utf-8")).get("version") if status == 200 else None
+    except (OSError, ValueError, AttributeError, RecursionError) as exc:
+        raise LaunchError("GET %s failed (%s); the engine is not a vLLM OpenAI server" % (url, exc))
+    return status, served
+
+
+def wait_health(health, name, timeout, interval=1.0, sdk=None, secret=None):
+    """Wait until GET `health` answers 200, stopping at once when the container `name` (id or name) exits;
+    -> seconds waited. Raises NotReadyError (cause, log tail)."""
+    began = time.time()
+    last = "no answer"
+    while True:
+        try:
+            status, _body = _http_get(health, timeout=min(10.0, max(1.0, timeout)))
+            if status == 200:
+                return round(time.time() - began, 3)
+            last = "HTTP %d" % status
+        except OSError as exc:
+            last = str(getattr(exc, "reason", exc))
+        dead = container_exit(sdk, name, secret)
+        if dead:
+            raise NotReadyError("engine container %s %s before %s answered; its last log lines:\n%s"
+                                % (name, dead[0], health, dead[1]),
+                                "the container %s before %s answered" % (dead[0], health), dead[1])
+        if time.time() - began >= timeout:
+            raise NotReadyError("%s did not answer 200 within %d s (last: %s); see the engine container's logs "
+                                "(docker logs %s)" % (health, timeout, last, name),
+                                "%s did not answer 200 within %d s (last: %s)" % (health, timeout, last),
+                                container_logs(sdk, name, secret))
+        time.sleep(interval)
+
+
+def wait_ready(role_env, name, checked, digest, timeout, directory, interval=1.0, address=None, sdk=None,
+               secret=None):
+    """Wait for /health (200) of the engine, stopping at once when its container `name` (id or name) exits; then
+    GET /version and compare it with checked.json's vllm_api_version; write version-probe.json. Returns the
+    probe result; raises NotReadyError (cause, log tail) otherwise."""
+    health, version_url = probe_url(role_env, "/health", address), probe_url(role_env, "/version", address)
+    waited = wait_health(health, name, timeout, interval, sdk, secret)
+    try:
+        status, served = fetch_version(version_url)
+    except LaunchError as exc:
+        raise NotReadyError(str(exc), str(exc), container_logs(sdk, name, secret))
+    if status != 200 or not isinstance(served, str):
+        message = "GET %s answered HTTP %s without a version; the engine is not a vLLM OpenAI server" \
+            % (version_url, status)
+        raise NotReadyError(message, message, container_logs(sdk, name, secret))
+    expected = checked["vllm_api_version"]
+    result = {"engine": role_env.get("NARWHAL_ENGINE", ""), "run_id": role_env.get("NARWHAL_RUN_ID", ""),
+              "url": version_url, "version": served, "expected": expected, "ok": served == expected,
+              "plan_hash": digest, "image_id": checked.get("image_id")}
+    # No timestamps in the file: an unchanged engine probed again leaves it byte-for-byte the same.
+    write_private(os.path.join(directory, "version-probe.json"), result)
+    result["health_wait_s"] = waited
+    if not result["ok"]:
+        raise NotReadyError("GET %s answered version %s but checked.json vllm_api_version is %s; the running engine "
+                            "is not the checked image: stop it and run start again" % (version_url, served, expected),
+                            "GET %s answered version %s, checked.json says %s" % (version_url, served, expected),
+                            container_logs(sdk, name, secret))
+    return result
+
+
+def optional_docker():
+    try:
+        return docker_client()
+    except LaunchError:
+        return None
+
+
+def optional_key(role_env):
+    try:
+        return read_api_key(role_env.get("NARWHAL_API_KEY_FILE", ""))
+    except LaunchError:
+        return None
 
 
 def probe_version(role_env_path, timeout=300.0, interval=1.0, address=None, out=None):
@@ -66,58 +189,9 @@ def probe_version(role_env_path, timeout=300.0, interval=1.0, address=None, out=
     plan = _plan.container_spec(record, role_env)
     digest = _plan.plan_hash(plan)
     directory = run_dir(role_env)
-    checked = read_json_file(os.path.join(directory, "checked.json"))
-    if not checked or not checked.get("vllm_api_version"):
-        raise LaunchError("%s/checked.json is missing or unreadable; run `launch_engine.pyz check` (or start) first"
-                          % directory)
-    if checked.get("plan_hash") != digest:
-        raise LaunchError("%s/checked.json is for plan %s, the current plan is %s; run start (or check) again"
-                          % (directory, checked.get("plan_hash"), digest))
-    health, version_url = probe_url(role_env, "/health", address), probe_url(role_env, "/version", address)
-    try:
-        sdk = docker_client()
-    except LaunchError:
-        sdk = None
-    try:
-        secret = read_api_key(role_env.get("NARWHAL_API_KEY_FILE", ""))
-    except LaunchError:
-        secret = None
-    began = time.time()
-    last = "no answer"
-    while True:
-        try:
-            status, _body = _http_get(health, timeout=min(10.0, max(1.0, timeout)))
-            if status == 200:
-                break
-            last = "HTTP %d" % status
-        except OSError as exc:
-            last = str(getattr(exc, "reason", exc))
-        if time.time() - began >= timeout:
-            raise LaunchError("%s did not answer 200 within %d s (last: %s); see the engine container's logs "
-                              "(docker logs narwhal-%s)" % (health, timeout, last, role_env.get("NARWHAL_ENGINE")))
-        dead = container_exit(sdk, plan["name"], secret)
-        if dead:
-            raise LaunchError("engine container %s exited (code %s) before %s answered; its last log lines:\n%s"
-                              % (plan["name"], dead[0], health, dead[1]))
-        time.sleep(interval)
-    waited = round(time.time() - began, 3)
-    try:
-        status, body = _http_get(version_url, timeout=10)
-        served = json.loads(body.decode("utf-8")).get("version") if status == 200 else None
-    except (OSError, ValueError, AttributeError, RecursionError) as exc:
-        raise LaunchError("GET %s failed (%s); the engine is not a vLLM OpenAI server" % (version_url, exc))
-    if status != 200 or not isinstance(served, str):
-        raise LaunchError("GET %s answered HTTP %s without a version; the engine is not a vLLM OpenAI server"
-                          % (version_url, status))
-    expected = checked["vllm_api_version"]
-    result = {"engine": role_env.get("NARWHAL_ENGINE", ""), "run_id": role_env.get("NARWHAL_RUN_ID", ""),
-              "url": version_url, "version": served, "expected": expected, "ok": served == expected,
-              "plan_hash": digest, "image_id": checked.get("image_id")}
-    # No timestamps in the file: an unchanged engine probed again leaves it byte-for-byte the same.
-    write_private(os.path.join(directory, "version-probe.json"), result)
-    result["health_wait_s"] = waited
-    if not result["ok"]:
-        raise LaunchError("GET %s answered version %s but checked.json vllm_api_version is %s; the running engine "
-                          "is not the checked image: stop it and run start again" % (version_url, served, expected))
-    print("version ok: %s %s = checked %s" % (version_url, served, expected), file=out or sys.stdout)
+    checked = installed_checked(directory, digest)
+    result = wait_ready(role_env, plan["name"], checked, digest, timeout, directory, interval=interval,
+                        address=address, sdk=optional_docker(), secret=optional_key(role_env))
+    print("version ok: %s %s = checked %s" % (result["url"], result["version"], result["expected"]),
+          file=out or sys.stdout)
     return result

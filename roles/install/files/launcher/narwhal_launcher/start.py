@@ -1,31 +1,63 @@
 """`start`: the image check (or a matching checked.json), then the container exactly as planned, kept when
-its plan hash is unchanged; deployment.json records the application revision, launcher digest and container."""
+its plan hash is unchanged; deployment.json records the application revision, launcher digest and container.
+
+A replacement is rolling: the running container is stopped and renamed <name>-previous, the new one is created
+and must become ready (/health, then /version equal to checked.json's) within the ready timeout. Ready: the
+previous container is removed. Not ready: the new container is stopped and kept as <name>-failed (its logs
+stay readable), the previous one gets its name back and is started again, rollback.json says what happened,
+and start exits 2 with one message."""
 import os
 import sys
 import time
 
 from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
 from narwhal_launcher.common import (
+    FAILED_SUFFIX,
+    PREVIOUS_SUFFIX,
     LaunchError,
     check_host,
+    container_labels,
     docker_client,
     launcher_sha256,
+    our_container,
     prepare,
     read_api_key,
     run_dir,
     write_private,
 )
 from narwhal_launcher.image_check import checked_sha256, image_check
+from narwhal_launcher.probe import NotReadyError, container_logs, probe_url, wait_health, wait_ready
 
 STOP_TIMEOUT = 30  # seconds vLLM gets to shut down (SIGTERM) before a replaced container is killed
+DEFAULT_READY_TIMEOUT = 300.0  # seconds a new container gets to become ready (the site's default)
+LOG_LINES = 20  # the failed container's last log lines in the rollback message and rollback.json
+ROLLBACK_FILE = "rollback.json"
 
 
-def create_kwargs(docker, plan, digest, api_key, group_ids=None):
+def ready_timeout_from(role_env, given=None):
+    """The seconds a new container gets to become ready: --ready-timeout, else the role env's
+    NARWHAL_ENGINE_READY_TIMEOUT when it carries one, else DEFAULT_READY_TIMEOUT."""
+    if given is not None:
+        where, value = "--ready-timeout", given
+    elif role_env.get("NARWHAL_ENGINE_READY_TIMEOUT"):
+        where, value = "role env NARWHAL_ENGINE_READY_TIMEOUT", role_env["NARWHAL_ENGINE_READY_TIMEOUT"]
+    else:
+        return DEFAULT_READY_TIMEOUT
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if not 0 < seconds <= 86400:
+        raise LaunchError("%s=%r must be a number of seconds between 1 and 86400" % (where, value))
+    return seconds
+
+
+def create_kwargs(docker, plan, digest, api_key, group_ids=None, run_id=None):
     """Keyword arguments of client.containers.create for a plan (the real key injected here only)."""
     environment = dict(plan["environment"])
     if _plan.API_KEY_ENV in environment:
         environment[_plan.API_KEY_ENV] = api_key
-    labels = dict(plan["labels"])
+    labels = _plan.create_labels(plan, run_id)
     labels[_plan.PLAN_HASH_LABEL] = digest
     groups = [(group_ids or {}).get(g) for g in plan["group_add"]]
     return {
@@ -50,9 +82,147 @@ def create_kwargs(docker, plan, digest, api_key, group_ids=None):
     }
 
 
-def start(role_env_path, force=False, out=None):
+# ------------------------------------------------------------------------------------------ pure parts
+
+def served_port(attrs, default):
+    """The HTTP port a container's `vllm serve` command listens on (its Config.Cmd `--port`), else `default`."""
+    command = list((attrs.get("Config") or {}).get("Cmd") or [])
+    for index, token in enumerate(command):
+        if token == "--port" and index + 1 < len(command) and str(command[index + 1]).isdigit():
+            return int(command[index + 1])
+        if isinstance(token, str) and token.startswith("--port=") and token[7:].isdigit():
+            return int(token[7:])
+    return default
+
+
+def log_excerpt(tail, lines=LOG_LINES, limit=2000):
+    """The last `lines` non-empty log lines on one line (' | ' between them), at most `limit` characters."""
+    kept = [" ".join(line.split()) for line in (tail or "").splitlines()
+            if line.strip(" \t^~")][-lines:]  # blank lines and Python's traceback markers (^^^^) say nothing
+    text = " | ".join(kept)
+    return ("..." + text[-limit:]) if len(text) > limit else text
+
+
+def rollback_message(engine, failed, cause, restored, tail):
+    """The one message of a start that rolled back. `failed`: {plan_hash, run_id, name} of the new container;
+    `restored`: None (there was no previous container) or {id, plan_hash, run_id, serving, error, started}."""
+    head = "%s: the new container (plan %s, run %s) failed: %s; " % (
+        engine, (failed["plan_hash"] or "?")[:12], failed["run_id"] or "?", cause)
+    if restored is None:
+        body = "there was no previous container to roll back to, so %s is down" % engine
+    else:
+        which = "the previous container %s (plan %s, run %s)" % (
+            restored["id"][:12], (restored["plan_hash"] or "?")[:12], restored["run_id"] or "?")
+        if restored["serving"]:
+            body = "rolled back to %s which is serving again" % which
+        elif not restored["started"]:
+            body = "restored %s under its name; it was not running before this start and is left stopped, so %s " \
+                   "is down" % (which, engine)
+        else:
+            body = "rolled back to %s but it is not serving (%s), so %s is down" % (which, restored["error"], engine)
+    kept = "; the failed container is kept as %s (docker logs %s)" % (failed["name"], failed["name"]) \
+        if failed.get("kept") else ""
+    logs = log_excerpt(tail)
+    return head + body + kept + ("; its last log lines: %s" % logs if logs else "; it left no log lines")
+
+
+# ------------------------------------------------------------------------------------------ docker steps
+
+class Previous:
+    """The container being replaced: its id, labels and whether it was running (to start it again)."""
+
+    def __init__(self, container, was_running):
+        labels = container_labels(container)
+        self.id, self.was_running, self.attrs = container.id, was_running, container.attrs
+        self.plan_hash = labels.get(_plan.PLAN_HASH_LABEL, "")
+        self.run_id = labels.get(_plan.RUN_ID_LABEL, "")
+
+
+def _remove(docker, container, note=None):
+    if container is None:
+        return
+    try:
+        container.remove(force=True)
+    except docker.errors.APIError as exc:
+        if note is not None:
+            note.append("could not remove %s: %s" % (container.name, exc))
+
+
+def _stop(container):
+    container.reload()
+    if container.status in ("running", "restarting", "paused"):
+        container.stop(timeout=STOP_TIMEOUT)
+
+
+def set_aside(docker, client, existing, plan):
+    """Stop the current container and rename it <name>-previous (an older -previous removed first); a leftover
+    -previous with no current container (an interrupted replace) is adopted as the one to roll back to."""
+    name, engine = plan["name"], plan["engine"]
+    older = our_container(docker, client, name + PREVIOUS_SUFFIX, engine)
+    if existing is None:
+        return Previous(older, True) if older is not None else None
+    _remove(docker, older)
+    was_running = existing.status in ("running", "restarting")
+    previous = Previous(existing, was_running)
+    _stop(existing)
+    existing.rename(name + PREVIOUS_SUFFIX)
+    return previous
+
+
+def roll_back(docker, client, plan, role_env, new, previous, cause, tail, timeout, interval, secret):
+    """Keep the failed container as <name>-failed (stopped), give the previous one its name back and start it,
+    wait for its /health; write rollback.json and raise the one message."""
+    name, engine = plan["name"], plan["engine"]
+    notes = []
+    failed = {"name": name + FAILED_SUFFIX, "plan_hash": _plan.plan_hash(plan),
+              "run_id": role_env.get("NARWHAL_RUN_ID", ""), "id": new.id if new is not None else None,
+              "kept": False}
+    if new is not None:
+        try:
+            _stop(new)
+            _remove(docker, our_container(docker, client, failed["name"], engine), notes)
+            new.rename(failed["name"])
+            failed["kept"] = True
+        except (docker.errors.APIError, LaunchError) as exc:
+            notes.append("could not set the failed container aside: %s" % exc)
+    restored = None
+    if previous is not None:
+        restored = {"id": previous.id, "plan_hash": previous.plan_hash, "run_id": previous.run_id,
+                    "serving": False, "started": False, "error": None}
+        try:
+            container = client.containers.get(previous.id)
+            if container.name != name:
+                container.rename(name)
+            if previous.was_running:
+                container.start()
+                restored["started"] = True
+                address = role_env.get("NARWHAL_ADVERTISED_ADDRESS", "")
+                health = probe_url(dict(role_env, NARWHAL_HTTP_PORT=str(served_port(
+                    previous.attrs, int(role_env.get("NARWHAL_HTTP_PORT") or 0)))), "/health", address)
+                wait_health(health, previous.id, timeout, interval, (docker, client), secret)
+                restored["serving"] = True
+        except NotReadyError as exc:
+            restored["error"] = exc.cause
+        except (docker.errors.APIError, LaunchError) as exc:
+            restored["error"] = _plan.redact_text(str(exc))
+    document = {
+        "engine": engine, "run_id": failed["run_id"], "cause": cause, "failed_container_id": failed["id"],
+        "failed_container_name": failed["name"] if failed["kept"] else None, "failed_plan_hash": failed["plan_hash"],
+        "failed_log_tail": log_excerpt(tail).split(" | ") if tail else [],
+        "restored_container_id": restored and restored["id"], "restored_plan_hash": restored and restored["plan_hash"],
+        "restored_run_id": restored and restored["run_id"], "restored_serving": bool(restored and restored["serving"]),
+        "restored_error": restored and restored["error"], "notes": notes,
+        "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    write_private(os.path.join(run_dir(role_env), ROLLBACK_FILE), document)
+    message = rollback_message(engine, failed, cause, restored, tail)
+    raise LaunchError(message + ("; also: %s" % "; ".join(notes) if notes else ""))
+
+
+def start(role_env_path, force=False, out=None, ready_timeout=None, interval=1.0):
     prepared = prepare(role_env_path)
     role_env, record, plan, digest = prepared.role_env, prepared.record, prepared.plan, prepared.digest
+    timeout = ready_timeout_from(role_env, ready_timeout)
     api_key = read_api_key(role_env.get("NARWHAL_API_KEY_FILE", ""))
     check_host(plan)
     docker, client = docker_client()
@@ -60,51 +230,66 @@ def start(role_env_path, force=False, out=None):
     # launcher is reused unless --force. Its verdict goes to stderr, stdout keeps the one start line.
     checked, check_how = image_check(role_env, record, plan, digest, docker=docker, client=client,
                                      reuse=not force, out=sys.stderr)
-    existing = None
-    try:
-        existing = client.containers.get(plan["name"])
-    except docker.errors.NotFound:
-        pass
-    action, replaced = "started", None
-    if existing is not None:
-        labels = existing.attrs.get("Config", {}).get("Labels") or {}
-        if existing.status == "running" and labels.get(_plan.PLAN_HASH_LABEL) == digest and not force:
-            container, action = existing, "unchanged"
-        else:
-            replaced = existing.id
-            if existing.status == "running":
-                existing.stop(timeout=STOP_TIMEOUT)
-            existing.remove(force=True)
-            action = "replaced"
-    if action != "unchanged":
+    directory = run_dir(role_env)
+    run_id = role_env.get("NARWHAL_RUN_ID", "")
+    existing = our_container(docker, client, plan["name"], plan["engine"])
+    previous = None
+    if existing is not None and existing.status == "running" \
+            and container_labels(existing).get(_plan.PLAN_HASH_LABEL) == digest and not force:
+        container, action = existing, "unchanged"
+    else:
         try:
             client.images.get(plan["image"])
         except docker.errors.ImageNotFound:
             raise LaunchError("launch record runtime.image_id %s is not on this host; load the recorded image "
                               "(%s) or rerun discovery" % (plan["image"], plan["image_ref"]))
+        action = "started" if existing is None else "replaced"
+        previous = set_aside(docker, client, existing, plan)
+        container = None
         try:
-            kwargs = create_kwargs(docker, plan, digest, api_key, prepared.group_ids)
-            container = client.containers.create(**kwargs)
-            container.start()
-        except docker.errors.APIError as exc:
-            raise LaunchError("docker refused container %s: %s"
-                              % (plan["name"], str(exc).replace(api_key, _plan.REDACTED)))
+            try:
+                container = client.containers.create(**create_kwargs(docker, plan, digest, api_key,
+                                                                     prepared.group_ids, run_id))
+                container.start()
+            except docker.errors.APIError as exc:
+                raise NotReadyError("docker refused container %s: %s" % (plan["name"], exc),
+                                    "docker refused to start it: %s" % _plan.redact_text(str(exc), (api_key,)))
+            wait_ready(role_env, container.id, checked, digest, timeout, directory, interval=interval,
+                       sdk=(docker, client), secret=api_key)
+        except Exception as exc:  # noqa: BLE001 - whatever stopped the new container, the previous one comes back
+            if isinstance(exc, NotReadyError):
+                cause, tail = exc.cause, exc.tail
+            else:
+                cause = _plan.redact_text(" ".join(str(exc).split()) or type(exc).__name__, (api_key,))
+                tail = container_logs((docker, client), container.id, api_key, LOG_LINES) if container else None
+            roll_back(docker, client, plan, role_env, container, previous, cause, tail, timeout, interval, api_key)
+        if previous is not None:
+            notes = []
+            _remove(docker, client.containers.get(previous.id), notes)
+            for note in notes:
+                print("launch_engine: warning: %s; it is removed by the next start" % note, file=sys.stderr)
         container.reload()
     deployment = {
-        "engine": plan["engine"], "run_id": role_env.get("NARWHAL_RUN_ID", ""), "action": action,
+        "engine": plan["engine"], "run_id": run_id, "action": action,
         "app_revision": role_env.get("NARWHAL_APP_REVISION", ""),
         "container_id": container.id, "container_name": plan["name"], "plan_hash": digest,
         "image_id": plan["image"], "launcher_sha256": launcher_sha256(), "group_ids": prepared.group_ids,
         "started_at": container.attrs.get("State", {}).get("StartedAt", ""),
         "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "replaced_container_id": replaced,
+        "replaced_container_id": previous.id if previous else None,
+        "previous_container_id": previous.id if previous else None,
+        "previous_plan_hash": previous.plan_hash if previous else None,
+        "previous_run_id": previous.run_id if previous else None,
         "checked_sha256": checked_sha256(checked), "check": check_how,
         "vllm_api_version": checked["vllm_api_version"],
     }
-    existing = os.path.join(run_dir(role_env), "deployment.json")
-    if action != "unchanged" or not os.path.exists(existing):
+    path = os.path.join(directory, "deployment.json")
+    if action != "unchanged" or not os.path.exists(path):
         # An unchanged engine keeps the record of the deployment that is still running (idempotence).
-        write_private(existing, deployment)
+        write_private(path, deployment)
+    stale = os.path.join(directory, ROLLBACK_FILE)
+    if os.path.exists(stale):  # the container of this plan serves now: an earlier rollback is history
+        os.unlink(stale)
     print("unchanged" if action == "unchanged" else "%s %s %s" % (action, plan["name"], container.id),
           file=out or sys.stdout)
     return deployment
