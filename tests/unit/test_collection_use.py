@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import yaml
+
 from ansible_collections.narwhal.deploy.plugins.filter.narwhal import (
     status_problems,
     status_row,

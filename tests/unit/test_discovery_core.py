@@ -517,9 +517,12 @@ def test_site_inputs_refuses_what_dotenv_passes_silently(site_module, tmp_path, 
 
 
 def test_site_inputs_ignores_tool_variables_and_warns_about_near_misses(site_module, monkeypatch):
+    from ansible.module_utils import _internal
     from ansible.module_utils.common import warnings
 
     monkeypatch.setattr(warnings, "_global_warnings", {})
+    # as a module process: once a controller plugin was imported (other tests), warnings would go to Display
+    monkeypatch.setattr(_internal, "is_controller", False)
     monkeypatch.setenv("NARWHAL_IMAGES", "sim real")  # the Makefile's, not an input
     monkeypatch.setenv("NARWHAL_TRANSPRT", "ucx_rdma")
     monkeypatch.setenv("NARWHAL_ENGINE_PORT", "9000")

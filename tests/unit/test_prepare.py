@@ -17,7 +17,11 @@ import stat
 import pytest
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError
-from ansible_collections.narwhal.deploy.plugins.module_utils._launcher_build import build_zipapp, launcher_sources
+from ansible_collections.narwhal.deploy.plugins.module_utils._launcher_build import (
+    PLANNER_FILES,
+    build_zipapp,
+    launcher_sources,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._policy import (
     POLICY_FILE,
     SOURCES_FILE,
@@ -454,7 +458,7 @@ def make_checkout(tmp_path, launch):
     shutil.copytree(REPO / "roles" / "install" / "files" / "launcher", collection / "roles" / "install" / "files" /
                     "launcher", ignore=shutil.ignore_patterns("__pycache__"))
     (collection / "plugins" / "module_utils").mkdir(parents=True)
-    for name in ("_plan.py", "_subst.py"):
+    for name in PLANNER_FILES:
         shutil.copy(REPO / "plugins" / "module_utils" / name, collection / "plugins" / "module_utils" / name)
     return tmp_path
 
