@@ -68,8 +68,8 @@ def status_row(status):
     return "%-10s %-8s %-9s %-12s %-14s %-7s %-9s %-13s %s" % (
         status.get("engine"), status.get("role") or "-", state, _short(container.get("id")),
         _short(status.get("plan_hash_running")), "ok" if (status.get("health") or {}).get("ok") else "FAIL",
-        (status.get("version") or {}).get("running") or "-", nixl.get("bytes_transferred", "-"),
-        "; ".join(status.get("problems") or []) or "serving as recorded")
+        (status.get("version") or {}).get("served") or "-", nixl.get("bytes_transferred", "-"),
+        "; ".join(status.get("problems") or []) or "; ".join(["serving as recorded"] + (status.get("notes") or [])))
 
 
 def status_problems(status):

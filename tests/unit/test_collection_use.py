@@ -79,7 +79,7 @@ def test_status_rows_and_problems():
     healthy = {"engine": "engine-1", "role": "prefill", "serving": True, "as_recorded": True, "problems": [],
                "container": {"id": "0123456789abcdef", "state": "running", "restart_count": 1},
                "plan_hash_running": "sha256:feedfacecafe0000", "health": {"ok": True},
-               "version": {"running": "0.33.0"}, "nixl": {"bytes_transferred": 4096}}
+               "version": {"served": "0.33.0"}, "nixl": {"bytes_transferred": 4096}}
     row = status_row(healthy)
     assert row.split()[:6] == ["engine-1", "prefill", "running/1r", "0123456789ab", "feedfacecafe", "ok"]
     assert row.endswith("serving as recorded")

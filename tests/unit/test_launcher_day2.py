@@ -98,8 +98,6 @@ def test_status_of_a_healthy_engine_has_no_problems():
      "container narwhal-engine-2 is exited (code 137)"),
     ({"container": {"state": "restarting", "running": False, "exit_code": 1, "restart_count": 4}},
      "container narwhal-engine-2 is restarting after exiting (code 1, restarted 4 times)"),
-    ({"container": {"restart_count": 2}},
-     "container narwhal-engine-2 was restarted 2 times by its restart policy (it exited)"),
     ({"container": None}, "container narwhal-engine-2 does not exist: engine-2 is not started (run launch)"),
     ({"container": {"ours": False, "engine_label": None}},
      "container narwhal-engine-2 is not narwhal's container of engine-2 (label org.narwhal.engine=(none))"),
@@ -148,6 +146,14 @@ def test_status_serving_needs_running_health_and_version():
     # serving, but not as recorded: another plan answers
     doc = le.verdict(facts(plan_hash_running=HASH_B))
     assert doc["serving"] is True and doc["as_recorded"] is False and len(doc["problems"]) == 1
+
+
+def test_status_restarts_by_the_policy_are_noted_not_a_problem():
+    doc = le.verdict(facts(container={"restart_count": 2}))
+    assert doc["as_recorded"] is True and doc["problems"] == []
+    assert doc["notes"] == ["container narwhal-engine-2 was restarted 2 times by its restart policy (it exited; see "
+                            "docker logs)"]
+    assert le.verdict(facts())["notes"] == []
 
 
 def test_status_document_strings_are_redacted():

@@ -24,6 +24,9 @@
                                                  /version, NIXL counters, listening ports, version probe age,
                                                  rollback.json) with `problems`, `serving`, `as_recorded`; exit
                                                  0 whenever the document was produced
+  launch_engine.pyz --role-env PATH preview      read only: what start would do (start, replace or unchanged) and,
+                                                 for a replacement, the unified diff of the running run's plan.json
+                                                 against the installed plan, as one JSON document (--check --diff)
   launch_engine.pyz --role-env PATH check        write the plan, run the image check in a short-lived container of
                                                  the recorded image, write <NARWHAL_RUN_DIR>/checked.json
   launch_engine.pyz --role-env PATH probe-version [--timeout S] [--address A]
@@ -59,7 +62,7 @@ from narwhal_launcher.common import LaunchError, prepare
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="launch_engine.pyz", description="Plan and start one vLLM engine.")
     parser.add_argument("--role-env", required=True, help="the engine's role environment file")
-    parser.add_argument("action", choices=("plan", "start", "stop", "status", "check", "probe-version"))
+    parser.add_argument("action", choices=("plan", "start", "stop", "status", "preview", "check", "probe-version"))
     parser.add_argument("--force", action="store_true", help="start: rerun the image check and replace the "
                         "container even if unchanged (e.g. after an API key rotation, which the plan hash does not "
                         "see)")
@@ -82,6 +85,9 @@ def main(argv=None):
         elif args.action == "stop":
             from narwhal_launcher.stop import stop
             stop(args.role_env)
+        elif args.action == "preview":
+            from narwhal_launcher.preview import preview
+            preview(args.role_env)
         elif args.action == "status":
             from narwhal_launcher.status import status
             status(args.role_env, address=args.address)

@@ -87,9 +87,6 @@ def derive_problems(doc):
             problems.append("container %s is %s (code %s)" % (name, state, code))
         elif state != "running":
             problems.append("container %s is %s, not running" % (name, state))
-        elif restarts:
-            problems.append("container %s was restarted %s times by its restart policy (it exited)"
-                            % (name, restarts))
         running, installed_hash = doc.get("plan_hash_running"), doc.get("plan_hash_installed")
         if not running:
             problems.append("container %s carries no %s label: it was not started by this launcher"
@@ -149,6 +146,10 @@ def verdict(doc):
     doc["serving"] = bool(container.get("running") and (doc.get("health") or {}).get("ok")
                           and (doc.get("version") or {}).get("ok"))
     doc["as_recorded"] = not doc["problems"]
+    # a restart by the policy is worth seeing, but an engine serving its recorded plan again is as recorded
+    doc["notes"] = ["container %s was restarted %s times by its restart policy (it exited; see docker logs)"
+                    % (doc["container_name"], container["restart_count"])] \
+        if container.get("running") and container.get("restart_count") else []
     return doc
 
 

@@ -1,0 +1,54 @@
+"""`preview`: what `start` would do, changing nothing (launch.yml --check --diff). Read-only: no plan.json, no
+image check, no container touched. Prints one JSON document: the action (start, replace or unchanged, as `start`
+decides it without --force), the container, the running and the installed plan hashes and runs, and the plan
+difference (a unified diff of the running run's recorded plan against the installed one) when it is replaced."""
+import difflib
+import json
+import os
+import sys
+
+from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
+from narwhal_launcher.common import installed, read_json_file, role
+from narwhal_launcher.status import container_labels, docker_facts, redact_strings
+
+
+def plan_lines(document):
+    """The plan as sorted JSON lines (what the diff compares); secrets are redacted in recorded plans already."""
+    if not document:
+        return []
+    return json.dumps(document, indent=1, sort_keys=True).splitlines()
+
+
+def decide(container, running_hash, digest):
+    """start's decision, pure: keep a running container of this plan hash, else start or replace."""
+    if container is None:
+        return "start"
+    if container.status == "running" and running_hash == digest:
+        return "unchanged"
+    return "replace"
+
+
+def preview(role_env_path, out=None):
+    role_env, _record, plan, digest = installed(role_env_path)
+    name, engine = plan["name"], plan["engine"]
+    container, _companions, docker_error = docker_facts(name, engine)
+    labels = container_labels(container) if container is not None else {}
+    running_hash, running_run = labels.get(_plan.PLAN_HASH_LABEL), labels.get(_plan.RUN_ID_LABEL)
+    action = decide(container, running_hash, digest)
+    doc = {"engine": engine, "container": name, "action": action, "docker_error": docker_error,
+           "container_state": container.status if container is not None else None,
+           "plan_hash_running": running_hash, "run_id_running": running_run,
+           "plan_hash_installed": digest, "run_id_installed": role_env.get("NARWHAL_RUN_ID", ""), "diff": []}
+    if action == "replace":
+        runs = os.path.dirname(role(role_env, "NARWHAL_RUN_DIR"))
+        before = read_json_file(os.path.join(runs, running_run, "plan.json")) if running_run else None
+        old = (before or {}).get("plan")
+        doc["diff"] = list(difflib.unified_diff(
+            plan_lines(old), plan_lines(_plan.redacted(plan)), lineterm="",
+            fromfile="running plan %s (run %s)" % ((running_hash or "?")[:19], running_run or "?"),
+            tofile="installed plan %s (run %s)" % (digest[:19], doc["run_id_installed"])))
+        if old is None:
+            doc["diff"].insert(0, "(the running container's recorded plan is not on this host: no difference shown)")
+    doc = redact_strings(doc)
+    print(json.dumps(doc, indent=1, sort_keys=True), file=out or sys.stdout)
+    return doc
