@@ -39,6 +39,11 @@ def current_inspection(hostvars, prereqs_var="prepare_prereqs"):
             "image_id": prereqs.get("image_id")}
 
 
+def _count(value):
+    """A counter as it reads: 3584.0 -> 3584."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def probe_row(result):
     verdict = "PASS" if result.get("ok") else "FAIL (%s)" % "; ".join(result.get("reasons") or [])
     same = {True: ", output = local recomputation", False: ", output differs from local recomputation"}.get(
@@ -48,7 +53,7 @@ def probe_row(result):
     notes = "".join("; %s" % n for n in result.get("notes") or [])
     host = str(result.get("remote_host"))
     return "%s -> %s: %s, %s bytes of KV via %s:%s in %ss (decode %ss)%s%s%s" % (
-        result.get("producer"), result.get("consumer"), verdict, result.get("bytes"),
+        result.get("producer"), result.get("consumer"), verdict, _count(result.get("bytes")),
         "[%s]" % host if ":" in host else host, result.get("remote_port"), result.get("latency_s"),
         result.get("decode_s"), evidence, same, notes)
 
@@ -68,7 +73,7 @@ def status_row(status):
     return "%-10s %-8s %-9s %-12s %-14s %-7s %-9s %-13s %s" % (
         status.get("engine"), status.get("role") or "-", state, _short(container.get("id")),
         _short(status.get("plan_hash_running")), "ok" if (status.get("health") or {}).get("ok") else "FAIL",
-        (status.get("version") or {}).get("served") or "-", nixl.get("bytes_transferred", "-"),
+        (status.get("version") or {}).get("served") or "-", _count(nixl.get("bytes_transferred", "-")),
         "; ".join(status.get("problems") or []) or "; ".join(["serving as recorded"] + (status.get("notes") or [])))
 
 
