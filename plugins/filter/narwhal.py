@@ -82,9 +82,15 @@ def status_problems(status):
     return "%s: %s" % (status.get("engine"), "; ".join(status.get("problems") or ["not serving as recorded"]))
 
 
+SUMMARY_FACTS = ("prepare_summary", "launch_summary", "probe_summary", "stop_summary")
+
+
 def summary_entry(hostvars, urls=None):
-    """One engine's row of a playbook's closing table, from the fact narwhal_engine_summary its stages set."""
-    done = hostvars.get("narwhal_engine_summary") or {}
+    """One engine's row of a playbook's closing table, from the facts its stage roles set (<role>_summary, the
+    later stage's value winning)."""
+    done = {}
+    for stage in SUMMARY_FACTS:
+        done.update(hostvars.get(stage) or {})
     engine = hostvars.get("inventory_hostname")
     node = ((hostvars.get("narwhal_site") or {}).get("nodes") or {}).get(str(engine).replace("engine-", "", 1)) or {}
     return {"engine": engine, "host": hostvars.get("ansible_host") or engine, "role": node.get("ROLE"),

@@ -91,8 +91,9 @@ def test_status_rows_and_problems():
 def test_summary_entry_and_row():
     hostvars = {"inventory_hostname": "engine-2", "ansible_host": "10.0.0.2",
                 "narwhal_site": {"nodes": {"2": {"ROLE": "decode"}}},
-                "narwhal_engine_summary": {"run_id": "run-0123456789ab", "container_id": "abcdef0123456789",
-                                           "action": "replaced", "vllm_version": "0.33.0", "probe": "PASS (2/2 pairs)"}}
+                "launch_summary": {"run_id": "run-0123456789ab", "container_id": "abcdef0123456789",
+                                   "action": "replaced", "vllm_version": "0.33.0"},
+                "probe_summary": {"probe": "PASS (2/2 pairs)"}}
     entry = summary_entry(hostvars, {"engine-2": "http://10.1.0.2:8000"})
     assert entry == {"engine": "engine-2", "host": "10.0.0.2", "role": "decode", "url": "http://10.1.0.2:8000",
                      "run_id": "run-0123456789ab", "container_id": "abcdef0123456789", "action": "replaced",
