@@ -97,9 +97,13 @@ def served_port(attrs, default):
 
 def log_excerpt(tail, lines=LOG_LINES, limit=2000):
     """The last `lines` non-empty log lines on one line (' | ' between them), at most `limit` characters."""
-    kept = [" ".join(line.split()) for line in (tail or "").splitlines()
-            if line.strip(" \t^~")][-lines:]  # blank lines and Python's traceback markers (^^^^) say nothing
-    text = " | ".join(kept)
+    kept = []
+    for line in (tail or "").splitlines():
+        line = " ".join(line.split())
+        # blank lines and Python's traceback markers (^^^^) say nothing; a crash loop repeats its last line
+        if line.strip(" \t^~") and (not kept or kept[-1] != line):
+            kept.append(line)
+    text = " | ".join(kept[-lines:])
     return ("..." + text[-limit:]) if len(text) > limit else text
 
 
