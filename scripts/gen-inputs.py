@@ -98,7 +98,8 @@ def env_example():
            "# expanded.", ""]
     for spec in INPUTS:
         out.append("# %s" % spec["doc"])
-        extra = "required" if spec.get("required") else "default: %s" % spec.get("default")
+        extra = ("required" if spec.get("required") else
+                 "optional" if spec.get("default") is None else "default: %s" % spec.get("default"))
         if spec.get("choices"):
             extra += "; one of %s" % ", ".join(spec["choices"])
         out.append("# (%s)" % extra)
@@ -130,7 +131,8 @@ def docs():
            "| variable | kind | default | meaning |", "|---|---|---|---|"]
     for spec in INPUTS:
         kind = spec["kind"] + (" (%s)" % "/".join(spec["choices"]) if spec.get("choices") else "")
-        default = "required" if spec.get("required") else "`%s`" % spec.get("default")
+        default = ("required" if spec.get("required") else "(unset)" if spec.get("default") is None
+                   else "`%s`" % spec.get("default"))
         out.append("| `%s` | %s | %s | %s |" % (spec["name"], kind, default, spec["doc"]))
     out += ["", "## Per node", "", "`<n>` is the number of the inventory host `engine-<n>`.", "",
             "| variable | kind | meaning |", "|---|---|---|"]

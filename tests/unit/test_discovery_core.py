@@ -679,3 +679,19 @@ def test_fleet_cli_keeps_dotenv_values_literal(tmp_path):
     with pytest.raises(DotenvError, match="is a FIFO"):
         os.mkfifo(tmp_path / "fifo.env")
         read_dotenv(str(tmp_path / "fifo.env"))
+
+
+def test_env_example_loads_unchanged_through_site_inputs(site_module, tmp_path):
+    """The first documented step: the shipped .env.example, copied as it is into a project, is valid input and
+    holds no Python None."""
+    project = tmp_path / "project"
+    project.mkdir()
+    text = (REPO / ".env.example").read_text()
+    assert "None" not in text
+    status, result = site_module(text, root=project)
+    assert status == "exit", result
+    site = result["ansible_facts"]["narwhal_site"]
+    assert site["project_dir"] == str(project)
+    assert site["paths"]["fleet"] == str(project / "config" / "fleet.json")
+    assert site["paths"]["runs_dir"] == str(project / "runs")
+    assert sorted(site["nodes"]) == ["1", "2"] and {n["ROLE"] for n in site["nodes"].values()} == {"prefill", "decode"}
