@@ -186,10 +186,10 @@ def test_probe_row_brackets_ipv6_and_reports_the_recompute():
 
     row = {"producer": "engine-1", "consumer": "engine-2", "ok": True, "bytes": 32768.0, "remote_port": 5600,
            "latency_s": 0.28, "decode_s": 0.18, "matches_recompute": True, "remote_host": "fd00:6e77:e1::11"}
-    assert filters.probe_row(row) == ("engine-1 -> engine-2: PASS, 32768.0 bytes of KV via [fd00:6e77:e1::11]:5600 "
+    assert filters.probe_row(row) == ("engine-1 -> engine-2: PASS, 32768 bytes of KV via [fd00:6e77:e1::11]:5600 "
                                       "in 0.28s (decode 0.18s), output = local recomputation")
     row.update(ok=False, reasons=["x"], matches_recompute=None, remote_host="10.0.0.1")
-    assert filters.probe_row(row).endswith("FAIL (x), 32768.0 bytes of KV via 10.0.0.1:5600 in 0.28s (decode 0.18s)")
+    assert filters.probe_row(row).endswith("FAIL (x), 32768 bytes of KV via 10.0.0.1:5600 in 0.28s (decode 0.18s)")
 
 
 # ------------------------------------------------------------------------------------------------
