@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan import redact_text, secret_values
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan import install_paths, redact_text, secret_values
 from ansible_collections.narwhal.deploy.plugins.module_utils._subst import SubstitutionError, resolve_values
 
 
@@ -105,9 +105,17 @@ def summary_row(entry):
         entry.get("probe") or "-")
 
 
+def install_paths_filter(checkout, engine):
+    """Where install put an engine's files in the engine checkout (_plan.install_paths, the one owner)."""
+    paths = install_paths(checkout, engine, "")
+    paths.pop("run_dir")
+    return paths
+
+
 class FilterModule:
     def filters(self):
         return {"resolve_values": resolve_values_filter, "table_row": table_row, "inspection": inspection,
                 "current_inspection": current_inspection, "probe_row": probe_row,
                 "status_row": status_row, "status_problems": status_problems,
-                "summary_entry": summary_entry, "summary_row": summary_row}
+                "summary_entry": summary_entry, "summary_row": summary_row,
+                "install_paths": install_paths_filter}

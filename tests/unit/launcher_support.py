@@ -4,6 +4,7 @@ builds the real artefact the way prepare does."""
 import copy
 import json
 import pathlib
+import socket
 import sys
 import types
 
@@ -78,3 +79,24 @@ def write_inputs(tmp_path, rec, tag="", **overrides):
     env_path = tmp_path / ("engine%s.env" % tag)
     env_path.write_text("".join("%s=%s\n" % kv for kv in env.items()))
     return env_path, env
+
+
+def host_address():
+    """This machine's outward IPv4 address (what a host-network engine binds), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect(("192.0.2.1", 9))
+            address = sock.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") else address
+
+
+def free_port(port):
+    """Whether TCP `port` can be bound on every address now."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("0.0.0.0", port))
+            return True
+        except OSError:
+            return False

@@ -5,13 +5,12 @@ import json
 import os
 import pathlib
 import shutil
-import socket
 import subprocess
 import sys
 import uuid
 
 import pytest
-from launcher_support import MODULES, SECRET, le, record, role_env, write_inputs, zipapp
+from launcher_support import MODULES, SECRET, free_port, host_address, le, record, role_env, write_inputs, zipapp
 
 KV_033 = '{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_load_failure_policy":"fail",' \
          '"kv_connector_extra_config":{"backends":["UCX"]}}'
@@ -393,25 +392,6 @@ def _docker():
         return None, None
 
 
-def _host_address():
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            sock.connect(("192.0.2.1", 9))
-            address = sock.getsockname()[0]
-        except OSError:
-            return None
-    return None if address.startswith("127.") else address
-
-
-def _free(port):
-    with socket.socket() as sock:
-        try:
-            sock.bind(("0.0.0.0", port))
-            return True
-        except OSError:
-            return False
-
-
 def _models(port):
     """The served model name from /v1/models with the API key (the stand-in answers within seconds)."""
     import time
@@ -431,8 +411,8 @@ def _models(port):
 @pytest.mark.skipif(_docker()[1] is None, reason="no Docker daemon or stand-in image")
 def test_start_standin_container(tmp_path, capsys, monkeypatch):
     docker, client = _docker()
-    address = _host_address()
-    ports = [p for p in range(18431, 18499) if _free(p)][:2]
+    address = host_address()
+    ports = [p for p in range(18431, 18499) if free_port(p)][:2]
     if address is None or len(ports) < 2:
         pytest.skip("no routable host address or free 18xxx ports")
     image = client.images.get("narwhal-sim/engine-standin:latest")

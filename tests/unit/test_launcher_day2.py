@@ -7,7 +7,7 @@ import socket
 import uuid
 
 import pytest
-from launcher_support import MODULES, SECRET, le, record, write_inputs
+from launcher_support import MODULES, SECRET, free_port, host_address, le, record, write_inputs
 
 # ------------------------------------------------------------------------------------------ /proc/net/tcp
 
@@ -234,25 +234,6 @@ def _docker():
         return None, None, None
 
 
-def _host_address():
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            sock.connect(("192.0.2.1", 9))
-            address = sock.getsockname()[0]
-        except OSError:
-            return None
-    return None if address.startswith("127.") else address
-
-
-def _free(port):
-    with socket.socket() as sock:
-        try:
-            sock.bind(("0.0.0.0", port))
-            return True
-        except OSError:
-            return False
-
-
 @pytest.fixture
 def standin(tmp_path, monkeypatch):
     """A CPU stand-in engine's inputs on free ports; containers are named narwhal-launcher-test-<engine>[-...] and
@@ -260,8 +241,8 @@ def standin(tmp_path, monkeypatch):
     docker, client, image = _docker()
     if client is None:
         pytest.skip("no Docker daemon or stand-in image")
-    address = _host_address()
-    ports = [p for p in range(18531, 18599) if _free(p)][:3]
+    address = host_address()
+    ports = [p for p in range(18531, 18599) if free_port(p)][:3]
     if address is None or len(ports) < 3:
         pytest.skip("no routable host address or free 185xx ports")
     model = tmp_path / "model"
