@@ -1,21 +1,24 @@
 #!/usr/bin/env python3
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Benchmark of discovery and launch cost against what operators run anyway (issue #7, docs/benchmarks.md).
+"""Benchmark of discovery, day-two and launch cost against what operators run anyway (issues #7, #16,
+docs/benchmarks.md).
 
 What it does, in order:
   1. brings up one simulated site `narwhal-sim-bench` of max(N) engine hosts with tests/harness/site.yml
      (sshd + own dockerd + the nvidia-8gpu-rdma profile; only the CUDA stand-in image is loaded and the
      tiny-llama checkpoint copied, the lighter part of the proving ground), on 172.31.200.0/24 (management),
      172.31.201.0/24 and fd00:6e77:b1::/64 (fabric);
-  2. for each N: an inventory of engine-1..N, an untimed SSH warm-up, then R rounds that alternate
+  2. for each N: an inventory of engine-1..N, an untimed SSH warm-up and an untimed `site.yml` (all N engines
+     launched), then R rounds that alternate
         `ansible engines -m ansible.builtin.setup -f N`   and
         [host inspection caches cleared] `ansible-playbook playbooks/discover.yml -f N` twice
-        (first = cold, second = nothing changed),
+        (first = cold, second = nothing changed), then `playbooks/status.yml` and `playbooks/site.yml`
+        (nothing changed: every stage reruns, the probes of every pair included),
      swapping which goes first every round; wall times, PLAY RECAP changed counts, each command's largest
      process (wait4 ru_maxrss) and the containers the hosts' daemons created during each discover
-     (`docker events`); then one more untimed run of each under a /proc sampler for the peak PSS of the
-     controller process tree;
+     (`docker events`); then one more untimed run of setup, both discovers and status under a /proc sampler
+     for the peak PSS of the controller process tree;
   3. the launcher: discover -> prepare -> launch on engine-1/engine-2, then on engine-1 R rounds that
      alternate `launch_engine.pyz start` (container removed first; checked.json reused, so the image check
      is excluded) and a bare `docker run -d` of the argv recorded in plan.json (API key filled in), each
@@ -23,7 +26,8 @@ What it does, in order:
   4. writes bench/results/<stamp>/{bench.json,bench.png,table.txt,logs/}, prints the table, tears the site
      down (--keep keeps it; --down only tears down).
 
-Usage: bench/bench.py [--hosts 2,4,8,16,32] [--rounds 5] [--launch-rounds 7] [--out DIR] [--no-memory] [--keep]
+Usage: bench/bench.py [--hosts 2,4,8,16,32] [--rounds 5] [--launch-rounds 7] [--out DIR] [--no-memory]
+                      [--no-day-two] [--keep]
        bench/bench.py --down
 """
 
@@ -263,8 +267,9 @@ def site_host_count():
 
 # ----------------------------------------------------------------------------------------- the measures
 
-def discovery_rounds(out, n, rounds, memory_runs=True):
-    """R alternating rounds of setup and the cold+warm discover pair on engine-1..n; then the memory runs."""
+def discovery_rounds(out, n, rounds, memory_runs=True, day_two=True):
+    """R alternating rounds of setup, the cold+warm discover pair and (day_two) status and site on engine-1..n;
+    then the memory runs."""
     inv = os.path.join(out, "inventory-n%d.json" % n)
     write_json(inv, inventory(n))
     envf = os.path.join(out, "n%d.env" % n)
@@ -274,11 +279,17 @@ def discovery_rounds(out, n, rounds, memory_runs=True):
     extra = {"NARWHAL_ENV_FILE": envf}
     setup = ["ansible", "engines", "-i", inv, "-m", "ansible.builtin.setup", "-f", forks]
     discover = ["ansible-playbook", "-i", inv, "playbooks/discover.yml", "-f", forks]
+    status = ["ansible-playbook", "-i", inv, "playbooks/status.yml", "-f", forks]
+    site = ["ansible-playbook", "-i", inv, "playbooks/site.yml", "-f", forks]
     logs = os.path.join(out, "logs")
-    # untimed warm-up: SSH control masters up, host keys known, one discover so that the outputs exist
+    # untimed warm-up: SSH control masters up, host keys known, one discover so that the outputs exist, one
+    # site.yml that launches the N engines (all at once: the rolling default of one at a time is for replacing)
     run_checked(["ansible", "engines", "-i", inv, "-m", "ansible.builtin.ping", "-f", forks],
                 os.path.join(logs, "n%d-warmup-ping.log" % n), "warm-up ping")
     run_checked(discover, os.path.join(logs, "n%d-warmup-discover.log" % n), "warm-up discover", extra_env=extra)
+    if day_two:
+        run_checked(site + ["-e", "narwhal_launch_serial=%d" % n], os.path.join(logs, "n%d-warmup-site.log" % n),
+                    "warm-up site", extra_env=extra)
 
     def do_setup(r):
         res = run_checked(setup, os.path.join(logs, "n%d-r%d-setup.log" % (n, r)), "setup")
@@ -299,17 +310,26 @@ def discovery_rounds(out, n, rounds, memory_runs=True):
         row.update(do_discover(r, "warm"))
         return row
 
+    def do_day_two(r):
+        res = run_checked(status, os.path.join(logs, "n%d-r%d-status.log" % (n, r)), "status", extra_env=extra)
+        row = {"status_s": res["wall_s"], "status_maxrss_kib": res["maxrss_kib"]}
+        res = run_checked(site, os.path.join(logs, "n%d-r%d-site.log" % (n, r)), "site", extra_env=extra)
+        row.update(site_s=res["wall_s"], site_maxrss_kib=res["maxrss_kib"], site_changed=changed_total(res["output"]))
+        return row
+
     samples = []
     for r in range(rounds):
         row = {"order": "setup-first" if r % 2 == 0 else "discover-first"}
-        steps = (do_setup, do_pair) if r % 2 == 0 else (do_pair, do_setup)
-        for step in steps:
+        steps = (do_setup, do_pair) + ((do_day_two,) if day_two else ())
+        for step in (steps if r % 2 == 0 else steps[::-1]):
             row.update(step(r))
         samples.append(row)
         log("N=%d round %d: setup %.2f s, discover cold %.2f s (changed=%d, %d containers), warm %.2f s "
-            "(changed=%d, %d containers)" % (n, r + 1, row["setup_s"], row["discover_cold_s"], row["cold_changed"],
-                                             row["cold_containers"], row["discover_warm_s"], row["warm_changed"],
-                                             row["warm_containers"]))
+            "(changed=%d, %d containers)%s" % (
+                n, r + 1, row["setup_s"], row["discover_cold_s"], row["cold_changed"], row["cold_containers"],
+                row["discover_warm_s"], row["warm_changed"], row["warm_containers"],
+                ", status %.2f s, site %.2f s (changed=%d)" % (row["status_s"], row["site_s"], row["site_changed"])
+                if day_two else ""))
     if not memory_runs:
         return {"forks": n, "rounds": samples, "memory": {}}
     # peak PSS of the controller process tree, sampled every 0.1 s: separate, untimed runs
@@ -320,6 +340,9 @@ def discovery_rounds(out, n, rounds, memory_runs=True):
                                             sample_memory=True, extra_env=extra)["pss_peak_kib"]
     memory["discover_warm_pss_kib"] = timed(discover, os.path.join(logs, "n%d-mem-discover-warm.log" % n),
                                             sample_memory=True, extra_env=extra)["pss_peak_kib"]
+    if day_two:
+        memory["status_pss_kib"] = timed(status, os.path.join(logs, "n%d-mem-status.log" % n),
+                                         sample_memory=True, extra_env=extra)["pss_peak_kib"]
     return {"forks": n, "rounds": samples, "memory": memory}
 
 
@@ -433,6 +456,7 @@ def main(argv=None):
     parser.add_argument("--launch-rounds", type=int, default=7, help="launcher rounds (default 7; 0 skips)")
     parser.add_argument("--out", help="results directory (default bench/results/<UTC stamp>)")
     parser.add_argument("--no-memory", action="store_true", help="skip the sampled memory runs (smoke test)")
+    parser.add_argument("--no-day-two", action="store_true", help="skip the status.yml and site.yml measures")
     parser.add_argument("--keep", action="store_true", help="keep the simulated site afterwards")
     parser.add_argument("--down", action="store_true", help="only tear the bench site down")
     parser.add_argument("--render", metavar="DIR", help="only recompute figures, table and PNG of DIR/bench.json")
@@ -469,7 +493,8 @@ def main(argv=None):
         raw = {}
         for n in hosts:
             log("N=%d: %d rounds" % (n, args.rounds))
-            raw[str(n)] = discovery_rounds(out, n, args.rounds, memory_runs=not args.no_memory)
+            raw[str(n)] = discovery_rounds(out, n, args.rounds, memory_runs=not args.no_memory,
+                                           day_two=not args.no_day_two)
             write_json(os.path.join(out, "raw-partial.json"), raw)
         launch_raw = launcher_rounds(out, args.launch_rounds) if args.launch_rounds else None
         ok = True

@@ -1,6 +1,6 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Pure reporting for bench/bench.py: medians, ratios, the goals of issue #7 and the one-screen table.
+"""Pure reporting for bench/bench.py: medians, ratios, the goals of issue #16 and the one-screen table.
 
 No I/O here (the PNG is drawn by `plot`, which only writes the file it is given): bench.py collects raw
 samples and hands them over as plain dicts, these functions turn them into figures.
@@ -8,8 +8,9 @@ samples and hands them over as plain dicts, these functions turn them into figur
 Raw samples (the `raw` document bench.py keeps in results JSON):
   discovery: {N: {"forks": int, "rounds": [{"setup_s", "discover_cold_s", "discover_warm_s",
                    "cold_changed", "warm_changed", "cold_containers", "warm_containers",
-                   "setup_maxrss_kib", "discover_cold_maxrss_kib", "discover_warm_maxrss_kib", "order"}]},
-              "memory": {"setup_pss_kib", "discover_cold_pss_kib", "discover_warm_pss_kib"}}
+                   "setup_maxrss_kib", "discover_cold_maxrss_kib", "discover_warm_maxrss_kib", "order",
+                   "status_s", "site_s", "site_changed" (the day-two rerun measures; absent in older runs)}]},
+              "memory": {"setup_pss_kib", "discover_cold_pss_kib", "discover_warm_pss_kib", "status_pss_kib"}}
   launcher:  {"rounds": [{"start_s", "docker_run_s", "check_s", "order"}], ...}
 """
 
@@ -17,11 +18,13 @@ from __future__ import annotations
 
 import statistics
 
-# Goals of issue #7 (ratios from one run).
-GOAL_DISCOVER_OVER_SETUP = 1.5     # at N = 16
-GOAL_WARM_OVER_COLD = 0.5          # second discover / first, with changed=0
-GOAL_GROWTH_4_TO_16 = 2.0          # discover wall time N=16 / N=4 (forks >= N)
+# Goals of issue #16 (ratios from one run).
+GOAL_COLD_OVER_SETUP = 1.3         # first discover / ansible -m setup, at N = 16
+GOAL_WARM_OVER_SETUP = 0.8         # second discover (nothing changed) / setup, at every N >= 8
+GOAL_WARM_OVER_COLD = 0.5          # second discover / first, with changed=0, at N = 16
+GOAL_STATUS_OVER_SETUP = 0.8       # status.yml / setup, at N = 16
 GOAL_START_OVER_DOCKER_RUN = 1.3   # launcher start / bare docker run
+GROWTH_FROM, GROWTH_TO = 4, 32     # growth of the second discover <= setup's own growth over the same N
 
 
 def median(values):
@@ -51,6 +54,8 @@ def summarize_discovery(raw):
         cold = median(r["discover_cold_s"] for r in rounds)
         warm = median(r["discover_warm_s"] for r in rounds)
         memory = entry.get("memory", {})
+        status = median(r.get("status_s") for r in rounds)
+        site = median(r.get("site_s") for r in rounds)
         result[str(n)] = {
             "hosts": int(n),
             "forks": entry["forks"],
@@ -61,6 +66,11 @@ def summarize_discovery(raw):
             "discover_cold_over_setup": ratio(cold, setup),
             "discover_warm_over_setup": ratio(warm, setup),
             "warm_over_cold": ratio(warm, cold),
+            "status_s": _r(status),
+            "site_s": _r(site),
+            "status_over_setup": ratio(status, setup),
+            "site_over_setup": ratio(site, setup),
+            "site_changed_max": max((r["site_changed"] for r in rounds if "site_changed" in r), default=None),
             "warm_changed_max": max(r["warm_changed"] for r in rounds),
             "cold_changed_max": max(r["cold_changed"] for r in rounds),
             "cold_inspection_containers_min": min(r["cold_containers"] for r in rounds),
@@ -105,33 +115,46 @@ def summarize_launcher(raw):
 
 
 def goals(discovery, launcher):
-    """The goals of issue #7: name, figure, limit, met (None when the figure is missing), note."""
+    """The goals of issue #16: name, figure, limit, met (None when the figure is missing), note."""
     def goal(name, figure, limit, extra_ok=True, note="", reference=False):
         met = None if figure is None or reference else bool(figure <= limit and extra_ok)
         return {"goal": name, "figure": figure, "limit": limit, "met": met, "note": note, "reference": reference}
 
     out = []
     d16 = discovery.get("16")
-    d4 = discovery.get("4")
     ref = d16 or (discovery[max(discovery, key=int)] if discovery else None)
     at = "N=%s" % (ref["hosts"] if ref else "-")
-    out.append(goal("disc1 / setup at %s" % at, ref and ref["discover_cold_over_setup"], GOAL_DISCOVER_OVER_SETUP,
+    out.append(goal("disc1 / setup at %s" % at, ref and ref["discover_cold_over_setup"], GOAL_COLD_OVER_SETUP,
                     note="" if d16 or not ref else "no N=16 in this run"))
-    out.append(goal("disc2 / setup at %s" % at, ref and ref["discover_warm_over_setup"], GOAL_DISCOVER_OVER_SETUP))
+    for n in sorted(discovery, key=int):
+        if int(n) >= 8:
+            out.append(goal("disc2 / setup at N=%s" % n, discovery[n]["discover_warm_over_setup"],
+                            GOAL_WARM_OVER_SETUP))
     out.append(goal("disc2 / disc1 at %s" % at, ref and ref["warm_over_cold"], GOAL_WARM_OVER_COLD,
                     extra_ok=bool(ref and ref["warm_changed_max"] == 0 and ref["warm_inspection_containers_max"] == 0),
                     note=ref and "disc2: changed=%d, inspection containers=%d"
                     % (ref["warm_changed_max"], ref["warm_inspection_containers_max"]) or ""))
-    if d4 and d16:
-        out.append(goal("growth N=4 -> 16, disc1", ratio(d16["discover_cold_s"], d4["discover_cold_s"]),
-                        GOAL_GROWTH_4_TO_16, extra_ok=d16["forks"] >= 16, note="forks=%d" % d16["forks"]))
-        out.append(goal("growth N=4 -> 16, disc2", ratio(d16["discover_warm_s"], d4["discover_warm_s"]),
-                        GOAL_GROWTH_4_TO_16, extra_ok=d16["forks"] >= 16, note="forks=%d" % d16["forks"]))
-        out.append(goal("growth N=4 -> 16, setup", ratio(d16["setup_s"], d4["setup_s"]), GOAL_GROWTH_4_TO_16,
-                        note="for reference: setup, not a goal", reference=True))
+    if ref and ref.get("status_s") is not None:
+        out.append(goal("status / setup at %s" % at, ref["status_over_setup"], GOAL_STATUS_OVER_SETUP))
+    low, high = discovery.get(str(GROWTH_FROM)), discovery.get(str(GROWTH_TO))
+    if low and high:
+        setup_growth = ratio(high["setup_s"], low["setup_s"])
+        out.append(goal("growth N=%d -> %d, disc2" % (GROWTH_FROM, GROWTH_TO),
+                        ratio(high["discover_warm_s"], low["discover_warm_s"]), setup_growth,
+                        extra_ok=high["forks"] >= GROWTH_TO, note="limit: setup's growth; forks=%d" % high["forks"]))
+        out.append(goal("growth N=%d -> %d, disc1" % (GROWTH_FROM, GROWTH_TO),
+                        ratio(high["discover_cold_s"], low["discover_cold_s"]), setup_growth,
+                        note="for reference, not a goal", reference=True))
     out.append(goal("launcher start / docker run", launcher and launcher["start_over_docker_run"],
                     GOAL_START_OVER_DOCKER_RUN,
                     note=launcher and "image check %.2f s apart" % launcher["check_s"] or ""))
+    big = discovery.get(str(GROWTH_TO))
+    if big and big["tree_pss_peak_kib"].get("setup_pss_kib"):
+        mem = big["tree_pss_peak_kib"]
+        worst = max(mem.get(k) or 0 for k in ("discover_cold_pss_kib", "discover_warm_pss_kib", "status_pss_kib"))
+        out.append(goal("MiB at N=%d vs setup's" % GROWTH_TO, _r(worst / 1024.0, 0),
+                        _r(mem["setup_pss_kib"] / 1024.0, 0),
+                        note="peak PSS, worst of disc1/disc2/status"))
     return out
 
 
@@ -144,20 +167,23 @@ def table(discovery, launcher, goal_list, header=""):
     lines = []
     if header:
         lines.append(header)
-    lines.append("%-4s %-5s %8s %8s %8s %8s %8s %8s %4s %6s %7s"
-                 % ("N", "forks", "setup", "disc1", "disc2", "d1/set", "d2/set", "d2/d1", "chg2", "insp2",
-                    "MiB"))
+    lines.append("%-3s %6s %6s %6s %5s %5s %5s %6s %5s %6s %5s %3s %3s %5s"
+                 % ("N", "setup", "disc1", "disc2", "d1/st", "d2/st", "d2/d1", "status", "sts/s", "site",
+                    "ste/s", "ch2", "in2", "MiB"))
     for n in sorted(discovery, key=int):
         d = discovery[n]
         mem = d["tree_pss_peak_kib"].get("discover_cold_pss_kib")
-        lines.append("%-4s %-5d %8s %8s %8s %8s %8s %8s %4d %6d %7s"
-                     % (n, d["forks"], _fmt(d["setup_s"]), _fmt(d["discover_cold_s"]), _fmt(d["discover_warm_s"]),
+        lines.append("%-3s %6s %6s %6s %5s %5s %5s %6s %5s %6s %5s %3d %3d %5s"
+                     % (n, _fmt(d["setup_s"]), _fmt(d["discover_cold_s"]), _fmt(d["discover_warm_s"]),
                         _fmt(d["discover_cold_over_setup"]), _fmt(d["discover_warm_over_setup"]),
-                        _fmt(d["warm_over_cold"]), d["warm_changed_max"], d["warm_inspection_containers_max"],
-                        _fmt(mem and mem / 1024.0, "%.0f")))
-    lines.append("  medians in s; setup = ansible -m setup; disc1 = discover.yml, host caches cleared;")
-    lines.append("  disc2 = discover.yml again, nothing changed; chg2/insp2 = its changed tasks / inspection")
-    lines.append("  containers (max over rounds); MiB = peak PSS of disc1's controller process tree")
+                        _fmt(d["warm_over_cold"]), _fmt(d.get("status_s")), _fmt(d.get("status_over_setup")),
+                        _fmt(d.get("site_s"), "%.1f"), _fmt(d.get("site_over_setup")),
+                        d["warm_changed_max"] + (d.get("site_changed_max") or 0),
+                        d["warm_inspection_containers_max"], _fmt(mem and mem / 1024.0, "%.0f")))
+    lines.append("  medians in s, forks = N; setup = ansible -m setup; disc1 = discover.yml, host caches cleared;")
+    lines.append("  disc2 = discover.yml again, nothing changed; status = status.yml; site = site.yml again (nothing")
+    lines.append("  changed; probes every pair); ch2/in2 = changed tasks of disc2+site / inspection containers of")
+    lines.append("  disc2 (max over rounds); MiB = peak PSS of disc1's controller process tree")
     if launcher:
         lines.append("launcher (%s, %d rounds): start %s s, docker run %s s, ratio %s; image check %s s"
                      % (launcher["host"], launcher["rounds"], _fmt(launcher["start_s"]),
@@ -168,7 +194,9 @@ def table(discovery, launcher, goal_list, header=""):
     lines.append("goals:")
     for g in goal_list:
         state = "ref" if g.get("reference") else {True: "met", False: "MISSED", None: "n/a"}[g["met"]]
-        lines.append("  %-6s %-28s %6s <= %-4s %s" % (state, g["goal"], _fmt(g["figure"]), g["limit"], g["note"]))
+        spec = "%.0f" if g["goal"].startswith("MiB") else "%.2f"
+        lines.append("  %-6s %-28s %6s <= %-5s %s" % (state, g["goal"], _fmt(g["figure"], spec),
+                                                   _fmt(g["limit"], spec), g["note"]))
     return "\n".join(lines)
 
 
@@ -183,8 +211,10 @@ def plot(discovery, path, title):
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
     for key, label, style in (("setup_s", "ansible -m setup", "o-"),
                               ("discover_cold_s", "discover.yml, first (cold caches)", "s-"),
-                              ("discover_warm_s", "discover.yml, second (nothing changed)", "^--")):
-        ax.plot(xs, [discovery[n][key] for n in ns], style, label=label)
+                              ("discover_warm_s", "discover.yml, second (nothing changed)", "^--"),
+                              ("status_s", "status.yml", "d:")):
+        if all(discovery[n].get(key) is not None for n in ns):
+            ax.plot(xs, [discovery[n][key] for n in ns], style, label=label)
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs)
     ax.set_xticklabels([str(x) for x in xs])
