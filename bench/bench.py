@@ -347,23 +347,38 @@ def discovery_rounds(out, n, rounds, memory_runs=True, day_two=True):
 
 
 # Runs inside the simulated host (python3 - ARGS_JSON): times the launcher's start and a bare docker run
-# of the recorded argv to `running`, alternating, plus the image check alone; for the note, also `plan` (Python
-# start + the plan, no Docker) and `python3 -c "import docker"` (the Docker SDK import that start pays).
+# of the recorded argv, alternating, both to the engine serving (start waits for /health and /version itself;
+# after docker run the timer polls the same two URLs every 0.05 s), plus the image check alone; for the note,
+# also `plan` (Python start + the plan, no Docker) and `python3 -c "import docker"` (the Docker SDK import).
 LAUNCH_TIMER = r"""
-import json, subprocess, sys, time
+import json, subprocess, sys, time, urllib.request
 a = json.loads(sys.argv[1])
 def rm():
     subprocess.run(["docker", "rm", "-f", a["name"]], capture_output=True)
 def running():
     p = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", a["name"]], capture_output=True, text=True)
     return p.stdout.strip() == "true"
-def timed(argv):
+def serving(deadline=120):
+    end = time.monotonic() + deadline
+    for path in ("/health", "/version"):
+        while True:
+            try:
+                with urllib.request.urlopen(a["url"] + path, timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > end:
+                sys.exit("%s%s did not answer" % (a["url"], path))
+            time.sleep(0.05)
+def timed(argv, wait=False):
     t = time.monotonic()
     p = subprocess.run(argv, capture_output=True, text=True)
-    dt = time.monotonic() - t
     if p.returncode:
         sys.exit("%s failed: %s %s" % (argv[:3], p.stdout, p.stderr))
-    return dt, p.stdout.strip()
+    if wait:
+        serving()
+    return time.monotonic() - t, p.stdout.strip()
 launcher = ["python3", a["launcher"], "--role-env", a["role_env"]]
 rounds = []
 for r in range(a["rounds"]):
@@ -375,7 +390,7 @@ for r in range(a["rounds"]):
             row["start_action"] = line.split()[0] if line else ""
             row["start_running"] = running()
         else:
-            row["docker_run_s"], _ = timed(a["argv"])
+            row["docker_run_s"], _ = timed(a["argv"], wait=True)
             row["docker_run_running"] = running()
     row["check_s"], _ = timed(launcher + ["check"])
     row["plan_s"], _ = timed(launcher + ["plan"])
@@ -407,7 +422,10 @@ def launcher_rounds(out, rounds):
     key = sh(["docker", "exec", host, "cat", values["NARWHAL_API_KEY_FILE"]]).stdout.strip()
     # the recorded argv has the API key redacted and the --gpus value quoted for a shell: same container
     argv = [a.replace("VLLM_API_KEY=<redacted>", "VLLM_API_KEY=" + key) for a in plan["argv"]]
-    args = {"name": plan["plan"]["name"], "launcher": launcher, "role_env": role_env, "argv": argv, "rounds": rounds}
+    address = values["NARWHAL_ADVERTISED_ADDRESS"]
+    url = "http://%s:%s" % ("[%s]" % address if ":" in address else address, values["NARWHAL_HTTP_PORT"])
+    args = {"name": plan["plan"]["name"], "launcher": launcher, "role_env": role_env, "argv": argv, "rounds": rounds,
+            "url": url}
     log("launcher: %d rounds of start vs docker run on %s" % (rounds, host))
     proc = subprocess.run(["docker", "exec", "-i", host, "python3", "-", json.dumps(args)], input=LAUNCH_TIMER,
                           capture_output=True, text=True, check=False)
