@@ -267,7 +267,7 @@ def site_host_count():
 
 # ----------------------------------------------------------------------------------------- the measures
 
-def discovery_rounds(out, n, rounds, memory_runs=True, day_two=True):
+def discovery_rounds(out, n, rounds, memory_runs=True, day_two=True, site_rounds=None):
     """R alternating rounds of setup, the cold+warm discover pair and (day_two) status and site on engine-1..n;
     then the memory runs."""
     inv = os.path.join(out, "inventory-n%d.json" % n)
@@ -313,6 +313,8 @@ def discovery_rounds(out, n, rounds, memory_runs=True, day_two=True):
     def do_day_two(r):
         res = run_checked(status, os.path.join(logs, "n%d-r%d-status.log" % (n, r)), "status", extra_env=extra)
         row = {"status_s": res["wall_s"], "status_maxrss_kib": res["maxrss_kib"]}
+        if site_rounds is not None and r >= site_rounds:
+            return row
         res = run_checked(site, os.path.join(logs, "n%d-r%d-site.log" % (n, r)), "site", extra_env=extra)
         row.update(site_s=res["wall_s"], site_maxrss_kib=res["maxrss_kib"], site_changed=changed_total(res["output"]))
         return row
@@ -328,7 +330,8 @@ def discovery_rounds(out, n, rounds, memory_runs=True, day_two=True):
             "(changed=%d, %d containers)%s" % (
                 n, r + 1, row["setup_s"], row["discover_cold_s"], row["cold_changed"], row["cold_containers"],
                 row["discover_warm_s"], row["warm_changed"], row["warm_containers"],
-                ", status %.2f s, site %.2f s (changed=%d)" % (row["status_s"], row["site_s"], row["site_changed"])
+                ", status %.2f s, site %s s (changed=%s)" % (row["status_s"], row.get("site_s", "-"),
+                                                            row.get("site_changed", "-"))
                 if day_two else ""))
     if not memory_runs:
         return {"forks": n, "rounds": samples, "memory": {}}
@@ -475,6 +478,7 @@ def main(argv=None):
     parser.add_argument("--out", help="results directory (default bench/results/<UTC stamp>)")
     parser.add_argument("--no-memory", action="store_true", help="skip the sampled memory runs (smoke test)")
     parser.add_argument("--no-day-two", action="store_true", help="skip the status.yml and site.yml measures")
+    parser.add_argument("--site-rounds", type=int, help="rounds that also time site.yml (default: all)")
     parser.add_argument("--keep", action="store_true", help="keep the simulated site afterwards")
     parser.add_argument("--down", action="store_true", help="only tear the bench site down")
     parser.add_argument("--render", metavar="DIR", help="only recompute figures, table and PNG of DIR/bench.json")
@@ -512,7 +516,7 @@ def main(argv=None):
         for n in hosts:
             log("N=%d: %d rounds" % (n, args.rounds))
             raw[str(n)] = discovery_rounds(out, n, args.rounds, memory_runs=not args.no_memory,
-                                           day_two=not args.no_day_two)
+                                           day_two=not args.no_day_two, site_rounds=args.site_rounds)
             write_json(os.path.join(out, "raw-partial.json"), raw)
         launch_raw = launcher_rounds(out, args.launch_rounds) if args.launch_rounds else None
         ok = True
