@@ -100,8 +100,11 @@ def parse_host(base_url, tls=False):
     url = urlsplit(base_url if "://" in base_url else "tcp://" + base_url)
     if url.scheme in ("unix", "http+unix"):
         return ("unix", url.path or "/var/run/docker.sock")
+    if url.scheme == "https" and not tls:
+        raise EngineAPIError("DOCKER_HOST %s: TLS needs DOCKER_TLS_VERIFY/DOCKER_CERT_PATH (the client certificate)"
+                             % base_url)
     if url.scheme in ("tcp", "http", "https") and url.hostname:
-        return ("tcp", url.hostname, url.port or (2376 if tls or url.scheme == "https" else 2375))
+        return ("tcp", url.hostname, url.port or (2376 if tls else 2375))
     raise EngineAPIError("DOCKER_HOST %s: only unix:// and tcp:// addresses are supported here" % base_url)
 
 
