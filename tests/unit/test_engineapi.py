@@ -109,6 +109,53 @@ def test_docker_host_and_tls_from_the_environment(tmp_path):
                                             "DOCKER_CERT_PATH": str(tmp_path)})
 
 
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl to make a certificate")
+def test_tls_from_docker_tls_verify_and_docker_cert_path(tmp_path):
+    """A TLS daemon address as docker.from_env reads it: the CA, the client certificate, the server verified."""
+    import ssl
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost", "-keyout", str(tmp_path / "key.pem"),
+                    "-out", str(tmp_path / "cert.pem")], check=True, capture_output=True)
+    shutil.copy(tmp_path / "cert.pem", tmp_path / "ca.pem")
+
+    class Ping(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200 if self.path == "/_ping" else 404)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"OK")
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Ping)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env = {"DOCKER_HOST": "tcp://localhost:%d" % server.server_address[1], "DOCKER_TLS_VERIFY": "1",
+               "DOCKER_CERT_PATH": str(tmp_path)}
+        assert _engineapi.Client.from_env(environ=env).ping() is True
+        with pytest.raises(_engineapi.DaemonUnreachable, match="CERTIFICATE_VERIFY_FAILED"):
+            other = tmp_path / "other"
+            other.mkdir()
+            for name in ("cert.pem", "key.pem"):
+                shutil.copy(tmp_path / name, other / name)
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                            "/CN=other", "-keyout", str(other / "ca-key.pem"), "-out", str(other / "ca.pem")],
+                           check=True, capture_output=True)
+            _engineapi.Client.from_env(environ=dict(env, DOCKER_CERT_PATH=str(other))).ping()
+        with pytest.raises(_engineapi.EngineAPIError, match="TLS needs DOCKER_TLS_VERIFY"):
+            _engineapi.Client.from_env(environ={"DOCKER_HOST": "https://localhost:1"})
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_demultiplex():
     frames = b"\x01\x00\x00\x00\x00\x00\x00\x03out" + b"\x02\x00\x00\x00\x00\x00\x00\x04err\n"
     assert _engineapi.demultiplex(frames) == b"outerr\n" and _engineapi.demultiplex(b"") == b""
@@ -175,7 +222,8 @@ def test_the_launcher_makes_the_container_the_sdk_made(api):
         kwargs["labels"][LABEL] = str(os.getpid())
         kwargs["mounts"][0]["source"] = "/tmp"
         suffix = uuid.uuid4().hex[:8]
-        theirs = client.containers.create(**dict(_sdk_kwargs(docker, kwargs), name="narwhal-test-sdk-%s" % suffix)).attrs
+        sdk_kwargs = dict(_sdk_kwargs(docker, kwargs), name="narwhal-test-sdk-%s" % suffix)
+        theirs = client.containers.create(**sdk_kwargs).attrs
         kwargs.pop("name")
         ours = api.container(api.create("narwhal-test-engineapi-%s" % suffix, api.config(**kwargs))["Id"])
         for key in ("Config", "HostConfig"):
