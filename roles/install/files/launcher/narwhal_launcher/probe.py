@@ -114,17 +114,15 @@ def fetch_version(url, timeout=10):
     return status, served
 
 
-FIRST_POLL = 0.05  # seconds before the second /health poll; each pause doubles up to `interval`
+FAST_POLL, FAST_POLLS_FOR = 0.05, 2.0  # /health every 0.05 s during the first 2 s, then every `interval`
 
 
 def wait_health(health, name, timeout, interval=1.0, api=None, secret=None, seen=None):
     """Wait until GET `health` answers 200, stopping at once when the container `name` (id or name) exits;
-    -> seconds waited. Polls after 0.05 s, then twice as long each time up to `interval` (an engine that is up in
-    a moment is seen at once, a slow one is not polled more often than every `interval`). Raises NotReadyError
-    (cause, log tail)."""
+    -> seconds waited. Polls every 0.05 s during the first 2 s (an engine that is up in a moment is seen at
+    once), then every `interval`. Raises NotReadyError (cause, log tail)."""
     began = time.time()
     last = "no answer"
-    pause = min(FIRST_POLL, interval)
     while True:
         try:
             status, _body = _http_get(health, timeout=min(10.0, max(1.0, timeout)))
@@ -143,8 +141,7 @@ def wait_health(health, name, timeout, interval=1.0, api=None, secret=None, seen
                                 "(docker logs %s)" % (health, timeout, last, name),
                                 "%s did not answer 200 within %d s (last: %s)" % (health, timeout, last),
                                 container_logs(api, name, secret))
-        time.sleep(pause)
-        pause = min(pause * 2, interval)
+        time.sleep(min(FAST_POLL, interval) if time.time() - began < FAST_POLLS_FOR else interval)
 
 
 def wait_ready(role_env, name, checked, digest, timeout, directory, interval=1.0, address=None, api=None,
