@@ -11,7 +11,7 @@ short_description: Check an engine host's remote prerequisites for a launch reco
 version_added: 0.1.0
 description:
   - Runs on the engine host during prepare, read-only. Checks that the Docker daemon answers (over its Engine
-    API, with the Python standard library: neither this module nor the launcher needs the Docker SDK), that the
+    API, with the Python standard library; neither this module nor the launcher needs the Docker SDK), that the
     image with the recorded ID is present, that the model path exists and is readable, that every recorded device path
     exists, that the fabric interface exists and still carries the recorded address, and that nothing else
     listens on the engine's HTTP, attestation or side-channel ports. Sockets held by processes of this engine's
