@@ -204,8 +204,8 @@ class Client:
                 message = None
             message = message or raw.decode("utf-8", "replace").strip() or http.client.responses.get(status, "")
             kind = NotFound if status == 404 else Conflict if status == 409 else EngineAPIError
-            raise kind("%d %s (%s %s): %s" % (status, http.client.responses.get(status, "error"), method, path,
-                                             message), status, message)
+            reason = http.client.responses.get(status, "error")
+            raise kind("%d %s (%s %s): %s" % (status, reason, method, path, message), status, message)
         return status, raw
 
     def json(self, method, path, query=None, body=None, timeout=None):
