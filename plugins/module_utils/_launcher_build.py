@@ -2,8 +2,9 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The launcher artefact: one zipapp (launch_engine.pyz) built from the launcher's parts
 (roles/install/files/launcher: cli, start, stop, status, image check, probe, the in-image observer), the
-collection's pure planner (plugins/module_utils/_plan.py and what it imports) and its NIXL metrics parser
-(_probe.py, for status), laid out under ansible_collections/... so the planner's own import lines work inside it.
+collection's pure planner (plugins/module_utils/_plan.py and what it imports), its NIXL metrics parser
+(_probe.py, for status) and its Docker Engine API client (_engineapi.py, standard library only), laid out
+under ansible_collections/... so the planner's own import lines work inside it.
 The build is deterministic (sorted members, fixed timestamps and modes, no compression): the same sources give
 the same bytes, so its sha256 is the launcher digest that runs, manifests and deployment records name."""
 
@@ -17,7 +18,8 @@ __metaclass__ = type
 
 LAUNCHER_DIR = os.path.join("roles", "install", "files", "launcher")
 PLANNER_PACKAGE = "ansible_collections/narwhal/deploy/plugins/module_utils"
-PLANNER_FILES = ("_plan.py", "_subst.py", "_probe.py")  # _probe: the NIXL metrics parser (status)
+# _probe: the NIXL metrics parser (status); _engineapi: the stdlib Docker Engine API client (no Docker SDK)
+PLANNER_FILES = ("_plan.py", "_subst.py", "_probe.py", "_engineapi.py")
 SHEBANG = b"#!/usr/bin/env python3\n"
 EPOCH = (1980, 1, 1, 0, 0, 0)
 

@@ -50,7 +50,7 @@ options:
     type: path
     default: /var/cache/narwhal/image-facts
   docker_host:
-    description: Docker daemon URL.
+    description: Docker daemon URL, C(unix:///path/to/docker.sock) or C(tcp://host:port) (plain TCP).
     type: str
     default: unix:///var/run/docker.sock
   timeout:
@@ -73,7 +73,8 @@ attributes:
   check_mode:
     description: Can run in check mode; the image facts cache is read but never written.
 requirements:
-  - iproute2 (C(ip)) with JSON output, the Docker SDK for Python and a Docker daemon on the engine host
+  - iproute2 (C(ip)) with JSON output and a Docker daemon on the engine host (asked over its Engine API with the
+    Python standard library; the Docker SDK for Python is not needed)
 extends_documentation_fragment:
   - narwhal.deploy.attributes
   - narwhal.deploy.attributes.facts
@@ -137,11 +138,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._hostfacts import (
     read_rdma,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._image import DEFAULT_DISTRIBUTIONS
-from ansible_collections.narwhal.deploy.plugins.module_utils._imagehost import (
-    fail_without_docker,
-    make_client,
-    read_image,
-)
+from ansible_collections.narwhal.deploy.plugins.module_utils._imagehost import make_client, read_image
 
 
 def main():
@@ -167,7 +164,6 @@ def main():
         "narwhal_gpus": read_gpus(module, p["sysfs_root"], p["dev_root"], p["command_timeout"]),
         "narwhal_rdma": read_rdma(module, p["sysfs_root"], p["dev_root"], p["command_timeout"]),
     }
-    fail_without_docker(module, p["image"])
     facts["narwhal_image"] = read_image(module, p["image"], p["distributions"], p["cache_dir"], p["docker_host"],
                                         p["timeout"], client_factory=make_client)
     facts["narwhal_model"] = read_model(module, p["model_path"])

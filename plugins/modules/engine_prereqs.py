@@ -10,9 +10,9 @@ module: engine_prereqs
 short_description: Check an engine host's remote prerequisites for a launch record, without changing it
 version_added: 0.1.0
 description:
-  - Runs on the engine host during prepare, read-only. Checks that the Docker SDK is importable by the Python
-    that runs this module (the one that will run the launcher), that the Docker daemon answers, that the image
-    with the recorded ID is present, that the model path exists and is readable, that every recorded device path
+  - Runs on the engine host during prepare, read-only. Checks that the Docker daemon answers (over its Engine
+    API, with the Python standard library; neither this module nor the launcher needs the Docker SDK), that the
+    image with the recorded ID is present, that the model path exists and is readable, that every recorded device path
     exists, that the fabric interface exists and still carries the recorded address, and that nothing else
     listens on the engine's HTTP, attestation or side-channel ports. Sockets held by processes of this engine's
     own running container, C(narwhal-<engine>), are allowed, so a prepare of the running engine is not refused.
@@ -27,7 +27,7 @@ options:
     type: dict
     required: true
   docker_host:
-    description: Docker daemon to ask.
+    description: Docker daemon to ask, C(unix:///path/to/docker.sock) or C(tcp://host:port) (plain TCP).
     type: str
     default: unix:///var/run/docker.sock
   attestation_url:
@@ -49,7 +49,7 @@ attributes:
   idempotent:
     description: Never changes anything.
 requirements:
-  - Docker SDK for Python on the engine host (Debian python3-docker)
+  - A Docker daemon on the engine host
   - iproute2 (C(ip))
 extends_documentation_fragment:
   - narwhal.deploy.attributes
@@ -91,12 +91,12 @@ python:
 
 import os
 import sys
-import traceback
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.six.moves.urllib.parse import urlsplit
 from ansible.module_utils.urls import open_url
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._engineapi import Client, EngineAPIError
 from ansible_collections.narwhal.deploy.plugins.module_utils._fleet import attestation_url
 from ansible_collections.narwhal.deploy.plugins.module_utils._model import ModelConfigError, checkpoint_config_path
 from ansible_collections.narwhal.deploy.plugins.module_utils._netaddr import interface_addresses, parse_ip_json
@@ -106,13 +106,6 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._tools import (
     host_name,
     run_bounded,
 )
-
-try:
-    import docker
-except ImportError:
-    DOCKER_ERROR = traceback.format_exc()
-else:
-    DOCKER_ERROR = None
 
 
 def listening_sockets(ports):
@@ -258,30 +251,27 @@ def main():
     problems = []
     image_id = None
     own_container = None
-    if DOCKER_ERROR:
-        problems.append("the Docker SDK for Python is not importable by %s (the Python that runs the launcher); "
-                        "install python3-docker (or pip install docker) for it" % sys.executable)
-    else:
-        try:
-            client = docker.DockerClient(base_url=module.params["docker_host"], timeout=30)
-            client.ping()
-        except Exception as exc:  # noqa: BLE001 - any daemon failure is a missing prerequisite
-            client = None
+    wanted = record["runtime"]["image_id"]
+    client, answered = None, False
+    try:
+        client = Client(module.params["docker_host"], timeout=30)
+        image_id = client.image(wanted)["Id"]
+        answered = True
+    except EngineAPIError as exc:
+        if exc.status is None:  # nothing answers (DaemonUnreachable), or a docker_host it cannot use
             problems.append("the Docker daemon at %s does not answer (%s); start it (systemctl start docker)"
                             % (module.params["docker_host"], exc))
-        if client is not None:
-            wanted = record["runtime"]["image_id"]
-            try:
-                image_id = client.images.get(wanted).id
-            except Exception:  # noqa: BLE001
-                problems.append("image %s (%s) is not present in this host's Docker daemon; load or pull exactly that "
-                                "image, or rerun discovery if the image was meant to change"
-                                % (record["runtime"]["image"], wanted))
-            try:
-                container = client.containers.get("narwhal-%s" % engine)
-                own_container = container.id if container.status == "running" else None
-            except Exception:  # noqa: BLE001
-                own_container = None
+        else:
+            answered = True
+            problems.append("image %s (%s) is not present in this host's Docker daemon; load or pull exactly that "
+                            "image, or rerun discovery if the image was meant to change"
+                            % (record["runtime"]["image"], wanted))
+    if answered:
+        try:
+            container = client.container("narwhal-%s" % engine)
+            own_container = container["Id"] if container["State"]["Status"] == "running" else None
+        except Exception:  # noqa: BLE001
+            own_container = None
     model = record["runtime"]["model_path"]
     try:
         config = checkpoint_config_path(model)

@@ -48,7 +48,7 @@ options:
     default: /var/cache/narwhal/image-facts
   docker_host:
     description:
-      - Docker daemon URL.
+      - Docker daemon URL, C(unix:///path/to/docker.sock) or C(tcp://host:port) (plain TCP).
     type: str
     default: unix:///var/run/docker.sock
   timeout:
@@ -61,8 +61,8 @@ attributes:
   check_mode:
     description: Can run in check mode; inspects and may run the version container, but writes no cache file.
 requirements:
-  - Docker SDK for Python (C(docker), Debian C(python3-docker) 5.0.3 or later) on the engine host
-  - A Docker daemon on the engine host on which O(image) is present
+  - A Docker daemon on the engine host on which O(image) is present (asked over its Engine API with the Python
+    standard library; the Docker SDK for Python is not needed)
 extends_documentation_fragment:
   - narwhal.deploy.attributes
   - narwhal.deploy.attributes.facts
@@ -191,13 +191,7 @@ ansible_facts:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._image import DEFAULT_DISTRIBUTIONS
-from ansible_collections.narwhal.deploy.plugins.module_utils._imagehost import (
-    DOCKER_IMPORT_ERROR,
-    HAS_DOCKER,
-    fail_without_docker,
-    make_client,
-    read_image,
-)
+from ansible_collections.narwhal.deploy.plugins.module_utils._imagehost import make_client, read_image
 
 
 def main():
@@ -212,7 +206,6 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    fail_without_docker(module, p["image"], HAS_DOCKER, DOCKER_IMPORT_ERROR)
     facts = read_image(module, p["image"], p["distributions"], p["cache_dir"], p["docker_host"], p["timeout"],
                        client_factory=make_client)
     module.exit_json(changed=False, ansible_facts={"narwhal_image": facts})

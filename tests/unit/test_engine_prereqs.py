@@ -5,6 +5,7 @@ attestation sidecar (accepted, reported); anything else on the engine's ports is
 Real listening sockets on 127.0.0.1 and real GETs (found through /proc/net/tcp as on an engine host)."""
 
 import json
+import pathlib
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -127,3 +128,41 @@ def test_the_sidecar_on_the_engine_port_is_still_a_conflict(listen):
     assert problems == ["something already listens on port %s of this host; stop it or give engine-2 other ports "
                         "(NARWHAL_NODE_<n>_ENGINE_PORT / _ATTEST_PORT, NARWHAL_SIDE_CHANNEL_PORT)"
                         % ",".join(map(str, ports))]
+
+
+# ------------------------------------------------------------------------------------------ the Docker daemon
+
+
+def _standin_id():
+    from ansible_collections.narwhal.deploy.plugins.module_utils import _engineapi
+
+    try:
+        return _engineapi.Client(timeout=10).image("narwhal-sim/engine-standin:latest")["Id"]
+    except _engineapi.EngineAPIError:
+        return None
+
+
+def _docker_problems(module_runner, tmp_path, image_id, docker_host="unix:///var/run/docker.sock"):
+    """The module's Docker problems (the daemon, the image) for an engine-1 record of `image_id`."""
+    example = json.loads(pathlib.Path(__file__).resolve().parents[2].joinpath(
+        "docs", "examples", "engine-launch.example.json").read_text())["engines"]["engine-1"]
+    example["runtime"].update(image_id=image_id, model_path=str(tmp_path))
+    kind, result = module_runner(engine_prereqs.main, {"record": example, "docker_host": docker_host})
+    return [p for p in result.get("problems", []) if "Docker" in p], result
+
+
+@pytest.mark.skipif(_standin_id() is None, reason="no Docker daemon with the stand-in image here")
+def test_the_daemon_and_the_image_are_asked_over_the_engine_api(module_runner, tmp_path):
+    problems, result = _docker_problems(module_runner, tmp_path, _standin_id())
+    assert problems == [] and result.get("image_id", _standin_id()) == _standin_id()
+    missing = "sha256:" + "0" * 64
+    problems, _result = _docker_problems(module_runner, tmp_path, missing)
+    assert problems == ["image narwhal-sim/engine-standin:latest (%s) is not present in this host's Docker daemon; "
+                        "load or pull exactly that image, or rerun discovery if the image was meant to change"
+                        % missing]
+    socket_path = tmp_path / "docker.sock"
+    problems, _result = _docker_problems(module_runner, tmp_path, missing, "unix://%s" % socket_path)
+    assert len(problems) == 1 and problems[0].startswith(
+        "the Docker daemon at unix://%s does not answer (the Docker daemon does not answer at unix://%s ("
+        % (socket_path, socket_path))
+    assert problems[0].endswith("); start it (systemctl start docker)")

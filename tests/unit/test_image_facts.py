@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import shutil
 import stat
 import subprocess
+import sys
 
 import pytest
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _image, _imagehost
+from ansible_collections.narwhal.deploy.plugins.module_utils import _engineapi, _image
 from ansible_collections.narwhal.deploy.plugins.modules import image_facts
 
 IMAGE_ID = "sha256:" + "6a0bf322ed5f" + "0" * 52
@@ -152,75 +154,68 @@ def test_default_distributions_match_docs():
 
 
 # ------------------------------------------------------------------------------------------------
-# the module against a fake Docker client
+# the module against a fake Docker client (the _engineapi client's calls)
 
 
 class FakeContainer:
-    def __init__(self, client, entrypoint, command):
+    def __init__(self, client, body):
         self.client = client
-        self.entrypoint = entrypoint
-        self.command = command
+        self.entrypoint = body["Entrypoint"]
+        self.command = body["Cmd"]
         self.removed = False
-
-    def start(self):
-        if self.entrypoint[0] not in self.client.pythons:
-            raise _imagehost.APIError(
-                'OCI runtime create failed: exec: "%s": executable file not found in $PATH' % self.entrypoint[0]
-            )
-
-    def wait(self, timeout=None):
-        if self.client.hang:
-            raise TimeoutError("read timed out")
-        return {"StatusCode": 0}
-
-    def logs(self, stdout=True, stderr=False):
-        if stdout:
-            found = {k: v for k, v in self.client.versions.items() if k in self.command}
-            return ("NARWHAL_IMAGE_FACTS:" + json.dumps(found) + "\n").encode()
-        return b""
-
-    def kill(self):
-        self.client.killed += 1
-
-    def remove(self, force=False):
-        self.removed = True
-
-
-class FakeImage:
-    def __init__(self, attrs):
-        self.attrs = attrs
 
 
 class FakeClient:
-    def __init__(self, attrs, versions, pythons=("python3",), ping_ok=True, hang=False):
+    def __init__(self, attrs, versions, pythons=("python3",), answering=True, hang=False):
         self.attrs = attrs
         self.versions = versions
         self.pythons = pythons
-        self.ping_ok = ping_ok
+        self.answering = answering
         self.hang = hang
         self.created = []
         self.killed = 0
-        self.images = self
-        self.containers = self
 
-    def ping(self):
-        if not self.ping_ok:
-            raise _imagehost.DockerException("Error while fetching server API version: connection refused")
-        return True
-
-    # images.get
-    def get(self, ref):
+    def image(self, ref):
+        if not self.answering:
+            raise _engineapi.DaemonUnreachable("the Docker daemon does not answer at tcp://h:2375 "
+                                               "([Errno 111] Connection refused)")
         if ref not in self.attrs["RepoTags"] and ref != self.attrs["Id"]:
-            raise _imagehost.ImageNotFound("No such image: %s" % ref)
-        return FakeImage(self.attrs)
+            raise _engineapi.NotFound("404 Not Found (GET /images/%s/json): No such image: %s" % (ref, ref), 404)
+        return self.attrs
 
-    # containers.create
-    def create(self, image, entrypoint=None, command=None, network_mode=None, **kwargs):
-        assert image == self.attrs["Id"]
-        assert network_mode == "none"
-        container = FakeContainer(self, entrypoint, command)
-        self.created.append(container)
-        return container
+    def config(self, image, **kwargs):
+        return _engineapi.container_config(image, **kwargs)
+
+    def create(self, name, body):
+        assert body["Image"] == self.attrs["Id"]
+        assert body["HostConfig"]["NetworkMode"] == "none"
+        self.created.append(FakeContainer(self, body))
+        return {"Id": str(len(self.created) - 1), "Warnings": []}
+
+    def start(self, ident):
+        container = self.created[int(ident)]
+        if container.entrypoint[0] not in self.pythons:
+            raise _engineapi.EngineAPIError(
+                '400 Bad Request (POST /containers/%s/start): OCI runtime create failed: exec: "%s": executable '
+                'file not found in $PATH' % (ident, container.entrypoint[0]), 400)
+
+    def wait(self, ident, timeout=None):
+        if self.hang:
+            raise _engineapi.Timeout("POST /containers/%s/wait: no answer within %s s" % (ident, timeout))
+        return {"StatusCode": 0}
+
+    def logs(self, ident, stdout=True, stderr=True, tail="all", tty=False):
+        if stdout:
+            command = self.created[int(ident)].command
+            found = {k: v for k, v in self.versions.items() if k in command}
+            return ("NARWHAL_IMAGE_FACTS:" + json.dumps(found) + "\n").encode()
+        return b""
+
+    def kill(self, ident):
+        self.killed += 1
+
+    def remove(self, ident, force=False):
+        self.created[int(ident)].removed = True
 
 
 STANDIN_ATTRS = {
@@ -314,7 +309,7 @@ def test_module_missing_image(run_module, tmp_path):
 
 
 def test_module_daemon_not_answering(run_module, tmp_path):
-    client = FakeClient(STANDIN_ATTRS, STANDIN_VERSIONS, ping_ok=False)
+    client = FakeClient(STANDIN_ATTRS, STANDIN_VERSIONS, answering=False)
     kind, res = run_module({"image": "x", "cache_dir": str(tmp_path), "docker_host": "tcp://h:2375"}, client)
     assert kind == "fail"
     assert "tcp://h:2375 is not answering" in res["msg"] and "image x" in res["msg"]
@@ -343,11 +338,13 @@ def test_module_container_timeout_kills_and_removes(run_module, tmp_path):
     assert client.killed == 1 and client.created[0].removed
 
 
-def test_module_missing_docker_sdk(run_module, tmp_path, monkeypatch):
-    monkeypatch.setattr(image_facts, "HAS_DOCKER", False)
-    kind, res = run_module({"image": "x", "cache_dir": str(tmp_path)}, FakeClient(STANDIN_ATTRS, {}))
+def test_module_daemon_socket_missing(module_runner, tmp_path):
+    """The real client against a socket path where no daemon listens: the same message, naming the address."""
+    host = "unix://%s" % (tmp_path / "docker.sock")
+    kind, res = module_runner(image_facts.main, {"image": "x", "cache_dir": str(tmp_path), "docker_host": host})
     assert kind == "fail"
-    assert "docker" in res["msg"] and "python3-docker" in res["msg"]
+    assert res["msg"].startswith("cannot inspect image x: the Docker daemon at %s is not answering (" % host)
+    assert "No such file or directory" in res["msg"] and "(group docker), then rerun discovery" in res["msg"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -357,7 +354,7 @@ STANDIN = "narwhal-sim/engine-standin:latest"
 
 
 def _standin_available():
-    if not shutil.which("docker") or not image_facts.HAS_DOCKER:
+    if not shutil.which("docker"):
         return False
     try:
         proc = subprocess.run(["docker", "image", "inspect", STANDIN], capture_output=True, timeout=20, check=False)
@@ -369,7 +366,7 @@ def _standin_available():
 @pytest.mark.skipif(not _standin_available(), reason="no Docker daemon with %s here" % STANDIN)
 def test_real_daemon_standin(run_module, tmp_path):
     real = image_facts.make_client("unix:///var/run/docker.sock", 120)
-    before = {c.id for c in real.containers.list(all=True)}
+    before = {c["Id"] for c in real.containers()}
 
     def run(args):
         kind, res = run_module(args, real)
@@ -385,7 +382,7 @@ def test_real_daemon_standin(run_module, tmp_path):
     assert facts["platform"] == "cuda" and facts["nixl_distribution"] == "nixl"
     assert facts["id"].startswith("sha256:") and facts["cached"] is False
     assert run(args)["ansible_facts"]["narwhal_image"]["cached"] is True
-    assert {c.id for c in real.containers.list(all=True)} == before
+    assert {c["Id"] for c in real.containers()} == before
 
 
 # ------------------------------------------------------------------------------------------------
@@ -414,3 +411,25 @@ def test_module_never_returns_image_secrets(run_module, tmp_path, config, secret
 
 def test_withheld_env_names_every_secret_looking_image_variable():
     assert _image.withheld_env(STANDIN_ENV) == ["AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN", "HF_TOKEN", "VLLM_API_KEY"]
+
+
+@pytest.mark.skipif(not _standin_available(), reason="no Docker daemon with %s here" % STANDIN)
+def test_the_image_read_never_imports_the_docker_sdk(tmp_path):
+    """image_facts and engine_host_facts read the image (and run the version container) with the Docker SDK,
+    requests and urllib3 unimportable."""
+    code = """import json, sys
+for name in ("docker", "requests", "urllib3"):
+    sys.modules[name] = None
+sys.path.insert(0, sys.argv[1])
+from ansible_collections.narwhal.deploy.plugins.modules import engine_host_facts, image_facts  # noqa: F401
+from ansible_collections.narwhal.deploy.plugins.module_utils import _imagehost
+api = _imagehost.make_client("unix:///var/run/docker.sock", 120)
+out = _imagehost.run_version_container(api, api.image(sys.argv[2])["Id"], "python3", ["vllm"], 120)
+print(json.dumps({"out": out.decode(), "sdk": [m for m in ("docker", "requests", "urllib3") if sys.modules[m]]}))
+"""
+    collections = str(pathlib.Path(__file__).resolve().parents[2] / "collections")
+    proc = subprocess.run([sys.executable, "-c", code, collections, STANDIN], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["sdk"] == [] and '"vllm": "0.33.0"' in result["out"]

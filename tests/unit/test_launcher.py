@@ -539,7 +539,7 @@ def test_cli_errors_never_print_the_key(tmp_path, capsys, monkeypatch):
 
 
 def test_zipapp_carries_everything_the_launcher_imports(tmp_path):
-    """The engine host has only the zipapp, the standard library and the Docker SDK: every launcher part imports
+    """The engine host has only the zipapp and the standard library (no Docker SDK): every launcher part imports
     from the artefact alone (no site-packages, so nothing of Ansible or the checkout), the in-image observer is in
     it as data."""
     launcher = zipapp(tmp_path)

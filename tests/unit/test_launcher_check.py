@@ -305,45 +305,34 @@ def test_probe_version_health_timeout(tmp_path):
         le.probe_version(str(env_path), timeout=0.5, interval=0.1, address="127.0.0.1")
 
 
-class _FakeErrors:
-    class APIError(Exception):
-        pass
+class _FakeAPI:
+    """The Engine API client's container() and logs() for one container (None: the daemon has none)."""
 
-
-class _FakeContainer:
     def __init__(self, status, logs=b""):
-        self.status, self._logs = status, logs
-        self.attrs = {"State": {"ExitCode": 1}}
+        self.attrs = None if status is None else {"State": {"Status": status, "ExitCode": 1}}
+        self._logs = logs
 
-    def logs(self, tail):
+    def container(self, name):
+        if self.attrs is None:
+            raise le._engineapi.NotFound("404 Not Found: No such container: %s" % name, 404)
+        return self.attrs
+
+    def logs(self, name, tail):
         return self._logs
-
-
-class _FakeSDK:
-    errors = _FakeErrors
-
-    def __init__(self, container):
-        self.containers = self
-        self._container = container
-
-    def get(self, name):
-        if self._container is None:
-            raise _FakeErrors.APIError(name)
-        return self._container
 
 
 def test_health_wait_stops_when_the_engine_container_exited(tmp_path, monkeypatch):
     env_path = checked_inputs(tmp_path)
     logs = ("ValueError: No common block size for 16 (CPU_ATTN: [MultipleOf(32)])\nkey=%s\n" % SECRET).encode()
-    sdk = _FakeSDK(_FakeContainer("exited", logs))
-    monkeypatch.setattr(MODULES["probe"], "docker_client", lambda: (sdk, sdk))
+    api = _FakeAPI("exited", logs)
+    monkeypatch.setattr(MODULES["probe"], "engine_api", lambda: api)
     with pytest.raises(le.LaunchError) as err:
         le.probe_version(str(env_path), timeout=60, interval=0.05, address="127.0.0.1")
     text = str(err.value)
     assert "engine container narwhal-engine-1 exited (code 1)" in text and "No common block size" in text
     assert SECRET not in text and le.REDACTED in text
-    assert le.container_exit((sdk, _FakeSDK(_FakeContainer("running"))), "x") is None
-    assert le.container_exit((sdk, _FakeSDK(None)), "x") is None
+    assert le.container_exit(_FakeAPI("running"), "x") is None
+    assert le.container_exit(_FakeAPI(None), "x") is None
     assert le.container_exit(None, "x") is None
 
 

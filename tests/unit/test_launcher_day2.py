@@ -441,36 +441,24 @@ def test_stop_refuses_a_container_that_is_not_ours(standin, capsys):
             pass
 
 
-class _Errors:
-    class APIError(Exception):
-        pass
-
-
 class _Restarted:
-    """What the Docker SDK returns for a container its restart policy brought back: running, RestartCount > 0."""
+    """The Engine API client's view of a container its restart policy brought back: running, RestartCount > 0."""
 
     def __init__(self, status, restarts, code):
-        self.status, self.attrs = status, {"RestartCount": restarts, "State": {"ExitCode": code}}
+        self.attrs = {"RestartCount": restarts, "State": {"Status": status, "ExitCode": code}}
 
-    def logs(self, tail):
+    def container(self, name):
+        return self.attrs
+
+    def logs(self, name, tail):
         return b"OSError: [Errno 98] Address already in use\nVLLM_API_KEY=" + SECRET.encode() + b"\n"
-
-
-class _SDK:
-    errors = _Errors
-
-    def __init__(self, container):
-        self.containers, self._container = self, container
-
-    def get(self, name):
-        return self._container
 
 
 def test_a_container_its_restart_policy_restarts_counts_as_exited():
     """unless-stopped brings a crashing engine back at once: `restarting`, or even `running` again with a restart
     count; either is the end of this container's start, not a reason to wait for the timeout."""
-    how, tail = le.container_exit((_SDK, _SDK(_Restarted("running", 2, 0))), "x", SECRET)
+    how, tail = le.container_exit(_Restarted("running", 2, 0), "x", SECRET)
     assert how == "exited (code 0; its restart policy restarted it 2 times)" and SECRET not in tail
-    assert le.container_exit((_SDK, _SDK(_Restarted("restarting", 0, 1))), "x")[0] == \
+    assert le.container_exit(_Restarted("restarting", 0, 1), "x")[0] == \
         "exited (code 1; its restart policy restarted it 1 times)"
-    assert le.container_exit((_SDK, _SDK(_Restarted("running", 0, 0))), "x") is None
+    assert le.container_exit(_Restarted("running", 0, 0), "x") is None

@@ -8,7 +8,7 @@ import os
 import stat
 import sys
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
+from ansible_collections.narwhal.deploy.plugins.module_utils import _engineapi, _plan
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan import PlanError as LaunchError
 
 __all__ = ["LaunchError"]
@@ -185,18 +185,33 @@ def prepare(role_env_path):
     return Prepared(role_env, record, plan, digest, argv, group_ids)
 
 
-def docker_client(timeout=None):
-    """(the docker module, a client that answered ping); `timeout` bounds every API call (seconds)."""
+UNREACHABLE = "cannot reach the Docker daemon (%s); start docker or fix DOCKER_HOST"
+
+
+class DockerUnreachableError(LaunchError):
+    """No Docker daemon answers (or DOCKER_HOST/TLS cannot be used): one line, exit 2."""
+
+
+class EngineAPI(_engineapi.Client):
+    """The Engine API client of the launcher (plugins/module_utils/_engineapi.py: stdlib only, so `start` never
+    imports the Docker SDK): a daemon that does not answer is a DockerUnreachableError naming the fix."""
+
+    def call(self, method, path, query=None, body=None, timeout=None):
+        try:
+            return super().call(method, path, query, body, timeout)
+        except _engineapi.Timeout:
+            raise
+        except _engineapi.DaemonUnreachable as exc:
+            raise DockerUnreachableError(UNREACHABLE % exc)
+
+
+def engine_api(timeout=None):
+    """The Docker daemon of DOCKER_HOST (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH) as docker.from_env() finds it,
+    `timeout` seconds per call. Nothing is asked yet: the first call finds out whether the daemon answers."""
     try:
-        import docker  # lazily: only start/check need a daemon
-    except ImportError:
-        raise LaunchError("the Docker SDK for Python is missing; install python3-docker on the engine host")
-    try:
-        client = docker.from_env(**({"timeout": timeout} if timeout else {}))
-        client.ping()
-    except Exception as exc:  # docker.errors.DockerException and connection errors
-        raise LaunchError("cannot reach the Docker daemon (%s); start docker or fix DOCKER_HOST" % exc)
-    return docker, client
+        return EngineAPI.from_env(timeout=timeout or _engineapi.DEFAULT_TIMEOUT)
+    except _engineapi.EngineAPIError as exc:
+        raise DockerUnreachableError(UNREACHABLE % exc)
 
 
 def check_host(plan):
@@ -225,23 +240,48 @@ def companion_names(name):
     return [name, name + PREVIOUS_SUFFIX, name + FAILED_SUFFIX]
 
 
-def container_labels(container):
-    return (container.attrs.get("Config") or {}).get("Labels") or {}
+def container_labels(attrs):
+    """The labels of a container as inspected (Config.Labels) or as listed (Labels)."""
+    if not attrs:
+        return {}
+    return (attrs.get("Config") or {}).get("Labels") or attrs.get("Labels") or {}
 
 
-def our_container(docker, client, name, engine):
-    """The container called `name` if it is narwhal's container of `engine` (its ENGINE_LABEL says so); None when
-    there is none. A container of that name that is not ours is refused, never touched."""
-    try:
-        container = client.containers.get(name)
-    except docker.errors.NotFound:
-        return None
-    label = container_labels(container).get(_plan.ENGINE_LABEL)
+def container_state(attrs):
+    """running, exited, restarting, paused, created or dead: State.Status as inspected, State as listed."""
+    state = attrs.get("State")
+    return state.get("Status") if isinstance(state, dict) else state
+
+
+def refuse_foreign(attrs, name, engine):
+    """LaunchError unless the container `name` is narwhal's container of `engine` (its ENGINE_LABEL says so)."""
+    label = container_labels(attrs).get(_plan.ENGINE_LABEL)
     if label != engine:
         raise LaunchError("container %s (%s) is not narwhal's container of %s (label %s=%s); it was left alone: "
                           "rename or remove it (docker rm -f %s) and run again"
-                          % (name, container.short_id, engine, _plan.ENGINE_LABEL, label or "(none)", name))
-    return container
+                          % (name, attrs["Id"][:12], engine, _plan.ENGINE_LABEL, label or "(none)", name))
+    return attrs
+
+
+def our_container(api, name, engine):
+    """The inspected container called `name` if it is narwhal's container of `engine`; None when there is none. A
+    container of that name that is not ours is refused, never touched."""
+    try:
+        attrs = api.container(name)
+    except _engineapi.NotFound:
+        return None
+    return refuse_foreign(attrs, name, engine)
+
+
+def companions(api, name):
+    """{each of companion_names(name): its listed summary (Id, State, Labels) or None}, in one call: a list
+    filtered by the name (the daemon matches part of it), then matched exactly here."""
+    found = dict.fromkeys(companion_names(name))
+    for summary in api.containers(filters={"name": [name]}):
+        for each in summary.get("Names") or []:
+            if each.lstrip("/") in found:
+                found[each.lstrip("/")] = summary
+    return found
 
 
 def container_name(role_env_path):

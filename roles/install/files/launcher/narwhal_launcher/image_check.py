@@ -9,11 +9,11 @@ import pkgutil
 import sys
 import time
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
+from ansible_collections.narwhal.deploy.plugins.module_utils import _engineapi, _plan
 from narwhal_launcher.common import (
     LaunchError,
     check_host,
-    docker_client,
+    engine_api,
     host_group_ids,
     launcher_sha256,
     prepare,
@@ -192,76 +192,78 @@ def parse_check_output(text):
     return None
 
 
-def verify_image(docker, client, plan):
-    """Image identity: the recorded ID is present, and the recorded reference (if here) still points to it."""
-    image_id = plan["image"]
+def _image_id(api, ref):
+    """The ID the daemon has for image `ref`, or None."""
     try:
-        image = client.images.get(image_id)
-    except docker.errors.ImageNotFound:
-        current = None
-        if plan.get("image_ref"):
-            try:
-                current = client.images.get(plan["image_ref"]).id
-            except docker.errors.ImageNotFound:
-                pass
+        return api.image(ref)["Id"]
+    except _engineapi.NotFound:
+        return None
+
+
+def verify_image(api, plan):
+    """Image identity: the recorded ID is present, and the recorded reference (if here) still points to it. One
+    lookup when all is well (the reference, or the ID when there is none or the reference is not here); the
+    others only to say what is wrong. -> the image ID."""
+    image_id, ref = plan["image"], plan.get("image_ref")
+    current = _image_id(api, ref) if ref else None
+    if current == image_id:
+        return image_id
+    found = _image_id(api, image_id)
+    if found is None:
         raise LaunchError("launch record runtime.image_id %s is not on this host%s; load the recorded image or "
                           "rerun discovery" % (image_id, " (runtime.image %s is now %s: tampered or rebuilt)"
-                                               % (plan["image_ref"], current) if current else ""))
-    if image.id != image_id:
+                                               % (ref, current) if current else ""))
+    if found != image_id:
         raise LaunchError("launch record runtime.image_id %s resolves to image %s; record the full sha256 image ID "
-                          "(rerun discovery)" % (image_id, image.id))
-    if plan.get("image_ref"):
-        try:
-            current = client.images.get(plan["image_ref"]).id
-        except docker.errors.ImageNotFound:
-            current = image_id  # loaded by ID only: nothing to compare
-        if current != image_id:
-            raise LaunchError("launch record runtime.image %s now resolves to %s, not the recorded runtime.image_id "
-                              "%s (tampered or rebuilt image); restore the recorded image or rerun discovery"
-                              % (plan["image_ref"], current, image_id))
-    return image
+                          "(rerun discovery)" % (image_id, found))
+    if current is not None:  # None: loaded by ID only, nothing to compare
+        raise LaunchError("launch record runtime.image %s now resolves to %s, not the recorded runtime.image_id "
+                          "%s (tampered or rebuilt image); restore the recorded image or rerun discovery"
+                          % (ref, current, image_id))
+    return image_id
 
 
-def run_check_container(docker, client, plan, spec):
+def run_check_container(api, plan, spec):
     """Run in_image.py in a short-lived container of the recorded image ID: no network, the model mount
     read-only, the plan's environment (no API key) and devices; the container is removed afterwards."""
     environment = {k: v for k, v in plan["environment"].items() if k != _plan.API_KEY_ENV}
     name = "%s%s-%s" % (CHECK_PREFIX, plan["engine"], os.urandom(4).hex())
     kwargs = {
-        "image": plan["image"], "entrypoint": ["python3"],
+        "entrypoint": ["python3"],
         "command": ["-c", in_image_script(), json.dumps(spec, sort_keys=True)],
-        "name": name, "detach": True, "network_mode": "none",
+        "detach": True, "network_mode": "none",
         "environment": ["%s=%s" % (k, environment[k]) for k in sorted(environment)],
         "devices": plan["devices"] or None,
-        "device_requests": [docker.types.DeviceRequest(**r) for r in plan["device_requests"]] or None,
+        "device_requests": [dict(r) for r in plan["device_requests"]] or None,
         "group_add": list(host_group_ids(plan["group_add"]).values()) or None,
         "security_opt": plan["security_opt"] or None,
-        "mounts": [docker.types.Mount(target=m["target"], source=m["source"], type=m["type"], read_only=True)
+        "mounts": [{"target": m["target"], "source": m["source"], "type": m["type"], "read_only": True}
                    for m in plan["mounts"]],
         "labels": {_plan.ENGINE_LABEL + "-check": plan["engine"]},
     }
     container = None
     try:
-        container = client.containers.create(**kwargs)
-        if container.attrs.get("Image") != plan["image"]:
+        container = api.create(name, api.config(plan["image"], **kwargs))["Id"]
+        image = api.container(container).get("Image")
+        if image != plan["image"]:
             raise LaunchError("the check container of runtime.image_id %s runs image %s; the image ID is not the "
-                              "recorded one (rerun discovery)" % (plan["image"], container.attrs.get("Image")))
-        container.start()
+                              "recorded one (rerun discovery)" % (plan["image"], image))
+        api.start(container)
         try:
-            status = container.wait(timeout=CHECK_TIMEOUT)
-        except Exception as exc:  # requests timeout / connection errors
+            status = api.wait(container, timeout=CHECK_TIMEOUT)
+        except _engineapi.EngineAPIError as exc:  # the timeout, or the daemon went away
             raise LaunchError("the image check container %s did not finish within %d s (%s); check the image "
                               "runtime.image_id %s" % (name, CHECK_TIMEOUT, exc, plan["image"]))
-        stdout = container.logs(stdout=True, stderr=False).decode("utf-8", "replace")
-        stderr = container.logs(stdout=False, stderr=True).decode("utf-8", "replace")
-    except docker.errors.APIError as exc:
+        stdout = api.logs(container, stdout=True, stderr=False).decode("utf-8", "replace")
+        stderr = api.logs(container, stdout=False, stderr=True).decode("utf-8", "replace")
+    except _engineapi.EngineAPIError as exc:
         raise LaunchError("docker refused the image check container for runtime.image_id %s: %s"
                           % (plan["image"], exc))
     finally:
         if container is not None:
             try:
-                container.remove(force=True)
-            except docker.errors.APIError:
+                api.remove(container, force=True)
+            except (_engineapi.EngineAPIError, LaunchError):
                 pass
     report = parse_check_output(stdout)
     if report is None:
@@ -271,12 +273,11 @@ def run_check_container(docker, client, plan, spec):
     return report
 
 
-def image_check(role_env, record, plan, digest, docker=None, client=None, reuse=False, out=None):
+def image_check(role_env, record, plan, digest, api=None, reuse=False, out=None):
     """Verify the image (identity always), then run the check container or reuse a checked.json of the same
     plan hash, image ID and launcher. Writes checked.json; returns (document, "ran" | "reused")."""
-    if client is None:
-        docker, client = docker_client()
-    verify_image(docker, client, plan)
+    api = api or engine_api()
+    verify_image(api, plan)
     path = os.path.join(run_dir(role_env), "checked.json")
     previous = read_json_file(path) if reuse else None
     if previous and previous.get("plan_hash") == digest and previous.get("image_id") == plan["image"] \
@@ -284,7 +285,7 @@ def image_check(role_env, record, plan, digest, docker=None, client=None, reuse=
         document, how = previous, "reused"
     else:
         spec = check_spec(plan, record)
-        report = run_check_container(docker, client, plan, spec)
+        report = run_check_container(api, plan, spec)
         document = decide_check(report, spec, plan["image"], digest)
         document.update(engine=plan["engine"], run_id=role_env.get("NARWHAL_RUN_ID", ""),
                         launcher_sha256=launcher_sha256(),

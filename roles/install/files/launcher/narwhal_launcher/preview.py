@@ -8,8 +8,8 @@ import os
 import sys
 
 from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
-from narwhal_launcher.common import installed, read_json_file, role
-from narwhal_launcher.status import container_labels, docker_facts, redact_strings
+from narwhal_launcher.common import container_labels, container_state, installed, read_json_file, role
+from narwhal_launcher.status import docker_facts, redact_strings
 
 
 def plan_lines(document):
@@ -23,7 +23,7 @@ def decide(container, running_hash, digest):
     """start's decision, pure: keep a running container of this plan hash, else start or replace."""
     if container is None:
         return "start"
-    if container.status == "running" and running_hash == digest:
+    if container_state(container) == "running" and running_hash == digest:
         return "unchanged"
     return "replace"
 
@@ -36,7 +36,7 @@ def preview(role_env_path, out=None):
     running_hash, running_run = labels.get(_plan.PLAN_HASH_LABEL), labels.get(_plan.RUN_ID_LABEL)
     action = decide(container, running_hash, digest)
     doc = {"engine": engine, "container": name, "action": action, "docker_error": docker_error,
-           "container_state": container.status if container is not None else None,
+           "container_state": container_state(container) if container is not None else None,
            "plan_hash_running": running_hash, "run_id_running": running_run,
            "plan_hash_installed": digest, "run_id_installed": role_env.get("NARWHAL_RUN_ID", ""), "diff": []}
     if action == "replace":

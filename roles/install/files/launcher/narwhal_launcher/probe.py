@@ -5,10 +5,11 @@ import os
 import sys
 import time
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
+from ansible_collections.narwhal.deploy.plugins.module_utils import _engineapi, _plan
 from narwhal_launcher.common import (
     LaunchError,
-    docker_client,
+    container_state,
+    engine_api,
     load_record,
     read_api_key,
     read_json_file,
@@ -41,42 +42,44 @@ def _redact(text, secret):
     return _plan.redact_text(text)
 
 
-def container_logs(sdk, name, secret=None, lines=25):
+def container_logs(api, name, secret=None, lines=25):
     """The last `lines` log lines of container `name` (id or name), secrets redacted; None when Docker cannot be
     asked."""
-    if sdk is None:
+    if api is None:
         return None
-    docker, client = sdk
     try:
-        tail = client.containers.get(name).logs(tail=lines).decode("utf-8", "replace")
-    except docker.errors.APIError as exc:
+        tail = api.logs(name, tail=lines).decode("utf-8", "replace")
+    except (_engineapi.EngineAPIError, LaunchError) as exc:
         return "(logs unavailable: %s)" % exc
     return _redact(tail, secret).rstrip()
 
 
-def container_exit(sdk, name, secret=None, lines=25):
+def container_exit(api, name, secret=None, lines=25, seen=None):
     """(how it ended, last log lines) when the container `name` (id or name) has stopped or is being restarted by
     its restart policy (it exited at least once: `restarting`, or running again with a restart count); None while
-    it runs, or when Docker cannot be asked (`sdk` None: the health wait then runs to its timeout). `secret` is
-    redacted."""
-    if sdk is None:
+    it runs, or when Docker cannot be asked (`api` None: the health wait then runs to its timeout). `secret` is
+    redacted. `seen` (a dict) receives the container's inspect document."""
+    if api is None:
         return None
-    docker, client = sdk
     try:
-        container = client.containers.get(name)
-    except docker.errors.APIError:  # NotFound included: only a stopped container is a definite answer
+        attrs = api.container(name)
+    except (_engineapi.EngineAPIError, LaunchError):  # NotFound included: only a stopped container is definite
         return None
-    restarts = container.attrs.get("RestartCount") or 0
-    if container.status not in ("exited", "dead", "restarting") and not restarts:
+    if seen is not None:
+        seen.clear()
+        seen.update(attrs)
+    restarts = attrs.get("RestartCount") or 0
+    status = container_state(attrs)
+    if status not in ("exited", "dead", "restarting") and not restarts:
         return None
-    code = container.attrs.get("State", {}).get("ExitCode")
-    if container.status in ("exited", "dead"):
+    code = (attrs.get("State") or {}).get("ExitCode")
+    if status in ("exited", "dead"):
         how = "exited (code %s)" % code
     else:
         how = "exited (code %s; its restart policy restarted it %d times)" % (code, max(restarts, 1))
     try:
-        tail = container.logs(tail=lines).decode("utf-8", "replace")
-    except docker.errors.APIError as exc:
+        tail = api.logs(name, tail=lines).decode("utf-8", "replace")
+    except (_engineapi.EngineAPIError, LaunchError) as exc:
         tail = "(logs unavailable: %s)" % exc
     return how, _redact(tail, secret).rstrip()
 
@@ -111,9 +114,13 @@ def fetch_version(url, timeout=10):
     return status, served
 
 
-def wait_health(health, name, timeout, interval=1.0, sdk=None, secret=None):
+FAST_POLL, FAST_POLLS_FOR = 0.05, 2.0  # /health every 0.05 s during the first 2 s, then every `interval`
+
+
+def wait_health(health, name, timeout, interval=1.0, api=None, secret=None, seen=None):
     """Wait until GET `health` answers 200, stopping at once when the container `name` (id or name) exits;
-    -> seconds waited. Raises NotReadyError (cause, log tail)."""
+    -> seconds waited. Polls every 0.05 s during the first 2 s (an engine that is up in a moment is seen at
+    once), then every `interval`. Raises NotReadyError (cause, log tail)."""
     began = time.time()
     last = "no answer"
     while True:
@@ -124,7 +131,7 @@ def wait_health(health, name, timeout, interval=1.0, sdk=None, secret=None):
             last = "HTTP %d" % status
         except OSError as exc:
             last = str(getattr(exc, "reason", exc))
-        dead = container_exit(sdk, name, secret)
+        dead = container_exit(api, name, secret, seen=seen)
         if dead:
             raise NotReadyError("engine container %s %s before %s answered; its last log lines:\n%s"
                                 % (name, dead[0], health, dead[1]),
@@ -133,25 +140,25 @@ def wait_health(health, name, timeout, interval=1.0, sdk=None, secret=None):
             raise NotReadyError("%s did not answer 200 within %d s (last: %s); see the engine container's logs "
                                 "(docker logs %s)" % (health, timeout, last, name),
                                 "%s did not answer 200 within %d s (last: %s)" % (health, timeout, last),
-                                container_logs(sdk, name, secret))
-        time.sleep(interval)
+                                container_logs(api, name, secret))
+        time.sleep(min(FAST_POLL, interval) if time.time() - began < FAST_POLLS_FOR else interval)
 
 
-def wait_ready(role_env, name, checked, digest, timeout, directory, interval=1.0, address=None, sdk=None,
-               secret=None):
+def wait_ready(role_env, name, checked, digest, timeout, directory, interval=1.0, address=None, api=None,
+               secret=None, seen=None):
     """Wait for /health (200) of the engine, stopping at once when its container `name` (id or name) exits; then
     GET /version and compare it with checked.json's vllm_api_version; write version-probe.json. Returns the
     probe result; raises NotReadyError (cause, log tail) otherwise."""
     health, version_url = probe_url(role_env, "/health", address), probe_url(role_env, "/version", address)
-    waited = wait_health(health, name, timeout, interval, sdk, secret)
+    waited = wait_health(health, name, timeout, interval, api, secret, seen)
     try:
         status, served = fetch_version(version_url)
     except LaunchError as exc:
-        raise NotReadyError(str(exc), str(exc), container_logs(sdk, name, secret))
+        raise NotReadyError(str(exc), str(exc), container_logs(api, name, secret))
     if status != 200 or not isinstance(served, str):
         message = "GET %s answered HTTP %s without a version; the engine is not a vLLM OpenAI server" \
             % (version_url, status)
-        raise NotReadyError(message, message, container_logs(sdk, name, secret))
+        raise NotReadyError(message, message, container_logs(api, name, secret))
     expected = checked["vllm_api_version"]
     result = {"engine": role_env.get("NARWHAL_ENGINE", ""), "run_id": role_env.get("NARWHAL_RUN_ID", ""),
               "url": version_url, "version": served, "expected": expected, "ok": served == expected,
@@ -163,13 +170,15 @@ def wait_ready(role_env, name, checked, digest, timeout, directory, interval=1.0
         raise NotReadyError("GET %s answered version %s but checked.json vllm_api_version is %s; the running engine "
                             "is not the checked image: stop it and run start again" % (version_url, served, expected),
                             "GET %s answered version %s, checked.json says %s" % (version_url, served, expected),
-                            container_logs(sdk, name, secret))
+                            container_logs(api, name, secret))
     return result
 
 
 def optional_docker():
+    """The Engine API client, or None when DOCKER_HOST cannot be used (a daemon that does not answer is seen by
+    the health wait's inspect: it then waits to its timeout)."""
     try:
-        return docker_client()
+        return engine_api()
     except LaunchError:
         return None
 
@@ -191,7 +200,7 @@ def probe_version(role_env_path, timeout=300.0, interval=1.0, address=None, out=
     directory = run_dir(role_env)
     checked = installed_checked(directory, digest)
     result = wait_ready(role_env, plan["name"], checked, digest, timeout, directory, interval=interval,
-                        address=address, sdk=optional_docker(), secret=optional_key(role_env))
+                        address=address, api=optional_docker(), secret=optional_key(role_env))
     print("version ok: %s %s = checked %s" % (result["url"], result["version"], result["expected"]),
           file=out or sys.stdout)
     return result

@@ -10,18 +10,21 @@ import os
 import sys
 import time
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
+from ansible_collections.narwhal.deploy.plugins.module_utils import _engineapi, _plan
 from narwhal_launcher.common import (
     FAILED_SUFFIX,
     PREVIOUS_SUFFIX,
     LaunchError,
     check_host,
+    companions,
     container_labels,
-    docker_client,
+    container_state,
+    engine_api,
     launcher_sha256,
     our_container,
     prepare,
     read_api_key,
+    refuse_foreign,
     run_dir,
     write_private,
 )
@@ -52,8 +55,9 @@ def ready_timeout_from(role_env, given=None):
     return seconds
 
 
-def create_kwargs(docker, plan, digest, api_key, group_ids=None, run_id=None):
-    """Keyword arguments of client.containers.create for a plan (the real key injected here only)."""
+def create_kwargs(plan, digest, api_key, group_ids=None, run_id=None):
+    """Keyword arguments of docker-py's client.containers.create for a plan (the real key injected here only);
+    _engineapi.container_config turns them into the create body the SDK sent."""
     environment = dict(plan["environment"])
     if _plan.API_KEY_ENV in environment:
         environment[_plan.API_KEY_ENV] = api_key
@@ -70,13 +74,13 @@ def create_kwargs(docker, plan, digest, api_key, group_ids=None, run_id=None):
         "network_mode": plan["network_mode"],
         "ipc_mode": plan["ipc_mode"],
         "devices": plan["devices"] or None,
-        "device_requests": [docker.types.DeviceRequest(**r) for r in plan["device_requests"]] or None,
+        "device_requests": [dict(r) for r in plan["device_requests"]] or None,
         "group_add": [g for g in groups if g] or None,
         "cap_add": plan["cap_add"] or None,
-        "ulimits": [docker.types.Ulimit(**u) for u in plan["ulimits"]] or None,
+        "ulimits": [dict(u) for u in plan["ulimits"]] or None,
         "security_opt": plan["security_opt"] or None,
-        "mounts": [docker.types.Mount(target=m["target"], source=m["source"], type=m["type"],
-                                      read_only=m["read_only"]) for m in plan["mounts"]],
+        "mounts": [{"target": m["target"], "source": m["source"], "type": m["type"], "read_only": m["read_only"]}
+                   for m in plan["mounts"]],
         "labels": labels,
         "restart_policy": {"Name": plan["restart_policy"]["name"]},
     }
@@ -135,79 +139,75 @@ def rollback_message(engine, failed, cause, restored, tail):
 class Previous:
     """The container being replaced: its id, labels and whether it was running (to start it again)."""
 
-    def __init__(self, container, was_running):
-        labels = container_labels(container)
-        self.id, self.was_running, self.attrs = container.id, was_running, container.attrs
+    def __init__(self, attrs, was_running):
+        labels = container_labels(attrs)
+        self.id, self.was_running = attrs["Id"], was_running
         self.plan_hash = labels.get(_plan.PLAN_HASH_LABEL, "")
         self.run_id = labels.get(_plan.RUN_ID_LABEL, "")
 
 
-def _remove(docker, container, note=None):
-    if container is None:
-        return
+def _remove(api, ref, name, note=None):
     try:
-        container.remove(force=True)
-    except docker.errors.APIError as exc:
+        api.remove(ref, force=True)
+    except (_engineapi.EngineAPIError, LaunchError) as exc:
         if note is not None:
-            note.append("could not remove %s: %s" % (container.name, exc))
+            note.append("could not remove %s: %s" % (name, exc))
 
 
-def _stop(container):
-    container.reload()
-    if container.status in ("running", "restarting", "paused"):
-        container.stop(timeout=STOP_TIMEOUT)
-
-
-def set_aside(docker, client, existing, plan):
+def set_aside(api, found, plan):
     """Stop the current container and rename it <name>-previous (an older -previous removed first); a leftover
-    -previous with no current container (an interrupted replace) is adopted as the one to roll back to."""
+    -previous with no current container (an interrupted replace) is adopted as the one to roll back to. `found`:
+    companions() of the plan's name."""
     name, engine = plan["name"], plan["engine"]
-    older = our_container(docker, client, name + PREVIOUS_SUFFIX, engine)
+    existing, older = found[name], found[name + PREVIOUS_SUFFIX]
+    if older is not None:
+        refuse_foreign(older, name + PREVIOUS_SUFFIX, engine)
     if existing is None:
         return Previous(older, True) if older is not None else None
-    _remove(docker, older)
-    was_running = existing.status in ("running", "restarting")
-    previous = Previous(existing, was_running)
-    _stop(existing)
-    existing.rename(name + PREVIOUS_SUFFIX)
+    if older is not None:
+        _remove(api, older["Id"], name + PREVIOUS_SUFFIX)
+    previous = Previous(existing, container_state(existing) in ("running", "restarting"))
+    api.stop(existing["Id"], timeout=STOP_TIMEOUT)  # a stopped container: a no-op (304)
+    api.rename(existing["Id"], name + PREVIOUS_SUFFIX)
     return previous
 
 
-def roll_back(docker, client, plan, role_env, new, previous, cause, tail, timeout, interval, secret):
+def roll_back(api, plan, role_env, new_id, previous, cause, tail, timeout, interval, secret):
     """Keep the failed container as <name>-failed (stopped), give the previous one its name back and start it,
     wait for its /health; write rollback.json and raise the one message."""
     name, engine = plan["name"], plan["engine"]
     notes = []
     failed = {"name": name + FAILED_SUFFIX, "plan_hash": _plan.plan_hash(plan),
-              "run_id": role_env.get("NARWHAL_RUN_ID", ""), "id": new.id if new is not None else None,
-              "kept": False}
-    if new is not None:
+              "run_id": role_env.get("NARWHAL_RUN_ID", ""), "id": new_id, "kept": False}
+    if new_id is not None:
         try:
-            _stop(new)
-            _remove(docker, our_container(docker, client, failed["name"], engine), notes)
-            new.rename(failed["name"])
+            api.stop(new_id, timeout=STOP_TIMEOUT)
+            older = our_container(api, failed["name"], engine)
+            if older is not None:
+                _remove(api, older["Id"], failed["name"], notes)
+            api.rename(new_id, failed["name"])
             failed["kept"] = True
-        except (docker.errors.APIError, LaunchError) as exc:
+        except (_engineapi.EngineAPIError, LaunchError) as exc:
             notes.append("could not set the failed container aside: %s" % exc)
     restored = None
     if previous is not None:
         restored = {"id": previous.id, "plan_hash": previous.plan_hash, "run_id": previous.run_id,
                     "serving": False, "started": False, "error": None}
         try:
-            container = client.containers.get(previous.id)
-            if container.name != name:
-                container.rename(name)
+            attrs = api.container(previous.id)
+            if attrs["Name"].lstrip("/") != name:
+                api.rename(previous.id, name)
             if previous.was_running:
-                container.start()
+                api.start(previous.id)
                 restored["started"] = True
                 address = role_env.get("NARWHAL_ADVERTISED_ADDRESS", "")
                 health = probe_url(dict(role_env, NARWHAL_HTTP_PORT=str(served_port(
-                    previous.attrs, int(role_env.get("NARWHAL_HTTP_PORT") or 0)))), "/health", address)
-                wait_health(health, previous.id, timeout, interval, (docker, client), secret)
+                    attrs, int(role_env.get("NARWHAL_HTTP_PORT") or 0)))), "/health", address)
+                wait_health(health, previous.id, timeout, interval, api, secret)
                 restored["serving"] = True
         except NotReadyError as exc:
             restored["error"] = exc.cause
-        except (docker.errors.APIError, LaunchError) as exc:
+        except (_engineapi.EngineAPIError, LaunchError) as exc:
             restored["error"] = _plan.redact_text(str(exc))
     document = {
         "engine": engine, "run_id": failed["run_id"], "cause": cause, "failed_container_id": failed["id"],
@@ -223,62 +223,71 @@ def roll_back(docker, client, plan, role_env, new, previous, cause, tail, timeou
     raise LaunchError(message + ("; also: %s" % "; ".join(notes) if notes else ""))
 
 
+def refused(plan, exc, api_key, created):
+    """The NotReadyError of a create or start Docker refused (`created`: the create had succeeded)."""
+    if isinstance(exc, _engineapi.NotFound) and not created:  # the image went away since the image check
+        message = ("launch record runtime.image_id %s is not on this host; load the recorded image (%s) or rerun "
+                   "discovery" % (plan["image"], plan["image_ref"]))
+        return NotReadyError(message, message)
+    return NotReadyError("docker refused container %s: %s" % (plan["name"], exc),
+                         "docker refused to start it: %s" % _plan.redact_text(str(exc), (api_key,)))
+
+
 def start(role_env_path, force=False, out=None, ready_timeout=None, interval=1.0):
     prepared = prepare(role_env_path)
     role_env, record, plan, digest = prepared.role_env, prepared.record, prepared.plan, prepared.digest
     timeout = ready_timeout_from(role_env, ready_timeout)
     api_key = read_api_key(role_env.get("NARWHAL_API_KEY_FILE", ""))
     check_host(plan)
-    docker, client = docker_client()
+    api = engine_api()
     # the image check: refuses (nothing started) on failure; a checked.json of this plan hash, image ID and
     # launcher is reused unless --force. Its verdict goes to stderr, stdout keeps the one start line.
-    checked, check_how = image_check(role_env, record, plan, digest, docker=docker, client=client,
-                                     reuse=not force, out=sys.stderr)
+    checked, check_how = image_check(role_env, record, plan, digest, api=api, reuse=not force, out=sys.stderr)
     directory = run_dir(role_env)
     run_id = role_env.get("NARWHAL_RUN_ID", "")
-    existing = our_container(docker, client, plan["name"], plan["engine"])
-    previous = None
-    if existing is not None and existing.status == "running" \
+    found = companions(api, plan["name"])
+    existing = found[plan["name"]]
+    if existing is not None:
+        refuse_foreign(existing, plan["name"], plan["engine"])
+    previous, seen = None, {}
+    if existing is not None and container_state(existing) == "running" \
             and container_labels(existing).get(_plan.PLAN_HASH_LABEL) == digest and not force:
-        container, action = existing, "unchanged"
+        container_id, action = existing["Id"], "unchanged"
     else:
-        try:
-            client.images.get(plan["image"])
-        except docker.errors.ImageNotFound:
-            raise LaunchError("launch record runtime.image_id %s is not on this host; load the recorded image "
-                              "(%s) or rerun discovery" % (plan["image"], plan["image_ref"]))
         action = "started" if existing is None else "replaced"
-        previous = set_aside(docker, client, existing, plan)
-        container = None
+        previous = set_aside(api, found, plan)
+        container_id = None
         try:
             try:
-                container = client.containers.create(**create_kwargs(docker, plan, digest, api_key,
-                                                                     prepared.group_ids, run_id))
-                container.start()
-            except docker.errors.APIError as exc:
-                raise NotReadyError("docker refused container %s: %s" % (plan["name"], exc),
-                                    "docker refused to start it: %s" % _plan.redact_text(str(exc), (api_key,)))
-            wait_ready(role_env, container.id, checked, digest, timeout, directory, interval=interval,
-                       sdk=(docker, client), secret=api_key)
+                kwargs = create_kwargs(plan, digest, api_key, prepared.group_ids, run_id)
+                container_id = api.create(kwargs.pop("name"), api.config(**kwargs))["Id"]
+                api.start(container_id)
+            except _engineapi.EngineAPIError as exc:
+                raise refused(plan, exc, api_key, container_id is not None)
+            wait_ready(role_env, container_id, checked, digest, timeout, directory, interval=interval, api=api,
+                       secret=api_key, seen=seen)
         except Exception as exc:  # noqa: BLE001 - whatever stopped the new container, the previous one comes back
             if isinstance(exc, NotReadyError):
                 cause, tail = exc.cause, exc.tail
             else:
                 cause = _plan.redact_text(" ".join(str(exc).split()) or type(exc).__name__, (api_key,))
-                tail = container_logs((docker, client), container.id, api_key, LOG_LINES) if container else None
-            roll_back(docker, client, plan, role_env, container, previous, cause, tail, timeout, interval, api_key)
+                tail = container_logs(api, container_id, api_key, LOG_LINES) if container_id else None
+            roll_back(api, plan, role_env, container_id, previous, cause, tail, timeout, interval, api_key)
         if previous is not None:
             notes = []
-            _remove(docker, client.containers.get(previous.id), notes)
+            _remove(api, previous.id, plan["name"] + PREVIOUS_SUFFIX, notes)
             for note in notes:
                 print("launch_engine: warning: %s; it is removed by the next start" % note, file=sys.stderr)
-        container.reload()
+    path = os.path.join(directory, "deployment.json")
+    write = action != "unchanged" or not os.path.exists(path)
+    if write and not seen.get("Id") == container_id:  # the health wait inspected it after start, or nobody did
+        seen = api.container(container_id)
     deployment = {
         "engine": plan["engine"], "run_id": run_id, "action": action,
         "app_revision": role_env.get("NARWHAL_APP_REVISION", ""),
-        "container_id": container.id, "container_name": plan["name"], "plan_hash": digest,
+        "container_id": container_id, "container_name": plan["name"], "plan_hash": digest,
         "image_id": plan["image"], "launcher_sha256": launcher_sha256(), "group_ids": prepared.group_ids,
-        "started_at": container.attrs.get("State", {}).get("StartedAt", ""),
+        "started_at": (seen.get("State") or {}).get("StartedAt", ""),
         "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "replaced_container_id": previous.id if previous else None,
         "previous_container_id": previous.id if previous else None,
@@ -287,13 +296,12 @@ def start(role_env_path, force=False, out=None, ready_timeout=None, interval=1.0
         "checked_sha256": checked_sha256(checked), "check": check_how,
         "vllm_api_version": checked["vllm_api_version"],
     }
-    path = os.path.join(directory, "deployment.json")
-    if action != "unchanged" or not os.path.exists(path):
+    if write:
         # An unchanged engine keeps the record of the deployment that is still running (idempotence).
         write_private(path, deployment)
     stale = os.path.join(directory, ROLLBACK_FILE)
     if os.path.exists(stale):  # the container of this plan serves now: an earlier rollback is history
         os.unlink(stale)
-    print("unchanged" if action == "unchanged" else "%s %s %s" % (action, plan["name"], container.id),
+    print("unchanged" if action == "unchanged" else "%s %s %s" % (action, plan["name"], container_id),
           file=out or sys.stdout)
     return deployment

@@ -15,9 +15,10 @@ from ansible_collections.narwhal.deploy.plugins.module_utils import _plan, _prob
 from narwhal_launcher.common import (
     PREVIOUS_SUFFIX,
     LaunchError,
-    companion_names,
+    companions,
     container_labels,
-    docker_client,
+    container_state,
+    engine_api,
     installed,
     read_api_key,
     read_json_file,
@@ -203,38 +204,36 @@ def port_table(role_env, paths=PROC_NET):
 
 
 def container_facts(container, engine):
+    """The facts of an inspected container (None: there is none)."""
     if container is None:
         return None
-    state = container.attrs.get("State") or {}
+    state = container.get("State") or {}
     labels = container_labels(container)
-    return {"name": container.name, "id": container.id, "state": container.status,
-            "running": container.status == "running", "restart_count": container.attrs.get("RestartCount") or 0,
+    status = container_state(container)
+    return {"name": container["Name"].lstrip("/"), "id": container["Id"], "state": status,
+            "running": status == "running", "restart_count": container.get("RestartCount") or 0,
             "started_at": state.get("StartedAt"), "exit_code": state.get("ExitCode"),
             "ours": labels.get(_plan.ENGINE_LABEL) == engine, "engine_label": labels.get(_plan.ENGINE_LABEL),
-            "image_id": container.attrs.get("Image")}
+            "image_id": container.get("Image")}
 
 
 def docker_facts(name, engine):
-    """(container facts or None, [companion facts], docker error or None)."""
+    """(the inspected container or None, [companion facts], docker error or None): one list of the container
+    and its companions, then an inspect of the container when it exists."""
     try:
-        docker, client = docker_client(timeout=DOCKER_TIMEOUT)
-    except LaunchError as exc:
+        api = engine_api(timeout=DOCKER_TIMEOUT)
+        found = companions(api, name)
+        main = api.container(found[name]["Id"]) if found[name] is not None else None
+    except LaunchError as exc:  # no daemon
         return None, [], str(exc)
-    found = {}
-    try:
-        for each in companion_names(name):
-            try:
-                found[each] = client.containers.get(each)
-            except docker.errors.NotFound:
-                found[each] = None
     except Exception as exc:  # noqa: BLE001 - API errors and timeouts: reported, the rest of the status stands
         return None, [], "%s: %s" % (type(exc).__name__, exc)
-    main = found.pop(name)
-    companions = [{"name": each, "id": c.id, "state": c.status,
-                   "ours": container_labels(c).get(_plan.ENGINE_LABEL) == engine,
-                   "role": "previous" if each.endswith(PREVIOUS_SUFFIX) else "failed"}
-                  for each, c in found.items() if c is not None]
-    return (main, companions, None)
+    found.pop(name)
+    others = [{"name": each, "id": c["Id"], "state": container_state(c),
+               "ours": container_labels(c).get(_plan.ENGINE_LABEL) == engine,
+               "role": "previous" if each.endswith(PREVIOUS_SUFFIX) else "failed"}
+              for each, c in found.items() if c is not None]
+    return (main, others, None)
 
 
 def probe_facts(directory, now=None):
