@@ -462,3 +462,25 @@ def test_a_container_its_restart_policy_restarts_counts_as_exited():
     assert le.container_exit(_Restarted("restarting", 0, 1), "x")[0] == \
         "exited (code 1; its restart policy restarted it 1 times)"
     assert le.container_exit(_Restarted("running", 0, 0), "x") is None
+
+
+def test_an_unchanged_engine_is_probed_and_a_wrong_version_is_refused_in_place(standin, capsys):
+    client, name = standin["client"], standin["name"]
+    env1, run1 = standin["inputs"]("r1")
+    assert le.main(["--role-env", env1, "start", "--ready-timeout", "60"]) == 0
+    first = client.containers.get(name)
+    capsys.readouterr()
+    (run1 / "version-probe.json").unlink()
+    assert le.main(["--role-env", env1, "start", "--ready-timeout", "60"]) == 0
+    assert capsys.readouterr().out.strip() == "unchanged"
+    assert json.loads((run1 / "version-probe.json").read_text())["ok"] is True  # probed again, as probe-version does
+    # checked.json says another version than the one served: start reports it, exit 2, and changes nothing
+    checked = json.loads((run1 / "checked.json").read_text())
+    checked["vllm_api_version"] = "0.0.1"
+    (run1 / "checked.json").write_text(json.dumps(checked))
+    assert le.main(["--role-env", env1, "start", "--ready-timeout", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "the running container of this plan (%s) does not serve" % name in err
+    assert "checked.json vllm_api_version is 0.0.1" in err and SECRET not in err
+    again = client.containers.get(name)
+    assert again.id == first.id and again.status == "running" and _get(client, name + "-failed") is None

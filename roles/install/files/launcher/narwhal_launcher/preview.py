@@ -1,6 +1,7 @@
 """`preview`: what `start` would do, changing nothing (launch.yml --check --diff). Read-only: no plan.json, no
 image check, no container touched. Prints one JSON document: the action (start, replace or unchanged, as `start`
-decides it without --force), the container, the running and the installed plan hashes and runs, and the plan
+decides it without --force), the container, the running and the installed plan hashes and runs, the installed
+run's directory on the host, and the plan
 difference (a unified diff of the running run's recorded plan against the installed one) when it is replaced."""
 import difflib
 import json
@@ -38,7 +39,8 @@ def preview(role_env_path, out=None):
     doc = {"engine": engine, "container": name, "action": action, "docker_error": docker_error,
            "container_state": container_state(container) if container is not None else None,
            "plan_hash_running": running_hash, "run_id_running": running_run,
-           "plan_hash_installed": digest, "run_id_installed": role_env.get("NARWHAL_RUN_ID", ""), "diff": []}
+           "plan_hash_installed": digest, "run_id_installed": role_env.get("NARWHAL_RUN_ID", ""),
+           "run_dir_installed": role(role_env, "NARWHAL_RUN_DIR"), "diff": []}
     if action == "replace":
         runs = os.path.dirname(role(role_env, "NARWHAL_RUN_DIR"))
         before = read_json_file(os.path.join(runs, running_run, "plan.json")) if running_run else None

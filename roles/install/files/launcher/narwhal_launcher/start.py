@@ -1,5 +1,6 @@
 """`start`: the image check (or a matching checked.json), then the container exactly as planned, kept when
-its plan hash is unchanged; deployment.json records the application revision, launcher digest and container.
+its plan hash is unchanged (and then probed: /health, and /version equal to checked.json's, as `probe-version`
+does); deployment.json records the application revision, launcher digest and container.
 
 A replacement is rolling: the running container is stopped and renamed <name>-previous, the new one is created
 and must become ready (/health, then /version equal to checked.json's) within the ready timeout. Ready: the
@@ -253,6 +254,14 @@ def start(role_env_path, force=False, out=None, ready_timeout=None, interval=1.0
     if existing is not None and container_state(existing) == "running" \
             and container_labels(existing).get(_plan.PLAN_HASH_LABEL) == digest and not force:
         container_id, action = existing["Id"], "unchanged"
+        # it must still serve this run's checked version (what `probe-version` does): nothing was changed, so a
+        # failure is only reported (exit 2), never rolled back
+        try:
+            wait_ready(role_env, container_id, checked, digest, timeout, directory, interval=interval, api=api,
+                       secret=api_key, seen=seen)
+        except NotReadyError as exc:
+            raise LaunchError("%s: the running container of this plan (%s) does not serve: %s"
+                              % (plan["engine"], plan["name"], exc))
     else:
         action = "started" if existing is None else "replaced"
         previous = set_aside(api, found, plan)
