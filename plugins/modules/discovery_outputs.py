@@ -10,7 +10,8 @@ module: discovery_outputs
 short_description: Plan the fleet from discovered facts and write deployment.env and the fleet file as one set
 version_added: 0.1.0
 description:
-  - Runs once on the controller at the end of discovery.
+  - Runs once on the controller at the end of discovery, inside the controller's Ansible process (an action plugin,
+    no module process).
   - Picks each node's fabric address (an explicit C(NARWHAL_NODE_<n>_IP) wins, otherwise exactly one usable global
     address of the bind family), derives engine and attestation URLs (IPv6 in brackets), honours full-URL
     overrides whose port matches the node's port, and refuses a bad input with a message naming it.
@@ -94,7 +95,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._discovery_outputs 
 
 
 def main():
-    # the step itself: module_utils/_discovery_outputs.py
+    # the step itself is in module_utils/_discovery_outputs.py; the action plugin of the same name runs it in-process
     module = AnsibleModule(**module_spec())
     module.exit_json(**discovery_outputs(module))
 

@@ -10,14 +10,15 @@ module: prepare_run
 short_description: Validate the assigned launch records and write a prepared run under runs/
 version_added: 0.1.0
 description:
-  - Runs on the controller. Loads the fleet and the launch config, refuses records older than their inputs (the
-    launch policy discovery recorded in C(engine-launch.policy.json), verified against the sha256 in
-    C(engine-launch.sources.json), must equal the policy of the current site inputs; every changed input is
-    named with both values), validates the documents against their schemas, checks
-    that every engine in the play has a record, and applies the prefill/decode compatibility gate (every pair must
-    pass vLLM's NIXL handshake as predicted from the records, i.e. the factors of its compatibility hash such as
-    vLLM version, model, dtype, KV geometry, attention backend and KV cache dtype, and its checks of block size,
-    TP ratio and KV layout) and the shared-host gate (no overlapping GPUs, HTTP, attestation or side-channel ports).
+  - Runs on the controller, inside the controller's Ansible process (an action plugin, no module process).
+  - Loads the fleet and the launch config, refuses records older than their inputs (the launch policy discovery
+    recorded in C(engine-launch.policy.json), verified against the sha256 in C(engine-launch.sources.json), must
+    equal the policy of the current site inputs; every changed input is named with both values), validates the
+    documents against their schemas, checks that every engine in the play has a record, and applies the
+    prefill/decode compatibility gate (every pair must pass vLLM's NIXL handshake as predicted from the records,
+    i.e. the factors of its compatibility hash such as vLLM version, model, dtype, KV geometry, attention backend
+    and KV cache dtype, and its checks of block size, TP ratio and KV layout) and the shared-host gate (no
+    overlapping GPUs, HTTP, attestation or side-channel ports).
   - With O(stage=plan) it only returns the records and the derived values. With O(stage=write) it also compares
     each record with the current host inspection (stale records are refused), checks the API key file, and only
     then creates C(runs/<run-id>/) with the manifest, each engine's record copy, role environment and derived
@@ -59,8 +60,9 @@ options:
     choices: [plan, write]
     default: plan
   hosts:
-    description: Current inspection per engine for O(stage=write), each with C(gpus) (M(narwhal.deploy.gpu_facts)),
-      C(interface) (M(narwhal.deploy.interface_facts)) and C(image_id) (M(narwhal.deploy.engine_prereqs)).
+    description:
+      - Current inspection per engine for O(stage=write), each with C(gpus) (M(narwhal.deploy.gpu_facts)),
+        C(interface) (M(narwhal.deploy.interface_facts)) and C(image_id) (M(narwhal.deploy.engine_prereqs)).
     type: dict
     default: {}
   from_run:
@@ -147,7 +149,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._prepare_run import
 
 
 def main():
-    # the step itself: module_utils/_prepare_run.py
+    # the step itself is in module_utils/_prepare_run.py; the action plugin of the same name runs it in-process
     module = AnsibleModule(**module_spec())
     module.exit_json(**prepare_run(module))
 

@@ -10,9 +10,9 @@ module: site_inputs
 short_description: Read and validate the deployment inputs of a site from its .env
 version_added: 0.1.0
 description:
-  - Runs on the controller. Reads the C(.env) file with python-dotenv, lets C(NARWHAL_*) variables of the
-    process environment override it, and validates every input against the collection's input description
-    (types, defaults, allowed values).
+  - Runs on the controller, inside the controller's Ansible process (an action plugin, no module process).
+  - Reads the C(.env) file with python-dotenv, lets C(NARWHAL_*) variables of the process environment override it,
+    and validates every input against the collection's input description (types, defaults, allowed values).
   - Values are literal. python-dotenv's C(${VAR}) expansion is off, so nothing of the controller's environment
     is pulled into a value or an error message; a value that holds C(${...}) is kept as written and warned about.
     (The fleet file's complete-value C(${NAME}) substitution is separate, see docs/substitution.md.)
@@ -83,7 +83,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._site_inputs import
 
 
 def main():
-    # the step itself: module_utils/_site_inputs.py
+    # the step itself is in module_utils/_site_inputs.py; the action plugin of the same name runs it in-process
     module = AnsibleModule(**module_spec())
     module.exit_json(**site_inputs(module))
 
