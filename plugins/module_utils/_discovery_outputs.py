@@ -111,7 +111,7 @@ def module_spec():
         argument_spec=dict(
             site=dict(type="dict", required=True),
             engines=dict(type="list", elements="str", required=True),
-            interfaces=dict(type="dict", required=True),
+            interfaces=dict(type="dict"),
             root=dict(type="path", required=True),
             hosts=dict(type="dict"),
         ),
@@ -129,7 +129,7 @@ def discovery_outputs(module):
         paths = check_paths(root, site, p["engines"], p["site"].get("env_file"), git_ignore_checker(module, root),
                             os.path.realpath)
         config_dir, fleet_path, launch_path = paths["config_dir"], paths["fleet"], paths["launch_config"]
-        plan = plan_fleet(inputs, p["engines"], p["interfaces"])
+        plan = plan_fleet(inputs, p["engines"], p["interfaces"] or {})
         env_text = render_env(plan["deployment_env"], ENV_HEADER)
         records = None
         if p["hosts"] is not None:

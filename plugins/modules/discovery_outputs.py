@@ -11,7 +11,7 @@ short_description: Plan the fleet from discovered facts and write deployment.env
 version_added: 0.1.0
 description:
   - Runs once on the controller at the end of discovery, inside the controller's Ansible process (an action plugin,
-    no module process).
+    no module process); it reads each engine's facts from the engines' host variables.
   - Picks each node's fabric address (an explicit C(NARWHAL_NODE_<n>_IP) wins, otherwise exactly one usable global
     address of the bind family), derives engine and attestation URLs (IPv6 in brackets), honours full-URL
     overrides whose port matches the node's port, and refuses a bad input with a message naming it.
@@ -37,9 +37,11 @@ options:
     elements: str
     required: true
   interfaces:
-    description: The C(narwhal_interface) facts of each engine, by engine name.
+    description:
+      - The C(narwhal_interface) facts of each engine, by engine name.
+      - When not given, each engine's C(narwhal_interface) host variable (the fact
+        M(narwhal.deploy.engine_host_facts) or M(narwhal.deploy.interface_facts) set on it).
     type: dict
-    required: true
   root:
     description: Checkout directory that relative output paths are relative to.
     type: path
@@ -49,8 +51,11 @@ options:
       - Host, image and model inspection of each engine, by engine name, each a dict with C(gpus)
         (M(narwhal.deploy.gpu_facts)), C(rdma) (M(narwhal.deploy.rdma_facts)), C(image)
         (M(narwhal.deploy.image_facts)) and C(model) (M(narwhal.deploy.model_facts)).
-      - When given, the launch records (C(NARWHAL_LAUNCH_CONFIG)), their inspection and policy extracts and
+      - The launch records (C(NARWHAL_LAUNCH_CONFIG)), their inspection and policy extracts and
         C(engine-launch.sources.json) are planned, schema-validated and written with the same set.
+      - When not given, each engine's host variables C(narwhal_gpus), C(narwhal_rdma), C(narwhal_image) and
+        C(narwhal_model) (the facts M(narwhal.deploy.engine_host_facts) set on it). V(null) plans no launch records,
+        only C(deployment.env) and the fleet.
     type: dict
 attributes:
   diff_mode:
@@ -64,11 +69,10 @@ author:
 """
 
 EXAMPLES = r"""
-- name: Write config/deployment.env and config/fleet.json
+- name: Write config/deployment.env, config/fleet.json and the launch records from the engines' facts
   narwhal.deploy.discovery_outputs:
     site: "{{ narwhal_site }}"
     engines: "{{ ansible_play_hosts_all }}"
-    interfaces: "{{ dict(ansible_play_hosts_all | zip(ansible_play_hosts_all | map('extract', hostvars, 'narwhal_interface'))) }}"
     root: "{{ playbook_dir | dirname }}"
   delegate_to: localhost
   run_once: true
@@ -95,7 +99,8 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._discovery_outputs 
 
 
 def main():
-    # the step itself is in module_utils/_discovery_outputs.py; the action plugin of the same name runs it in-process
+    # the step itself is in module_utils/_discovery_outputs.py; the action plugin of the same name runs it
+    # in-process and reads `interfaces` and `hosts` from the engines' host variables when they are not given
     module = AnsibleModule(**module_spec())
     module.exit_json(**discovery_outputs(module))
 

@@ -63,6 +63,9 @@ options:
     description:
       - Current inspection per engine for O(stage=write), each with C(gpus) (M(narwhal.deploy.gpu_facts)),
         C(interface) (M(narwhal.deploy.interface_facts)) and C(image_id) (M(narwhal.deploy.engine_prereqs)).
+      - When not given with O(stage=write), read from each engine's host variables C(narwhal_gpus),
+        C(narwhal_interface) and the C(image_id) of C(prepare_prereqs) (the result of
+        M(narwhal.deploy.engine_prereqs) registered under that name, as the prepare role does).
     type: dict
     default: {}
   from_run:
@@ -150,6 +153,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._prepare_run import
 
 def main():
     # the step itself is in module_utils/_prepare_run.py; the action plugin of the same name runs it in-process
+    # and reads the write stage's `hosts` from the engines' host variables when it is not given
     module = AnsibleModule(**module_spec())
     module.exit_json(**prepare_run(module))
 
