@@ -78,10 +78,17 @@ attributes:
       - Runs on the engine host, a Linux host with the GPUs (see docs/host-prerequisites.md).
 """
 
-    # Modules that run on the Ansible controller (delegate_to localhost, run_once).
+    # Modules that run on the Ansible controller (delegate_to localhost, run_once), each with an action plugin of
+    # its name that runs the step in-process (plugins/action, module_utils/_controller.py).
     CONTROLLER = r"""
 options: {}
 attributes:
+  action:
+    description:
+      - An action plugin of the same name runs the step inside the controller's Ansible process (no module process)
+        when the task's connection is local and without become; on another connection, or with become, it runs the
+        module there.
+    support: full
   platform:
     platforms: posix
     details:

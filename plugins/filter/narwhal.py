@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._hostvars import host_inspection
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan import install_paths, redact_text, secret_values
 from ansible_collections.narwhal.deploy.plugins.module_utils._subst import SubstitutionError, resolve_values
 
@@ -26,17 +27,9 @@ def table_row(row):
 
 
 def inspection(hostvars):
-    """The inspection discovery gathered on one engine host, as discovery_outputs takes it."""
-    return {"gpus": hostvars.get("narwhal_gpus"), "rdma": hostvars.get("narwhal_rdma"),
-            "image": hostvars.get("narwhal_image"), "model": hostvars.get("narwhal_model")}
-
-
-def current_inspection(hostvars, prereqs_var="prepare_prereqs"):
-    """What prepare compares a record with: the host's GPUs, fabric interface and recorded image ID now
-    (the image ID from engine_prereqs' result, registered as `prereqs_var`)."""
-    prereqs = hostvars.get(prereqs_var) or {}
-    return {"gpus": hostvars.get("narwhal_gpus"), "interface": hostvars.get("narwhal_interface"),
-            "image_id": prereqs.get("image_id")}
+    """The inspection discovery gathered on one engine host, as discovery_outputs takes it (its action plugin reads
+    the same from hostvars itself: _hostvars.host_inspection)."""
+    return host_inspection(hostvars)
 
 
 def _count(value):
@@ -115,7 +108,7 @@ def install_paths_filter(checkout, engine):
 class FilterModule:
     def filters(self):
         return {"resolve_values": resolve_values_filter, "table_row": table_row, "inspection": inspection,
-                "current_inspection": current_inspection, "probe_row": probe_row,
+                "probe_row": probe_row,
                 "status_row": status_row, "status_problems": status_problems,
                 "summary_entry": summary_entry, "summary_row": summary_row,
                 "install_paths": install_paths_filter}

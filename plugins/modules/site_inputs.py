@@ -10,9 +10,9 @@ module: site_inputs
 short_description: Read and validate the deployment inputs of a site from its .env
 version_added: 0.1.0
 description:
-  - Runs on the controller. Reads the C(.env) file with python-dotenv, lets C(NARWHAL_*) variables of the
-    process environment override it, and validates every input against the collection's input description
-    (types, defaults, allowed values).
+  - Runs on the controller, inside the controller's Ansible process (an action plugin, no module process).
+  - Reads the C(.env) file with python-dotenv, lets C(NARWHAL_*) variables of the process environment override it,
+    and validates every input against the collection's input description (types, defaults, allowed values).
   - Values are literal. python-dotenv's C(${VAR}) expansion is off, so nothing of the controller's environment
     is pulled into a value or an error message; a value that holds C(${...}) is kept as written and warned about.
     (The fleet file's complete-value C(${NAME}) substitution is separate, see docs/substitution.md.)
@@ -77,96 +77,15 @@ ansible_facts:
                "env_file": "/srv/narwhal/.env", "env_sha256": "9f2c..."}
 """
 
-import hashlib
-import io
-import os
+from ansible.module_utils.basic import AnsibleModule
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
-from ansible_collections.narwhal.deploy.plugins.module_utils._dotenv import (
-    DOTENV_IMPORT_ERROR,
-    DotenvError,
-    decode_dotenv,
-    literal_expansions,
-    parse_dotenv,
-    read_dotenv_bytes,
-)
-from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import (
-    InputError,
-    check_env_file,
-    is_input_name,
-    load_inputs,
-    unknown_name_warning,
-)
-from ansible_collections.narwhal.deploy.plugins.module_utils._paths import (
-    DEPLOYMENT_ENV,
-    check_paths,
-    git_ignore_checker,
-)
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan import redact_text, secret_values
-
-try:
-    from dotenv.parser import parse_stream
-except ImportError:
-    parse_stream = None
+from ansible_collections.narwhal.deploy.plugins.module_utils._site_inputs import module_spec, site_inputs
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            env_file=dict(type="path", required=True),
-            use_process_env=dict(type="bool", default=True),
-            root=dict(type="path"),
-        ),
-        supports_check_mode=True,
-    )
-    if DOTENV_IMPORT_ERROR:
-        module.fail_json(msg=missing_required_lib("python-dotenv"), exception=DOTENV_IMPORT_ERROR)
-    path = module.params["env_file"]
-    try:
-        raw = read_dotenv_bytes(path)
-    except DotenvError as exc:
-        module.fail_json(msg="site inputs: %s; copy .env.example to .env and fill it in, or point "
-                             "NARWHAL_ENV_FILE at the site's file" % exc)
-    try:
-        text = decode_dotenv(path, raw)
-        parsed = parse_dotenv(text)
-    except DotenvError as exc:
-        module.fail_json(msg="site inputs: %s; save it as UTF-8" % exc, input="NARWHAL_ENV_FILE")
-    # values of secret-looking names of .env and of the controller's environment: hidden wherever they are pasted
-    secrets = secret_values(parsed, os.environ if module.params["use_process_env"] else {})
-    values = {k: v for k, v in parsed.items() if k.startswith("NARWHAL_")}
-    if module.params["use_process_env"]:
-        for key, value in os.environ.items():
-            if not key.startswith("NARWHAL_"):
-                continue
-            if is_input_name(key):
-                values[key] = value
-            else:  # the project's tool variables and others: not inputs (a near miss of an input is warned about)
-                warning = unknown_name_warning(key)
-                if warning:
-                    module.warn(warning)
-    for key in literal_expansions(values):
-        module.warn("%s holds '${...}', which stays literal: .env values are not expanded from the environment; "
-                    "write the value itself" % key)
-    try:
-        # what python-dotenv passes silently: unparseable lines, repeated keys (the last wins)
-        check_env_file([(b.key, b.value, b.original.line, b.error) for b in parse_stream(io.StringIO(text))], path)
-        inputs = load_inputs(values)
-        root = module.params["root"]
-        if root:
-            paths = check_paths(root, inputs["site"], env_file=path,
-                                ignored=git_ignore_checker(module, root), resolve=os.path.realpath)
-    except InputError as exc:
-        module.fail_json(msg=redact_text("invalid site input in %s: %s" % (path, exc), secrets), input=exc.key)
-    inputs["nodes"] = {str(n): v for n, v in inputs["nodes"].items()}
-    inputs["env_file"] = path
-    inputs["env_sha256"] = hashlib.sha256(raw).hexdigest()
-    if root:
-        paths["deployment_env"] = os.path.join(paths["config_dir"], DEPLOYMENT_ENV)
-        inputs["paths"] = paths
-        inputs["project_dir"] = os.path.normpath(root)
-    module.exit_json(changed=False, ansible_facts={"narwhal_site": inputs})
+    # the step itself is in module_utils/_site_inputs.py; the action plugin of the same name runs it in-process
+    module = AnsibleModule(**module_spec())
+    module.exit_json(**site_inputs(module))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import stat
 
 import pytest
 
+from ansible_collections.narwhal.deploy.plugins.module_utils import _discovery_outputs, _prepare_run
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError
 from ansible_collections.narwhal.deploy.plugins.module_utils._launcher_build import (
     PLANNER_FILES,
@@ -39,7 +40,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._prepare import (
     stale,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._schema import MANIFEST_SCHEMA, validation_errors
-from ansible_collections.narwhal.deploy.plugins.modules import discovery_outputs, prepare_run
+from ansible_collections.narwhal.deploy.plugins.modules import prepare_run
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = json.loads((REPO / "docs" / "examples" / "engine-launch.example.json").read_text())
@@ -428,13 +429,13 @@ def write_policy(root, site=None, nodes=None):
     """The policy extract and the sources index as discovery writes them (discovery_outputs.main)."""
     config = root / "config"
     inputs = {"site": dict(SITE, **(site or {})), "nodes": copy.deepcopy(NODES if nodes is None else nodes)}
-    text = discovery_outputs.dump(launch_policy(inputs, ["engine-1", "engine-2"]))
+    text = _discovery_outputs.dump(launch_policy(inputs, ["engine-1", "engine-2"]))
     (config / POLICY_FILE).write_text(text)
     launch_text = (config / "engine-launch.local.json").read_bytes()
     index = {"launch_config": str(config / "engine-launch.local.json"),
              "files": {POLICY_FILE: hashlib.sha256(text.encode()).hexdigest()}, "engines": {},
              "launch_config_sha256": hashlib.sha256(launch_text).hexdigest()}
-    (config / SOURCES_FILE).write_text(discovery_outputs.dump(index))
+    (config / SOURCES_FILE).write_text(_discovery_outputs.dump(index))
     return index
 
 
@@ -773,7 +774,7 @@ def test_prepare_git_that_hangs_is_named(root, run_module, monkeypatch, tmp_path
     (bindir / "git").write_text("#!/bin/sh\n/bin/sleep 30\n")
     (bindir / "git").chmod(0o755)
     monkeypatch.setenv("PATH", str(bindir))
-    monkeypatch.setattr(prepare_run, "GIT_TIMEOUT", 1)
+    monkeypatch.setattr(_prepare_run, "GIT_TIMEOUT", 1)
     status, result = run_module(prep_args(root, "write", good_hosts()))
     assert status == "fail"
     # the first git call is the check that the outputs are git-ignored

@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _gpu, _image, _model, _rdma
+from ansible_collections.narwhal.deploy.plugins.module_utils import _discovery_outputs, _gpu, _image, _model, _rdma
 from ansible_collections.narwhal.deploy.plugins.module_utils._fleet import plan_fleet
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError, load_inputs
 from ansible_collections.narwhal.deploy.plugins.module_utils._netaddr import interface_addresses
@@ -116,7 +116,7 @@ def build(extra, hosts, shared=True):
     values.update(extra)
     inputs = load_inputs(values)
     plan = plan_fleet(inputs, ["engine-1", "engine-2"], interfaces(shared))
-    document, _extracts = discovery_outputs.plan_records(plan, inputs, hosts)
+    document, _extracts = _discovery_outputs.plan_records(plan, inputs, hosts)
     assert validation_errors(document, LAUNCH_CONFIG_SCHEMA) == []
     for record in document["engines"].values():
         assert validation_errors(record, RECORD_SCHEMA) == []
