@@ -195,8 +195,8 @@ def table(discovery, launcher, goal_list, header=""):
     for g in goal_list:
         state = "ref" if g.get("reference") else {True: "met", False: "MISSED", None: "n/a"}[g["met"]]
         spec = "%.0f" if g["goal"].startswith("MiB") else "%.2f"
-        lines.append("  %-6s %-28s %6s <= %-5s %s" % (state, g["goal"], _fmt(g["figure"], spec),
-                                                   _fmt(g["limit"], spec), g["note"]))
+        figure, limit = _fmt(g["figure"], spec), _fmt(g["limit"], spec)
+        lines.append("  %-6s %-28s %6s <= %-5s %s" % (state, g["goal"], figure, limit, g["note"]))
     return "\n".join(lines)
 
 
