@@ -326,13 +326,15 @@ def discovery_rounds(out, n, rounds, memory_runs=True, day_two=True, site_rounds
         for step in (steps if r % 2 == 0 else steps[::-1]):
             row.update(step(r))
         samples.append(row)
+        day_two_text = ""
+        if day_two:
+            site_text = "%.2f" % row["site_s"] if "site_s" in row else "-"
+            day_two_text = ", status %.2f s, site %s s (changed=%s)" % (row["status_s"], site_text,
+                                                                       row.get("site_changed", "-"))
         log("N=%d round %d: setup %.2f s, discover cold %.2f s (changed=%d, %d containers), warm %.2f s "
             "(changed=%d, %d containers)%s" % (
                 n, r + 1, row["setup_s"], row["discover_cold_s"], row["cold_changed"], row["cold_containers"],
-                row["discover_warm_s"], row["warm_changed"], row["warm_containers"],
-                ", status %.2f s, site %s s (changed=%s)" % (row["status_s"], row.get("site_s", "-"),
-                                                            row.get("site_changed", "-"))
-                if day_two else ""))
+                row["discover_warm_s"], row["warm_changed"], row["warm_containers"], day_two_text))
     if not memory_runs:
         return {"forks": n, "rounds": samples, "memory": {}}
     # peak PSS of the controller process tree, sampled every 0.1 s: separate, untimed runs
