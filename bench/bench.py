@@ -329,8 +329,8 @@ def discovery_rounds(out, n, rounds, memory_runs=True, day_two=True, site_rounds
         day_two_text = ""
         if day_two:
             site_text = "%.2f" % row["site_s"] if "site_s" in row else "-"
-            day_two_text = ", status %.2f s, site %s s (changed=%s)" % (row["status_s"], site_text,
-                                                                       row.get("site_changed", "-"))
+            day_two_text = ", status %.2f s, site %s s (changed=%s)" % (
+                row["status_s"], site_text, row.get("site_changed", "-"))
         log("N=%d round %d: setup %.2f s, discover cold %.2f s (changed=%d, %d containers), warm %.2f s "
             "(changed=%d, %d containers)%s" % (
                 n, r + 1, row["setup_s"], row["discover_cold_s"], row["cold_changed"], row["cold_containers"],
