@@ -189,7 +189,7 @@ def table(discovery, launcher, goal_list, header=""):
                      % (launcher["host"], launcher["rounds"], _fmt(launcher["start_s"]),
                         _fmt(launcher["docker_run_s"]), _fmt(launcher["start_over_docker_run"]),
                         _fmt(launcher["check_s"])))
-        lines.append("  of start: 'launch_engine.pyz plan' (no Docker) %s s; python3 -c 'import docker' %s s"
+        lines.append("  parts: 'launch_engine.pyz plan' (no Docker) %s s; 'import docker' (start before #16) %s s"
                      % (_fmt(launcher["plan_only_s"]), _fmt(launcher["import_docker_s"])))
     lines.append("goals:")
     for g in goal_list:
