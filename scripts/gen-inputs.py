@@ -8,8 +8,8 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "collections"))
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import INPUTS, NODE_INPUTS  # noqa: E402
-from ansible_collections.narwhal.deploy.plugins.module_utils._policy import POLICY_KEYS  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy import POLICY_KEYS
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.catalogue import INPUTS, NODE_INPUTS
 
 TUNING = """
 ## Per-engine tuning

@@ -7,12 +7,12 @@ them."""
 
 from __future__ import annotations
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._discovery_outputs import (
+from ansible_collections.narwhal.deploy.plugins.module_utils._steps.discovery_outputs import (
     discovery_outputs,
     module_spec,
 )
-from ansible_collections.narwhal.deploy.plugins.module_utils._hostvars import discovery_facts
-from ansible_collections.narwhal.deploy.plugins.plugin_utils._controller_step import ControllerStepAction
+from ansible_collections.narwhal.deploy.plugins.plugin_utils._controller import ControllerStepAction
+from ansible_collections.narwhal.deploy.plugins.plugin_utils._hostvars import discovery_facts
 
 
 class ActionModule(ControllerStepAction):

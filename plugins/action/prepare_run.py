@@ -7,9 +7,9 @@ not pass it."""
 
 from __future__ import annotations
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._hostvars import prepare_facts
-from ansible_collections.narwhal.deploy.plugins.module_utils._prepare_run import module_spec, prepare_run
-from ansible_collections.narwhal.deploy.plugins.plugin_utils._controller_step import ControllerStepAction
+from ansible_collections.narwhal.deploy.plugins.module_utils._steps.prepare_run import module_spec, prepare_run
+from ansible_collections.narwhal.deploy.plugins.plugin_utils._controller import ControllerStepAction
+from ansible_collections.narwhal.deploy.plugins.plugin_utils._hostvars import prepare_facts
 
 
 class ActionModule(ControllerStepAction):

@@ -5,8 +5,8 @@ Writes the controller's report files in this process (no module process)."""
 
 from __future__ import annotations
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._private_file import module_spec, private_file
-from ansible_collections.narwhal.deploy.plugins.plugin_utils._controller_step import ControllerStepAction
+from ansible_collections.narwhal.deploy.plugins.module_utils._steps.private_file import module_spec, private_file
+from ansible_collections.narwhal.deploy.plugins.plugin_utils._controller import ControllerStepAction
 
 
 class ActionModule(ControllerStepAction):

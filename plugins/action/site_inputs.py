@@ -5,8 +5,8 @@ Reads and validates the site .env in this process (no module process)."""
 
 from __future__ import annotations
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._site_inputs import module_spec, site_inputs
-from ansible_collections.narwhal.deploy.plugins.plugin_utils._controller_step import ControllerStepAction
+from ansible_collections.narwhal.deploy.plugins.module_utils._steps.site_inputs import module_spec, site_inputs
+from ansible_collections.narwhal.deploy.plugins.plugin_utils._controller import ControllerStepAction
 
 
 class ActionModule(ControllerStepAction):

@@ -6,8 +6,8 @@ consumer-side probe, with become) the module runs there."""
 
 from __future__ import annotations
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._transfer_probe import module_spec, transfer_probe
-from ansible_collections.narwhal.deploy.plugins.plugin_utils._controller_step import ControllerStepAction
+from ansible_collections.narwhal.deploy.plugins.module_utils._steps.transfer_probe import module_spec, transfer_probe
+from ansible_collections.narwhal.deploy.plugins.plugin_utils._controller import ControllerStepAction
 
 
 class ActionModule(ControllerStepAction):

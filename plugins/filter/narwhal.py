@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._hostvars import host_inspection
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan import install_paths, redact_text, secret_values
-from ansible_collections.narwhal.deploy.plugins.module_utils._subst import SubstitutionError, resolve_values
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import redact_text, secret_values
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import install_paths
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.subst import SubstitutionError, resolve_values
+from ansible_collections.narwhal.deploy.plugins.plugin_utils._hostvars import host_inspection
 
 
 def resolve_values_filter(data, env):

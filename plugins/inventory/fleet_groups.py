@@ -46,9 +46,9 @@ import re
 from ansible.errors import AnsibleParserError
 from ansible.plugins.inventory import BaseInventoryPlugin
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._dotenv import DotenvError, read_dotenv
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_NAME
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.dotenv import DotenvError, read_dotenv
 
-ENGINE_NAME = re.compile(r"^engine-([1-9][0-9]*)$")
 ROLES = ("prefill", "decode")
 
 

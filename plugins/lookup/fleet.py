@@ -49,18 +49,18 @@ import os
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._dotenv import (
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import redact_text, secret_values
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import read_regular
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.dotenv import (
     DOTENV_IMPORT_ERROR,
     DotenvError,
     read_dotenv,
 )
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan import redact_text, secret_values
-from ansible_collections.narwhal.deploy.plugins.module_utils._subst import (
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.subst import (
     SubstitutionError,
     layered_env,
     resolve_values,
 )
-from ansible_collections.narwhal.deploy.plugins.module_utils._tools import read_regular
 
 
 class LookupModule(LookupBase):

@@ -95,7 +95,10 @@ files:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._discovery_outputs import discovery_outputs, module_spec
+from ansible_collections.narwhal.deploy.plugins.module_utils._steps.discovery_outputs import (
+    discovery_outputs,
+    module_spec,
+)
 
 
 def main():

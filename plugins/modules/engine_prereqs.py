@@ -96,16 +96,17 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.six.moves.urllib.parse import urlsplit
 from ansible.module_utils.urls import open_url
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._engineapi import Client, EngineAPIError
-from ansible_collections.narwhal.deploy.plugins.module_utils._fleet import attestation_url
-from ansible_collections.narwhal.deploy.plugins.module_utils._model import ModelConfigError, checkpoint_config_path
-from ansible_collections.narwhal.deploy.plugins.module_utils._netaddr import interface_addresses, parse_ip_json
-from ansible_collections.narwhal.deploy.plugins.module_utils._tools import (
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import (
     CommandTimeoutError,
     excerpt,
     host_name,
     run_bounded,
 )
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.urls import attestation_url
+from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import Client, EngineAPIError
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.checkpoint import checkpoint_config_path
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.model import ModelConfigError
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.netaddr import interface_addresses, parse_ip_json
 
 
 def listening_sockets(ports):

@@ -123,7 +123,7 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._hostfacts import read_gpus
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.host import read_gpus
 
 
 def main():

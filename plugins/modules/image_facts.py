@@ -190,8 +190,8 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._image import DEFAULT_DISTRIBUTIONS
-from ansible_collections.narwhal.deploy.plugins.module_utils._imagehost import make_client, read_image
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.daemon import make_client, read_image
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.image import DEFAULT_DISTRIBUTIONS
 
 
 def main():

@@ -95,7 +95,7 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._hostfacts import read_interface
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.host import read_interface
 
 
 def main():

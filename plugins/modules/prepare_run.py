@@ -19,7 +19,7 @@ description:
     i.e. the factors of its compatibility hash such as vLLM version, model, dtype, KV geometry, attention backend
     and KV cache dtype, and its checks of block size, TP ratio and KV layout) and the shared-host gate (no
     overlapping GPUs, HTTP, attestation or side-channel ports).
-  - With O(stage=plan) it only returns the records and the derived values. With O(stage=write) it also compares
+  - With O(stage=validate) it only returns the records and the derived values. With O(stage=write) it also compares
     each record with the current host inspection (stale records are refused), checks the API key file, and only
     then creates C(runs/<run-id>/) with the manifest, each engine's record copy, role environment and derived
     environment, and the launcher snapshot with its sha256.
@@ -55,10 +55,10 @@ options:
     type: path
     required: true
   stage:
-    description: C(plan) validates and derives only; C(write) also checks the host inspection and writes the run.
+    description: C(validate) validates and derives only; C(write) also checks the host inspection and writes the run.
     type: str
-    choices: [plan, write]
-    default: plan
+    choices: [validate, write]
+    default: validate
   hosts:
     description:
       - Current inspection per engine for O(stage=write), each with C(gpus) (M(narwhal.deploy.gpu_facts)),
@@ -148,7 +148,7 @@ manifest:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._prepare_run import module_spec, prepare_run
+from ansible_collections.narwhal.deploy.plugins.module_utils._steps.prepare_run import module_spec, prepare_run
 
 
 def main():

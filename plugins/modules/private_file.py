@@ -52,7 +52,7 @@ dest:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._private_file import module_spec, private_file
+from ansible_collections.narwhal.deploy.plugins.module_utils._steps.private_file import module_spec, private_file
 
 
 def main():

@@ -118,7 +118,7 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._hostfacts import read_rdma
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.host import read_rdma
 
 
 def main():

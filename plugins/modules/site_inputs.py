@@ -79,7 +79,7 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._site_inputs import module_spec, site_inputs
+from ansible_collections.narwhal.deploy.plugins.module_utils._steps.site_inputs import module_spec, site_inputs
 
 
 def main():

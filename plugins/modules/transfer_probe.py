@@ -140,7 +140,7 @@ results:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._transfer_probe import module_spec, transfer_probe
+from ansible_collections.narwhal.deploy.plugins.module_utils._steps.transfer_probe import module_spec, transfer_probe
 
 
 def main():

@@ -15,19 +15,24 @@ SECRET = "s3cr3t-Key-0123456789abcdef"
 
 sys.path.insert(0, str(LAUNCHER_DIR))
 
-from narwhal_launcher import cli, common, image_check, in_image, probe, start, status, stop  # noqa: E402
+from narwhal_launcher import cli, common, health, image_check, in_image, start, status, stop  # noqa: E402
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _launcher_build, _plan  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._common import secrets as _secrets  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan import args as _args  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan import container as _container  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan import role_env as _role_env  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._prepare import launcher as _launcher  # noqa: E402
 
-MODULES = {"plan": _plan, "common": common, "image_check": image_check, "probe": probe, "start": start, "cli": cli,
+MODULES = {"plan": _container, "common": common, "image_check": image_check, "health": health, "start": start,
+           "cli": cli,
            "in_image": in_image, "status": status, "stop": stop}
 
 
 def _namespace():
     names = {}
-    for module in (_plan, common, image_check, probe, start, stop, status, cli):
+    for module in (_secrets, _args, _role_env, _container, common, image_check, health, start, stop, status, cli):
         names.update((k, v) for k, v in vars(module).items() if not k.startswith("__"))
-    names["build_plan"] = lambda role_env, record: _plan.container_spec(record, role_env)
+    names["build_plan"] = lambda role_env, record: _container.container_spec(record, role_env)
     return types.SimpleNamespace(**names)
 
 
@@ -37,7 +42,7 @@ le = _namespace()
 def zipapp(tmp_path):
     """The launcher artefact built from the checkout, as prepare builds it."""
     path = tmp_path / "launch_engine.pyz"
-    path.write_bytes(_launcher_build.build_zipapp(_launcher_build.launcher_sources(str(REPO))))
+    path.write_bytes(_launcher.build_zipapp(_launcher.launcher_sources(str(REPO))))
     return path
 
 
@@ -100,3 +105,11 @@ def free_port(port):
             return True
         except OSError:
             return False
+
+
+def patch_planner(monkeypatch, name, value):
+    """Replace the planner's `name` for a test, in the planner module and in every launcher part that imported it
+    (the launcher imports the planner's functions by name)."""
+    for module in MODULES.values():
+        if hasattr(module, name):
+            monkeypatch.setattr(module, name, value)

@@ -73,7 +73,7 @@ def test_checkout_only_parts_stay_out_and_what_runs_is_in(artefact):
     assert not tops & {"tests", "bench", "extensions", ".ci", "Makefile", "ansible.cfg"}
     # of the scripts only the fleet resolver, which works installed
     assert sorted(n for n in members if n.startswith("scripts/") and n != "scripts/") == ["scripts/narwhal-fleet"]
-    for needed in ("plugins/module_utils/_plan.py", "roles/install/files/launcher/__main__.py",
+    for needed in ("plugins/module_utils/_plan/container.py", "roles/install/files/launcher/__main__.py",
                    "roles/install/files/launcher/narwhal_launcher/in_image.py", "playbooks/site.yml",
                    "playbooks/boilerplate.yml", "roles/inputs/meta/argument_specs.yml",
                    "plugins/inventory/fleet_groups.py", "plugins/lookup/project_dir.py",

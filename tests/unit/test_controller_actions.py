@@ -19,11 +19,12 @@ from ansible.module_utils.common import warnings
 from test_prepare import API_KEY, EXAMPLE, compatible, inspection, make_checkout, prep_args
 from test_records import module_args, nv_pair, snapshot
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _controller, _hostvars
-from ansible_collections.narwhal.deploy.plugins.module_utils._transfer_probe import module_spec as probe_spec
-from ansible_collections.narwhal.deploy.plugins.module_utils._transfer_probe import transfer_probe
+from ansible_collections.narwhal.deploy.plugins.module_utils._steps.transfer_probe import module_spec as probe_spec
+from ansible_collections.narwhal.deploy.plugins.module_utils._steps.transfer_probe import transfer_probe
 from ansible_collections.narwhal.deploy.plugins.modules import discovery_outputs, prepare_run, site_inputs
-from ansible_collections.narwhal.deploy.plugins.plugin_utils._controller_step import ControllerStepAction
+from ansible_collections.narwhal.deploy.plugins.plugin_utils import _controller as __controller
+from ansible_collections.narwhal.deploy.plugins.plugin_utils import _hostvars as __hostvars
+from ansible_collections.narwhal.deploy.plugins.plugin_utils._controller import ControllerStepAction
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 ENGINES = ("engine-1", "engine-2")
@@ -167,7 +168,7 @@ def test_discovery_outputs_action_reads_the_engines_facts_from_hostvars(tmp_path
 
     # the facts as engine_host_facts leaves them on each engine; the task passes neither interfaces nor hosts
     facts = dict((e, dict(narwhal_interface=args["interfaces"][e], **dict(
-        (fact, args["hosts"][e][key]) for key, fact in _hostvars.INSPECTION_FACTS))) for e in ENGINES)
+        (fact, args["hosts"][e][key]) for key, fact in __hostvars.INSPECTION_FACTS))) for e in ENGINES)
     (tmp_path / "play").mkdir()
     play = Play(tmp_path / "play", facts)
     task_args = dict((k, args[k]) for k in ("site", "engines", "root"))
@@ -270,11 +271,11 @@ def test_transfer_probe_runs_here_on_the_controller_and_as_a_module_with_become(
 
 
 def test_controller_module_fails_like_the_module_on_bad_arguments():
-    result = _controller.run_step(transfer_probe, probe_spec(), {"engines": {}, "pairs": [], "model": "m"},
+    result = __controller.run_step(transfer_probe, probe_spec(), {"engines": {}, "pairs": [], "model": "m"},
                                   "narwhal.deploy.transfer_probe")
     assert result["failed"] is True
     assert result["msg"] == "one of the following is required: api_key, api_key_file, engine_checkout"
-    result = _controller.run_step(transfer_probe, probe_spec(), {"engines": {}, "pairs": [], "model": "m",
+    result = __controller.run_step(transfer_probe, probe_spec(), {"engines": {}, "pairs": [], "model": "m",
                                                                  "api_key": "sk-0000-0000", "api_key_file": "/k"}, "x")
     assert result["msg"] == "parameters are mutually exclusive: api_key|api_key_file|engine_checkout"
 
@@ -283,7 +284,7 @@ def test_controller_module_hides_no_log_values_and_returns_json_types():
     def step(module):
         return {"changed": False, "echo": (module.params["api_key"], 1), "said": "key=" + module.params["api_key"]}
 
-    result = _controller.run_step(step, probe_spec(),
+    result = __controller.run_step(step, probe_spec(),
                                   {"engines": {}, "pairs": [], "model": "m", "api_key": "sk-hidden-123456"}, "x")
     assert result["echo"] == ["VALUE_SPECIFIED_IN_NO_LOG_PARAMETER", 1] and result["said"] == "key=********"
     assert result["invocation"]["module_args"]["api_key"] == "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"
@@ -297,8 +298,8 @@ def test_controller_module_failure_names_the_path_as_add_path_info(tmp_path):
         return lambda m: m.fail_json(msg="refused", path=str(path))
 
     spec = {"argument_spec": {}}
-    assert _controller.run_step(step(tmp_path / "absent"), spec, {}, "x")["state"] == "absent"
-    found = _controller.run_step(step(tmp_path / "f"), spec, {}, "x")
+    assert __controller.run_step(step(tmp_path / "absent"), spec, {}, "x")["state"] == "absent"
+    found = __controller.run_step(step(tmp_path / "f"), spec, {}, "x")
     assert (found["state"], found["mode"], found["size"], found["failed"]) == ("file", "0644", 1, True)
 
 
@@ -314,11 +315,11 @@ def test_a_step_runs_here_only_on_a_local_connection_without_become(transport, b
 def test_hostvars_fill_only_what_the_task_does_not_give():
     hostvars = {"engine-1": {"narwhal_interface": {"name": "eth1"}, "narwhal_gpus": {"vendor": "nvidia"},
                              "prepare_prereqs": {"image_id": "sha256:x"}}}
-    args = _hostvars.discovery_facts({"engines": ["engine-1", "engine-9"]}, hostvars)
+    args = __hostvars.discovery_facts({"engines": ["engine-1", "engine-9"]}, hostvars)
     assert args["interfaces"] == {"engine-1": {"name": "eth1"}, "engine-9": None}
     assert args["hosts"]["engine-1"] == {"gpus": {"vendor": "nvidia"}, "rdma": None, "image": None, "model": None}
     given = {"engines": ["engine-1"], "interfaces": {}, "hosts": None}
-    assert _hostvars.discovery_facts(given, hostvars) == given
-    assert _hostvars.prepare_facts({"engines": ["engine-1"], "stage": "write"}, hostvars)["hosts"] == {
+    assert __hostvars.discovery_facts(given, hostvars) == given
+    assert __hostvars.prepare_facts({"engines": ["engine-1"], "stage": "write"}, hostvars)["hosts"] == {
         "engine-1": {"gpus": {"vendor": "nvidia"}, "interface": {"name": "eth1"}, "image_id": "sha256:x"}}
-    assert "hosts" not in _hostvars.prepare_facts({"engines": ["engine-1"], "stage": "plan"}, hostvars)
+    assert "hosts" not in __hostvars.prepare_facts({"engines": ["engine-1"], "stage": "validate"}, hostvars)

@@ -10,16 +10,28 @@ import sys
 
 import pytest
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _outputs, _plan
-from ansible_collections.narwhal.deploy.plugins.module_utils._dotenv import DotenvError, parse_dotenv, read_dotenv
-from ansible_collections.narwhal.deploy.plugins.module_utils._fleet import plan_fleet, render_env
-from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError, load_inputs
-from ansible_collections.narwhal.deploy.plugins.module_utils._netaddr import (
+from ansible_collections.narwhal.deploy.plugins.module_utils._common import errors as _errors
+from ansible_collections.narwhal.deploy.plugins.module_utils._common import secrets as _secrets
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover.fleet import build_fleet, render_env
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.netaddr import (
     global_addresses,
     interface_addresses,
     parse_ip_json,
 )
-from ansible_collections.narwhal.deploy.plugins.module_utils._subst import (
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.dotenv import (
+    DotenvError,
+    parse_dotenv,
+    read_dotenv,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.paths import FALLBACK_IGNORED
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.validate import load_inputs
+from ansible_collections.narwhal.deploy.plugins.module_utils._outputs import writer as _writer
+from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import (
+    LAUNCH_CONFIG_SCHEMA,
+    validation_errors,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.subst import (
     SubstitutionError,
     layered_env,
     resolve_values,
@@ -88,7 +100,7 @@ TWO = {"engine-1": facts(("10.0.0.11", "ipv4"), ("fd00::11", "ipv6")),
 
 def plan(extra=None, interfaces=None, engines=("engine-1", "engine-2")):
     values = dict(BASE, **(extra or {}))
-    return plan_fleet(load_inputs(values), list(engines), interfaces or TWO)
+    return build_fleet(load_inputs(values), list(engines), interfaces or TWO)
 
 
 def test_ipv4_plan_urls_and_fleet_references():
@@ -188,9 +200,9 @@ def test_render_env_has_no_volatile_content():
 def test_output_set_unchanged_is_untouched_and_failure_restores(tmp_path, monkeypatch):
     a, b = tmp_path / "deployment.env", tmp_path / "fleet.json"
     files = {str(a): ("A1\n", 0o600), str(b): ("B1\n", 0o600)}
-    _outputs.apply_set(_outputs.plan_set(files))
+    _writer.apply_set(_writer.set_changes(files))
     assert a.read_text() == "A1\n" and oct(a.stat().st_mode & 0o777) == "0o600"
-    assert _outputs.plan_set(files) == []
+    assert _writer.set_changes(files) == []
     new = {str(a): ("A2\n", 0o600), str(b): ("B2\n", 0o600)}
     real_replace = os.replace
     calls = []
@@ -201,11 +213,11 @@ def test_output_set_unchanged_is_untouched_and_failure_restores(tmp_path, monkey
             raise OSError("disk full")
         return real_replace(src, dst)
 
-    monkeypatch.setattr(_outputs.os, "replace", failing_replace)
-    with pytest.raises(_outputs.OutputError) as err:
-        _outputs.apply_set(_outputs.plan_set(new))
+    monkeypatch.setattr(_writer.os, "replace", failing_replace)
+    with pytest.raises(_writer.OutputError) as err:
+        _writer.apply_set(_writer.set_changes(new))
     assert str(err.value).endswith("disk full; fix the cause and rerun — the previous set is intact")
-    monkeypatch.setattr(_outputs.os, "replace", real_replace)
+    monkeypatch.setattr(_writer.os, "replace", real_replace)
     assert a.read_text() == "A1\n" and b.read_text() == "B1\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["deployment.env", "fleet.json"]
 
@@ -268,7 +280,6 @@ def test_env_example_and_docs_are_generated_from_the_input_description():
 
 
 def test_example_record_validates_and_every_field_is_documented():
-    from ansible_collections.narwhal.deploy.plugins.module_utils._schema import LAUNCH_CONFIG_SCHEMA, validation_errors
 
     example = json.loads((REPO / "docs" / "examples" / "engine-launch.example.json").read_text())
     assert validation_errors(example, LAUNCH_CONFIG_SCHEMA) == []
@@ -564,7 +575,6 @@ def test_site_inputs_asks_git_whether_the_outputs_are_ignored(site_module, tmp_p
 def test_the_fallback_patterns_agree_with_the_shipped_gitignore(tmp_path):
     import fnmatch
 
-    from ansible_collections.narwhal.deploy.plugins.module_utils._paths import FALLBACK_IGNORED
 
     root = git_checkout(tmp_path / "checkout")
     samples = ["config/fleet.json", "config/fleet.site-a.json", "config/engine-launch.local.json",
@@ -648,16 +658,16 @@ def test_hostile_env_file_is_named_not_waited_on(site, tmp_path, make, needle):
     ("--max-num-batched-tokens 8192 --ssl-keyfile /k.pem", "--max-num-batched-tokens 8192 --ssl-keyfile /k.pem"),
 ])
 def test_redact_text(text, expected):
-    assert _plan.redact_text(text) == expected
+    assert _secrets.redact_text(text) == expected
 
 
 def test_redact_text_known_secrets_and_registered_key():
-    assert _plan.redact_text("key: zebra-777", ["zebra-777"]) == "key: <redacted>"
-    _plan.register_secret("registered-key-0123")
+    assert _secrets.redact_text("key: zebra-777", ["zebra-777"]) == "key: <redacted>"
+    _secrets.register_secret("registered-key-0123")
     try:
-        assert str(_plan.PlanError("docker said registered-key-0123 is bad")) == "docker said <redacted> is bad"
+        assert str(_errors.PlanError("docker said registered-key-0123 is bad")) == "docker said <redacted> is bad"
     finally:
-        _plan._SECRET_VALUES.discard("registered-key-0123")
+        _secrets._SECRET_VALUES.discard("registered-key-0123")
 
 
 def test_input_error_of_a_secret_looking_key_hides_its_value():

@@ -12,7 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._fleet import attestation_url
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.urls import attestation_url
+from ansible_collections.narwhal.deploy.plugins.module_utils._docker import engine_api as _engine_api
 from ansible_collections.narwhal.deploy.plugins.modules import engine_prereqs
 
 
@@ -134,11 +135,10 @@ def test_the_sidecar_on_the_engine_port_is_still_a_conflict(listen):
 
 
 def _standin_id():
-    from ansible_collections.narwhal.deploy.plugins.module_utils import _engineapi
 
     try:
-        return _engineapi.Client(timeout=10).image("narwhal-sim/engine-standin:latest")["Id"]
-    except _engineapi.EngineAPIError:
+        return _engine_api.Client(timeout=10).image("narwhal-sim/engine-standin:latest")["Id"]
+    except _engine_api.EngineAPIError:
         return None
 
 

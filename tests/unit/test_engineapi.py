@@ -14,7 +14,7 @@ import pytest
 from launcher_support import MODULES, record, role_env, write_inputs, zipapp
 from test_launcher import _docker, free_port, host_address
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _engineapi
+from ansible_collections.narwhal.deploy.plugins.module_utils._docker import engine_api as _engine_api
 
 STANDIN = "narwhal-sim/engine-standin:latest"
 LABEL = "org.narwhal.test-engineapi"
@@ -23,7 +23,7 @@ needs_docker = pytest.mark.skipif(_docker()[1] is None, reason="no Docker daemon
 
 @pytest.fixture
 def api():
-    client = _engineapi.Client.from_env(timeout=30)
+    client = _engine_api.Client.from_env(timeout=30)
     yield client
     for summary in client.containers(filters={"label": ["%s=%s" % (LABEL, os.getpid())]}):
         client.remove(summary["Id"], force=True)
@@ -43,7 +43,7 @@ def test_image_by_reference_and_by_id(api):
     image = api.image(STANDIN)
     assert image["Id"].startswith("sha256:") and STANDIN in image["RepoTags"]
     assert api.image(image["Id"])["Id"] == image["Id"]
-    with pytest.raises(_engineapi.NotFound) as info:
+    with pytest.raises(_engine_api.NotFound) as info:
         api.image("narwhal-sim/no-such-image:0")
     assert info.value.status == 404 and "No such image: narwhal-sim/no-such-image:0" in str(info.value)
     assert api.ping() is True and api.version()["ApiVersion"]
@@ -56,7 +56,7 @@ def test_create_start_wait_logs_remove(api):
              "print('to stderr', file=sys.stderr, flush=True); time.sleep(0.05); print('two', flush=True); sys.exit(3)"
     ident = _create(api, name, script)
     assert len(ident) == 64
-    with pytest.raises(_engineapi.Conflict) as info:
+    with pytest.raises(_engine_api.Conflict) as info:
         _create(api, name, "pass")
     assert info.value.status == 409 and name in str(info.value)
     listed = api.containers(filters={"label": ["%s=%s" % (LABEL, os.getpid())]})
@@ -71,7 +71,7 @@ def test_create_start_wait_logs_remove(api):
     api.rename(ident, name + "-renamed")
     assert api.container(ident)["Name"] == "/%s-renamed" % name
     api.remove(ident, force=True)
-    with pytest.raises(_engineapi.NotFound):
+    with pytest.raises(_engine_api.NotFound):
         api.container(ident)
 
 
@@ -79,7 +79,7 @@ def test_create_start_wait_logs_remove(api):
 def test_stop_kill_and_a_wait_that_times_out(api):
     ident = _create(api, None, "import time; time.sleep(60)")
     api.start(ident)
-    with pytest.raises(_engineapi.Timeout, match="did not answer within 0.5 s"):
+    with pytest.raises(_engine_api.Timeout, match="did not answer within 0.5 s"):
         api.wait(ident, timeout=0.5)
     assert api.container(ident)["State"]["Running"]  # the client reconnects after the timeout
     api.kill(ident)
@@ -90,22 +90,22 @@ def test_stop_kill_and_a_wait_that_times_out(api):
 
 def test_a_socket_that_does_not_answer_is_named(tmp_path):
     missing = tmp_path / "no-docker.sock"
-    with pytest.raises(_engineapi.DaemonUnreachable) as info:
-        _engineapi.Client("unix://%s" % missing, timeout=5).image(STANDIN)
+    with pytest.raises(_engine_api.DaemonUnreachable) as info:
+        _engine_api.Client("unix://%s" % missing, timeout=5).image(STANDIN)
     assert str(info.value).startswith("the Docker daemon does not answer at unix://%s (" % missing)
     assert "No such file or directory" in str(info.value) and info.value.status is None
 
 
 def test_docker_host_and_tls_from_the_environment(tmp_path):
-    assert _engineapi.Client.from_env(environ={}).target == ("unix", "/var/run/docker.sock")
-    assert _engineapi.Client.from_env(environ={"DOCKER_HOST": "tcp://10.0.0.1:2375"}).target == \
+    assert _engine_api.Client.from_env(environ={}).target == ("unix", "/var/run/docker.sock")
+    assert _engine_api.Client.from_env(environ={"DOCKER_HOST": "tcp://10.0.0.1:2375"}).target == \
         ("tcp", "10.0.0.1", 2375)
-    assert _engineapi.Client.from_env(environ={"DOCKER_HOST": "unix:///run/user/1000/docker.sock"}).target == \
+    assert _engine_api.Client.from_env(environ={"DOCKER_HOST": "unix:///run/user/1000/docker.sock"}).target == \
         ("unix", "/run/user/1000/docker.sock")
-    with pytest.raises(_engineapi.EngineAPIError, match="only unix:// and tcp://"):
-        _engineapi.Client.from_env(environ={"DOCKER_HOST": "ssh://me@host"})
-    with pytest.raises(_engineapi.EngineAPIError, match="%s is missing" % (tmp_path / "cert.pem")):
-        _engineapi.Client.from_env(environ={"DOCKER_HOST": "tcp://h:2376", "DOCKER_TLS_VERIFY": "1",
+    with pytest.raises(_engine_api.EngineAPIError, match="only unix:// and tcp://"):
+        _engine_api.Client.from_env(environ={"DOCKER_HOST": "ssh://me@host"})
+    with pytest.raises(_engine_api.EngineAPIError, match="%s is missing" % (tmp_path / "cert.pem")):
+        _engine_api.Client.from_env(environ={"DOCKER_HOST": "tcp://h:2376", "DOCKER_TLS_VERIFY": "1",
                                             "DOCKER_CERT_PATH": str(tmp_path)})
 
 
@@ -139,8 +139,8 @@ def test_tls_from_docker_tls_verify_and_docker_cert_path(tmp_path):
     try:
         env = {"DOCKER_HOST": "tcp://localhost:%d" % server.server_address[1], "DOCKER_TLS_VERIFY": "1",
                "DOCKER_CERT_PATH": str(tmp_path)}
-        assert _engineapi.Client.from_env(environ=env).ping() is True
-        with pytest.raises(_engineapi.DaemonUnreachable, match="CERTIFICATE_VERIFY_FAILED"):
+        assert _engine_api.Client.from_env(environ=env).ping() is True
+        with pytest.raises(_engine_api.DaemonUnreachable, match="CERTIFICATE_VERIFY_FAILED"):
             other = tmp_path / "other"
             other.mkdir()
             for name in ("cert.pem", "key.pem"):
@@ -148,9 +148,9 @@ def test_tls_from_docker_tls_verify_and_docker_cert_path(tmp_path):
             subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
                             "/CN=other", "-keyout", str(other / "ca-key.pem"), "-out", str(other / "ca.pem")],
                            check=True, capture_output=True)
-            _engineapi.Client.from_env(environ=dict(env, DOCKER_CERT_PATH=str(other))).ping()
-        with pytest.raises(_engineapi.EngineAPIError, match="TLS needs DOCKER_TLS_VERIFY"):
-            _engineapi.Client.from_env(environ={"DOCKER_HOST": "https://localhost:1"})
+            _engine_api.Client.from_env(environ=dict(env, DOCKER_CERT_PATH=str(other))).ping()
+        with pytest.raises(_engine_api.EngineAPIError, match="TLS needs DOCKER_TLS_VERIFY"):
+            _engine_api.Client.from_env(environ={"DOCKER_HOST": "https://localhost:1"})
     finally:
         server.shutdown()
         server.server_close()
@@ -158,7 +158,7 @@ def test_tls_from_docker_tls_verify_and_docker_cert_path(tmp_path):
 
 def test_demultiplex():
     frames = b"\x01\x00\x00\x00\x00\x00\x00\x03out" + b"\x02\x00\x00\x00\x00\x00\x00\x04err\n"
-    assert _engineapi.demultiplex(frames) == b"outerr\n" and _engineapi.demultiplex(b"") == b""
+    assert _engine_api.demultiplex(frames) == b"outerr\n" and _engine_api.demultiplex(b"") == b""
 
 
 # ------------------------------------------------------------------------------------------ the SDK's body
@@ -204,7 +204,7 @@ def test_the_body_is_the_one_the_sdk_sends(case, tmp_path, monkeypatch):
     ours = dict(kwargs)
     name = ours.pop("name", None)
     assert name == sent["name"]
-    assert json.loads(json.dumps(_engineapi.Client.from_env().config(**ours))) == expected
+    assert json.loads(json.dumps(_engine_api.Client.from_env().config(**ours))) == expected
     assert expected["Env"][:2] == ["http_proxy=http://proxy:3128", "HTTP_PROXY=http://proxy:3128"]
 
 
@@ -254,7 +254,7 @@ def test_start_and_stop_never_import_the_docker_sdk(tmp_path):
     ports = [p for p in range(18601, 18699) if free_port(p)][:2]
     if address is None or len(ports) < 2:
         pytest.skip("no routable host address or free 186xx ports")
-    api = _engineapi.Client.from_env()
+    api = _engine_api.Client.from_env()
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text('{"model_type": "llama"}')
@@ -291,6 +291,6 @@ def test_start_and_stop_never_import_the_docker_sdk(tmp_path):
     finally:
         try:
             api.remove(name, force=True)
-        except _engineapi.NotFound:
+        except _engine_api.NotFound:
             pass
         shutil.rmtree(tmp_path / "runs", ignore_errors=True)

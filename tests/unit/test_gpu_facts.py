@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _gpu, _pci
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts import gpu as _gpu
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts import host as _host
 from ansible_collections.narwhal.deploy.plugins.modules import gpu_facts
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -467,7 +468,7 @@ def test_normalize_pci_bus_id(raw, expected):
 
 
 def test_kfd_topology_of_the_amd_profile():
-    nodes = _gpu.read_kfd_topology(str(AMD_SYS))
+    nodes = _host.read_kfd_topology(str(AMD_SYS))
     assert [(n["node"], n["drm_render_minor"], n["pci_bus_id"]) for n in nodes] == [
         (2, 128, "0000:83:00.0"),
         (3, 129, "0000:a3:00.0"),
@@ -478,7 +479,7 @@ def test_kfd_topology_of_the_amd_profile():
 
 
 def test_drm_class_of_the_amd_profile():
-    assert _gpu.read_drm_nodes(str(AMD_SYS)) == {
+    assert _host.read_drm_nodes(str(AMD_SYS)) == {
         "0000:83:00.0": {"render": [128], "card": [0]},
         "0000:a3:00.0": {"render": [129], "card": [1]},
         "0000:c3:00.0": {"render": [130], "card": [2]},
@@ -488,7 +489,7 @@ def test_drm_class_of_the_amd_profile():
 
 def _amd_profile_gpus(sysfs_root):
     parsed = _gpu.parse_rocm_smi_json((AMD / "telegraf__mi100_rocm602.json").read_text())
-    return _gpu.amd_facts(parsed, str(sysfs_root), "rocm-smi")
+    return _host.amd_facts(parsed, str(sysfs_root), "rocm-smi")
 
 
 def test_amd_facts_topology_first(tmp_path):
@@ -540,7 +541,7 @@ def test_amd_facts_without_sysfs_keep_capture_numa(tmp_path):
 def test_amd_facts_by_kfd_node_id_when_no_bus_id():
     parsed = _gpu.parse_rocm_smi_json((AMD / "gpustack__amd-gpu-6.2.4-rocm-smi.json").read_text())
     nodes = [{"node": 1, "gpu_id": 1, "drm_render_minor": 128, "pci_bus_id": "0000:03:00.0", "unique_id": None}]
-    devices, how, bdf = _gpu.amd_gpu_devices(parsed["gpus"][0], nodes, {})
+    devices, how, bdf = _host.amd_gpu_devices(parsed["gpus"][0], nodes, {})
     assert (devices, how, bdf) == (["/dev/dri/renderD128"], ["kfd-topology"], "0000:03:00.0")
 
 
@@ -548,7 +549,7 @@ def test_nvidia_facts_numa_and_devices(tmp_path):
     (tmp_path / "nvidiactl").write_text("")
     (tmp_path / "nvidia-uvm").write_text("")
     parsed = _gpu.parse_nvidia_smi_xml((NVIDIA / "datakit__gtx-8card.xml").read_text())
-    facts = _gpu.nvidia_facts(parsed, str(NVIDIA_SYS), str(tmp_path), "nvidia-smi -q -x")
+    facts = _host.nvidia_facts(parsed, str(NVIDIA_SYS), str(tmp_path), "nvidia-smi -q -x")
     assert facts["devices"] == ["/dev/nvidiactl", "/dev/nvidia-uvm"]
     assert [g["numa_node"] for g in facts["gpus"]] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert [g["devices"] for g in facts["gpus"]] == [[f"/dev/nvidia{i}"] for i in range(8)]
@@ -558,7 +559,7 @@ def test_nvidia_profile_pci_paths():
     """nvidia-8gpu-rdma: root port 00:0k.0 per pair of GPUs, a first-level switch per root port, one
     second-level switch per GPU (its HCA behind the same one, see test_rdma_facts)."""
     parsed = _gpu.parse_nvidia_smi_xml((NVIDIA / "datakit__gtx-8card.xml").read_text())
-    facts = _gpu.nvidia_facts(parsed, str(NVIDIA_SYS), str(NVIDIA_SYS), "nvidia-smi -q -x")
+    facts = _host.nvidia_facts(parsed, str(NVIDIA_SYS), str(NVIDIA_SYS), "nvidia-smi -q -x")
     for gpu in facts["gpus"]:
         k, j = divmod(gpu["index"], 2)
         base, sub = 0x10 * (k + 1), 0x10 * (k + 1) + 2 + 4 * j
@@ -579,7 +580,7 @@ def test_pci_path_unknown_without_a_devices_tree(tmp_path):
     shutil.copytree(AMD_SYS, root, symlinks=False)  # bus/pci/devices/<bdf> now real directories
     assert [g["pci_path"] for g in _amd_profile_gpus(root)["gpus"]] == [None] * 4
     assert [g["pci_path"] for g in _amd_profile_gpus(tmp_path / "none")["gpus"]] == [None] * 4
-    assert _pci.read_pci_path(str(AMD_SYS), None) is None
+    assert _host.read_pci_path(str(AMD_SYS), None) is None
 
 
 @pytest.mark.parametrize(
@@ -600,12 +601,12 @@ def test_pci_path_of_a_sysfs_location(tmp_path, location, expected):
     link = tmp_path / "bus" / "pci" / "devices" / location.rsplit("/", 1)[1]
     link.parent.mkdir(parents=True)
     os.symlink(os.path.relpath(tmp_path / "devices" / location, link.parent), link)
-    assert _pci.read_pci_path(str(tmp_path), link.name) == expected
+    assert _host.read_pci_path(str(tmp_path), link.name) == expected
 
 
 def test_nvidia_device_node_follows_minor_number(tmp_path):
     parsed = _gpu.parse_nvidia_smi_xml((NVIDIA / "telegraf__dual_a5000-v13.xml").read_text())
-    facts = _gpu.nvidia_facts(parsed, str(tmp_path), str(tmp_path), "nvidia-smi -q -x")
+    facts = _host.nvidia_facts(parsed, str(tmp_path), str(tmp_path), "nvidia-smi -q -x")
     assert [(g["index"], g["devices"]) for g in facts["gpus"]] == [(0, ["/dev/nvidia1"]), (1, ["/dev/nvidia0"])]
     assert [g["numa_node"] for g in facts["gpus"]] == [None, None]
 

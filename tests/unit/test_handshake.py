@@ -15,9 +15,10 @@ import pytest
 from test_prepare import EXAMPLE, compatible
 from test_records import ROCM_DISTS, ROCM_ENV, amd, build, host, image, nvidia
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _handshake
-from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import INPUTS, REGENERATE, InputError
-from ansible_collections.narwhal.deploy.plugins.module_utils._records import _version_tuple
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import REGENERATE, InputError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.versions import release_tuple
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.catalogue import INPUTS
+from ansible_collections.narwhal.deploy.plugins.module_utils._prepare import gate as _gate
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 STANDIN = REPO / "tests" / "harness" / "images" / "engine-standin" / "site" / "vllm" / "standin" / "handshake.py"
@@ -47,7 +48,7 @@ def pair():
 
 def refusal(records):
     with pytest.raises(InputError) as err:
-        _handshake.check_pairs(records)
+        _gate.check_pairs(records)
     return err.value
 
 
@@ -56,7 +57,7 @@ def refusal(records):
 
 
 def test_factors_of_the_example_engines(example):
-    one, two = _handshake.factors(example["engine-1"]), _handshake.factors(example["engine-2"])
+    one, two = _gate.factors(example["engine-1"]), _gate.factors(example["engine-2"])
     assert one["attention_backend"] == {"label": "attention backend", "value": "FLASH_ATTN",
                                         "input": "NARWHAL_EXTRA_ARGS", "source": "cuda default"}
     assert two["attention_backend"]["value"] == "ROCM_AITER_UNIFIED_ATTN"
@@ -74,7 +75,7 @@ def test_factors_of_the_example_engines(example):
 
 def test_every_factor_names_a_real_input():
     names = set(spec["name"] for spec in INPUTS)
-    for name, label, key, fix in _handshake.FACTORS:
+    for name, label, key, fix in _gate.FACTORS:
         assert key in names, name
         assert label and key in fix or "NARWHAL_" in fix, name
 
@@ -86,7 +87,7 @@ def test_record_builder_keeps_the_model_geometry(tmp_path):
     assert recs["engine-1"]["runtime"]["model_geometry"] == {
         "num_kv_heads": 8, "head_size": 128, "num_hidden_layers": 32, "sliding_window": None, "use_mla": False,
         "ssm_state": None}
-    _handshake.check_pairs(recs)  # one host, one image, TP 4 and 4: compatible
+    _gate.check_pairs(recs)  # one host, one image, TP 4 and 4: compatible
 
 
 def test_a_record_without_geometry_is_refused(pair):
@@ -118,7 +119,7 @@ def test_real_nvidia_and_amd_records_differ_by_backend_and_pass_with_one_pinned(
     err = refusal(build(extra, hosts, shared=False))
     assert "attention backend differs (FLASH_ATTN on engine-1 (cuda default) vs ROCM_AITER_UNIFIED_ATTN" in str(err)
     pinned = build(dict(extra, NARWHAL_EXTRA_ARGS="--attention-backend TRITON_ATTN"), hosts, shared=False)
-    assert _handshake.check_pairs(pinned) is None
+    assert _gate.check_pairs(pinned) is None
 
 
 def test_cpu_and_cuda_engines_differ_by_backend(pair):
@@ -211,12 +212,12 @@ def test_the_first_factor_is_named_and_the_others_listed(pair):
 ])
 def test_what_vllm_does_not_compare_passes(pair, change):
     change(pair["engine-2"])
-    assert _handshake.check_pairs(pair) is None
+    assert _gate.check_pairs(pair) is None
 
 
 def test_two_prefills_are_not_compared(example):
     example["engine-2"]["role"] = "prefill"
-    assert _handshake.check_pairs(example) is None
+    assert _gate.check_pairs(example) is None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -244,7 +245,7 @@ def test_a_larger_tp_than_the_kv_heads_is_refused(pair):
 
 
 def test_unequal_tp_within_the_kv_heads_passes(pair):
-    assert _handshake.check_pairs(_tp(pair, 4, 2, heads=8)) is None
+    assert _gate.check_pairs(_tp(pair, 4, 2, heads=8)) is None
 
 
 def test_unequal_tp_needs_the_head_contiguous_layout(pair):
@@ -256,7 +257,7 @@ def test_unequal_tp_needs_the_head_contiguous_layout(pair):
 def test_mla_maps_any_dividing_tp(pair):
     for r in _tp(pair, 8, 2).values():
         r["runtime"]["model_geometry"].update(num_kv_heads=1, head_size=576, use_mla=True)
-    assert _handshake.check_pairs(pair) is None
+    assert _gate.check_pairs(pair) is None
 
 
 def _hybrid(pair, version):
@@ -274,12 +275,12 @@ def test_hybrid_ssm_with_unequal_tp_is_refused_before_vllm_0_22(pair):
 
 
 def test_hybrid_ssm_with_equal_tp_passes(pair):
-    assert _handshake.check_pairs(_hybrid(pair, "0.19.1")) is None
+    assert _gate.check_pairs(_hybrid(pair, "0.19.1")) is None
 
 
 def test_hybrid_ssm_with_unequal_tp_needs_one_block_size_from_vllm_0_22(pair):
     _tp(_hybrid(pair, "0.33.0"), 4, 2, heads=8)
-    assert _handshake.check_pairs(pair) is None  # the 3-read transfer maps it
+    assert _gate.check_pairs(pair) is None  # the 3-read transfer maps it
     pair["engine-1"]["runtime"]["cache_plan"]["block_size"] = 64  # the cache plan raises it by TP
     assert "effective KV block size differs (64 on engine-1" in str(refusal(pair))
 
@@ -303,7 +304,7 @@ def test_hybrid_ssm_with_unequal_tp_needs_one_block_size_from_vllm_0_22(pair):
     ("cpu", "0.32.0", False, {}, "CPU_ATTN"),
 ])
 def test_default_backend_by_platform_and_version_and_the_standin_agrees(platform, version, mla, env, backend):
-    assert _handshake.default_attention_backend(platform, _version_tuple(version), mla, env)[0] == backend
+    assert _gate.default_attention_backend(platform, release_tuple(version), mla, env)[0] == backend
     assert standin.default_attention_backend(platform, version, mla, env) == backend
 
 
@@ -320,7 +321,7 @@ def test_the_backend_environment_variable_counts_before_vllm_0_19_1(pair):
 
 def test_the_same_backend_pinned_on_both_vendors_passes_with_unequal_tp_too(pair):
     # TRITON_ATTN on CUDA and ROCm: vLLM's hash factors agree; TP 4/2 within 8 KV heads maps
-    assert _handshake.check_pairs(_tp(pair, 4, 2, heads=8)) is None
+    assert _gate.check_pairs(_tp(pair, 4, 2, heads=8)) is None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -408,4 +409,4 @@ def test_flags_read_as_vllm_reads_them(pair):
     pair["engine-2"]["runtime"]["extra_args"] = ["--attention_back", "FLASHINFER"]
     assert "attention backend differs" in str(refusal(pair)) and "FLASHINFER" in str(refusal(pair))
     pair["engine-2"]["runtime"]["extra_args"] = ["--attention-backend", "TRITON_ATTN", "-dcp", "\u00b2"]
-    _handshake.check_pairs(pair)  # no traceback: '²' is not a size (vLLM's own parser refuses it at the check)
+    _gate.check_pairs(pair)  # no traceback: '²' is not a size (vLLM's own parser refuses it at the check)

@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _engineapi, _image
+from ansible_collections.narwhal.deploy.plugins.module_utils._docker import engine_api as _engine_api
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts import image as _image
 from ansible_collections.narwhal.deploy.plugins.modules import image_facts
 
 IMAGE_ID = "sha256:" + "6a0bf322ed5f" + "0" * 52
@@ -177,14 +178,14 @@ class FakeClient:
 
     def image(self, ref):
         if not self.answering:
-            raise _engineapi.DaemonUnreachable("the Docker daemon does not answer at tcp://h:2375 "
+            raise _engine_api.DaemonUnreachable("the Docker daemon does not answer at tcp://h:2375 "
                                                "([Errno 111] Connection refused)")
         if ref not in self.attrs["RepoTags"] and ref != self.attrs["Id"]:
-            raise _engineapi.NotFound("404 Not Found (GET /images/%s/json): No such image: %s" % (ref, ref), 404)
+            raise _engine_api.NotFound("404 Not Found (GET /images/%s/json): No such image: %s" % (ref, ref), 404)
         return self.attrs
 
     def config(self, image, **kwargs):
-        return _engineapi.container_config(image, **kwargs)
+        return _engine_api.container_config(image, **kwargs)
 
     def create(self, name, body):
         assert body["Image"] == self.attrs["Id"]
@@ -195,13 +196,13 @@ class FakeClient:
     def start(self, ident):
         container = self.created[int(ident)]
         if container.entrypoint[0] not in self.pythons:
-            raise _engineapi.EngineAPIError(
+            raise _engine_api.EngineAPIError(
                 '400 Bad Request (POST /containers/%s/start): OCI runtime create failed: exec: "%s": executable '
                 'file not found in $PATH' % (ident, container.entrypoint[0]), 400)
 
     def wait(self, ident, timeout=None):
         if self.hang:
-            raise _engineapi.Timeout("POST /containers/%s/wait: no answer within %s s" % (ident, timeout))
+            raise _engine_api.Timeout("POST /containers/%s/wait: no answer within %s s" % (ident, timeout))
         return {"StatusCode": 0}
 
     def logs(self, ident, stdout=True, stderr=True, tail="all", tty=False):
@@ -422,9 +423,9 @@ for name in ("docker", "requests", "urllib3"):
     sys.modules[name] = None
 sys.path.insert(0, sys.argv[1])
 from ansible_collections.narwhal.deploy.plugins.modules import engine_host_facts, image_facts  # noqa: F401
-from ansible_collections.narwhal.deploy.plugins.module_utils import _imagehost
-api = _imagehost.make_client("unix:///var/run/docker.sock", 120)
-out = _imagehost.run_version_container(api, api.image(sys.argv[2])["Id"], "python3", ["vllm"], 120)
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts import daemon as _daemon
+api = _daemon.make_client("unix:///var/run/docker.sock", 120)
+out = _daemon.run_version_container(api, api.image(sys.argv[2])["Id"], "python3", ["vllm"], 120)
 print(json.dumps({"out": out.decode(), "sdk": [m for m in ("docker", "requests", "urllib3") if sys.modules[m]]}))
 """
     collections = str(pathlib.Path(__file__).resolve().parents[2] / "collections")

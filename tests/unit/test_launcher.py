@@ -10,7 +10,18 @@ import sys
 import uuid
 
 import pytest
-from launcher_support import MODULES, SECRET, free_port, host_address, le, record, role_env, write_inputs, zipapp
+from launcher_support import (
+    MODULES,
+    SECRET,
+    free_port,
+    host_address,
+    le,
+    patch_planner,
+    record,
+    role_env,
+    write_inputs,
+    zipapp,
+)
 
 KV_033 = '{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_load_failure_policy":"fail",' \
          '"kv_connector_extra_config":{"backends":["UCX"]}}'
@@ -438,7 +449,7 @@ def test_start_standin_container(tmp_path, capsys, monkeypatch):
         plan["name"] = test_name
         return plan
 
-    monkeypatch.setattr(MODULES["plan"], "container_spec", container_spec)
+    patch_planner(monkeypatch, "container_spec", container_spec)
     monkeypatch.setattr(MODULES["start"], "STOP_TIMEOUT", 2)
     try:
         assert le.main(["--role-env", str(env_path), "start"]) == 0
@@ -545,7 +556,7 @@ def test_zipapp_carries_everything_the_launcher_imports(tmp_path):
     launcher = zipapp(tmp_path)
     code = ("import sys; sys.path.insert(0, sys.argv[1]); "
             "import narwhal_launcher.cli, narwhal_launcher.common, narwhal_launcher.image_check, "
-            "narwhal_launcher.probe, narwhal_launcher.start, narwhal_launcher.stop, narwhal_launcher.status; "
+            "narwhal_launcher.health, narwhal_launcher.start, narwhal_launcher.stop, narwhal_launcher.status; "
             "print(len(narwhal_launcher.image_check.in_image_script()))")
     proc = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(launcher)], capture_output=True, text=True,
                           check=False)

@@ -11,7 +11,7 @@ import uuid
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
-from launcher_support import MODULES, REPO, SECRET, le, record, role_env, write_inputs, zipapp
+from launcher_support import MODULES, REPO, SECRET, le, patch_planner, record, role_env, write_inputs, zipapp
 
 IMAGE = "narwhal-sim/engine-standin:latest"
 STANDIN_SITE = REPO / "tests" / "harness" / "images" / "engine-standin" / "site"
@@ -207,7 +207,7 @@ def test_serve_args_standin_refuses(standin_vllm, extra, managed, error):
 
 def test_serve_args_bad_kv_transfer_config(standin_vllm, monkeypatch):
     original = le.kv_transfer_config
-    monkeypatch.setattr(MODULES["plan"], "kv_transfer_config", lambda rec: dict(original(rec), kv_ip="10.0.0.1"))
+    patch_planner(monkeypatch, "kv_transfer_config", lambda rec: dict(original(rec), kv_ip="10.0.0.1"))
     result = _serve_args([])
     assert result["error"].startswith("vllm serve: error: argument --kv-transfer-config: 1 validation error for "
                                       "KVTransferConfig kv_ip Extra inputs are not permitted"), result
@@ -314,7 +314,7 @@ class _FakeAPI:
 
     def container(self, name):
         if self.attrs is None:
-            raise le._engineapi.NotFound("404 Not Found: No such container: %s" % name, 404)
+            raise le.NotFound("404 Not Found: No such container: %s" % name, 404)
         return self.attrs
 
     def logs(self, name, tail):
@@ -325,7 +325,7 @@ def test_health_wait_stops_when_the_engine_container_exited(tmp_path, monkeypatc
     env_path = checked_inputs(tmp_path)
     logs = ("ValueError: No common block size for 16 (CPU_ATTN: [MultipleOf(32)])\nkey=%s\n" % SECRET).encode()
     api = _FakeAPI("exited", logs)
-    monkeypatch.setattr(MODULES["probe"], "engine_api", lambda: api)
+    monkeypatch.setattr(MODULES["health"], "engine_api", lambda: api)
     with pytest.raises(le.LaunchError) as err:
         le.probe_version(str(env_path), timeout=60, interval=0.05, address="127.0.0.1")
     text = str(err.value)
@@ -437,7 +437,7 @@ def test_check_wrong_vllm_version(standin, capsys):
 @needs_docker
 def test_check_kv_config_rejected(standin, monkeypatch):
     original = le.kv_transfer_config
-    monkeypatch.setattr(MODULES["plan"], "kv_transfer_config", lambda rec: dict(original(rec), kv_ip="10.0.0.1"))
+    patch_planner(monkeypatch, "kv_transfer_config", lambda rec: dict(original(rec), kv_ip="10.0.0.1"))
     with pytest.raises(le.LaunchError, match=r"--kv-transfer-config .*kv_ip.* is rejected by the image's "
                                              r"KVTransferConfig \(ValidationError: .*kv_ip"):
         le.check(str(standin["env_path"]))
@@ -511,7 +511,7 @@ def test_check_rocm_image_and_ssm(standin):
 @needs_docker
 def test_start_refuses_when_check_fails(standin, monkeypatch):
     (standin["model"] / "tokenizer.json").unlink()
-    monkeypatch.setattr(MODULES["plan"], "container_spec", _renamed(MODULES["plan"].container_spec))
+    patch_planner(monkeypatch, "container_spec", _renamed(MODULES["plan"].container_spec))
     with pytest.raises(le.LaunchError, match="tokenizer does not construct"):
         le.start(str(standin["env_path"]))
     assert (standin["run_dir"] / "plan.json").exists()
@@ -530,7 +530,7 @@ def test_typo_in_extra_args_refused_before_start(standin, monkeypatch):
                                              r"recorded `vllm serve` command: vllm: error: unrecognized arguments: "
                                              r"--max-modle-len 256; correct the argument in NARWHAL_EXTRA_ARGS"):
         le.check(str(standin["env_path"]))
-    monkeypatch.setattr(MODULES["plan"], "container_spec", _renamed(MODULES["plan"].container_spec))
+    patch_planner(monkeypatch, "container_spec", _renamed(MODULES["plan"].container_spec))
     with pytest.raises(le.LaunchError, match=r"unrecognized arguments: --max-modle-len 256"):
         le.start(str(standin["env_path"]))
     assert not (standin["run_dir"] / "checked.json").exists()

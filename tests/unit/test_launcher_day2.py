@@ -7,7 +7,7 @@ import socket
 import uuid
 
 import pytest
-from launcher_support import MODULES, SECRET, free_port, host_address, le, record, write_inputs
+from launcher_support import MODULES, SECRET, free_port, host_address, le, patch_planner, record, write_inputs
 
 # ------------------------------------------------------------------------------------------ /proc/net/tcp
 
@@ -263,7 +263,7 @@ def standin(tmp_path, monkeypatch):
         plan["name"] = name
         return plan
 
-    monkeypatch.setattr(MODULES["plan"], "container_spec", container_spec)
+    patch_planner(monkeypatch, "container_spec", container_spec)
     monkeypatch.setattr(MODULES["start"], "STOP_TIMEOUT", 2)
     state = {"docker": docker, "client": client, "rec": rec, "name": name, "engine": engine, "ports": ports,
              "address": address, "tmp": tmp_path}

@@ -12,7 +12,8 @@ import shutil
 
 import pytest
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _model
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts import checkpoint as _checkpoint
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts import model as _model
 from ansible_collections.narwhal.deploy.plugins.modules import model_facts
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -218,7 +219,7 @@ def test_every_model_config_has_expectations():
 def test_read_checkpoint(tmp_path, src):
     dtype, model_type, trust, sources, ssm, quant, geometry, mamba_kind = EXPECTED[src]
     path = checkpoint(tmp_path, src)
-    facts = _model.read_checkpoint(str(path))
+    facts = _checkpoint.read_checkpoint(str(path))
     assert facts["path"] == str(path)
     assert facts["dtype"] == dtype
     assert facts["model_type"] == model_type
@@ -243,7 +244,7 @@ def test_read_checkpoint(tmp_path, src):
 
 
 def test_mamba_details(tmp_path):
-    nano = _model.read_checkpoint(str(checkpoint(tmp_path, "aiconf__nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16")))
+    nano = _checkpoint.read_checkpoint(str(checkpoint(tmp_path, "aiconf__nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16")))
     assert nano["kv_geometry"]["mamba"] == {
         "kind": "mamba2",
         "d_conv": 4,
@@ -291,19 +292,19 @@ def test_tokenizer_files(tmp_path):
         tmp_path, "jeevanchaps__Llama-3.1-8B-Instruct-bnb8bit", ["tokenizer.json", "special_tokens_map.json"]
     )
     (path / "model.safetensors").write_text("")
-    assert _model.read_checkpoint(str(path))["tokenizer_files"] == [
+    assert _checkpoint.read_checkpoint(str(path))["tokenizer_files"] == [
         "special_tokens_map.json",
         "tokenizer.json",
         "tokenizer_config.json",
     ]
     qwen = checkpoint(tmp_path, "stvlynn__Qwen-7B-Chat-Cantonese", ["qwen.tiktoken"])
-    assert _model.read_checkpoint(str(qwen))["tokenizer_files"] == ["qwen.tiktoken", "tokenizer_config.json"]
+    assert _checkpoint.read_checkpoint(str(qwen))["tokenizer_files"] == ["qwen.tiktoken", "tokenizer_config.json"]
 
 
 def test_auto_map_only_in_tokenizer_config(tmp_path):
     path = checkpoint(tmp_path, "aiconf__meta-llama--Meta-Llama-3.1-8B")
     shutil.copyfile(MODELS / "syjjhl__chatglm2-6b__tokenizer_config.json", path / "tokenizer_config.json")
-    facts = _model.read_checkpoint(str(path))
+    facts = _checkpoint.read_checkpoint(str(path))
     assert (facts["trust_remote_code"], facts["auto_map_sources"]) == (True, ["tokenizer_config.json"])
 
 
@@ -386,25 +387,25 @@ def test_qwen_v1_flags_without_dtype():
 def test_non_hf_config(tmp_path):
     path = checkpoint(tmp_path, "Zyphra__Zamba2__native-non-HF")
     with pytest.raises(_model.ModelConfigError) as info:
-        _model.read_checkpoint(str(path))
+        _checkpoint.read_checkpoint(str(path))
     assert str(path / "config.json") in str(info.value)
     assert "not a Hugging Face config" in str(info.value)
 
 
 def test_missing_directory(tmp_path):
     with pytest.raises(_model.ModelConfigError, match="does not exist"):
-        _model.read_checkpoint(str(tmp_path / "nope"))
+        _checkpoint.read_checkpoint(str(tmp_path / "nope"))
 
 
 def test_path_is_a_file(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(_model.ModelConfigError, match="not a directory"):
-        _model.read_checkpoint(str(tmp_path / "file"))
+        _checkpoint.read_checkpoint(str(tmp_path / "file"))
 
 
 def test_missing_config(tmp_path):
     with pytest.raises(_model.ModelConfigError) as info:
-        _model.read_checkpoint(str(tmp_path))
+        _checkpoint.read_checkpoint(str(tmp_path))
     assert str(tmp_path / "config.json") in str(info.value)
 
 
@@ -413,14 +414,14 @@ def test_invalid_json(tmp_path, name):
     path = checkpoint(tmp_path, "aiconf__Qwen--Qwen2.5-7B")
     (path / name).write_text('{"model_type": "qwen2",')
     with pytest.raises(_model.ModelConfigError) as info:
-        _model.read_checkpoint(str(path))
+        _checkpoint.read_checkpoint(str(path))
     assert str(path / name) in str(info.value) and "not valid JSON" in str(info.value)
 
 
 def test_config_that_is_a_list(tmp_path):
     (tmp_path / "config.json").write_text("[1, 2]")
     with pytest.raises(_model.ModelConfigError, match="not a Hugging Face config"):
-        _model.read_checkpoint(str(tmp_path))
+        _checkpoint.read_checkpoint(str(tmp_path))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -478,7 +479,7 @@ def test_negative_or_zero_counts_are_refused_naming_file_and_key(tmp_path, patch
     config.update(patch)
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(_model.ModelConfigError) as err:
-        _model.read_checkpoint(str(path))
+        _checkpoint.read_checkpoint(str(path))
     assert str(err.value).startswith("%s: %s" % (path / "config.json", where))
     assert "must be a whole number of at least" in str(err.value)
 
@@ -509,7 +510,7 @@ def _loop(path):
 def test_model_path_that_is_no_directory_is_named(tmp_path, make, needle):
     path = make(tmp_path / "model")
     with pytest.raises(_model.ModelConfigError) as info:
-        _model.read_checkpoint(str(path))
+        _checkpoint.read_checkpoint(str(path))
     assert needle in str(info.value) and str(path) in str(info.value)
 
 
@@ -521,7 +522,7 @@ def test_checkpoint_file_that_is_a_fifo_or_loop_is_named(tmp_path, name, make, n
     (path / name).unlink(missing_ok=True)
     make(path / name)
     with pytest.raises(_model.ModelConfigError) as info:
-        _model.read_checkpoint(str(path))  # would block forever if it opened the FIFO
+        _checkpoint.read_checkpoint(str(path))  # would block forever if it opened the FIFO
     assert needle in str(info.value) and str(path / name) in str(info.value)
 
 
@@ -531,7 +532,7 @@ def test_deeply_nested_json_is_named(tmp_path, name, opener):
     path = checkpoint(tmp_path, "aiconf__Qwen--Qwen2.5-7B")
     (path / name).write_text(opener * 200000)
     with pytest.raises(_model.ModelConfigError) as info:
-        _model.read_checkpoint(str(path))
+        _checkpoint.read_checkpoint(str(path))
     assert str(path / name) in str(info.value) and "is nested too deeply to be a model configuration" in str(info.value)
 
 

@@ -26,7 +26,7 @@ from ansible.module_utils import basic
 from test_prepare import EXAMPLE, compatible, good_hosts, make_checkout, prep_args
 from test_records import module_args, nv_pair
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _outputs
+from ansible_collections.narwhal.deploy.plugins.module_utils._outputs import writer as _writer
 from ansible_collections.narwhal.deploy.plugins.modules import discovery_outputs, prepare_run
 
 REAL_OS = os
@@ -122,7 +122,7 @@ def spawn(fn, **counting):
         try:
             os.close(r)
             counter = Counting(**counting)
-            _outputs.os = counter
+            _writer.os = counter
             out = fn()
             os.write(w, json.dumps({"steps": counter.n, "out": out, "end": time.monotonic()}).encode())
             code = 0
@@ -216,7 +216,7 @@ def test_discovery_killed_before_every_file_operation(tmp_path, module_runner, w
         if scratch.exists():
             shutil.rmtree(scratch)
         shutil.copytree(root, scratch, symlinks=True)
-        with _outputs.OutputSet(str(scratch / "config" / "site"), "discovery") as out:
+        with _writer.OutputSet(str(scratch / "config" / "site"), "discovery") as out:
             notes = list(out.notes)
         now = state(scratch)
         assert now in (old, new), "kill before operation %d left a mixed set" % k
@@ -259,10 +259,10 @@ def test_apply_set_with_a_failed_rename_killed_during_its_rollback(tmp_path, no_
     failed_at = []
 
     def write():
-        with _outputs.OutputSet(str(top / "site"), "discovery") as out:
+        with _writer.OutputSet(str(top / "site"), "discovery") as out:
             try:
                 out.apply(out.plan(files, [str(top / "site" / "gone.json")]))
-            except _outputs.OutputError as exc:
+            except _writer.OutputError as exc:
                 return [str(exc), failed_at[0]]
         return None
 
@@ -275,14 +275,14 @@ def test_apply_set_with_a_failed_rename_killed_during_its_rollback(tmp_path, no_
     assert state(top) == old and leftovers(tmp_path) == []
     total = report["steps"]
     assert total - fail_step > 10
-    new = dict((os.path.relpath(p, top), (_outputs._bytes(text), mode)) for p, (text, mode) in files.items())
+    new = dict((os.path.relpath(p, top), (_writer._bytes(text), mode)) for p, (text, mode) in files.items())
     new.update((k, v) for k, v in old.items() if k not in new and k != "site/gone.json")
     rolled_back = 0
     for k in range(fail_step + 1, total + 1):
         restore(top, old)
         ended, _out = in_child(write, hook=hook, kill_at=k, sync=False)
         assert ended == "killed"
-        with _outputs.OutputSet(str(top / "site"), "discovery") as out:
+        with _writer.OutputSet(str(top / "site"), "discovery") as out:
             notes = list(out.notes)
         if k == fail_step + 1:
             # killed before the rollback was recorded: the journal still commits, the next start completes the swap
@@ -312,7 +312,7 @@ def test_random_kills_of_a_swap_loop(tmp_path, no_sync):
     expected = [dict((rel, (data, 0o600)) for rel, data in s.items()) for s in sets]
 
     def write(files):
-        with _outputs.OutputSet(str(top / "site"), "discovery") as out:
+        with _writer.OutputSet(str(top / "site"), "discovery") as out:
             out.apply(out.plan(dict((str(top / rel), (data, 0o600)) for rel, data in files.items()),
                                [str(top / rel) for rel in everything if rel not in files]))
 
@@ -336,7 +336,7 @@ def test_random_kills_of_a_swap_loop(tmp_path, no_sync):
         torn = [n for n in leftovers(tmp_path) if not n.endswith(".lock")]
         kind = next((s for s in ("journal", "staging", "rollback") if any(n.endswith("." + s) for n in torn)),
                     "temps" if torn else "between swaps")
-        with _outputs.OutputSet(str(top / "site"), "discovery"):
+        with _writer.OutputSet(str(top / "site"), "discovery"):
             pass
         now = state(top)
         assert now in expected, "a random kill (%s) left a mixed set" % kind
@@ -384,7 +384,7 @@ def test_prepare_killed_before_every_file_operation(tmp_path, module_runner, war
             shutil.copytree(runs, scratch)
         else:
             scratch.mkdir()
-        with _outputs.OutputSet(str(scratch), "prepare"):
+        with _writer.OutputSet(str(scratch), "prepare"):
             pass
         now = state(scratch)
         assert now in (old, new), "kill before operation %d left a partial run" % k
@@ -411,7 +411,7 @@ def test_random_kills_while_runs_are_created(tmp_path, no_sync):
     def forever():
         i = 0
         while True:
-            with _outputs.OutputSet(str(runs), "prepare") as out:
+            with _writer.OutputSet(str(runs), "prepare") as out:
                 run_dir = str(runs / ("run-%06d" % i))
                 out.create_tree(run_dir, dict((os.path.join(run_dir, rel), (data, 0o600))
                                               for rel, data in files.items()))
@@ -425,7 +425,7 @@ def test_random_kills_while_runs_are_created(tmp_path, no_sync):
         os.kill(pid, signal.SIGKILL)
         assert finish(pid, r)[0] == "killed"
         partial += any(n.endswith(".run") for n in leftovers(runs))
-        with _outputs.OutputSet(str(runs), "prepare"):
+        with _writer.OutputSet(str(runs), "prepare"):
             pass
         assert leftovers(runs) == []
         for run_dir in os.listdir(runs):
@@ -467,7 +467,7 @@ def test_two_concurrent_discoveries_the_second_waits(tmp_path, module_runner):
 def test_two_concurrent_discoveries_the_second_is_refused_by_name(tmp_path, module_runner, monkeypatch):
     root, run, args_a, args_b, old, new = discovery_case(tmp_path, module_runner)
     shutil.rmtree(root / "config")
-    monkeypatch.setattr(_outputs, "LOCK_WAIT_S", 0.3)
+    monkeypatch.setattr(_writer, "LOCK_WAIT_S", 0.3)
     r, w = os.pipe()
     first = spawn(lambda: run(args_a)[0], hook=paused_at_commit(w, 1.5))
     assert os.read(r, 1) == b"x"
@@ -504,7 +504,7 @@ def test_two_concurrent_prepares_of_one_run(tmp_path, module_runner, monkeypatch
         return [status, result.get("changed"), result.get("msg")]
 
     if not wait:
-        monkeypatch.setattr(_outputs, "LOCK_WAIT_S", 0.3)
+        monkeypatch.setattr(_writer, "LOCK_WAIT_S", 0.3)
     r, w = os.pipe()
     first = spawn(run, hook=paused_at_commit(w, 0.6 if wait else 1.5))
     assert os.read(r, 1) == b"x"
@@ -667,7 +667,7 @@ def test_prepare_completes_an_interrupted_discovery_first(tmp_path, module_runne
                                                         0o600)}
 
     def write():
-        with _outputs.OutputSet(str(config), "discovery") as out:
+        with _writer.OutputSet(str(config), "discovery") as out:
             out.apply(out.plan(files))
 
     renames = []
@@ -714,7 +714,7 @@ def test_stale_temps_of_dead_runs_are_deleted_live_ones_kept(tmp_path, module_ru
     assert "deleted 3 temporary file(s) left by interrupted runs" in warnings[0]
     live.unlink()
     assert state(root / "config") == dict((k[len("config/"):], v) for k, v in new.items())
-    with _outputs.OutputSet(str(root / "runs"), "prepare") as out:
+    with _writer.OutputSet(str(root / "runs"), "prepare") as out:
         out.plan({})
     assert os.listdir(root / "runs") == []
 

@@ -9,8 +9,8 @@ import pytest
 from launcher_support import EXAMPLE, write_inputs, zipapp
 from test_records import amd, build, host, image, model, nv_pair, rdma_pair
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _gpu
-from ansible_collections.narwhal.deploy.plugins.module_utils._prepare import derive
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts import gpu as _gpu
+from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.checks import derive
 
 CHECKOUT = "/opt/narwhal"
 

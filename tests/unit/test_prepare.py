@@ -16,21 +16,18 @@ import stat
 
 import pytest
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _discovery_outputs, _prepare_run
-from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError
-from ansible_collections.narwhal.deploy.plugins.module_utils._launcher_build import (
-    PLANNER_FILES,
-    build_zipapp,
-    launcher_sources,
-)
-from ansible_collections.narwhal.deploy.plugins.module_utils._policy import (
-    POLICY_FILE,
-    SOURCES_FILE,
+from ansible_collections.narwhal.deploy.plugins.module_utils._common import errors as _errors
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy import (
+    StaleRecordsError,
     check_policy,
     launch_policy,
     policy_changes,
 )
-from ansible_collections.narwhal.deploy.plugins.module_utils._prepare import (
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.paths import POLICY_FILE, SOURCES_FILE
+from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import MANIFEST_SCHEMA, validation_errors
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan import role_env as _role_env
+from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.checks import (
     check_documents,
     compatibility,
     derive,
@@ -39,7 +36,13 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._prepare import (
     shared_hosts,
     stale,
 )
-from ansible_collections.narwhal.deploy.plugins.module_utils._schema import MANIFEST_SCHEMA, validation_errors
+from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.launcher import (
+    PLANNER_FILES,
+    build_zipapp,
+    launcher_sources,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._steps import discovery_outputs as _discovery_outputs
+from ansible_collections.narwhal.deploy.plugins.module_utils._steps import prepare_run as _prepare_run_step
 from ansible_collections.narwhal.deploy.plugins.modules import prepare_run
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -316,7 +319,6 @@ def test_derive_unresolvable_net_device_is_refused(records, device):
 def test_role_env_cannot_be_injected(records, sep):
     """Class 1: prepare writes no value that adds a line, and the launcher's reader (the same planner) splits at
     \n only and refuses a line with any other line boundary or control character."""
-    from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
 
     d = derive(records["engine-1"], CHECKOUT, "run-x")
     with pytest.raises(InputError, match="must be one line of text"):
@@ -325,17 +327,16 @@ def test_role_env_cannot_be_injected(records, sep):
         return  # a real line: the reader cannot tell it from prepare's own (render_role_env refused it above)
     line = "NARWHAL_SERVED_MODEL_NAME=tiny-llama"
     text = render_role_env(d["role_env"]).replace(line, line + sep + "NARWHAL_APP_REVISION=evil")
-    with pytest.raises(_plan.PlanError) as err:
-        _plan.parse_role_env(text, "/opt/narwhal/config/engine-1.env")
+    with pytest.raises(_errors.PlanError) as err:
+        _role_env.parse_role_env(text, "/opt/narwhal/config/engine-1.env")
     assert "/opt/narwhal/config/engine-1.env line" in str(err.value)
     assert "control character" in str(err.value) or "is not KEY=VALUE" in str(err.value)
 
 
 def test_role_env_reader_takes_what_prepare_writes(records):
-    from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
 
     d = derive(records["engine-1"], CHECKOUT, "run-x")
-    assert _plan.parse_role_env(render_role_env(d["role_env"]), "x") == d["role_env"]
+    assert _role_env.parse_role_env(render_role_env(d["role_env"]), "x") == d["role_env"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -458,13 +459,13 @@ def make_checkout(tmp_path, launch):
     collection = tmp_path / "collection"
     shutil.copytree(REPO / "roles" / "install" / "files" / "launcher", collection / "roles" / "install" / "files" /
                     "launcher", ignore=shutil.ignore_patterns("__pycache__"))
-    (collection / "plugins" / "module_utils").mkdir(parents=True)
     for name in PLANNER_FILES:
+        (collection / "plugins" / "module_utils" / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / "plugins" / "module_utils" / name, collection / "plugins" / "module_utils" / name)
     return tmp_path
 
 
-def prep_args(root, stage="plan", hosts=None, engines=("engine-1", "engine-2"), check=False, site=None, nodes=None):
+def prep_args(root, stage="validate", hosts=None, engines=("engine-1", "engine-2"), check=False, site=None, nodes=None):
     """prepare_run's arguments; `site` / `nodes` change the current inputs (as site_inputs passes them)."""
     args = {"site": {"site": dict(SITE, **(site or {})), "nodes": copy.deepcopy(NODES if nodes is None else nodes),
                      "env_sha256": "x", "env_file": "/x/.env"},
@@ -479,7 +480,7 @@ def good_hosts():
     return dict((e, inspection(r)) for e, r in compatible(copy.deepcopy(EXAMPLE))["engines"].items())
 
 
-def test_prepare_plan_returns_records_and_writes_nothing(root, run_module, pd_launch):
+def test_prepare_validate_returns_records_and_writes_nothing(root, run_module, pd_launch):
     status, result = run_module(prep_args(root))
     assert status == "exit", result
     assert result["changed"] is False
@@ -645,7 +646,7 @@ def test_prepare_changed_site_policy_input_is_refused(root, run_module):
     _refused(root, result)
 
 
-@pytest.mark.parametrize("stage", ["plan", "write"])
+@pytest.mark.parametrize("stage", ["validate", "write"])
 def test_prepare_changed_node_policy_input_is_refused(root, run_module, stage):
     nodes = copy.deepcopy(NODES)
     nodes["2"]["EXTRA_ARGS"] = "--max-num-seqs 8"
@@ -747,7 +748,7 @@ def test_policy_changes_ignore_unset_spellings_and_node_number_types():
      "the engine API key file would be engine-api.key inside the checkout"),
     ({"NARWHAL_FLEET": "/x/.env"}, "NARWHAL_FLEET", "which is also the site inputs (.env)"),
 ])
-@pytest.mark.parametrize("stage", ["plan", "write"])
+@pytest.mark.parametrize("stage", ["validate", "write"])
 def test_prepare_refuses_paths_that_collide_or_go_public(root, run_module, site, key, words, stage):
     before = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
     status, result = run_module(prep_args(root, stage, good_hosts(), site=site))
@@ -774,7 +775,7 @@ def test_prepare_git_that_hangs_is_named(root, run_module, monkeypatch, tmp_path
     (bindir / "git").write_text("#!/bin/sh\n/bin/sleep 30\n")
     (bindir / "git").chmod(0o755)
     monkeypatch.setenv("PATH", str(bindir))
-    monkeypatch.setattr(_prepare_run, "GIT_TIMEOUT", 1)
+    monkeypatch.setattr(_prepare_run_step, "GIT_TIMEOUT", 1)
     status, result = run_module(prep_args(root, "write", good_hosts()))
     assert status == "fail"
     # the first git call is the check that the outputs are git-ignored
@@ -791,7 +792,6 @@ def test_a_record_value_that_would_add_a_role_env_line_is_refused(records):
 
 
 def test_stale_record_refusal_is_redacted():
-    from ansible_collections.narwhal.deploy.plugins.module_utils._policy import StaleRecordsError
 
     err = StaleRecordsError("NARWHAL_EXTRA_ARGS",
                             "NARWHAL_EXTRA_ARGS changed (records: --hf-token hf_abcdefghijklmnop)")
@@ -929,7 +929,7 @@ def test_relaunch_still_checks_the_host_and_the_key(root, run_module, earlier):
 # check mode on new inputs creates nothing, anywhere under the checkout (no run, no lock, no runs directory)
 
 
-@pytest.mark.parametrize("stage", ["plan", "write"])
+@pytest.mark.parametrize("stage", ["validate", "write"])
 def test_check_mode_on_new_inputs_creates_nothing(root, run_module, stage):
     before = tree(root)
     status, result = run_module(prep_args(root, stage, good_hosts(), check=True))
@@ -937,7 +937,7 @@ def test_check_mode_on_new_inputs_creates_nothing(root, run_module, stage):
     assert tree(root) == before and not (root / "runs").exists()
 
 
-@pytest.mark.parametrize("stage", ["plan", "write"])
+@pytest.mark.parametrize("stage", ["validate", "write"])
 def test_check_mode_relaunch_creates_nothing(root, run_module, earlier, stage):
     before = tree(root)
     status, result = run_module(dict(prep_args(root, stage, good_hosts(), check=True), from_run=earlier["run_id"]))

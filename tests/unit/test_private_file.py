@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import stat
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _controller
-from ansible_collections.narwhal.deploy.plugins.module_utils._private_file import module_spec, private_file
+from ansible_collections.narwhal.deploy.plugins.module_utils._steps.private_file import module_spec, private_file
+from ansible_collections.narwhal.deploy.plugins.plugin_utils import _controller as __controller
 
 
 def _run(args, check_mode=False, diff=False):
-    return _controller.run_step(private_file, module_spec(), args, "narwhal.deploy.private_file",
+    return __controller.run_step(private_file, module_spec(), args, "narwhal.deploy.private_file",
                                 check_mode=check_mode, diff=diff)
 
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._probe import (
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.nixl_metrics import metric_sum, nixl_counters
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan import role_env as _role_env
+from ansible_collections.narwhal.deploy.plugins.module_utils._probe.verdict import (
     completion_text,
     consumer_request,
     forward_params,
-    metric_sum,
-    nixl_counters,
     probe_prompt,
     producer_request,
     recompute_reasons,
@@ -314,9 +314,8 @@ def test_standin_reports_producer_hits_when_forwarded(pair, standin):
 
 def test_probe_delegated_reads_the_installed_key(pair, module_runner, tmp_path):
     """On an engine host: the role environment install wrote names the key file (the launcher's own rule)."""
-    from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
 
-    paths = _plan.install_paths(str(tmp_path), "engine-2", "run-x")
+    paths = _role_env.install_paths(str(tmp_path), "engine-2", "run-x")
     os.makedirs(os.path.dirname(paths["role_env"]))
     key_file = tmp_path / "config" / "engine-api.key"
     key_file.write_text(KEY + "\n")

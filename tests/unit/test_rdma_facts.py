@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _rdma
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts import host as _host
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts import rdma as _rdma
 from ansible_collections.narwhal.deploy.plugins.modules import rdma_facts
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -63,7 +64,7 @@ def real_sysfs(tmp_path):
 
 
 def test_real_sysfs_dump(real_sysfs):
-    hcas = _rdma.read_sysfs_hcas(str(real_sysfs))
+    hcas = _host.read_sysfs_hcas(str(real_sysfs))
     assert _summary(hcas) == SYSFS_EXPECTED
     # a plain dump: no device links, no infiniband_verbs, no ndevs
     for hca in hcas:
@@ -72,7 +73,7 @@ def test_real_sysfs_dump(real_sysfs):
 
 
 def test_no_infiniband_class(tmp_path):
-    assert _rdma.read_sysfs_hcas(str(tmp_path)) is None
+    assert _host.read_sysfs_hcas(str(tmp_path)) is None
 
 
 SIM_PLACEMENT = [
@@ -89,7 +90,7 @@ SIM_PLACEMENT = [
 
 
 def test_simulated_host_tree():
-    hcas = _rdma.read_sysfs_hcas(str(SIM_SYS))
+    hcas = _host.read_sysfs_hcas(str(SIM_SYS))
     assert _summary(hcas) == SYSFS_EXPECTED
     assert [(h["name"], h["numa_node"], h["pci_bus_id"], h["uverbs"]) for h in hcas] == SIM_PLACEMENT
 
@@ -103,13 +104,13 @@ def _sim_hca_path(rail):
 
 
 def test_simulated_host_pci_paths():
-    hcas = _rdma.read_sysfs_hcas(str(SIM_SYS))
+    hcas = _host.read_sysfs_hcas(str(SIM_SYS))
     assert [h["pci_path"] for h in hcas] == [_sim_hca_path(i) for i in range(8)] + [["pci0000:00", "0000:00:05.0"]]
 
 
 def test_amd_profile_pci_paths():
     """amd-4gpu-rdma: mlx5_6..9 share a PCIe switch with the MI100s (bus 83, a3, c3, e3), the rest stand alone."""
-    hcas = _rdma.read_sysfs_hcas(str(SIM_SYS.parent.parent / "amd-4gpu-rdma" / "sys"))
+    hcas = _host.read_sysfs_hcas(str(SIM_SYS.parent.parent / "amd-4gpu-rdma" / "sys"))
     assert [(h["name"], h["numa_node"], h["pci_bus_id"], h["uverbs"]) for h in hcas] == [
         (name, numa, bdf, uverbs) for (name, numa, _bdf, uverbs), bdf in zip(SIM_PLACEMENT, (
             "0000:01:00.0", "0000:21:00.0", "0000:41:00.0", "0000:61:00.0",
@@ -148,7 +149,7 @@ def test_dereferenced_links_fall_back_to_uevent(tmp_path):
     shutil.copytree(
         SIM_SYS / "class" / "infiniband" / "mlx5_6", root / "class" / "infiniband" / "mlx5_6", symlinks=False
     )
-    hca = _rdma.read_sysfs_hcas(str(root))[0]
+    hca = _host.read_sysfs_hcas(str(root))[0]
     assert (hca["numa_node"], hca["pci_bus_id"], hca["uverbs"]) == (1, "0000:00:19.0", None)
     assert hca["pci_path"] is None  # no devices/ tree to place it in
 
@@ -161,7 +162,7 @@ def test_ndevs_netdev_and_natural_order(tmp_path):
         (port / "phys_state").write_text("5: LinkUp\n")
         (port / "link_layer").write_text("Ethernet\n")
         (port / "gid_attrs" / "ndevs" / "0").write_text(f"ens{name[-1]}\n")
-    hcas = _rdma.read_sysfs_hcas(str(tmp_path))
+    hcas = _host.read_sysfs_hcas(str(tmp_path))
     assert [h["name"] for h in hcas] == ["mlx5_2", "mlx5_10"]
     assert [(h["ports"][0]["netdev"], h["ports"][0]["active"]) for h in hcas] == [("ens2", True), ("ens0", False)]
 

@@ -13,17 +13,23 @@ import shutil
 
 import pytest
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _discovery_outputs, _gpu, _image, _model, _rdma
-from ansible_collections.narwhal.deploy.plugins.module_utils._fleet import plan_fleet
-from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import InputError, load_inputs
-from ansible_collections.narwhal.deploy.plugins.module_utils._netaddr import interface_addresses
-from ansible_collections.narwhal.deploy.plugins.module_utils._records import build_record, choose_rdma
-from ansible_collections.narwhal.deploy.plugins.module_utils._schema import (
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover.fleet import build_fleet
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy import policy_changes
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover.records import build_record, choose_rdma
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts import checkpoint as _checkpoint
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts import gpu as _gpu
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts import host as _host
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts import image as _image
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.netaddr import interface_addresses
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.validate import load_inputs
+from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import (
     FLEET_SCHEMA,
     LAUNCH_CONFIG_SCHEMA,
     RECORD_SCHEMA,
     validation_errors,
 )
+from ansible_collections.narwhal.deploy.plugins.module_utils._steps import discovery_outputs as _discovery_outputs
 from ansible_collections.narwhal.deploy.plugins.modules import discovery_outputs
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -63,12 +69,12 @@ SHARED = {"NARWHAL_NODE_2_ENGINE_PORT": "8001", "NARWHAL_NODE_2_ATTEST_PORT": "8
 def nvidia(dev_root, capture="datakit__gtx-8card.xml", sysfs=NVIDIA_SYS):
     text = (REAL / "nvidia" / capture).read_text()
     parsed = _gpu.parse_nvidia_smi_xml(text) if capture.endswith(".xml") else _gpu.parse_nvidia_smi_text(text)
-    return _gpu.nvidia_facts(parsed, str(sysfs), str(dev_root), "nvidia-smi")
+    return _host.nvidia_facts(parsed, str(sysfs), str(dev_root), "nvidia-smi")
 
 
 def amd():
     parsed = _gpu.parse_rocm_smi_json((REAL / "amd" / "telegraf__mi100_rocm602.json").read_text())
-    return _gpu.amd_facts(parsed, str(AMD_SYS), "rocm-smi")
+    return _host.amd_facts(parsed, str(AMD_SYS), "rocm-smi")
 
 
 def rdma(dev_root, sysfs=NVIDIA_SYS):
@@ -76,7 +82,7 @@ def rdma(dev_root, sysfs=NVIDIA_SYS):
     ib.mkdir(parents=True, exist_ok=True)
     for name in ["uverbs%d" % i for i in range(9)] + ["rdma_cm"]:
         (ib / name).write_text("")
-    return _rdma.rdma_facts(_rdma.read_sysfs_hcas(str(sysfs)), str(dev_root), "sysfs")
+    return _host.rdma_facts(_host.read_sysfs_hcas(str(sysfs)), str(dev_root), "sysfs")
 
 
 def image(dists=None, env=None, ref="vllm/vllm-openai:v0.33.0"):
@@ -94,7 +100,7 @@ def model(tmp_path, src=LLAMA, patch=None):
     tok = REAL / "models" / (src + "__tokenizer_config.json")
     if tok.exists():
         shutil.copyfile(tok, path / "tokenizer_config.json")
-    return _model.read_checkpoint(str(path))
+    return _checkpoint.read_checkpoint(str(path))
 
 
 def iface(address, host_id=None):
@@ -111,12 +117,12 @@ def interfaces(shared):
 
 
 def build(extra, hosts, shared=True):
-    """-> {engine: record} via the writer's planning (plan_fleet + plan_records)."""
+    """-> {engine: record} via the writer's planning (build_fleet + collect_records)."""
     values = dict(BASE, **(SHARED if shared else {}))
     values.update(extra)
     inputs = load_inputs(values)
-    plan = plan_fleet(inputs, ["engine-1", "engine-2"], interfaces(shared))
-    document, _extracts = _discovery_outputs.plan_records(plan, inputs, hosts)
+    plan = build_fleet(inputs, ["engine-1", "engine-2"], interfaces(shared))
+    document, _extracts = _discovery_outputs.collect_records(plan, inputs, hosts)
     assert validation_errors(document, LAUNCH_CONFIG_SCHEMA) == []
     for record in document["engines"].values():
         assert validation_errors(record, RECORD_SCHEMA) == []
@@ -258,7 +264,7 @@ def test_masked_uuid_capture_uses_container_indices(tmp_path, dev):
     end = next(i for i in range(start + 3, len(lines)) if lines[i].startswith("####"))
     parsed = _gpu.parse_nvidia_smi_text("\n".join(lines[start + 3:end]))
     assert [g["uuid"] for g in parsed["gpus"]] == ["GPU-00000000-0000-0000-0000-000000000000"]
-    h = host(_gpu.nvidia_facts(parsed, str(tmp_path), str(dev), "nvidia-smi -q"), tmp_path)
+    h = host(_host.nvidia_facts(parsed, str(tmp_path), str(dev), "nvidia-smi -q"), tmp_path)
     recs = build({}, {"engine-1": h, "engine-2": h}, shared=False)
     assert recs["engine-1"]["gpu_ids"] == ["0"]
     assert recs["engine-1"]["accelerator"]["product"] == "NVIDIA H200"
@@ -659,7 +665,7 @@ def test_build_record_alone_lacks_the_file_sources(tmp_path, dev):
     # build_record gives allocation/environment/extra_args/transfer/visibility; the writer adds the file references the
     # schema needs
     inputs = load_inputs(dict(BASE, NARWHAL_GPUS_PER_ENGINE="4"))
-    plan = plan_fleet(inputs, ["engine-1", "engine-2"], interfaces(False))
+    plan = build_fleet(inputs, ["engine-1", "engine-2"], interfaces(False))
     h = nv_pair(tmp_path)["engine-1"]
     record, span = build_record(plan["nodes"][0], inputs["site"], {}, h, h["image"], h["model"], plan["fleet"][0],
                                 {}, 5600)
@@ -958,7 +964,6 @@ def test_extra_args_that_are_not_shell_words_refused_by_name(key):
 
 
 def test_writer_records_the_per_node_policy(tmp_path, dev, run_module):
-    from ansible_collections.narwhal.deploy.plugins.module_utils._policy import policy_changes
 
     root = tmp_path / "checkout"
     root.mkdir()

@@ -55,7 +55,7 @@ import shlex
 import sys
 import traceback
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import redact_text
 from narwhal_launcher.common import LaunchError, prepare
 
 
@@ -80,7 +80,7 @@ def main(argv=None):
             from narwhal_launcher.image_check import check
             check(args.role_env)
         elif args.action == "probe-version":
-            from narwhal_launcher.probe import probe_version
+            from narwhal_launcher.health import probe_version
             probe_version(args.role_env, timeout=args.timeout, address=args.address)
         elif args.action == "stop":
             from narwhal_launcher.stop import stop
@@ -95,10 +95,10 @@ def main(argv=None):
             from narwhal_launcher.start import start
             start(args.role_env, force=args.force, ready_timeout=args.ready_timeout)
     except LaunchError as exc:
-        print("launch_engine: error: %s" % _plan.redact_text(" ".join(str(exc).split())), file=sys.stderr)
+        print("launch_engine: error: %s" % redact_text(" ".join(str(exc).split())), file=sys.stderr)
         return 2
     except Exception:  # noqa: BLE001 - the unexpected: its traceback, secrets redacted (the key, tokens)
         print("launch_engine: unexpected error (a bug or a broken host), secrets redacted:\n%s"
-              % _plan.redact_text(traceback.format_exc()), file=sys.stderr)
+              % redact_text(traceback.format_exc()), file=sys.stderr)
         return 3
     return 0

@@ -8,8 +8,25 @@ import os
 import stat
 import sys
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _engineapi, _plan
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan import PlanError as LaunchError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError as LaunchError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_NAME
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import register_secret
+from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import (
+    DEFAULT_TIMEOUT,
+    Client,
+    DaemonUnreachable,
+    EngineAPIError,
+    NotFound,
+    Timeout,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import (
+    ENGINE_LABEL,
+    container_spec,
+    docker_run_argv,
+    plan_hash,
+    redacted,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import api_key_from, parse_role_env
 
 __all__ = ["LaunchError"]
 MAX_INPUT_BYTES = 4 * 1024 * 1024  # role env, record, check output: a bigger file is not ours
@@ -54,7 +71,7 @@ def _read_text(path, what, fix):
 def read_role_env(path):
     """KEY=VALUE lines written by prepare (the planner's format; unknown or repeated keys refused)."""
     text = _read_text(path, "role environment", "pass the engine's role env file with --role-env")
-    return _plan.parse_role_env(text, path)
+    return parse_role_env(text, path)
 
 
 def load_record(path):
@@ -78,10 +95,10 @@ def read_api_key(path):
         raise LaunchError("NARWHAL_API_KEY_FILE %s: %s; rerun install to write the engine key"
                           % (path, "a symlink loop" if exc.errno == errno.ELOOP else exc.strerror or exc))
     if st.st_mode & 0o077:  # refused before the key is read
-        _plan.api_key_from(b"", st.st_mode, path)
+        api_key_from(b"", st.st_mode, path)
     text = _read_text(path, "NARWHAL_API_KEY_FILE", "rerun install to write the engine key")
-    key = _plan.api_key_from(text.encode("utf-8"), st.st_mode, path)  # prepare's rule for the same file
-    _plan.register_secret(key)  # from now on redacted from every message of this process
+    key = api_key_from(text.encode("utf-8"), st.st_mode, path)  # prepare's rule for the same file
+    register_secret(key)  # from now on redacted from every message of this process
     return key
 
 
@@ -166,8 +183,8 @@ def installed(role_env_path):
     """(role_env, record, plan, plan hash) of the installed run, read only: nothing written, no key read."""
     role_env = read_role_env(role_env_path)
     record = load_record(role(role_env, "NARWHAL_RECORD"))
-    plan = _plan.container_spec(record, role_env)
-    return role_env, record, plan, _plan.plan_hash(plan)
+    plan = container_spec(record, role_env)
+    return role_env, record, plan, plan_hash(plan)
 
 
 def prepare(role_env_path):
@@ -175,12 +192,12 @@ def prepare(role_env_path):
     role_env = read_role_env(role_env_path)
     record = load_record(role(role_env, "NARWHAL_RECORD"))
     read_api_key(role_env.get("NARWHAL_API_KEY_FILE", ""))  # refuse early: the engine always runs with a key
-    plan = _plan.container_spec(record, role_env)
-    digest = _plan.plan_hash(plan)
+    plan = container_spec(record, role_env)
+    digest = plan_hash(plan)
     group_ids = host_group_ids(plan["group_add"])
-    argv = _plan.docker_run_argv(plan, group_ids, role_env.get("NARWHAL_RUN_ID", ""))
+    argv = docker_run_argv(plan, group_ids, role_env.get("NARWHAL_RUN_ID", ""))
     write_private(os.path.join(run_dir(role_env), "plan.json"), {
-        "engine": plan["engine"], "run_id": role_env.get("NARWHAL_RUN_ID", ""), "plan": _plan.redacted(plan),
+        "engine": plan["engine"], "run_id": role_env.get("NARWHAL_RUN_ID", ""), "plan": redacted(plan),
         "plan_hash": digest, "argv": argv, "group_ids": group_ids, "launcher_sha256": launcher_sha256()})
     return Prepared(role_env, record, plan, digest, argv, group_ids)
 
@@ -192,16 +209,16 @@ class DockerUnreachableError(LaunchError):
     """No Docker daemon answers (or DOCKER_HOST/TLS cannot be used): one line, exit 2."""
 
 
-class EngineAPI(_engineapi.Client):
+class EngineAPI(Client):
     """The Engine API client of the launcher (plugins/module_utils/_engineapi.py: stdlib only, so `start` never
     imports the Docker SDK): a daemon that does not answer is a DockerUnreachableError naming the fix."""
 
     def call(self, method, path, query=None, body=None, timeout=None):
         try:
             return super().call(method, path, query, body, timeout)
-        except _engineapi.Timeout:
+        except Timeout:
             raise
-        except _engineapi.DaemonUnreachable as exc:
+        except DaemonUnreachable as exc:
             raise DockerUnreachableError(UNREACHABLE % exc)
 
 
@@ -209,8 +226,8 @@ def engine_api(timeout=None):
     """The Docker daemon of DOCKER_HOST (DOCKER_TLS_VERIFY, DOCKER_CERT_PATH) as docker.from_env() finds it,
     `timeout` seconds per call. Nothing is asked yet: the first call finds out whether the daemon answers."""
     try:
-        return EngineAPI.from_env(timeout=timeout or _engineapi.DEFAULT_TIMEOUT)
-    except _engineapi.EngineAPIError as exc:
+        return EngineAPI.from_env(timeout=timeout or DEFAULT_TIMEOUT)
+    except EngineAPIError as exc:
         raise DockerUnreachableError(UNREACHABLE % exc)
 
 
@@ -255,11 +272,11 @@ def container_state(attrs):
 
 def refuse_foreign(attrs, name, engine):
     """LaunchError unless the container `name` is narwhal's container of `engine` (its ENGINE_LABEL says so)."""
-    label = container_labels(attrs).get(_plan.ENGINE_LABEL)
+    label = container_labels(attrs).get(ENGINE_LABEL)
     if label != engine:
         raise LaunchError("container %s (%s) is not narwhal's container of %s (label %s=%s); it was left alone: "
                           "rename or remove it (docker rm -f %s) and run again"
-                          % (name, attrs["Id"][:12], engine, _plan.ENGINE_LABEL, label or "(none)", name))
+                          % (name, attrs["Id"][:12], engine, ENGINE_LABEL, label or "(none)", name))
     return attrs
 
 
@@ -268,7 +285,7 @@ def our_container(api, name, engine):
     container of that name that is not ours is refused, never touched."""
     try:
         attrs = api.container(name)
-    except _engineapi.NotFound:
+    except NotFound:
         return None
     return refuse_foreign(attrs, name, engine)
 
@@ -292,6 +309,6 @@ def container_name(role_env_path):
     except LaunchError:
         role_env = read_role_env(role_env_path)
         engine = role(role_env, "NARWHAL_ENGINE")
-        if not _plan.ENGINE_NAME.match(engine):
+        if not ENGINE_NAME.match(engine):
             raise LaunchError("role env NARWHAL_ENGINE=%r must be engine-<n>; rerun install" % engine)
         return "narwhal-%s" % engine

@@ -9,7 +9,11 @@ import pkgutil
 import sys
 import time
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _engineapi, _plan
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import API_KEY_ENV
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.versions import version_tuple
+from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import EngineAPIError, NotFound
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.args import SSM_LAYOUT_ENV
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import ENGINE_LABEL, record_field
 from narwhal_launcher.common import (
     LaunchError,
     check_host,
@@ -37,13 +41,13 @@ def in_image_script():
 def connector_module(vllm_version):
     """The NixlConnector module vLLM imports (VLLM_FACTS: a package `v1.nixl` from 0.28, `v1.nixl_connector`
     before)."""
-    return CONNECTOR_MODULES[0] if _plan.version_tuple(vllm_version) >= (0, 28) else CONNECTOR_MODULES[1]
+    return CONNECTOR_MODULES[0] if version_tuple(vllm_version) >= (0, 28) else CONNECTOR_MODULES[1]
 
 
 def nixl_module(vllm_version, platform):
     """The NIXL module vLLM will import: nixl._api on CUDA/CPU; on ROCm rixl._api (0.14-0.25) or
     nixl_rocm._api (>= 0.28); <= 0.11 always nixl._api."""
-    version = _plan.version_tuple(vllm_version)
+    version = version_tuple(vllm_version)
     if platform != "rocm" or version < (0, 14):
         return "nixl._api"
     return "nixl_rocm._api" if version >= (0, 28) else "rixl._api"
@@ -62,13 +66,13 @@ def check_spec(plan, record):
     """What the check container examines (pure): packages, kv config, modules, the serve argv, the mount, the
     remote-code flag."""
     runtime = record.get("runtime") or {}
-    packages = _plan._field(record, "runtime.expected_packages", dict, allow_empty=False)
+    packages = record_field(record, "runtime.expected_packages", dict, allow_empty=False)
     for name, version in packages.items():
         if not isinstance(version, str) or not version:
             raise LaunchError("launch record runtime.expected_packages.%s=%r must be an exact version string; "
                               "rerun discovery" % (name, version))
-    vllm_version = _plan._field(record, "runtime.vllm_version", str, allow_empty=False)
-    platform = _plan._field(record, "runtime.platform", str)
+    vllm_version = record_field(record, "runtime.vllm_version", str, allow_empty=False)
+    platform = record_field(record, "runtime.platform", str)
     return {
         "packages": sorted(packages),
         "expected_packages": dict(packages),
@@ -80,7 +84,7 @@ def check_spec(plan, record):
         "mount": plan["mounts"][0]["target"],
         "trust_remote_code": "--trust-remote-code" in plan["command"],
         "ssm_conv_state": bool(runtime.get("ssm_conv_state")),
-        "ssm_env": _plan.SSM_LAYOUT_ENV,
+        "ssm_env": SSM_LAYOUT_ENV,
         "marker": CHECK_MARKER,
     }
 
@@ -112,7 +116,7 @@ def decide_check(report, spec, image_id, digest):
     if ok("vllm_api_version"):
         api_version = report["vllm_api_version"]["value"]
         try:
-            same = _plan.version_tuple(api_version)[:3] == _plan.version_tuple(spec["vllm_version"])[:3]
+            same = version_tuple(api_version)[:3] == version_tuple(spec["vllm_version"])[:3]
         except LaunchError:
             same = False
         if not same:
@@ -163,7 +167,7 @@ def decide_check(report, spec, image_id, digest):
         if not (entry.get("ok") and entry.get("value") is True):
             failures.append("launch record runtime.ssm_conv_state is true but the image's vLLM does not know %s "
                             "(vllm.envs.environment_variables; needs vLLM >= 0.22): use a newer image"
-                            % _plan.SSM_LAYOUT_ENV + (" (%s)" % entry["error"] if entry.get("error") else ""))
+                            % SSM_LAYOUT_ENV + (" (%s)" % entry["error"] if entry.get("error") else ""))
         checks.append("ssm_conv_state_layout")
     if failures:
         raise LaunchError("image check failed: " + "; ".join(failures))
@@ -196,7 +200,7 @@ def _image_id(api, ref):
     """The ID the daemon has for image `ref`, or None."""
     try:
         return api.image(ref)["Id"]
-    except _engineapi.NotFound:
+    except NotFound:
         return None
 
 
@@ -226,7 +230,7 @@ def verify_image(api, plan):
 def run_check_container(api, plan, spec):
     """Run in_image.py in a short-lived container of the recorded image ID: no network, the model mount
     read-only, the plan's environment (no API key) and devices; the container is removed afterwards."""
-    environment = {k: v for k, v in plan["environment"].items() if k != _plan.API_KEY_ENV}
+    environment = {k: v for k, v in plan["environment"].items() if k != API_KEY_ENV}
     name = "%s%s-%s" % (CHECK_PREFIX, plan["engine"], os.urandom(4).hex())
     kwargs = {
         "entrypoint": ["python3"],
@@ -239,7 +243,7 @@ def run_check_container(api, plan, spec):
         "security_opt": plan["security_opt"] or None,
         "mounts": [{"target": m["target"], "source": m["source"], "type": m["type"], "read_only": True}
                    for m in plan["mounts"]],
-        "labels": {_plan.ENGINE_LABEL + "-check": plan["engine"]},
+        "labels": {ENGINE_LABEL + "-check": plan["engine"]},
     }
     container = None
     try:
@@ -251,19 +255,19 @@ def run_check_container(api, plan, spec):
         api.start(container)
         try:
             status = api.wait(container, timeout=CHECK_TIMEOUT)
-        except _engineapi.EngineAPIError as exc:  # the timeout, or the daemon went away
+        except EngineAPIError as exc:  # the timeout, or the daemon went away
             raise LaunchError("the image check container %s did not finish within %d s (%s); check the image "
                               "runtime.image_id %s" % (name, CHECK_TIMEOUT, exc, plan["image"]))
         stdout = api.logs(container, stdout=True, stderr=False).decode("utf-8", "replace")
         stderr = api.logs(container, stdout=False, stderr=True).decode("utf-8", "replace")
-    except _engineapi.EngineAPIError as exc:
+    except EngineAPIError as exc:
         raise LaunchError("docker refused the image check container for runtime.image_id %s: %s"
                           % (plan["image"], exc))
     finally:
         if container is not None:
             try:
                 api.remove(container, force=True)
-            except (_engineapi.EngineAPIError, LaunchError):
+            except (EngineAPIError, LaunchError):
                 pass
     report = parse_check_output(stdout)
     if report is None:

@@ -8,7 +8,11 @@ import json
 import os
 import sys
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _plan
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import (
+    PLAN_HASH_LABEL,
+    RUN_ID_LABEL,
+    redacted,
+)
 from narwhal_launcher.common import container_labels, container_state, installed, read_json_file, role
 from narwhal_launcher.status import docker_facts, redact_strings
 
@@ -34,7 +38,7 @@ def preview(role_env_path, out=None):
     name, engine = plan["name"], plan["engine"]
     container, _companions, docker_error = docker_facts(name, engine)
     labels = container_labels(container) if container is not None else {}
-    running_hash, running_run = labels.get(_plan.PLAN_HASH_LABEL), labels.get(_plan.RUN_ID_LABEL)
+    running_hash, running_run = labels.get(PLAN_HASH_LABEL), labels.get(RUN_ID_LABEL)
     action = decide(container, running_hash, digest)
     doc = {"engine": engine, "container": name, "action": action, "docker_error": docker_error,
            "container_state": container_state(container) if container is not None else None,
@@ -46,7 +50,7 @@ def preview(role_env_path, out=None):
         before = read_json_file(os.path.join(runs, running_run, "plan.json")) if running_run else None
         old = (before or {}).get("plan")
         doc["diff"] = list(difflib.unified_diff(
-            plan_lines(old), plan_lines(_plan.redacted(plan)), lineterm="",
+            plan_lines(old), plan_lines(redacted(plan)), lineterm="",
             fromfile="running plan %s (run %s)" % ((running_hash or "?")[:19], running_run or "?"),
             tofile="installed plan %s (run %s)" % (digest[:19], doc["run_id_installed"])))
         if old is None:

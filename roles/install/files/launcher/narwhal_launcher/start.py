@@ -11,7 +11,14 @@ import os
 import sys
 import time
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _engineapi, _plan
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import API_KEY_ENV, redact_text
+from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import EngineAPIError, NotFound
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import (
+    PLAN_HASH_LABEL,
+    RUN_ID_LABEL,
+    create_labels,
+    plan_hash,
+)
 from narwhal_launcher.common import (
     FAILED_SUFFIX,
     PREVIOUS_SUFFIX,
@@ -29,8 +36,8 @@ from narwhal_launcher.common import (
     run_dir,
     write_private,
 )
+from narwhal_launcher.health import NotReadyError, container_logs, probe_url, wait_health, wait_ready
 from narwhal_launcher.image_check import checked_sha256, image_check
-from narwhal_launcher.probe import NotReadyError, container_logs, probe_url, wait_health, wait_ready
 
 STOP_TIMEOUT = 30  # seconds vLLM gets to shut down (SIGTERM) before a replaced container is killed
 DEFAULT_READY_TIMEOUT = 300.0  # seconds a new container gets to become ready (the site's default)
@@ -60,10 +67,10 @@ def create_kwargs(plan, digest, api_key, group_ids=None, run_id=None):
     """Keyword arguments of docker-py's client.containers.create for a plan (the real key injected here only);
     _engineapi.container_config turns them into the create body the SDK sent."""
     environment = dict(plan["environment"])
-    if _plan.API_KEY_ENV in environment:
-        environment[_plan.API_KEY_ENV] = api_key
-    labels = _plan.create_labels(plan, run_id)
-    labels[_plan.PLAN_HASH_LABEL] = digest
+    if API_KEY_ENV in environment:
+        environment[API_KEY_ENV] = api_key
+    labels = create_labels(plan, run_id)
+    labels[PLAN_HASH_LABEL] = digest
     groups = [(group_ids or {}).get(g) for g in plan["group_add"]]
     return {
         "image": plan["image"],
@@ -143,14 +150,14 @@ class Previous:
     def __init__(self, attrs, was_running):
         labels = container_labels(attrs)
         self.id, self.was_running = attrs["Id"], was_running
-        self.plan_hash = labels.get(_plan.PLAN_HASH_LABEL, "")
-        self.run_id = labels.get(_plan.RUN_ID_LABEL, "")
+        self.plan_hash = labels.get(PLAN_HASH_LABEL, "")
+        self.run_id = labels.get(RUN_ID_LABEL, "")
 
 
 def _remove(api, ref, name, note=None):
     try:
         api.remove(ref, force=True)
-    except (_engineapi.EngineAPIError, LaunchError) as exc:
+    except (EngineAPIError, LaunchError) as exc:
         if note is not None:
             note.append("could not remove %s: %s" % (name, exc))
 
@@ -178,7 +185,7 @@ def roll_back(api, plan, role_env, new_id, previous, cause, tail, timeout, inter
     wait for its /health; write rollback.json and raise the one message."""
     name, engine = plan["name"], plan["engine"]
     notes = []
-    failed = {"name": name + FAILED_SUFFIX, "plan_hash": _plan.plan_hash(plan),
+    failed = {"name": name + FAILED_SUFFIX, "plan_hash": plan_hash(plan),
               "run_id": role_env.get("NARWHAL_RUN_ID", ""), "id": new_id, "kept": False}
     if new_id is not None:
         try:
@@ -188,7 +195,7 @@ def roll_back(api, plan, role_env, new_id, previous, cause, tail, timeout, inter
                 _remove(api, older["Id"], failed["name"], notes)
             api.rename(new_id, failed["name"])
             failed["kept"] = True
-        except (_engineapi.EngineAPIError, LaunchError) as exc:
+        except (EngineAPIError, LaunchError) as exc:
             notes.append("could not set the failed container aside: %s" % exc)
     restored = None
     if previous is not None:
@@ -208,8 +215,8 @@ def roll_back(api, plan, role_env, new_id, previous, cause, tail, timeout, inter
                 restored["serving"] = True
         except NotReadyError as exc:
             restored["error"] = exc.cause
-        except (_engineapi.EngineAPIError, LaunchError) as exc:
-            restored["error"] = _plan.redact_text(str(exc))
+        except (EngineAPIError, LaunchError) as exc:
+            restored["error"] = redact_text(str(exc))
     document = {
         "engine": engine, "run_id": failed["run_id"], "cause": cause, "failed_container_id": failed["id"],
         "failed_container_name": failed["name"] if failed["kept"] else None, "failed_plan_hash": failed["plan_hash"],
@@ -226,12 +233,12 @@ def roll_back(api, plan, role_env, new_id, previous, cause, tail, timeout, inter
 
 def refused(plan, exc, api_key, created):
     """The NotReadyError of a create or start Docker refused (`created`: the create had succeeded)."""
-    if isinstance(exc, _engineapi.NotFound) and not created:  # the image went away since the image check
+    if isinstance(exc, NotFound) and not created:  # the image went away since the image check
         message = ("launch record runtime.image_id %s is not on this host; load the recorded image (%s) or rerun "
                    "discovery" % (plan["image"], plan["image_ref"]))
         return NotReadyError(message, message)
     return NotReadyError("docker refused container %s: %s" % (plan["name"], exc),
-                         "docker refused to start it: %s" % _plan.redact_text(str(exc), (api_key,)))
+                         "docker refused to start it: %s" % redact_text(str(exc), (api_key,)))
 
 
 def start(role_env_path, force=False, out=None, ready_timeout=None, interval=1.0):
@@ -252,7 +259,7 @@ def start(role_env_path, force=False, out=None, ready_timeout=None, interval=1.0
         refuse_foreign(existing, plan["name"], plan["engine"])
     previous, seen = None, {}
     if existing is not None and container_state(existing) == "running" \
-            and container_labels(existing).get(_plan.PLAN_HASH_LABEL) == digest and not force:
+            and container_labels(existing).get(PLAN_HASH_LABEL) == digest and not force:
         container_id, action = existing["Id"], "unchanged"
         # it must still serve this run's checked version (what `probe-version` does): nothing was changed, so a
         # failure is only reported (exit 2), never rolled back
@@ -271,7 +278,7 @@ def start(role_env_path, force=False, out=None, ready_timeout=None, interval=1.0
                 kwargs = create_kwargs(plan, digest, api_key, prepared.group_ids, run_id)
                 container_id = api.create(kwargs.pop("name"), api.config(**kwargs))["Id"]
                 api.start(container_id)
-            except _engineapi.EngineAPIError as exc:
+            except EngineAPIError as exc:
                 raise refused(plan, exc, api_key, container_id is not None)
             wait_ready(role_env, container_id, checked, digest, timeout, directory, interval=interval, api=api,
                        secret=api_key, seen=seen)
@@ -279,7 +286,7 @@ def start(role_env_path, force=False, out=None, ready_timeout=None, interval=1.0
             if isinstance(exc, NotReadyError):
                 cause, tail = exc.cause, exc.tail
             else:
-                cause = _plan.redact_text(" ".join(str(exc).split()) or type(exc).__name__, (api_key,))
+                cause = redact_text(" ".join(str(exc).split()) or type(exc).__name__, (api_key,))
                 tail = container_logs(api, container_id, api_key, LOG_LINES) if container_id else None
             roll_back(api, plan, role_env, container_id, previous, cause, tail, timeout, interval, api_key)
         if previous is not None:

@@ -11,7 +11,14 @@ import os
 import sys
 import time
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _plan, _probe
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.nixl_metrics import metric_sum, nixl_counters
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import redact_text
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import (
+    ENGINE_LABEL,
+    PLAN_HASH_LABEL,
+    RUN_ID_LABEL,
+    role_port,
+)
 from narwhal_launcher.common import (
     PREVIOUS_SUFFIX,
     LaunchError,
@@ -24,7 +31,7 @@ from narwhal_launcher.common import (
     read_json_file,
     role,
 )
-from narwhal_launcher.probe import _http_get, probe_url
+from narwhal_launcher.health import http_get, probe_url
 from narwhal_launcher.start import ROLLBACK_FILE
 
 HTTP_TIMEOUT = 5.0  # seconds per HTTP call: status answers quickly even when the engine hangs
@@ -78,7 +85,7 @@ def derive_problems(doc):
         problems.append("container %s does not exist: %s is not started (run launch)" % (name, doc["engine"]))
     elif not container.get("ours"):
         problems.append("container %s is not narwhal's container of %s (label %s=%s)"
-                        % (name, doc["engine"], _plan.ENGINE_LABEL, container.get("engine_label") or "(none)"))
+                        % (name, doc["engine"], ENGINE_LABEL, container.get("engine_label") or "(none)"))
     else:
         state, code, restarts = container.get("state"), container.get("exit_code"), container.get("restart_count")
         if state == "restarting":
@@ -91,7 +98,7 @@ def derive_problems(doc):
         running, installed_hash = doc.get("plan_hash_running"), doc.get("plan_hash_installed")
         if not running:
             problems.append("container %s carries no %s label: it was not started by this launcher"
-                            % (name, _plan.PLAN_HASH_LABEL))
+                            % (name, PLAN_HASH_LABEL))
         elif running != installed_hash:
             problems.append("running plan %s (run %s) differs from the installed run's %s (run %s); run launch to "
                             "apply the installed run" % (_short(running), doc.get("run_id_running") or "?",
@@ -159,7 +166,7 @@ def verdict(doc):
 def _get(url):
     """(status, body, error) of one bounded GET."""
     try:
-        status, body = _http_get(url, timeout=HTTP_TIMEOUT)
+        status, body = http_get(url, timeout=HTTP_TIMEOUT)
         return status, body, None
     except OSError as exc:
         return None, b"", str(getattr(exc, "reason", exc))
@@ -184,8 +191,8 @@ def http_facts(role_env, expected, address=None):
     status, body, error = _get(metrics_url)
     nixl = {"url": metrics_url, "error": error if status is None else None if status == 200 else "HTTP %s" % status}
     text = body.decode("utf-8", "replace") if status == 200 else ""
-    nixl.update(_probe.nixl_counters(text))
-    nixl["failed_notifications"] = _probe.metric_sum(text, "vllm:nixl_num_failed_notifications_total")
+    nixl.update(nixl_counters(text))
+    nixl["failed_notifications"] = metric_sum(text, "vllm:nixl_num_failed_notifications_total")
     return health, version, nixl
 
 
@@ -199,8 +206,8 @@ def port_table(role_env, paths=PROC_NET):
             errors.append("%s: %s" % (path, exc.strerror or exc))
     if len(errors) == len(paths):
         return {"error": "; ".join(errors)}
-    return {"http": port_facts(sockets, _plan._port(role_env, "NARWHAL_HTTP_PORT")),
-            "side_channel": port_facts(sockets, _plan._port(role_env, "NARWHAL_SIDE_CHANNEL_PORT")), "error": None}
+    return {"http": port_facts(sockets, role_port(role_env, "NARWHAL_HTTP_PORT")),
+            "side_channel": port_facts(sockets, role_port(role_env, "NARWHAL_SIDE_CHANNEL_PORT")), "error": None}
 
 
 def container_facts(container, engine):
@@ -213,7 +220,7 @@ def container_facts(container, engine):
     return {"name": container["Name"].lstrip("/"), "id": container["Id"], "state": status,
             "running": status == "running", "restart_count": container.get("RestartCount") or 0,
             "started_at": state.get("StartedAt"), "exit_code": state.get("ExitCode"),
-            "ours": labels.get(_plan.ENGINE_LABEL) == engine, "engine_label": labels.get(_plan.ENGINE_LABEL),
+            "ours": labels.get(ENGINE_LABEL) == engine, "engine_label": labels.get(ENGINE_LABEL),
             "image_id": container.get("Image")}
 
 
@@ -230,7 +237,7 @@ def docker_facts(name, engine):
         return None, [], "%s: %s" % (type(exc).__name__, exc)
     found.pop(name)
     others = [{"name": each, "id": c["Id"], "state": container_state(c),
-               "ours": container_labels(c).get(_plan.ENGINE_LABEL) == engine,
+               "ours": container_labels(c).get(ENGINE_LABEL) == engine,
                "role": "previous" if each.endswith(PREVIOUS_SUFFIX) else "failed"}
               for each, c in found.items() if c is not None]
     return (main, others, None)
@@ -268,8 +275,8 @@ def collect(role_env_path, address=None):
     doc = {
         "engine": engine, "container_name": name, "container": facts, "companions": companions,
         "docker_error": docker_error,
-        "plan_hash_running": labels.get(_plan.PLAN_HASH_LABEL), "plan_hash_installed": digest,
-        "run_id_running": labels.get(_plan.RUN_ID_LABEL), "run_id_installed": role_env.get("NARWHAL_RUN_ID", ""),
+        "plan_hash_running": labels.get(PLAN_HASH_LABEL), "plan_hash_installed": digest,
+        "run_id_running": labels.get(RUN_ID_LABEL), "run_id_installed": role_env.get("NARWHAL_RUN_ID", ""),
         "image_id_running": facts and facts["image_id"], "image_id_planned": plan["image"],
         "run_dir": directory,
         "deployment": deployment and {k: deployment.get(k)
@@ -284,7 +291,7 @@ def collect(role_env_path, address=None):
 def redact_strings(value):
     """Every string in a JSON-like value redacted (before dumping: redacting the dumped text could cut a quote)."""
     if isinstance(value, str):
-        return _plan.redact_text(value)
+        return redact_text(value)
     if isinstance(value, dict):
         return {k: redact_strings(v) for k, v in value.items()}
     if isinstance(value, list):

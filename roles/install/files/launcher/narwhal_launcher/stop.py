@@ -3,7 +3,7 @@ engine label names this engine are touched; a container of one of those names th
 before anything is stopped. Idempotent: nothing there prints `absent`."""
 import sys
 
-from ansible_collections.narwhal.deploy.plugins.module_utils import _engineapi
+from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import NotFound
 from narwhal_launcher import start as _start
 from narwhal_launcher.common import (
     companions,
@@ -28,7 +28,7 @@ def stop(role_env_path, out=None):
         try:
             api.stop(container["Id"], timeout=_start.STOP_TIMEOUT)  # start's grace period, read at call time
             api.remove(container["Id"], force=True)
-        except _engineapi.NotFound:
+        except NotFound:
             continue  # gone meanwhile: what stop wants
         done.append((each, container["Id"]))
         print("stopped %s %s" % (each, container["Id"]), file=out or sys.stdout)

@@ -1,0 +1,46 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""NIXL's Prometheus counters of an engine's /metrics (vLLM's NixlConnector stats), read by the transfer
+probe and by status.
+"""
+
+from __future__ import annotations
+
+import re
+
+__metaclass__ = type
+
+METRIC = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfINFaN]+)\s*$")
+
+
+def metric_sum(text, name):
+    """Sum of every sample of `name` (all label sets) in Prometheus text; None when absent."""
+    total, seen = 0.0, False
+    for line in (text or "").splitlines():
+        m = METRIC.match(line.strip())
+        if m and m.group(1) == name:
+            total += float(m.group(3))
+            seen = True
+    return total if seen else None
+
+
+def nixl_counters(text):
+    """The consumer's counters that the verdict reads: NIXL bytes and transfers (a histogram's _sum / _count),
+    failed transfers, prompt tokens loaded by KV transfer, and finished requests (every finish reason)."""
+    return {
+        "bytes_transferred": metric_sum(text, "vllm:nixl_bytes_transferred_sum"),
+        "transfers": metric_sum(text, "vllm:nixl_bytes_transferred_count"),
+        "failed_transfers": metric_sum(text, "vllm:nixl_num_failed_transfers_total"),
+        "external_prompt_tokens": _labelled(text, "vllm:prompt_tokens_by_source_total", "external_kv_transfer"),
+        "finished_requests": metric_sum(text, "vllm:request_success_total"),
+    }
+
+
+def _labelled(text, name, source):
+    total, seen = 0.0, False
+    for line in (text or "").splitlines():
+        m = METRIC.match(line.strip())
+        if m and m.group(1) == name and ('source="%s"' % source) in (m.group(2) or ""):
+            total += float(m.group(3))
+            seen = True
+    return total if seen else None

@@ -1,0 +1,182 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Discovery part 1, pure planning: node addresses, engine/attestation URLs, deployment.env, fleet.
+
+Input: validated inputs (_inputs.load_inputs), the engine names of the play and each engine host's
+narwhal_interface facts. Output: the deployment.env entries, the fleet records and a summary table.
+Every refusal raises InputError naming the .env key or the host, and the fix.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import engine_number
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.urls import attestation_url, engine_url
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.validate import parse_url
+
+__metaclass__ = type
+
+
+# `ip` operstates of a link that carries no traffic (UNKNOWN, e.g. of some virtual links, is not refused)
+DOWN_STATES = ("DOWN", "LOWERLAYERDOWN", "NOTPRESENT")
+
+
+# deployment.env values, as python-dotenv and a shell both read them unquoted: nothing that ends a line, quotes,
+# comments (#), expands ($, `), escapes (\) or splits words
+ENV_VALUE = re.compile(r"^[A-Za-z0-9._:/\[\]@%+,=~-]*$")
+
+
+def node_interface(inputs, n):
+    return inputs["nodes"].get(n, {}).get("FABRIC_INTERFACE") or inputs["site"]["NARWHAL_FABRIC_INTERFACE"]
+
+
+def select_address(n, host, interface, facts, family, explicit=None):
+    """The node's fabric address: an explicit NARWHAL_NODE_<n>_IP wins (it must be on the interface),
+    otherwise exactly one usable global address of the bind family."""
+    usable = [a for a in facts.get("addresses", []) if a.get("usable")]
+    key = "NARWHAL_NODE_%d_IP" % n
+    if explicit:
+        present = [a["address"] for a in facts.get("addresses", [])]
+        if explicit not in [str(ipaddress.ip_address(a)) for a in present if _is_ip(a)]:
+            raise InputError(key, "%s is not an address of %s on %s (it has: %s); set %s to one of its "
+                                  "global addresses, or use NARWHAL_NODE_%d_URL for another reachable address"
+                             % (explicit, interface, host, ", ".join(present) or "none", key, n))
+        match = [a for a in facts["addresses"] if _is_ip(a["address"]) and
+                 str(ipaddress.ip_address(a["address"])) == explicit][0]
+        if not match["usable"]:
+            raise InputError(key, "%s on %s of %s is not usable (%s); choose a global, preferred address"
+                             % (explicit, interface, host, match["reason"]))
+        return explicit
+    candidates = [a["address"] for a in usable if a["family"] == family]
+    if not candidates:
+        others = ", ".join("%s (%s)" % (a["address"], a["reason"] or a["family"]) for a in facts.get("addresses", []))
+        raise InputError("NARWHAL_FABRIC_INTERFACE" if not facts.get("per_node") else
+                         "NARWHAL_NODE_%d_FABRIC_INTERFACE" % n,
+                         "interface %s on host %s has no usable global %s address (addresses: %s); assign one, "
+                         "choose another interface, or change NARWHAL_BIND_FAMILY"
+                         % (interface, host, family, others or "none"))
+    if len(candidates) > 1:
+        raise InputError(key, "interface %s on host %s has %d global %s addresses (%s); set %s to the one "
+                              "engines must use" % (interface, host, len(candidates), family,
+                                                    ", ".join(candidates), key))
+    return candidates[0]
+
+
+def _is_ip(value):
+    try:
+        ipaddress.ip_address(value)
+        return True
+    except ValueError:
+        return False
+
+
+def _override(n, node, kind, port_key, default_url, port):
+    key = "NARWHAL_NODE_%d_%s" % (n, kind)
+    url = node.get(kind)
+    if not url:
+        return default_url
+    url_port = parse_url(key, url)[2]
+    if url_port != port:
+        raise InputError(key, "%s uses port %d but node %d's %s port is %d; set NARWHAL_NODE_%d_%s=%d "
+                              "(or correct the URL)" % (url, url_port, n, port_key.split("_")[0].lower(),
+                                                        port, n, port_key, url_port))
+    return url
+
+
+def build_fleet(inputs, engines, interfaces):
+    """-> {"nodes": [...], "deployment_env": [(key, value)...], "fleet": [...], "table": [...]}."""
+    site = inputs["site"]
+    family = site["NARWHAL_BIND_FAMILY"]
+    numbers = {}
+    for name in engines:
+        numbers[engine_number(name)] = name
+    for n in sorted(inputs["nodes"]):
+        if n not in numbers and inputs["nodes"][n]:
+            names = ["NARWHAL_NODE_%d_%s" % (n, k) for k in sorted(inputs["nodes"][n])]
+            key = "NARWHAL_NODE_%d_ROLE" % n if "ROLE" in inputs["nodes"][n] else names[0]
+            raise InputError(key, "is set but the inventory has no engine-%d in group engines (it has %s), so %s "
+                                  "would configure nothing; add the host to group engines or remove %s from .env"
+                             % (n, ", ".join(numbers[m] for m in sorted(numbers)) or "none", ", ".join(names),
+                                "it" if len(names) == 1 else "them"))
+    nodes = []
+    for n in sorted(numbers):
+        host = numbers[n]
+        node = inputs["nodes"].get(n, {})
+        if not node.get("ROLE"):
+            raise InputError("NARWHAL_NODE_%d_ROLE" % n,
+                             "inventory host %s has no fleet role; set NARWHAL_NODE_%d_ROLE=prefill or decode"
+                             % (host, n))
+        interface = node_interface(inputs, n)
+        facts = dict(interfaces.get(host) or {})
+        facts["per_node"] = "FABRIC_INTERFACE" in node
+        if str(facts.get("operstate") or "").upper() in DOWN_STATES:
+            key = "NARWHAL_NODE_%d_FABRIC_INTERFACE" % n if facts["per_node"] else "NARWHAL_FABRIC_INTERFACE"
+            raise InputError(key, "interface %s on host %s is down (ip reports operstate %s), so its addresses carry "
+                                  "no traffic and must not go into the records; bring the link up (cable, switch "
+                                  "port, 'ip link set %s up') or choose another interface, then rerun discovery"
+                             % (interface, host, facts["operstate"], interface))
+        address = select_address(n, host, interface, facts, family, node.get("IP"))
+        engine_port = node.get("ENGINE_PORT") or site["NARWHAL_ENGINE_PORT"]
+        attest_port = node.get("ATTEST_PORT") or site["NARWHAL_ATTEST_PORT"]
+        url = _override(n, node, "URL", "ENGINE_PORT", engine_url(address, engine_port), engine_port)
+        att = _override(n, node, "ATTESTATION_URL", "ATTEST_PORT", attestation_url(address, attest_port),
+                        attest_port)
+        nodes.append({"n": n, "engine": host, "role": node["ROLE"], "interface": interface,
+                      "address": address, "engine_port": engine_port, "attest_port": attest_port,
+                      "url": url, "attestation_url": att, "host_id": facts.get("host_id") or host})
+    if len(nodes) < 2:
+        raise InputError("engines", "the fleet has %d engine(s); prefill/decode needs at least two "
+                                    "(engine-1 prefill, engine-2 decode): add hosts to group engines" % len(nodes))
+    for role in ("prefill", "decode"):
+        if not any(x["role"] == role for x in nodes):
+            raise InputError("NARWHAL_NODE_<n>_ROLE", "no engine has role %s; set NARWHAL_NODE_<n>_ROLE=%s for "
+                                                      "at least one engine" % (role, role))
+    _check_shared_hosts(nodes)
+    env = []
+    for x in nodes:
+        p = "NARWHAL_NODE_%d_" % x["n"]
+        env += [(p + "IP", x["address"]), (p + "URL", x["url"]), (p + "ATTESTATION_URL", x["attestation_url"]),
+                (p + "ENGINE_PORT", str(x["engine_port"])), (p + "ATTEST_PORT", str(x["attest_port"])),
+                (p + "ROLE", x["role"]), (p + "FABRIC_INTERFACE", x["interface"])]
+    fleet = [{"iid": "n%d" % x["n"], "engine": x["engine"], "url": "${NARWHAL_NODE_%d_URL}" % x["n"],
+              "attestation_url": "${NARWHAL_NODE_%d_ATTESTATION_URL}" % x["n"], "role": x["role"]}
+             for x in nodes]
+    table = [{"engine": x["engine"], "interface": x["interface"], "address": x["address"], "url": x["url"],
+              "attestation_url": x["attestation_url"], "role": x["role"]} for x in nodes]
+    return {"nodes": nodes, "deployment_env": env, "fleet": fleet, "table": table}
+
+
+def _check_shared_hosts(nodes):
+    seen = {}
+    for x in nodes:
+        if x["engine_port"] == x["attest_port"]:
+            raise InputError("NARWHAL_NODE_%d_ATTEST_PORT" % x["n"],
+                             "%s would serve the engine and the attestation sidecar on the same port %d; "
+                             "give them different ports" % (x["engine"], x["engine_port"]))
+        for kind, port in (("engine", x["engine_port"]), ("attestation", x["attest_port"])):
+            for key in ((x["host_id"], port), ("addr", x["address"], port)):
+                other = seen.get(key)
+                if other and other[0] != x["engine"]:
+                    raise InputError(
+                        "NARWHAL_NODE_%d_%s" % (x["n"], "ENGINE_PORT" if kind == "engine" else "ATTEST_PORT"),
+                        "%s and %s share a host and both use port %d (%s %s); give each engine on one host "
+                        "its own ports with NARWHAL_NODE_<n>_ENGINE_PORT / _ATTEST_PORT"
+                        % (other[0], x["engine"], port, other[1], kind))
+                seen[key] = (x["engine"], kind)
+
+
+def render_env(entries, header):
+    """deployment.env: KEY=VALUE lines read by python-dotenv (scripts/narwhal-fleet, the fleet lookup) and
+    shells. A value that could add a line, be expanded or be read differently unquoted is refused by key."""
+    lines = ["# %s" % line for line in header]
+    for key, value in entries:
+        value = str(value)
+        if not re.match(r"^[A-Z][A-Z0-9_]*$", key) or not ENV_VALUE.match(value):
+            raise InputError(key, "%r cannot be written into deployment.env as one plain KEY=VALUE line (only letters, "
+                                  "digits and . _ : / [ ] @ %% + , = ~ -); correct the input it comes from in .env, "
+                                  "then rerun discovery" % value)
+        lines.append("%s=%s" % (key, value))
+    return "\n".join(lines) + "\n"

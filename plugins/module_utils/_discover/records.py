@@ -1,0 +1,432 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Discovery part 2, pure planning: one launch record per engine from host, image and model inspection
+plus the launch policy in .env (seed §15-16, ARCHITECTURE.md §6).
+
+GPU numbering rule: the launcher gives a container only its engine's GPUs (NVIDIA: a device request for
+those GPUs; ROCm: only their render/card nodes), and the runtime numbers them from 0 inside, so host indices
+in the visibility variable would pick the wrong GPUs or none. `gpu_ids` (the value of the visibility
+variable) are therefore:
+- NVIDIA: the GPUs' UUIDs (GPU-...) when every allocated GPU has a unique, unmasked UUID -- valid in
+  CUDA_VISIBLE_DEVICES whatever the numbering -- otherwise the container-relative indices 0..n-1;
+- AMD: the container-relative indices 0..n-1 (ROCr enumerates only the GPUs whose render nodes the
+  container has, in host order; the unique-ID spelling ROCR_VISIBLE_DEVICES accepts differs between the
+  tools and ROCm releases, so it is not relied on).
+`gpu_host_indices` keep the host indices that the device request / device mapping uses.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError, PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import is_secret_name
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.versions import release_tuple
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.words import split_args
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover.kv_pages import kv_cache_pages
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.model import record_geometry
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.args import (
+    MANAGED_ENV,
+    VISIBILITY_BY_VENDOR,
+    check_args,
+    parse_env_words,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import container_spec, ucx_tls
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import role_environment
+
+__metaclass__ = type
+
+VISIBILITY_ENV = VISIBILITY_BY_VENDOR
+
+
+# vLLM's CPU attention backend (CPU_ATTN) supports block sizes that are multiples of 32 (seen in 0.32.0).
+CPU_BLOCK_MULTIPLE = 32
+
+
+def _masked(uuid):
+    hexdigits = "".join(ch for ch in (uuid or "") if ch in "0123456789abcdefABCDEF")
+    return not hexdigits.strip("0")
+
+
+def visibility_ids(vendor, gpus, host_gpus):
+    """-> (gpu_ids, reason). UUIDs when unique and unmasked on the host, else container-relative indices."""
+    all_uuids = [g.get("uuid") for g in host_gpus]
+    chosen = [g.get("uuid") for g in gpus]
+    relative = [str(i) for i in range(len(gpus))]
+    if vendor == "amd":
+        return relative, ("container-relative indices 0..%d: the container has only the render nodes of its %d "
+                          "GPU(s), which ROCr numbers from 0 in host order" % (len(gpus) - 1, len(gpus)))
+    if all(u and str(u).startswith("GPU-") and not _masked(u[4:]) and all_uuids.count(u) == 1 for u in chosen):
+        return chosen, "GPU UUIDs: every allocated GPU has a unique UUID, valid whatever the container numbering"
+    return relative, (
+        "container-relative indices 0..%d: UUIDs are missing, masked or duplicated on this host, and the "
+        "container sees only its %d GPU(s), numbered from 0" % (len(gpus) - 1, len(gpus)))
+
+
+def allocate_gpus(engine, n, node_policy, site, host_gpus, taken):
+    """-> (gpus, reason). `taken` maps host index -> engine for engines already placed on this host."""
+    key_ids = "NARWHAL_NODE_%d_GPU_IDS" % n
+    by_index = dict((g["index"], g) for g in host_gpus)
+    if not host_gpus:
+        raise InputError(engine, "no GPU was found on %s (nvidia-smi / amd-smi / rocm-smi report none); check "
+                                 "the driver and tools on the host, or use a CPU image" % engine)
+    explicit = node_policy.get("GPU_IDS")
+    if explicit:
+        missing = [i for i in explicit if i not in by_index]
+        if missing:
+            raise InputError(key_ids, "GPU index %s does not exist on %s (it has %s); correct %s"
+                             % (",".join(map(str, missing)), engine, ",".join(map(str, sorted(by_index))), key_ids))
+        clash = [i for i in explicit if i in taken]
+        if clash:
+            raise InputError(key_ids, "GPU %s of %s is already given to %s on the same host; give each engine its "
+                                      "own GPUs" % (",".join(map(str, clash)), engine, taken[clash[0]]))
+        return [by_index[i] for i in explicit], "%s=%s" % (key_ids, ",".join(map(str, explicit)))
+    free = [g for g in sorted(host_gpus, key=lambda g: g["index"]) if g["index"] not in taken]
+    want = site["NARWHAL_GPUS_PER_ENGINE"]
+    if want == "all":
+        if not free:
+            raise InputError("NARWHAL_GPUS_PER_ENGINE", "no free GPU left on %s's host (all given to %s); set "
+                                                        "NARWHAL_GPUS_PER_ENGINE or NARWHAL_NODE_<n>_GPU_IDS"
+                             % (engine, ", ".join(sorted(set(taken.values())))))
+        return free, "NARWHAL_GPUS_PER_ENGINE=all: every free GPU of the host"
+    if len(free) < want:
+        raise InputError("NARWHAL_GPUS_PER_ENGINE", "%s needs %d GPU(s) but its host has only %d free (%d in all%s); "
+                                                    "lower NARWHAL_GPUS_PER_ENGINE or set %s"
+                         % (engine, want, len(free), len(host_gpus),
+                            ", others taken by " + ", ".join(sorted(set(taken.values()))) if taken else "", key_ids))
+    return free[:want], "NARWHAL_GPUS_PER_ENGINE=%d: the lowest free indices of the host" % want
+
+
+def choose_rdma(engine, n, node_policy, site, rdma, gpus):
+    """-> (net_devices, devices, reason) for ucx_rdma.
+
+    auto: every rail the engine's GPUs are nearest to (see :func:`nearest_rails`); an explicit
+    NARWHAL_RDMA_DEVICES / NARWHAL_NODE_<n>_RDMA_DEVICES list is taken as given, each port checked active."""
+    key = "NARWHAL_NODE_%d_RDMA_DEVICES" % n if node_policy.get("RDMA_DEVICES") else "NARWHAL_RDMA_DEVICES"
+    wanted = node_policy.get("RDMA_DEVICES") or site["NARWHAL_RDMA_DEVICES"] or "auto"
+    hcas = dict((h["name"], h) for h in (rdma or {}).get("hcas", []))
+    active = [(h, p) for h in hcas.values() for p in h.get("ports", []) if p.get("active")]
+    if not active:
+        raise InputError("NARWHAL_TRANSPORT", "ucx_rdma needs an active HCA port, but %s has none (%s); bring a "
+                                              "port up or use NARWHAL_TRANSPORT=ucx_tcp"
+                         % (engine, ", ".join(sorted(hcas)) or "no HCA found"))
+    if wanted == "auto":
+        picked, reason = nearest_rails(active, gpus)
+        reason = "%s=auto, %s" % (key, reason)
+    else:
+        picked = []
+        for item in [x.strip() for x in wanted.split(",") if x.strip()]:
+            name, _sep, port_s = item.partition(":")
+            hca = hcas.get(name)
+            port = None
+            if hca and port_s.isdigit():
+                port = next((p for p in hca.get("ports", []) if p["port"] == int(port_s)), None)
+            if port is None:
+                raise InputError(key, "%s is not an HCA:port of %s (it has %s); correct %s" % (
+                    item, engine, ", ".join("%s:%d" % (h["name"], p["port"]) for h, p in active) or "none", key))
+            if not port.get("active"):
+                raise InputError(key, "%s on %s is %s, not active; choose an active port"
+                                 % (item, engine, port.get("state")))
+            picked.append((hca, port))
+        reason = "%s=%s" % (key, wanted)
+    devices = []
+    for hca, _port in picked:
+        if not hca.get("uverbs"):
+            raise InputError(key, "the uverbs device of %s on %s is unknown (no /sys/class/infiniband_verbs entry); "
+                                  "check the RDMA drivers (ib_uverbs) on the host" % (hca["name"], engine))
+        if hca["uverbs"] not in devices:
+            devices.append(hca["uverbs"])
+    if not (rdma or {}).get("rdma_cm"):
+        raise InputError("NARWHAL_TRANSPORT", "%s has no /dev/infiniband/rdma_cm; load rdma_ucm on the host or use "
+                                              "ucx_tcp" % engine)
+    devices.append(rdma["rdma_cm"])
+    return ["%s:%d" % (h["name"], p["port"]) for h, p in picked], devices, reason
+
+
+def _natural(name):
+    import re
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def _pci_shared(a, b):
+    """How many leading elements two PCI paths (root bus, root port, switch ports...) share; 0 if one is unknown."""
+    a, b = a or [], b or []
+    shared = 0
+    while shared < min(len(a), len(b)) and a[shared] == b[shared]:
+        shared += 1
+    return shared
+
+
+def _rail_rank(hca, port, path, numa, served):
+    """Sort key of an active (HCA, port) for one GPU: nearest first (see nearest_rails)."""
+    return (-_pci_shared(path, hca.get("pci_path")),
+            0 if numa is not None and hca.get("numa_node") == numa else 1,
+            0 if port.get("link_layer") == "InfiniBand" else 1,
+            len(served.get("%s:%d" % (hca["name"], port["port"]), [])),
+            _natural(hca["name"]), port["port"])
+
+
+def _rail_why(gpu, hca, numa):
+    """Why a port is the nearest one of a GPU, in words."""
+    path = gpu.get("pci_path")
+    shared = _pci_shared(path, hca.get("pci_path"))
+    if shared >= 3:
+        return "same PCIe switch %s" % path[shared - 1]
+    if shared == 2:
+        return "same PCIe root port %s" % path[1]
+    if numa is not None and hca.get("numa_node") == numa:
+        return "NUMA node %s (%s)" % (numa, "PCIe path unknown" if not path
+                                      else "PCIe path of %s unknown" % hca["name"] if not hca.get("pci_path")
+                                      else "no active port shares its PCIe switch")
+    if shared == 1:
+        return "same PCIe root complex %s" % path[0]
+    return ("no active port on NUMA node %s or below its PCIe switch" % numa if numa is not None
+            else "NUMA node and PCIe path unknown")
+
+
+def nearest_rails(active, gpus):
+    """NARWHAL_RDMA_DEVICES=auto -> ([(hca, port)] deduplicated in GPU order, reason).
+
+    For each allocated GPU, in order, the nearest active port: the one behind the deepest PCIe switch it shares
+    with the GPU (longest common prefix of their sysfs PCI paths: switch, then root port, then root complex),
+    then on the GPU's NUMA node, then InfiniBand before Ethernet, then the one serving the fewest of the
+    engine's GPUs so far (equally near GPUs spread over equally near rails), then natural name order. GPUs
+    share a port when there are fewer rails than GPUs. Without PCI paths this is the NUMA rule, per GPU; a GPU
+    of unknown NUMA node counts as on the node most of the engine's GPUs are on."""
+    numas = [g.get("numa_node") for g in gpus if g.get("numa_node") is not None]
+    engine_numa = sorted(set(numas), key=lambda x: (-numas.count(x), x))[0] if numas else None
+    if not gpus:
+        hca, port = min(active, key=lambda hp: _rail_rank(hp[0], hp[1], None, None, {}))
+        return [(hca, port)], "the engine has no GPU: %s:%d, the first active port (InfiniBand first)" % (
+            hca["name"], port["port"])
+    served, picked, lines = {}, [], []
+    for gpu in gpus:
+        numa = gpu.get("numa_node") if gpu.get("numa_node") is not None else engine_numa
+        path = gpu.get("pci_path")
+        hca, port = min(active, key=lambda hp: _rail_rank(hp[0], hp[1], path, numa, served))
+        name = "%s:%d" % (hca["name"], port["port"])
+        why = _rail_why(gpu, hca, numa)
+        if port.get("link_layer") != "InfiniBand":
+            why += ", %s (no InfiniBand port as near)" % (port.get("link_layer") or "link layer unknown")
+        if served.get(name):
+            why += ", shared with GPU %s" % ", ".join(str(i) for i in served[name])
+        else:
+            picked.append((hca, port))
+        served.setdefault(name, []).append(gpu.get("index"))
+        label = "GPU %s (%s)" % (gpu.get("index"), gpu["pci_bus_id"]) if gpu.get("pci_bus_id") else \
+            "GPU %s" % gpu.get("index")
+        lines.append("%s -> %s: %s" % (label, name, why))
+    return picked, "the nearest active port of each GPU: " + "; ".join(lines)
+
+
+def check_extra_args(key, words):
+    """Refuse launcher-managed flags in an extra-arguments input, in the planner's words, naming `key`."""
+    try:
+        return check_args(words, key)
+    except PlanError as exc:
+        raise InputError(key, str(exc))
+
+
+def site_environment(text, key="NARWHAL_ENGINE_ENV"):
+    """NARWHAL_ENGINE_ENV -> {name: value}; launcher-managed and secret-looking names refused (the planner's
+    rule, naming `key`)."""
+    try:
+        return parse_env_words(text, key)
+    except PlanError as exc:
+        raise InputError(key, str(exc))
+
+
+def _checked_args(key, text):
+    try:
+        return check_extra_args(key, split_args(text, key))
+    except PlanError as exc:
+        raise InputError(key, str(exc))
+
+
+def _words(words):
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def _flags(words):
+    return [w.split("=", 1)[0].replace("_", "-") for w in words if w.startswith("--")]
+
+
+def _engine_args(n, node_policy, site, model):
+    """-> (extra_args, source): derived flags + NARWHAL_EXTRA_ARGS + NARWHAL_ENGINE_ARGS +
+    NARWHAL_NODE_<n>_EXTRA_ARGS, in that order, so that vLLM's parser (the last occurrence wins) gives the
+    node's value of a flag the site also sets, and the derived flags are kept whatever the extras say."""
+    node_key = "NARWHAL_NODE_%d_EXTRA_ARGS" % n
+    site_parts = [(key, _checked_args(key, site.get(key))) for key in ("NARWHAL_EXTRA_ARGS", "NARWHAL_ENGINE_ARGS")]
+    site_args = [word for _key, words in site_parts for word in words]
+    node_args = _checked_args(node_key, node_policy.get("EXTRA_ARGS"))
+    derived = ["--trust-remote-code"] if model.get("trust_remote_code") else []
+    parts = []
+    if derived:
+        parts.append("derived --trust-remote-code (auto_map in the checkpoint's model or tokenizer config)")
+    parts += ["%s (%s)" % (key, _words(words)) for key, words in site_parts if words]
+    if node_args:
+        repeated = sorted(set(_flags(site_args)) & set(_flags(node_args)))
+        parts.append("%s (%s)%s" % (node_key, _words(node_args),
+                                    "; the node's %s wins over the site's (vLLM takes the last)" % ", ".join(repeated)
+                                    if repeated else ""))
+    source = " + ".join(parts) if parts else (
+        "none (no derived flag, NARWHAL_EXTRA_ARGS, NARWHAL_ENGINE_ARGS and %s unset)" % node_key)
+    return derived + site_args + node_args, source
+
+
+def build_record(node, site, node_policy, host, image, model, fleet_entry, taken, side_port):
+    """One engine's launch record. `host` = {"gpus": narwhal_gpus, "rdma": narwhal_rdma}; `taken` = GPUs of
+    engines already placed on this physical host (mutated)."""
+    engine, n = node["engine"], node["n"]
+    platform = image.get("platform")
+    image_key = "NARWHAL_NODE_%d_IMAGE" % n if node_policy.get("IMAGE") else "NARWHAL_IMAGE"
+    gpus_facts = host.get("gpus") or {"vendor": "none", "gpus": [], "devices": []}
+    sources = {}
+    if platform == "cpu":
+        gpus, vendor, gpu_ids, reason_vis = [], "cpu", [], "CPU image: no GPU"
+        sources["allocation"] = "CPU image (%s): no GPUs allocated" % image.get("distributions", {}).get("vllm")
+    else:
+        vendor = gpus_facts.get("vendor")
+        gpus, sources["allocation"] = allocate_gpus(engine, n, node_policy, site, gpus_facts.get("gpus", []), taken)
+        names = sorted(set(g.get("name") or "unknown" for g in gpus))
+        if len(names) > 1:
+            raise InputError(engine, "the GPUs allocated to %s are of different products (%s); one engine needs "
+                                     "identical GPUs: set NARWHAL_NODE_%d_GPU_IDS" % (engine, ", ".join(names), n))
+        if platform in ("cuda", "rocm") and {"cuda": "nvidia", "rocm": "amd"}[platform] != vendor:
+            raise InputError(image_key, "%s is a %s image but %s has %s GPUs; use a %s image for this host"
+                             % (image.get("image"), platform.upper(), engine, vendor.upper(),
+                                "ROCm" if vendor == "amd" else "CUDA"))
+        gpu_ids, reason_vis = visibility_ids(vendor, gpus, gpus_facts.get("gpus", []))
+    for g in gpus:
+        taken[g["index"]] = engine
+    tp = site.get("NARWHAL_TP_SIZE") or max(1, len(gpus))
+    if gpus and tp != len(gpus):
+        raise InputError("NARWHAL_TP_SIZE", "is %d but %s has %d GPU(s); TP must equal the engine's GPU count: "
+                                            "change NARWHAL_TP_SIZE or NARWHAL_GPUS_PER_ENGINE"
+                         % (tp, engine, len(gpus)))
+    accelerator_devices = []
+    if vendor == "amd":
+        accelerator_devices = list(gpus_facts.get("devices") or ["/dev/kfd"])
+        for g in gpus:
+            accelerator_devices += [d for d in g.get("devices", []) if d not in accelerator_devices]
+    elif vendor == "nvidia":
+        for g in gpus:
+            accelerator_devices += g.get("devices", [])
+        accelerator_devices += list(gpus_facts.get("devices") or [])
+    # transport
+    if site["NARWHAL_TRANSPORT"] == "ucx_rdma":
+        net_devices, transfer_devices, sources["transfer"] = choose_rdma(engine, n, node_policy, site,
+                                                                         host.get("rdma"), gpus)
+    else:
+        net_devices, transfer_devices = ["${NARWHAL_FABRIC_INTERFACE}"], []
+        sources["transfer"] = "ucx_tcp over the fabric interface (%s on this node)" % node["interface"]
+    kv_buffer_device = "cpu" if platform == "cpu" else "cuda"  # vLLM: cuda on CUDA *and* ROCm
+    try:
+        ucx_list = ucx_tls(site["NARWHAL_TRANSPORT"], platform, kv_buffer_device)
+    except PlanError as exc:
+        raise InputError(image_key, "%s: %s" % (engine, exc))
+    sources["ucx_tls"] = "UCX_TLS %s for %s KV memory on %s (GPU memory needs the GPU copy transport)" % (
+        ",".join(ucx_list), "host" if kv_buffer_device == "cpu" else "GPU", platform)
+    # runtime
+    dists = image.get("distributions") or {}
+    if "vllm" not in dists:
+        raise InputError(image_key, "image %s (%s) on %s has no 'vllm' distribution installed; use a vLLM image"
+                         % (image.get("image"), image.get("id"), engine))
+    nixl = image.get("nixl_distribution")
+    if not nixl:
+        raise InputError(image_key, "image %s on %s has no NIXL distribution (nixl, nixl-cu12, nixl-cu13, "
+                                    "nixl-rocm or rixl); NixlConnector needs one: use an image with NIXL"
+                         % (image.get("image"), engine))
+    expected = {"vllm": dists["vllm"], nixl: dists[nixl]}
+    for name in [x.strip() for x in (site.get("NARWHAL_EXPECTED_PACKAGES") or "").split(",") if x.strip()]:
+        if name not in dists:
+            raise InputError("NARWHAL_EXPECTED_PACKAGES", "%s is not installed in image %s on %s; remove it or use "
+                                                          "an image that has it" % (name, image.get("image"), engine))
+        expected[name] = dists[name]
+    model_dtype = site["NARWHAL_MODEL_DTYPE"]
+    if model_dtype == "auto":
+        model_dtype = model.get("dtype")
+        if model_dtype not in ("bfloat16", "float16"):
+            raise InputError("NARWHAL_MODEL_DTYPE", "the checkpoint %s has dtype %s; set NARWHAL_MODEL_DTYPE to "
+                                                    "bfloat16 or float16" % (model.get("path"), model_dtype or "unset"))
+    block = site["NARWHAL_BLOCK_SIZE"]
+    if platform == "cpu" and block % CPU_BLOCK_MULTIPLE:
+        # vLLM's CPU attention backend takes only multiples of 32; with NixlConnector the engine dies at start
+        # ("No common block size for 16 (CPU_ATTN: [MultipleOf(32)])"), so refuse it here by name.
+        raise InputError("NARWHAL_BLOCK_SIZE", "is %d but %s runs the CPU image %s, whose attention backend needs a "
+                                               "multiple of %d; set NARWHAL_BLOCK_SIZE=%d"
+                         % (block, engine, image.get("image"), CPU_BLOCK_MULTIPLE,
+                            -(-block // CPU_BLOCK_MULTIPLE) * CPU_BLOCK_MULTIPLE))
+    try:
+        plan = kv_cache_pages(model["kv_geometry"], tp, site["NARWHAL_BLOCK_SIZE"], site["NARWHAL_KV_CACHE_DTYPE"],
+                             model_dtype)
+    except ValueError as exc:
+        raise InputError("NARWHAL_KV_CACHE_DTYPE", "the cache plan for %s failed: %s" % (engine, exc))
+    extra_args, sources["extra_args"] = _engine_args(n, node_policy, site, model)
+    environment = dict((k, v) for k, v in sorted((image.get("env") or {}).items())
+                       if not is_secret_name(k) and k not in MANAGED_ENV)
+    site_env = site_environment(site.get("NARWHAL_ENGINE_ENV"))
+    node_key = "NARWHAL_NODE_%d_ENGINE_ENV" % n
+    node_env = site_environment(node_policy.get("ENGINE_ENV"), node_key)
+    environment.update(site_env)
+    environment.update(node_env)  # the node's value wins
+    over = sorted(set(site_env) & set(node_env))
+    sources["environment"] = "image %s env (secret-looking and launcher-managed names dropped)%s%s" % (
+        image.get("image"), " + NARWHAL_ENGINE_ENV (%s)" % ", ".join(sorted(site_env)) if site_env else "",
+        " + %s (%s%s)" % (node_key, ", ".join(sorted(node_env)),
+                          "; over the site's %s" % ", ".join(over) if over else "") if node_env else "")
+    derived_env = {}
+    if model.get("ssm_conv_state"):
+        derived_env["VLLM_SSM_CONV_STATE_LAYOUT"] = "DS"
+    vllm_version = dists["vllm"]
+    span = 1 if release_tuple(vllm_version) >= (0, 14, 0) else tp
+    served = site.get("NARWHAL_SERVED_MODEL_NAME") or site["NARWHAL_MODEL_PATH"].rstrip("/").rsplit("/", 1)[-1]
+    record = {
+        "engine": engine,
+        "iid": fleet_entry["iid"],
+        "role": node["role"],
+        "accelerator": {"vendor": vendor, "product": gpus[0].get("name") if gpus else "cpu", "count": len(gpus)},
+        "gpu_ids": gpu_ids,
+        "gpu_host_indices": [g["index"] for g in gpus],
+        "tensor_parallel_size": tp,
+        "gpu_visibility_env": VISIBILITY_ENV.get(vendor),
+        "accelerator_devices": accelerator_devices,
+        "network_mode": "host",
+        "transfer": {"transport": site["NARWHAL_TRANSPORT"], "net_devices": net_devices, "devices": transfer_devices,
+                     "ucx_tls": ucx_list},
+        "node": {"address": node["address"], "bind_family": site["NARWHAL_BIND_FAMILY"],
+                 "engine_port": node["engine_port"], "attest_port": node["attest_port"],
+                 "fabric_interface": node["interface"], "side_channel_port": side_port,
+                 "side_channel_ports": [side_port, side_port + span - 1], "host_id": node["host_id"]},
+        "runtime": {
+            "image": image.get("image"),
+            "image_id": image.get("id"),
+            "platform": platform,
+            "vllm_version": vllm_version,
+            "nixl_distribution": nixl,
+            "kv_buffer_device": kv_buffer_device,
+            "kv_load_failure_policy": site.get("NARWHAL_KV_LOAD_FAILURE_POLICY") or "fail",
+            "expected_packages": expected,
+            "model_path": site["NARWHAL_MODEL_PATH"],
+            "served_model_name": served,
+            "model_dtype": model_dtype,
+            "kv_cache_dtype": site["NARWHAL_KV_CACHE_DTYPE"],
+            "block_size": site["NARWHAL_BLOCK_SIZE"],
+            "cache_plan": plan,
+            "environment": environment,
+            "derived_environment": derived_env,
+            "extra_args": extra_args,
+            "trust_remote_code": bool(model.get("trust_remote_code")),
+            "ssm_conv_state": bool(model.get("ssm_conv_state")),
+            "model_geometry": record_geometry(model.get("kv_geometry")),
+        },
+        "sources": dict(sources, visibility=reason_vis),
+    }
+    # Refuse now what the launcher would refuse at start: the same planner, on a provisional role environment.
+    try:
+        container_spec(record, role_environment(
+            record, site.get("NARWHAL_ENGINE_CHECKOUT") or "/opt/narwhal", "run-discovery"))
+    except PlanError as exc:
+        raise InputError(exc.key if str(exc.key).startswith("NARWHAL_") else engine,
+                         "the launcher would refuse the record of %s: %s" % (engine, exc))
+    return record, span

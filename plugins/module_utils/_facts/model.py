@@ -1,0 +1,423 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Checkpoint metadata from a Hugging Face config: dtype, remote-code need, SSM conv state, KV geometry.
+Pure functions over parsed JSON; the checkpoint directory is read by _facts/checkpoint.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+
+TOKENIZER_FILE_NAMES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "tokenizer.tiktoken",
+    "tekken.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "qwen.tiktoken",
+    "ice_text.model",
+)
+
+_DTYPE_ALIASES = {
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+}
+
+
+class ModelConfigError(ValueError):
+    """Raised for a checkpoint that cannot be described; the message names the file and the fix."""
+
+
+# Counts and sizes of the model's layers, heads and caches that the KV geometry is computed from: when present as
+# a number they must be whole and at least 1 (0 or a negative value would give a nonsensical cache plan and
+# P/D gate), qk_rope_head_dim at least 0.
+POSITIVE_GEOMETRY_KEYS = (
+    "num_hidden_layers", "num_layers", "n_layer", "n_layers", "num_attention_heads", "n_head", "n_heads",
+    "num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num", "head_dim", "attention_head_dim",
+    "kv_channels", "hidden_size", "kv_lora_rank", "linear_num_value_heads", "linear_value_head_dim",
+    "linear_num_key_heads", "linear_key_head_dim", "mamba_n_heads", "mamba_num_heads", "mamba_d_head",
+    "mamba_head_dim",
+)
+
+NON_NEGATIVE_GEOMETRY_KEYS = ("qk_rope_head_dim",)
+
+
+# --------------------------------------------------------------------------------------------------
+# small helpers
+
+
+def normalize_dtype(value):
+    """``torch.bfloat16`` / ``bf16`` / ``BFloat16`` -> ``bfloat16``; ``half`` -> ``float16``; None stays None.
+
+    Unknown spellings are returned lower-cased without a ``torch.`` prefix.
+    """
+    if value is None or isinstance(value, bool):
+        return None
+    if not isinstance(value, str):
+        return None
+    text = value.strip().lower()
+    if text.startswith("torch."):
+        text = text[len("torch.") :]
+    if not text:
+        return None
+    return _DTYPE_ALIASES.get(text, text)
+
+
+def _text_config(config):
+    nested = config.get("text_config")
+    return nested if isinstance(nested, dict) else {}
+
+
+def _merged(config):
+    """The text model's view: nested ``text_config`` values over the top level."""
+    merged = dict(config)
+    merged.update(_text_config(config))
+    return merged
+
+
+def _int(value):
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
+def _first_int(config, *keys):
+    for key in keys:
+        value = _int(config.get(key))
+        if value is not None:
+            return value
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# facts
+
+
+def find_dtype(config):
+    """Weights dtype from ``dtype``/``torch_dtype`` (top level, then ``text_config``), normalised."""
+    for source in (config, _text_config(config)):
+        for key in ("dtype", "torch_dtype"):
+            value = normalize_dtype(source.get(key))
+            if value is not None:
+                return value
+    # original Qwen (remote code) also records bf16/fp16/fp32 booleans
+    flags = [
+        name
+        for name, key in (("bfloat16", "bf16"), ("float16", "fp16"), ("float32", "fp32"))
+        if config.get(key) is True
+    ]
+    if len(flags) == 1:
+        return flags[0]
+    return None
+
+
+def has_auto_map(document):
+    """True when a parsed config/tokenizer_config carries a non-empty ``auto_map``."""
+    return isinstance(document, dict) and bool(document.get("auto_map"))
+
+
+def ssm_conv_state(config):
+    """True when the (text) config has a convolutional SSM state key (see VLLM_FACTS.md)."""
+    for source in (config, _text_config(config)):
+        for key in ("conv_kernel", "mamba_d_conv", "conv_L_cache", "linear_conv_kernel_dim"):
+            if source.get(key) is not None:
+                return True
+        linear = source.get("linear_attn_config")
+        if isinstance(linear, dict) and linear.get("short_conv_kernel_size") is not None:
+            return True
+    return False
+
+
+def is_hf_config(config):
+    return isinstance(config, dict) and (bool(config.get("model_type")) or bool(config.get("architectures")))
+
+
+def quantization_method(config):
+    for source in (config, _text_config(config)):
+        quant = source.get("quantization_config")
+        if isinstance(quant, dict) and quant.get("quant_method"):
+            return str(quant["quant_method"])
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# KV geometry
+
+_NON_KV_LAYER_TYPES = ("linear_attention", "mamba", "conv", "short_conv", "ssm", "moe", "mlp")
+
+
+def _is_attention_layer_type(value):
+    """``full_attention``/``sliding_attention``/``attention``/``hybrid`` hold a KV cache; linear/mamba/conv do not."""
+    if not isinstance(value, str):
+        return False
+    text = value.lower()
+    if "linear" in text or text in _NON_KV_LAYER_TYPES:
+        return False
+    return "attention" in text or text in ("hybrid", "global", "local", "full", "sliding")
+
+
+def attention_layer_count(config, num_layers):
+    """Layers that hold a KV cache, and the rule that decided it."""
+    layer_types = config.get("layer_types")
+    if isinstance(layer_types, list) and layer_types:
+        return sum(1 for item in layer_types if _is_attention_layer_type(item)), "layer_types"
+    block_types = config.get("layers_block_type")
+    if isinstance(block_types, list) and block_types:
+        return sum(1 for item in block_types if _is_attention_layer_type(item)), "layers_block_type"
+    pattern = config.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and pattern:
+        return pattern.count("*"), "hybrid_override_pattern"
+    full_idxs = config.get("full_attn_idxs")
+    if isinstance(full_idxs, list):
+        return len(full_idxs), "full_attn_idxs"
+    linear = config.get("linear_attn_config")
+    if isinstance(linear, dict) and isinstance(linear.get("full_attn_layers"), list):
+        return len(linear["full_attn_layers"]), "linear_attn_config.full_attn_layers"
+    interval = _int(config.get("full_attention_interval"))
+    if interval and num_layers:
+        return sum(1 for i in range(num_layers) if (i + 1) % interval == 0), "full_attention_interval"
+    attn_indices = config.get("attn_layer_indices")
+    if isinstance(attn_indices, list):
+        return len(attn_indices), "attn_layer_indices"
+    period = _int(config.get("attn_layer_period"))
+    if period and num_layers:
+        offset = _int(config.get("attn_layer_offset")) or 0
+        return sum(1 for i in range(num_layers) if i % period == offset), "attn_layer_period"
+    attn_types = config.get("attn_type_list")
+    if isinstance(attn_types, list) and attn_types:
+        return sum(1 for item in attn_types if item == 1), "attn_type_list"
+    return num_layers, "all layers"
+
+
+def _mamba_geometry(config, num_layers, num_attention_layers):
+    """State-shape inputs of the SSM / linear-attention layers, or None for a pure-attention model."""
+    model_type = str(config.get("model_type") or "")
+    mamba_layers = None
+    if num_layers is not None and num_attention_layers is not None:
+        mamba_layers = num_layers - num_attention_layers
+    ssm_dtype = normalize_dtype(config.get("mamba_ssm_cache_dtype"))
+    linear = config.get("linear_attn_config")
+    if isinstance(linear, dict) and linear.get("short_conv_kernel_size") is not None:
+        kda_layers = linear.get("kda_layers")
+        heads = _int(linear.get("num_heads"))
+        head_dim = _int(linear.get("head_dim"))
+        return {
+            "kind": "kda",
+            "d_conv": _int(linear.get("short_conv_kernel_size")),
+            "d_state": head_dim,
+            "n_heads": heads,
+            "head_dim": head_dim,
+            "n_groups": None,
+            "expand": None,
+            "intermediate_size": heads * head_dim if heads and head_dim else None,
+            "num_layers": len(kda_layers) if isinstance(kda_layers, list) else mamba_layers,
+            "ssm_cache_dtype": ssm_dtype,
+        }
+    if config.get("linear_conv_kernel_dim") is not None:
+        return {
+            "kind": "gated_delta_net",
+            "d_conv": _int(config.get("linear_conv_kernel_dim")),
+            "d_state": None,
+            "n_heads": _int(config.get("linear_num_value_heads")),
+            "head_dim": _int(config.get("linear_value_head_dim")),
+            "n_k_heads": _int(config.get("linear_num_key_heads")),
+            "head_k_dim": _int(config.get("linear_key_head_dim")),
+            "n_groups": None,
+            "expand": None,
+            "intermediate_size": None,
+            "num_layers": mamba_layers,
+            "ssm_cache_dtype": ssm_dtype,
+        }
+    if config.get("conv_L_cache") is not None:
+        return {
+            "kind": "short_conv",
+            "d_conv": _int(config.get("conv_L_cache")),
+            "d_state": None,
+            "n_heads": None,
+            "head_dim": None,
+            "n_groups": None,
+            "expand": None,
+            "intermediate_size": _first_int(config, "conv_dim", "hidden_size"),
+            "num_layers": mamba_layers,
+            "ssm_cache_dtype": ssm_dtype,
+        }
+    if config.get("mamba_d_conv") is not None:
+        n_heads = _first_int(config, "mamba_n_heads", "mamba_num_heads")
+        head_dim = _first_int(config, "mamba_d_head", "mamba_head_dim")
+        expand = _first_int(config, "mamba_expand")
+        hidden = _first_int(config, "hidden_size")
+        intermediate = _first_int(config, "mamba_intermediate_size")
+        if intermediate is None:
+            intermediate = (
+                n_heads * head_dim if n_heads and head_dim else (expand * hidden if expand and hidden else None)
+            )
+        if model_type == "falcon_h1":
+            mamba_layers = num_layers  # parallel hybrid: every layer has attention and mamba
+        return {
+            "kind": "mamba2" if n_heads else "mamba1",
+            "d_conv": _int(config.get("mamba_d_conv")),
+            "d_state": _first_int(config, "mamba_d_state", "mamba_state_size"),
+            "n_heads": n_heads,
+            "head_dim": head_dim,
+            "n_groups": _first_int(config, "mamba_n_groups", "mamba_ngroups"),
+            "expand": expand,
+            "intermediate_size": intermediate,
+            "num_layers": mamba_layers,
+            "ssm_cache_dtype": ssm_dtype,
+        }
+    if config.get("conv_kernel") is not None:
+        n_heads = _first_int(config, "mamba_num_heads", "num_heads")
+        head_dim = _first_int(config, "mamba_head_dim", "head_dim") if n_heads else None
+        expand = _first_int(config, "expand")
+        hidden = _first_int(config, "hidden_size")
+        if n_heads and head_dim:
+            intermediate = n_heads * head_dim
+        else:
+            intermediate = _first_int(config, "intermediate_size") or (expand * hidden if expand and hidden else None)
+        pattern = config.get("hybrid_override_pattern")
+        if isinstance(pattern, str) and pattern:
+            mamba_layers = pattern.count("M")
+        return {
+            "kind": "mamba2" if n_heads else "mamba1",
+            "d_conv": _int(config.get("conv_kernel")),
+            "d_state": _first_int(config, "ssm_state_size", "state_size"),
+            "n_heads": n_heads,
+            "head_dim": head_dim,
+            "n_groups": _first_int(config, "n_groups") if n_heads else None,
+            "expand": expand,
+            "intermediate_size": intermediate,
+            "num_layers": mamba_layers,
+            "ssm_cache_dtype": ssm_dtype,
+        }
+    return None
+
+
+def kv_geometry(config):
+    """KV-cache geometry of the text model (handles ``text_config`` nesting and ChatGLM's key names)."""
+    merged = _merged(config)
+    num_layers = _first_int(merged, "num_hidden_layers", "num_layers", "n_layer", "n_layers")
+    num_heads = _first_int(merged, "num_attention_heads", "n_head", "n_heads")
+    num_kv_heads = _first_int(merged, "num_key_value_heads", "num_kv_heads", "n_head_kv")
+    if num_kv_heads is None and merged.get("multi_query_attention") and _int(merged.get("multi_query_group_num")):
+        num_kv_heads = _int(merged.get("multi_query_group_num"))  # ChatGLM2/3
+    if num_kv_heads is None and merged.get("multi_query") is True:
+        num_kv_heads = 1  # Falcon-style MQA
+    if num_kv_heads is None:
+        num_kv_heads = num_heads
+    head_dim = _first_int(merged, "head_dim", "attention_head_dim", "kv_channels")
+    hidden = _first_int(merged, "hidden_size", "d_model", "n_embd")
+    if head_dim is None and hidden and num_heads:
+        head_dim = hidden // num_heads
+    kv_lora_rank = _int(merged.get("kv_lora_rank"))
+    qk_rope_head_dim = _int(merged.get("qk_rope_head_dim"))
+    mla = kv_lora_rank is not None and kv_lora_rank > 0
+    if mla:
+        # MLA caches one latent "head" of kv_lora_rank + qk_rope_head_dim per token, shared by all heads
+        num_kv_heads = 1
+        head_dim = kv_lora_rank + (qk_rope_head_dim or 0)
+    num_attention_layers, rule = attention_layer_count(merged, num_layers)
+    mamba = _mamba_geometry(merged, num_layers, num_attention_layers)
+    return {
+        "num_layers": num_layers,
+        "num_attention_layers": num_attention_layers,
+        "attention_layer_rule": rule,
+        "num_attention_heads": num_heads,
+        "num_kv_heads": num_kv_heads,
+        "head_dim": head_dim,
+        "mla": mla,
+        "kv_lora_rank": kv_lora_rank if mla else None,
+        "qk_rope_head_dim": qk_rope_head_dim if mla else None,
+        "sliding_window": _int(merged.get("sliding_window")),
+        "mamba": mamba,
+    }
+
+
+def check_geometry_numbers(config, file_path):
+    """Refuse a layer, head or size count that is not a whole number >= 1 (>= 0 for qk_rope_head_dim), naming the
+    file and the key (top level or text_config)."""
+    for prefix, source in (("", config), ("text_config.", _text_config(config))):
+        for key in POSITIVE_GEOMETRY_KEYS + NON_NEGATIVE_GEOMETRY_KEYS:
+            value = source.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            least = 0 if key in NON_NEGATIVE_GEOMETRY_KEYS else 1
+            if math.isnan(value) or value < least or (isinstance(value, float) and not value.is_integer()):
+                raise ModelConfigError(
+                    f"{file_path}: {prefix}{key} is {value!r}, but it counts layers, heads or elements of the "
+                    f"model and must be a whole number of at least {least}; the checkpoint's config is damaged or "
+                    "not for this model: restore config.json from the model's repository (or point the model path "
+                    "at an intact checkpoint)"
+                )
+
+
+def record_geometry(geometry):
+    """The part of :func:`kv_geometry` a launch record keeps (``runtime.model_geometry``) for the P/D gate, named
+    as vLLM's ModelConfig reports it to ``compute_nixl_compatibility_hash``: total KV heads, head size (MLA: the
+    latent ``kv_lora_rank + qk_rope_head_dim``), hidden layers, sliding window, MLA, and the kind of Mamba /
+    linear-attention state (None for a pure-attention model)."""
+    geometry = geometry or {}
+    return {
+        "num_kv_heads": geometry.get("num_kv_heads"),
+        "head_size": geometry.get("head_dim"),
+        "num_hidden_layers": geometry.get("num_layers"),
+        "sliding_window": geometry.get("sliding_window"),
+        "use_mla": bool(geometry.get("mla")),
+        "ssm_state": (geometry.get("mamba") or {}).get("kind"),
+    }
+
+
+def model_facts(path, config_bytes, config, tokenizer_config, tokenizer_files, config_name="config.json"):
+    """``narwhal_model`` facts from already-read documents. Raises ModelConfigError for a non-HF config."""
+    if not isinstance(config, dict):
+        raise ModelConfigError(
+            f"{os.path.join(path, config_name)} is not a Hugging Face config: "
+            f"the top level is a {type(config).__name__}, not a JSON object"
+        )
+    if not is_hf_config(config):
+        keys = ", ".join(sorted(config)[:12]) or "none"
+        raise ModelConfigError(
+            f"{os.path.join(path, config_name)} is not a Hugging Face config: it has neither 'model_type' nor "
+            f"'architectures' (keys: {keys}); point the model path at a checkpoint saved in Hugging Face format "
+            "(config.json from save_pretrained or the Hub repository)"
+        )
+    check_geometry_numbers(config, os.path.join(path, config_name))
+    sources = []
+    if has_auto_map(config):
+        sources.append("config.json")
+    if has_auto_map(tokenizer_config):
+        sources.append("tokenizer_config.json")
+    architectures = config.get("architectures") or _text_config(config).get("architectures") or []
+    if isinstance(architectures, str):
+        architectures = [architectures]
+    return {
+        "path": path,
+        "dtype": find_dtype(config),
+        "model_type": config.get("model_type") or _text_config(config).get("model_type"),
+        "architectures": list(architectures),
+        "trust_remote_code": bool(sources),
+        "auto_map_sources": sources,
+        "ssm_conv_state": ssm_conv_state(config),
+        "quantization": quantization_method(config),
+        "config_sha256": hashlib.sha256(config_bytes).hexdigest(),
+        "tokenizer_files": sorted(tokenizer_files),
+        "kv_geometry": kv_geometry(config),
+    }

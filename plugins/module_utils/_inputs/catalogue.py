@@ -1,0 +1,149 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The one machine-readable description of every `.env` input (INPUTS, NODE_INPUTS).
+
+`.env.example` and `docs/inputs.md` are generated from it (scripts/gen-inputs.py) and a unit test fails
+when they drift; validation (_inputs/validate.py) reads the same description.
+"""
+
+from __future__ import annotations
+
+import re
+
+__metaclass__ = type
+
+NODE_KEY = re.compile(r"^NARWHAL_NODE_([1-9][0-9]*)_([A-Z_]+)$")
+
+IFNAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
+
+
+# kind: str | int | port | choice | path | ip | url | interface | role | args (shell words) | env (KEY=VALUE words)
+INPUTS = [
+    {"name": "NARWHAL_FABRIC_INTERFACE", "kind": "interface", "required": True, "example": "eth1",
+     "doc": "Fabric (KV transfer) interface on every engine host. Discovery reads its global addresses; "
+            "TCP transfers use it as UCX_NET_DEVICES."},
+    {"name": "NARWHAL_ENGINE_PORT", "kind": "port", "default": 8000, "example": 8000,
+     "doc": "HTTP port of every vLLM engine (per node: NARWHAL_NODE_<n>_ENGINE_PORT)."},
+    {"name": "NARWHAL_ATTEST_PORT", "kind": "port", "default": 8010, "example": 8010,
+     "doc": "Port of the attestation sidecar of every engine (per node: NARWHAL_NODE_<n>_ATTEST_PORT)."},
+    {"name": "NARWHAL_BIND_FAMILY", "kind": "choice", "choices": ["ipv4", "ipv6"], "default": "ipv4",
+     "example": "ipv4",
+     "doc": "Address family the engines are reached and bound on; discovery considers only global "
+            "addresses of this family."},
+    {"name": "NARWHAL_FLEET", "kind": "path", "default": "config/fleet.json", "example": "config/fleet.json",
+     "doc": "Fleet file written by discovery and read by the router, preflight and observability "
+            "(--fleet \"$NARWHAL_FLEET\"). Keep site files at config/fleet.json or config/fleet.*.json."},
+    {"name": "NARWHAL_LAUNCH_CONFIG", "kind": "path", "default": "config/engine-launch.local.json",
+     "example": "config/engine-launch.local.json",
+     "doc": "Private launch-record file written by discovery (mode 0600, git-ignored)."},
+    {"name": "NARWHAL_IMAGE", "kind": "image", "required": True, "example": "vllm/vllm-openai:v0.33.0",
+     "doc": "Engine image (reference or ID) on every engine host. Discovery pins its ID and package versions "
+            "into the launch records."},
+    {"name": "NARWHAL_MODEL_PATH", "kind": "abspath", "required": True, "example": "/srv/models/Llama-3.1-8B-Instruct",
+     "doc": "Checkpoint directory (Hugging Face format) on every engine host, mounted read-only into the engine."},
+    {"name": "NARWHAL_SERVED_MODEL_NAME", "kind": "model_name", "default": None, "example": "llama-3.1-8b",
+     "doc": "Model name the engines serve; default: the last component of NARWHAL_MODEL_PATH. Letters, digits and "
+            ". _ - + : @ /, starting with a letter or digit, no '.' or '..' component; the engines mount the "
+            "checkpoint at /models/<name with / as _>."},
+    {"name": "NARWHAL_MODEL_DTYPE", "kind": "choice", "choices": ["auto", "bfloat16", "float16"],
+     "default": "auto", "example": "auto",
+     "doc": "Model dtype (vLLM --dtype); auto takes the checkpoint's, which must then be bfloat16 or float16."},
+    {"name": "NARWHAL_GPUS_PER_ENGINE", "kind": "count_or_all", "default": "all", "example": "all",
+     "doc": "GPUs each engine gets (the lowest free indices of its host), or all; per node "
+            "NARWHAL_NODE_<n>_GPU_IDS picks explicit host indices."},
+    {"name": "NARWHAL_TP_SIZE", "kind": "int", "default": None, "example": None,
+     "doc": "Tensor-parallel size; default: the number of GPUs of the engine. Must equal that number."},
+    {"name": "NARWHAL_TRANSPORT", "kind": "choice", "choices": ["ucx_tcp", "ucx_rdma"], "default": "ucx_tcp",
+     "example": "ucx_tcp", "doc": "KV transfer transport of NixlConnector: UCX over TCP or over RDMA."},
+    {"name": "NARWHAL_RDMA_DEVICES", "kind": "str", "default": "auto", "example": "auto",
+     "doc": "ucx_rdma only: HCA:port list (mlx5_0:1,mlx5_1:1) or auto (for each of the engine's GPUs the "
+            "nearest active port: behind the same PCIe switch, else on its NUMA node; every such rail is used); "
+            "per node NARWHAL_NODE_<n>_RDMA_DEVICES."},
+    {"name": "NARWHAL_KV_CACHE_DTYPE", "kind": "choice",
+     "choices": ["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"],
+     "default": "auto", "example": "auto", "doc": "KV cache dtype (vLLM --kv-cache-dtype)."},
+    {"name": "NARWHAL_BLOCK_SIZE", "kind": "int", "default": 16, "example": 16,
+     "doc": "Requested KV block size in tokens (vLLM --block-size); the cache plan records the size vLLM will "
+            "really use (hybrid models raise it)."},
+    {"name": "NARWHAL_KV_LOAD_FAILURE_POLICY", "kind": "choice", "choices": ["fail", "recompute"], "default": "fail",
+     "example": "fail",
+     "doc": "What a decode engine does when loading transferred KV fails (vLLM >= 0.14 kv_load_failure_policy): "
+            "fail the request with finish reason error, or recompute the prompt locally (slower, silent)."},
+    {"name": "NARWHAL_SIDE_CHANNEL_PORT", "kind": "port", "default": 5600, "example": 5600,
+     "doc": "First NIXL side-channel port on each host (VLLM_NIXL_SIDE_CHANNEL_PORT); engines sharing a host "
+            "get consecutive, non-overlapping ranges."},
+    {"name": "NARWHAL_EXTRA_ARGS", "kind": "args", "default": "", "example": "--max-model-len 8192",
+     "doc": "Model-specific vLLM arguments recorded in every launch record (shell words); launcher-managed flags "
+            "(port, host, TP, kv-transfer config, served name, API key ...) are refused. Per engine: "
+            "NARWHAL_NODE_<n>_EXTRA_ARGS, recorded after these."},
+    {"name": "NARWHAL_ENGINE_ARGS", "kind": "args", "default": "", "example": "",
+     "doc": "Additional vLLM arguments of every engine (shell words; the seed's name), recorded in every launch "
+            "record's runtime.extra_args after NARWHAL_EXTRA_ARGS and before NARWHAL_NODE_<n>_EXTRA_ARGS; the "
+            "derived --trust-remote-code is kept; launcher-managed flags are refused as in NARWHAL_EXTRA_ARGS. "
+            "The role environment never carries it: it reaches the engine only through the record."},
+    {"name": "NARWHAL_ENGINE_ENV", "kind": "env", "default": "", "example": "VLLM_LOGGING_LEVEL=INFO",
+     "doc": "Extra environment of every engine container (space-separated KEY=VALUE shell words), recorded in every "
+            "launch record's runtime.environment over the image's own; launcher-managed variables (GPU visibility, "
+            "UCX_NET_DEVICES, UCX_TLS, VLLM_NIXL_SIDE_CHANNEL_*, VLLM_API_KEY ...) and secret-looking names "
+            "(KEY, TOKEN, SECRET, PASSWORD, CREDENTIAL) are refused. Per engine: NARWHAL_NODE_<n>_ENGINE_ENV, "
+            "over these."},
+    {"name": "NARWHAL_EXPECTED_PACKAGES", "kind": "dist_list", "default": "", "example": "torch",
+     "doc": "Further image distributions whose exact versions the records pin (comma-separated), besides vllm "
+            "and the NIXL distribution."},
+    {"name": "NARWHAL_ENGINE_READY_TIMEOUT", "kind": "int", "default": 900, "example": 900,
+     "doc": "Seconds launch waits for a started engine's /health before it fails (model load time: large "
+            "checkpoints take minutes); a container that exits earlier fails at once with its last log lines."},
+    {"name": "NARWHAL_ENGINE_CHECKOUT", "kind": "abspath", "default": "/opt/narwhal", "example": "/opt/narwhal",
+     "doc": "Engine checkout on every engine host: install places the record, the role environment, the API key "
+            "(config/) and the launcher snapshot (bin/) there; the launcher keeps its runs under runs/."},
+    {"name": "NARWHAL_API_KEY_FILE", "kind": "path", "default": "config/engine-api.key",
+     "example": "config/engine-api.key",
+     "doc": "Controller file holding the engines' API key (one line, mode 0600, git-ignored); install copies it "
+            "to each engine host (0600) and the launcher passes it by environment. Never logged."},
+    {"name": "NARWHAL_RUNS_DIR", "kind": "path", "default": "runs", "example": "runs",
+     "doc": "Controller directory of prepared runs (runs/<run-id>/: manifest, role environments, records, launcher "
+            "snapshot)."},
+    {"name": "NARWHAL_CONFIG_DIR", "kind": "path", "default": "config", "example": "config",
+     "doc": "Directory of the generated deployment.env and the launch-record extracts. Relative paths "
+            "in this file are relative to the checkout."},
+]
+
+NODE_INPUTS = [
+    {"name": "ROLE", "kind": "role", "required": True, "example": ["prefill", "decode"],
+     "doc": "Fleet role of engine-<n>: prefill or decode. Every engine-<n> in the inventory needs one."},
+    {"name": "IP", "kind": "ip", "example": None,
+     "doc": "Explicit fabric address of node <n>; required when its interface has several global addresses "
+            "of the bind family. Must be on the interface and of NARWHAL_BIND_FAMILY."},
+    {"name": "URL", "kind": "url", "example": None,
+     "doc": "Full engine URL when the engine must be reached at another address (scheme, host, port; no path, "
+            "query, fragment or user information); its port must equal the node's engine port."},
+    {"name": "ATTESTATION_URL", "kind": "url_path", "example": None,
+     "doc": "Full attestation URL override (a path is allowed; no query, fragment or user information); its "
+            "port must equal the node's attestation port."},
+    {"name": "ENGINE_PORT", "kind": "port", "example": None, "doc": "Engine HTTP port of node <n>."},
+    {"name": "ATTEST_PORT", "kind": "port", "example": None, "doc": "Attestation port of node <n>."},
+    {"name": "IMAGE", "kind": "image", "example": None,
+     "doc": "Engine image of engine-<n> when it differs from NARWHAL_IMAGE (e.g. a ROCm image on an AMD host)."},
+    {"name": "GPU_IDS", "kind": "int_list", "example": None,
+     "doc": "Explicit host GPU indices of engine-<n> (comma-separated, distinct), instead of "
+            "NARWHAL_GPUS_PER_ENGINE; as many as NARWHAL_TP_SIZE when that is set."},
+    {"name": "RDMA_DEVICES", "kind": "str", "example": None,
+     "doc": "HCA:port list of engine-<n> for ucx_rdma, instead of NARWHAL_RDMA_DEVICES."},
+    {"name": "FABRIC_INTERFACE", "kind": "interface", "example": None,
+     "doc": "Fabric interface of node <n> when it differs from NARWHAL_FABRIC_INTERFACE."},
+    {"name": "EXTRA_ARGS", "kind": "args", "example": None,
+     "doc": "vLLM arguments of engine-<n> only (shell words, e.g. a prefill engine's --max-num-batched-tokens), "
+            "recorded in its runtime.extra_args after the derived flags and NARWHAL_EXTRA_ARGS: a flag given in "
+            "both takes the node's value (vLLM's parser keeps the last). Launcher-managed flags are refused as in "
+            "NARWHAL_EXTRA_ARGS."},
+    {"name": "ENGINE_ENV", "kind": "env", "example": None,
+     "doc": "Container environment of engine-<n> only (KEY=VALUE shell words), recorded in its "
+            "runtime.environment over the image's and NARWHAL_ENGINE_ENV (the node's value wins). Launcher-managed "
+            "and secret-looking names are refused as in NARWHAL_ENGINE_ENV."},
+]
+
+
+# Variables of the project's own scripts (Makefile, scripts/, the harness) that share the NARWHAL_ prefix and live
+# in the controller environment: not site inputs, never read from .env.
+TOOL_VARIABLES = ("NARWHAL_ENV_FILE", "NARWHAL_VENV", "NARWHAL_IMAGES", "NARWHAL_TORCH_WHEELS",
+                  "NARWHAL_DEBIAN_MIRROR", "NARWHAL_SIM_PROFILE")

@@ -1,0 +1,377 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Validation of the `.env` inputs against their description (_inputs/catalogue.py). Pure code: it takes a
+mapping of values and returns validated inputs or raises InputError naming the key and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import FIX, InputError, PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import local_host_reason
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.words import control_character, split_args
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.catalogue import (
+    IFNAME,
+    INPUTS,
+    NODE_INPUTS,
+    NODE_KEY,
+    TOOL_VARIABLES,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.args import check_args, parse_env_words
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import ROLE_ENV_KEYS
+
+__metaclass__ = type
+
+
+# `re` with a str pattern: [0-9] is the ASCII digits only (int() would also take '8_000' and full-width digits)
+WHOLE = re.compile(r"^-?[0-9]+$")
+
+IMAGE_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$")
+
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+:@/-]*$")
+
+DIST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
+
+DNS_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+
+NUMERIC_LABEL = re.compile(r"^(0[xX][0-9A-Fa-f]*|[0-9]+)$")
+
+URL = re.compile(r"^(https?)://([^/?#]*)(/[^?#]*)?(\?[^#]*)?(#.*)?$")
+
+AUTHORITY = re.compile(r"^(\[[^\]]*\]|[^:\[\]]*)(?::([0-9]*))?$")
+
+
+# a subset of what deployment.env takes unquoted (_fleet.ENV_VALUE): no quotes, $, #, ;, !, spaces or backslashes
+URL_PATH = re.compile(r"^/[A-Za-z0-9._~%/:@+,=-]*$")
+
+
+def one_line(key, raw):
+    """Refuse a value that could add a line to a line-based file (deployment.env, the role environment) or hide
+    in a terminal: C0/C1 control characters (newline, carriage return, NUL, tab ...), DEL, U+2028/U+2029."""
+    if not isinstance(raw, str):
+        return
+    bad = control_character(raw)
+    if bad is not None:
+        raise InputError(key, "%r contains the control character %r (U+%04X); a value is one line of printable text "
+                              "(values are written into line-based files and paths): remove it from .env (a quoted "
+                              "value spanning several lines is one)" % (raw, bad, ord(bad)))
+
+
+def _whole(key, raw):
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return raw
+    text = str(raw).strip()
+    if not WHOLE.match(text):
+        raise InputError(key, "%r is not a whole number written with the ASCII digits 0-9 (no '_', '+', spaces or "
+                              "other digits); %s" % (raw, FIX))
+    return int(text, 10)
+
+
+def _check(spec, key, raw):
+    kind = spec["kind"]
+    value = raw.strip() if isinstance(raw, str) else raw
+    if kind == "int":
+        return _positive(key, value)
+    if kind == "port":
+        number = _whole(key, value)
+        if not 1 <= number <= 65535:
+            raise InputError(key, "port %d is out of range 1-65535; %s" % (number, FIX))
+        return number
+    if kind == "count_or_all":
+        if value == "all":
+            return value
+        return _positive(key, value)
+    if kind == "int_list":
+        items = [x.strip() for x in value.split(",")]
+        if not all(WHOLE.match(x) for x in items):
+            raise InputError(key, "%r is not a comma-separated list of GPU indices like 4,5,6,7 (ASCII digits 0-9); %s"
+                             % (raw, FIX))
+        items = [int(x, 10) for x in items]
+        if any(i < 0 for i in items) or len(set(items)) != len(items):
+            raise InputError(key, "%r has negative or repeated GPU indices; %s" % (raw, FIX))
+        return items
+    if kind == "abspath":
+        parts = value.split("/")
+        if not value.startswith("/") or not value.strip("/"):
+            raise InputError(key, "%r is not an absolute path below / on the engine hosts; %s" % (raw, FIX))
+        if "," in value or any(p in (".", "..") for p in parts):
+            raise InputError(key, "%r has a ',' or a '.'/'..' component; an engine-host path is mounted into the "
+                                  "container (docker --mount separates options by commas) and must not leave its "
+                                  "directory: write it plainly; %s" % (raw, FIX))
+    if kind == "path":
+        if not value:
+            raise InputError(key, "is empty; %s" % FIX)
+        if ".." in value.split("/") or value.startswith("~"):
+            raise InputError(key, "%r has a '..' component or a '~' (which nothing expands); write the path "
+                                  "without them: relative to the checkout, or absolute for a place outside it; %s"
+                             % (raw, FIX))
+    if kind == "choice" and value not in spec["choices"]:
+        raise InputError(key, "%r is not one of %s; %s" % (raw, ", ".join(spec["choices"]), FIX))
+    if kind == "role" and value not in ("prefill", "decode"):
+        raise InputError(key, "role %r is not prefill or decode; %s" % (raw, FIX))
+    if kind == "interface" and (not IFNAME.match(value) or value in (".", "..")):
+        raise InputError(key, "%r is not a network interface name; %s" % (raw, FIX))
+    if kind == "image" and not IMAGE_REF.match(value):
+        raise InputError(key, "%r is not an image reference or ID (letters, digits and . _ - : / @, starting with a "
+                              "letter or digit, like vllm/vllm-openai:v0.33.0); %s" % (raw, FIX))
+    if kind == "model_name":
+        check_served_name(key, value)
+    if kind == "dist_list":
+        bad = [x for x in (i.strip() for i in value.split(",")) if x and not DIST_NAME.match(x)]
+        if bad:
+            raise InputError(key, "%r is not a distribution name (letters, digits, . _ -); %s" % (bad[0], FIX))
+    if kind == "ip":
+        return _address(key, raw, value)
+    if kind in ("url", "url_path"):
+        parse_url(key, value, allow_path=kind == "url_path")
+    if kind in ("args", "env"):
+        # the planner's rules (launcher-managed flags and variables, secret-looking names), refused at the first
+        # stage that reads the input
+        try:
+            if kind == "args":
+                check_args(split_args(value, key), key)
+            else:
+                parse_env_words(value, key)
+        except PlanError as exc:
+            raise InputError(key, "%s; %s" % (exc, FIX))
+    return value
+
+
+def _positive(key, value):
+    number = _whole(key, value)
+    if number < 1:
+        raise InputError(key, "must be at least 1, got %d; %s" % (number, FIX))
+    return number
+
+
+def _address(key, raw, value):
+    try:
+        ip = ipaddress.ip_address(value)
+    except ValueError:
+        raise InputError(key, "%r is not an IPv4 or IPv6 address (IPv4 as four decimal numbers like 10.0.0.11; no "
+                              "brackets, no prefix length); %s" % (raw, FIX))
+    reason = local_host_reason(str(ip))
+    if reason:
+        raise InputError(key, "%r is %s, which the other engines and the router cannot reach; set the node's "
+                              "global fabric address; %s" % (raw, reason, FIX))
+    if getattr(ip, "ipv4_mapped", None) is not None:
+        raise InputError(key, "%r is an IPv4-mapped IPv6 address; write the IPv4 address %s itself (with "
+                              "NARWHAL_BIND_FAMILY=ipv4); %s" % (raw, ip.ipv4_mapped, FIX))
+    return str(ip)
+
+
+def check_served_name(key, name, derived_from=None):
+    """The served model name becomes the container path /models/<name, / as _>, a vllm serve argument and a
+    role-environment line: letters, digits and . _ - + : @ /, no empty, '.' or '..' component."""
+    if MODEL_NAME.match(name or "") and not any(p in ("", ".", "..") for p in name.split("/")):
+        return name
+    what = "%r" % name if derived_from is None else "its last component %r, the default served model name," % name
+    fix = FIX if derived_from is None else "set NARWHAL_SERVED_MODEL_NAME (or correct %s), then rerun discovery" % key
+    raise InputError(key, "%s is not a served model name the engines can use: it becomes the container path "
+                          "/models/<name with / as _> and a vllm serve argument, so it takes letters, digits and "
+                          ". _ - + : @ /, starts with a letter or digit and has no empty, '.' or '..' component; %s"
+                     % (what, fix))
+
+
+def _url_host(key, url, host):
+    if host.startswith("["):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise InputError(key, "%r has an invalid IPv6 host; %s" % (url, FIX))
+    else:
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            labels = host[:-1].split(".") if host.endswith(".") else host.split(".")
+            if all(NUMERIC_LABEL.match(x) for x in labels) or (labels and labels[-1].isdigit()):
+                raise InputError(key, "%r writes its host %s in a numeric form that is not a dotted-quad IPv4 address "
+                                      "(resolvers read 127.1 or 0x7f.1 as 127.0.0.1); write the address as four "
+                                      "decimal numbers like 10.0.0.11; %s" % (url, host, FIX))
+            if not host or len(host) > 253 or not all(DNS_LABEL.match(x) for x in labels):
+                raise InputError(key, "%r has no valid host (an IPv4 address, an IPv6 address in brackets or a DNS "
+                                      "name); %s" % (url, FIX))
+    reason = local_host_reason(host)
+    if reason:
+        raise InputError(key, "%r points at %s (%s), which only reaches the machine a client runs on; the fleet's "
+                              "clients run elsewhere: use the engine host's reachable address; %s"
+                         % (url, host, reason, FIX))
+
+
+def parse_url(key, url, allow_path=True):
+    """Split an http(s) URL into (scheme, host, port, path); the port defaults by scheme. User information, a
+    query or a fragment is refused; a path only where `allow_path` (the attestation URL)."""
+    m = URL.match(url or "")
+    if not m:
+        raise InputError(key, "%r is not an http(s) URL like http://10.0.0.11:8000 (IPv6 in brackets); %s"
+                         % (url, FIX))
+    scheme, authority, path, query, fragment = m.groups()
+    if "@" in authority:
+        # the value is not repeated: user information may hold a password
+        raise InputError(key, "the URL carries user information (user@ or user:password@ before the host), which "
+                              "the fleet would hand to every client; drop it (the engines authenticate with the key "
+                              "in NARWHAL_API_KEY_FILE); %s" % FIX)
+    if query is not None or fragment is not None:
+        raise InputError(key, "%r has a query (?...) or a fragment (#...); give scheme://host:port%s only; %s"
+                         % (url, "/path" if allow_path else "", FIX))
+    if path and not allow_path:
+        raise InputError(key, "%r has a path (%s); an engine URL is the server's root, which the router and the "
+                              "probes extend with /v1/...: give scheme://host:port only; %s" % (url, path, FIX))
+    if path and not URL_PATH.match(path):
+        raise InputError(key, "%r has a path with characters other than letters, digits and . _ ~ %% / : @ + , = -; "
+                              "%s" % (url, FIX))
+    hp = AUTHORITY.match(authority)
+    if not hp:
+        raise InputError(key, "%r is not an http(s) URL like http://10.0.0.11:8000 (IPv6 in brackets); %s"
+                         % (url, FIX))
+    host, port = hp.groups()
+    _url_host(key, url, host)
+    if port == "":
+        raise InputError(key, "%r has an empty port after ':'; %s" % (url, FIX))
+    port = int(port) if port else (443 if scheme == "https" else 80)
+    if not 1 <= port <= 65535:
+        raise InputError(key, "%r has port %d out of range 1-65535; %s" % (url, port, FIX))
+    return scheme, host, port, path or ""
+
+
+def _suggest(name, names):
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.75)
+    return " (did you mean %s?)" % close[0] if close else ""
+
+
+def _unknown_site_key(key):
+    if key in ROLE_ENV_KEYS:
+        why = ("is a key of the role environment that prepare writes for the launcher, not a site input; remove it "
+               "from .env")
+    elif key in TOOL_VARIABLES:
+        why = ("is read by the project's scripts from the controller environment, not from .env; remove it from "
+               ".env")
+    else:
+        names = [s["name"][len("NARWHAL_"):] for s in INPUTS]
+        hint = _suggest(key[len("NARWHAL_"):], names).replace("mean ", "mean NARWHAL_")
+        why = ("is not a site input%s; a misspelt key would be ignored and its default used: correct or remove it in "
+               ".env (docs/inputs.md lists every input)" % hint)
+    return InputError(key, why)
+
+
+def _unknown_node_key(key, known):
+    m = re.match(r"^NARWHAL_NODE_([1-9][0-9]*)_(.*)$", key)
+    if not m:
+        return InputError(key, "is not a per-node input: write NARWHAL_NODE_<n>_<setting> with n = 1, 2, ... (the <n> "
+                               "of engine-<n>, no leading zero); %s" % FIX)
+    hint = _suggest(m.group(2), sorted(known)).replace("mean ", "mean NARWHAL_NODE_%s_" % m.group(1))
+    return InputError(key, "is not a known per-node input%s (NARWHAL_NODE_<n>_{%s}); %s"
+                      % (hint, ",".join(sorted(known)), FIX))
+
+
+def check_env_file(entries, where):
+    """The entries of a .env file as python-dotenv's parser reads them, in file order: (key or None, value or
+    None, line number, unparseable). python-dotenv skips an unparseable line and keeps the last of repeated keys,
+    both silently: refuse them, and a NARWHAL_ key without '=' (read as unset)."""
+    seen = {}
+    for key, value, line, error in entries:
+        if error:
+            raise InputError("NARWHAL_ENV_FILE", "%s line %d is not KEY=VALUE as python-dotenv reads it (it would skip "
+                                                 "the line silently); fix or remove the line" % (where, line))
+        if not key or not key.startswith("NARWHAL_"):
+            continue
+        if value is None:
+            raise InputError(key, "%s line %d names %s without '=' (read as unset); write %s=<value> or remove the "
+                                  "line" % (where, line, key, key))
+        if key in seen:
+            raise InputError(key, "is set twice in %s (lines %d and %d); python-dotenv would keep the last value "
+                                  "silently: keep one line" % (where, seen[key], line))
+        seen[key] = line
+
+
+def is_input_name(key):
+    """A site input, or a well-formed per-node key (load_inputs refuses an unknown per-node setting)."""
+    return key in dict((s["name"], s) for s in INPUTS) or key.startswith("NARWHAL_NODE_")
+
+
+def unknown_name_warning(key):
+    """For a NARWHAL_ variable of the controller environment that is no input: a warning naming the input it
+    resembles, or None (the project's tool variables and names like no input)."""
+    if key in TOOL_VARIABLES or key in ROLE_ENV_KEYS or is_input_name(key):
+        return None
+    hint = _suggest(key[len("NARWHAL_"):], [s["name"][len("NARWHAL_"):] for s in INPUTS])
+    if not hint:
+        return None
+    return ("%s in the controller environment is not a site input%s and is ignored" %
+            (key, hint.replace("mean ", "mean NARWHAL_")))
+
+
+def load_inputs(values):
+    """Validate every NARWHAL_ value. Returns {"site": {...}, "nodes": {n: {...}}}.
+
+    `values` is the merged mapping (process environment over .env). Every value must be one line of printable
+    text; unknown NARWHAL_ keys are errors naming the closest input (a typo would silently drop a setting), as
+    are cross-input contradictions (an address of the other family, GPU lists that disagree with the TP size).
+    """
+    site_specs = dict((s["name"], s) for s in INPUTS)
+    known = dict((s["name"], s) for s in NODE_INPUTS)
+    for key in sorted(values):
+        if not key.startswith("NARWHAL_"):
+            continue
+        one_line(key, values[key])
+        if key in site_specs:
+            continue
+        m = NODE_KEY.match(key)
+        if key.startswith("NARWHAL_NODE_"):
+            if not m or m.group(2) not in known:
+                raise _unknown_node_key(key, known)
+            continue
+        raise _unknown_site_key(key)
+    site = {}
+    for spec in INPUTS:
+        key = spec["name"]
+        raw = values.get(key)
+        if raw is None or (isinstance(raw, str) and raw.strip() == ""):
+            if spec.get("required"):
+                raise InputError(key, "is required (%s); add it to .env" % spec["doc"].split(";", 1)[0].rstrip("."))
+            site[key] = spec.get("default")
+            continue
+        site[key] = _check(spec, key, raw)
+    nodes = {}
+    for key in sorted(values):
+        m = NODE_KEY.match(key)
+        if not m:
+            continue
+        raw = values[key]
+        if raw is None or str(raw).strip() == "":
+            continue
+        n = int(m.group(1))
+        nodes.setdefault(n, {})[m.group(2)] = _check(known[m.group(2)], key, raw)
+    _cross_check(site, nodes)
+    return {"site": site, "nodes": nodes}
+
+
+def _cross_check(site, nodes):
+    if not site.get("NARWHAL_SERVED_MODEL_NAME") and site.get("NARWHAL_MODEL_PATH"):
+        check_served_name("NARWHAL_MODEL_PATH", site["NARWHAL_MODEL_PATH"].rstrip("/").rsplit("/", 1)[-1],
+                          derived_from="NARWHAL_MODEL_PATH")
+    family = site.get("NARWHAL_BIND_FAMILY")
+    tp, per_engine = site.get("NARWHAL_TP_SIZE"), site.get("NARWHAL_GPUS_PER_ENGINE")
+    for n in sorted(nodes):
+        node = nodes[n]
+        if node.get("IP") and family:
+            version = ipaddress.ip_address(node["IP"]).version
+            if "ipv%d" % version != family:
+                raise InputError("NARWHAL_NODE_%d_IP" % n,
+                                 "%s is an IPv%d address but NARWHAL_BIND_FAMILY is %s (the engines bind and are "
+                                 "reached on that family); set an %s address or change NARWHAL_BIND_FAMILY; %s"
+                                 % (node["IP"], version, family, family, FIX))
+        ids = node.get("GPU_IDS")
+        if ids and tp and len(ids) != tp:
+            raise InputError("NARWHAL_NODE_%d_GPU_IDS" % n,
+                             "lists %d GPU(s) (%s) but NARWHAL_TP_SIZE is %d; TP must equal the engine's GPU count: "
+                             "list %d GPU(s) or change NARWHAL_TP_SIZE; %s"
+                             % (len(ids), ",".join(map(str, ids)), tp, tp, FIX))
+    engines_by_count = [n for n in sorted(nodes) if nodes[n].get("ROLE") and not nodes[n].get("GPU_IDS")]
+    if tp and isinstance(per_engine, int) and per_engine != tp and engines_by_count:
+        raise InputError("NARWHAL_TP_SIZE", "is %d but NARWHAL_GPUS_PER_ENGINE gives engine-%d %d GPU(s); TP must "
+                                            "equal the engine's GPU count: change NARWHAL_TP_SIZE or "
+                                            "NARWHAL_GPUS_PER_ENGINE; %s" % (tp, engines_by_count[0], per_engine, FIX))

@@ -1,0 +1,114 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The launcher-managed flags and variables: what no extra argument or environment entry of a record may
+set, because the planner derives it (flag_name, check_args, check_env, parse_env_words).
+"""
+
+from __future__ import annotations
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import RERUN, PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENV_NAME
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import (
+    API_KEY_ENV,
+    is_secret_flag,
+    is_secret_name,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.words import split_args
+
+__metaclass__ = type
+
+
+# Flags whose value the launcher owns (normalised: `--x_y` -> `--x-y`). `--config` (a YAML file of arguments)
+# could set any of them, `--uds` replaces the HTTP host/port, `--kv-events-config` binds its own endpoints.
+MANAGED_LONG_FLAGS = (
+    "--port", "--host", "--tensor-parallel-size", "--kv-transfer-config", "--api-key", "--served-model-name",
+    "--model", "--dtype", "--kv-cache-dtype", "--block-size", "--data-parallel-size", "--pipeline-parallel-size",
+    "--config", "--uds", "--kv-events-config", "--trust-remote-code",
+)
+
+MANAGED_SHORT_FLAGS = {"-tp": "--tensor-parallel-size", "-dp": "--data-parallel-size",
+                       "-pp": "--pipeline-parallel-size"}
+
+
+# Derived by discovery from the checkpoint (auto_map): in a record's runtime.extra_args only when
+# runtime.trust_remote_code says so, never from an operator's extra arguments.
+DERIVED_FLAGS = ("--trust-remote-code",)
+
+VISIBILITY_ENV = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")
+
+VISIBILITY_BY_VENDOR = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "ROCR_VISIBLE_DEVICES"}
+
+SSM_LAYOUT_ENV = "VLLM_SSM_CONV_STATE_LAYOUT"
+
+MANAGED_ENV = VISIBILITY_ENV + (
+    "UCX_NET_DEVICES", "UCX_TLS", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT", API_KEY_ENV,
+    SSM_LAYOUT_ENV, "VLLM_HOST_IP", "VLLM_PORT", "PATH",
+)
+
+DERIVED_ENV = (SSM_LAYOUT_ENV,)  # managed (no extra may set it) but carried in runtime.derived_environment
+
+
+def flag_name(token):
+    """The managed flag a token sets, or None. Handles --x_y, --flag=value, --flag.key (vLLM dotted JSON
+    args), -tp/-tp=2, and unambiguous argparse abbreviations of a managed flag (--tensor-parallel)."""
+    if not isinstance(token, str) or not token.startswith("-") or token in ("-", "--"):
+        return None
+    head = token.split("=", 1)[0]
+    if head.startswith("--"):
+        head = head.split(".", 1)[0].replace("_", "-")
+        for flag in MANAGED_LONG_FLAGS:
+            if head == flag or (len(head) > 3 and flag.startswith(head)):
+                return flag
+        return None
+    return MANAGED_SHORT_FLAGS.get(head.split(".", 1)[0])
+
+
+def check_args(args, where, allowed=()):
+    """Refuse arguments that set a launcher-managed flag (`allowed`: derived flags the record may carry)."""
+    for index, token in enumerate(args):
+        if not isinstance(token, str):
+            raise PlanError("%s[%d]=%r is not a string" % (where, index, token), where)
+        flag = flag_name(token)
+        if flag and flag not in allowed:
+            how = ("is derived by discovery from the checkpoint (an auto_map in config.json or "
+                   "tokenizer_config.json)" if flag in DERIVED_FLAGS else
+                   "is set by the launcher from the record and the role environment")
+            raise PlanError("%s[%d]=%r overrides launcher-managed %s, which %s; remove it (change the corresponding "
+                            "NARWHAL_ input instead)" % (where, index, token, flag, how), where)
+        if is_secret_flag(token):
+            raise PlanError("%s[%d] sets %s, which takes a credential and would be written into the launch records, "
+                            "the manifest and plan.json; remove it (the engines load the model from "
+                            "NARWHAL_MODEL_PATH and need no hub token; the engine API key comes from "
+                            "NARWHAL_API_KEY_FILE)" % (where, index, token.split("=", 1)[0]), where)
+    return list(args)
+
+
+def check_env(env, where, allowed=()):
+    """Refuse launcher-managed, secret-looking and malformed variables in an environment mapping."""
+    if not isinstance(env, dict):
+        raise PlanError("%s must be a mapping of variables; %s" % (where, RERUN), where)
+    for name, value in env.items():
+        if not isinstance(name, str) or not ENV_NAME.match(name) or not isinstance(value, str) \
+                or "\x00" in value:
+            raise PlanError("%s entry %r must be a NAME=string variable" % (where, name), where)
+        if name in MANAGED_ENV and name not in allowed:
+            raise PlanError("%s sets %s, which is launcher-managed (the launcher sets it from the record and the role "
+                            "environment); remove it (change the corresponding NARWHAL_ input instead)"
+                            % (where, name), where)
+        if is_secret_name(name):
+            raise PlanError("%s sets %s, which looks like a secret and would be written into the launch records; "
+                            "remove it (the engine API key comes from NARWHAL_API_KEY_FILE)" % (where, name), where)
+    return dict(env)
+
+
+def parse_env_words(text, where):
+    """KEY=VALUE shell words (NARWHAL_ENGINE_ENV) -> {KEY: VALUE}, checked like a record environment."""
+    result = {}
+    for entry in split_args(text, where):
+        key, sep, value = entry.partition("=")
+        if not sep or not ENV_NAME.match(key):
+            raise PlanError("%s entry %r is not KEY=VALUE" % (where, entry), where)
+        if key in result:
+            raise PlanError("%s sets %s twice" % (where, key), where)
+        result[key] = value
+    return check_env(result, where)

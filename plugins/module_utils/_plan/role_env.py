@@ -1,0 +1,129 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The role environment: the one file per engine that install writes and the launcher reads (its keys,
+format and parser), the install paths it names, and the engine API key file it points at.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENV_NAME
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.words import control_character
+
+__metaclass__ = type
+
+ROLE_ENV_KEYS = ("NARWHAL_ENGINE", "NARWHAL_RECORD", "NARWHAL_MODEL_MOUNT", "NARWHAL_SERVED_MODEL_NAME",
+                 "NARWHAL_BIND_FAMILY", "NARWHAL_HTTP_PORT", "NARWHAL_ADVERTISED_ADDRESS", "NARWHAL_SIDE_CHANNEL_PORT",
+                 "NARWHAL_FABRIC_INTERFACE", "NARWHAL_API_KEY_FILE", "NARWHAL_RUN_ID", "NARWHAL_RUN_DIR",
+                 "NARWHAL_APP_REVISION")
+
+
+# ----------------------------------------------------------------------------------------- role environment
+
+def install_paths(checkout, engine, run_id):
+    """Where install puts an engine's files in the engine checkout, and the launcher's run directory."""
+    return {
+        "record": "%s/config/engine-launch.%s.json" % (checkout, engine),
+        "role_env": "%s/config/%s.env" % (checkout, engine),
+        "launcher": "%s/bin/launch_engine.pyz" % checkout,
+        "api_key": "%s/config/engine-api.key" % checkout,
+        "run_dir": "%s/runs/%s" % (checkout, run_id),
+    }
+
+
+def model_mount(record):
+    """The container path of the checkpoint: /models/<served model name, / as _>."""
+    served = record["runtime"]["served_model_name"]
+    return "/models/%s" % served.replace("/", "_")
+
+
+def role_environment(record, checkout, run_id, revision=None):
+    """The role environment prepare writes and the launcher reads (-> {key: value})."""
+    node = record["node"]
+    paths = install_paths(checkout, record["engine"], run_id)
+    env = {
+        "NARWHAL_ENGINE": record["engine"],
+        "NARWHAL_RECORD": paths["record"],
+        "NARWHAL_MODEL_MOUNT": model_mount(record),
+        "NARWHAL_SERVED_MODEL_NAME": record["runtime"]["served_model_name"],
+        "NARWHAL_BIND_FAMILY": node["bind_family"],
+        "NARWHAL_HTTP_PORT": str(node["engine_port"]),
+        "NARWHAL_ADVERTISED_ADDRESS": node["address"],
+        "NARWHAL_SIDE_CHANNEL_PORT": str(node["side_channel_port"]),
+        "NARWHAL_FABRIC_INTERFACE": node["fabric_interface"],
+        "NARWHAL_API_KEY_FILE": paths["api_key"],
+        "NARWHAL_RUN_ID": run_id,
+        "NARWHAL_RUN_DIR": paths["run_dir"],
+    }
+    if revision is not None:
+        env["NARWHAL_APP_REVISION"] = revision
+    return env
+
+
+def render_role_env(role_env):
+    """KEY=VALUE lines; a value that could add a line or is not text is refused (no injection)."""
+    lines = ["# Role environment of %s, written by narwhal.deploy prepare/install. Do not edit: prepare a new run."
+             % role_env.get("NARWHAL_ENGINE", "?")]
+    for key in sorted(role_env):
+        value = role_env[key]
+        if key not in ROLE_ENV_KEYS:
+            raise PlanError("role env key %s is not one the launcher reads" % key, key)
+        if not isinstance(value, str) or control_character(value) is not None:
+            raise PlanError("role env %s=%r must be one line of text without control characters; correct the input "
+                            "it comes from" % (key, value), key)
+        lines.append("%s=%s" % (key, value))
+    return "\n".join(lines) + "\n"
+
+
+def parse_role_env(text, where):
+    """The inverse of render_role_env: `#` comments and blank lines ignored, no expansion, no quote removal;
+    unknown keys and repeated keys are refused."""
+    result = {}
+    # lines end at \n only (what render_role_env writes): str.splitlines() would also split at \r, \v, \f,
+    # \x1c-\x1e, \x85, U+2028 and U+2029, so a value carrying one of them could smuggle in another key
+    for number, line in enumerate(text.split("\n"), 1):
+        bad = control_character(line)
+        if bad is not None:
+            raise PlanError("role environment %s line %d contains the control character %r; a role environment is "
+                            "one KEY=VALUE per line of printable text: prepare a new run" % (where, number, bad))
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        key, sep, value = stripped.partition("=")
+        key = key.strip()
+        if not sep or not ENV_NAME.match(key):
+            raise PlanError("role environment %s line %d: %r is not KEY=VALUE; fix the line"
+                            % (where, number, stripped))
+        if key not in ROLE_ENV_KEYS:
+            known = ", ".join(ROLE_ENV_KEYS)
+            raise PlanError("role environment %s line %d: %s is not a key the launcher reads (%s); the role "
+                            "environment is written by prepare: prepare a new run" % (where, number, key, known), key)
+        if key in result:
+            raise PlanError("role environment %s line %d: %s is set twice; prepare a new run" % (where, number, key),
+                            key)
+        result[key] = value
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+API_KEY_MAX_BYTES = 65536
+
+
+def api_key_from(raw, mode, path):
+    """The engine API key held by a key file (its bytes and st_mode), the one rule for prepare and the launcher:
+    mode 0600 or 0400 (no group or other bits), one non-empty line of UTF-8 text, at most API_KEY_MAX_BYTES.
+    Raises PlanError naming the file, never the key."""
+    key_name = "NARWHAL_API_KEY_FILE"
+    if mode & 0o077:
+        raise PlanError("the engine API key file %s has mode %04o; it must be 0600 or 0400 (chmod 600 %s)"
+                        % (path, mode & 0o7777, path), key_name)
+    lines = [line for line in raw.splitlines() if line.strip()]
+    if len(raw) > API_KEY_MAX_BYTES or b"\x00" in raw or len(lines) != 1:
+        raise PlanError("the engine API key file %s must hold exactly one non-empty line (it has %d%s); write the "
+                        "key alone into it" % (path, len(lines), ", or NUL bytes or over %d bytes"
+                                               % API_KEY_MAX_BYTES if len(lines) == 1 else ""), key_name)
+    try:
+        return lines[0].decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise PlanError("the engine API key file %s is not UTF-8 text; write the key alone into it" % path, key_name)

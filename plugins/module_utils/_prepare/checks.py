@@ -1,0 +1,214 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""prepare, pure planning (seed §15-16): validate the assigned records and the P/D compatibility gate,
+compare them with the current host inspection, derive each engine's environment, vllm_args and role
+environment, and build the run manifest. Every refusal raises InputError naming the input and the fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import REGENERATE, InputError, PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import (
+    FLEET_SCHEMA,
+    LAUNCH_CONFIG_SCHEMA,
+    MANIFEST_SCHEMA,
+    validation_errors,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan import role_env as _role_env
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import container_spec, plan_hash, redacted
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import install_paths, role_environment
+from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.gate import check_pairs
+
+__metaclass__ = type
+
+
+def canonical(document):
+    return json.dumps(document, sort_keys=True, separators=(",", ":"))
+
+
+def sha256_text(text):
+    return hashlib.sha256(text.encode("utf-8") if isinstance(text, str) else text).hexdigest()
+
+
+def check_documents(fleet, launch_config, site):
+    errors = validation_errors(fleet, FLEET_SCHEMA)
+    if errors:
+        raise InputError("NARWHAL_FLEET", "%s fails the fleet schema (%s); %s"
+                         % (site["NARWHAL_FLEET"], "; ".join(errors[:5]), REGENERATE))
+    errors = validation_errors(launch_config, LAUNCH_CONFIG_SCHEMA)
+    if errors:
+        raise InputError("NARWHAL_LAUNCH_CONFIG", "%s fails the launch-record schema (%s); %s"
+                         % (site["NARWHAL_LAUNCH_CONFIG"], "; ".join(errors[:5]), REGENERATE))
+    iids = [e["iid"] for e in fleet]
+    if len(set(iids)) != len(iids):
+        raise InputError("NARWHAL_FLEET", "duplicate iid in %s (%s); %s"
+                         % (site["NARWHAL_FLEET"], ", ".join(iids), REGENERATE))
+
+
+def compatibility(records):
+    """The P/D gate: every prefill/decode pair must pass vLLM's NIXL handshake (_handshake.check_pairs)."""
+    check_pairs(records)
+
+
+def shared_hosts(records):
+    """Engines on one physical host must not overlap in GPUs, HTTP, attestation or side-channel ports."""
+    by_host = {}
+    for r in records.values():
+        by_host.setdefault(r["node"].get("host_id") or r["engine"], []).append(r)
+    for group in by_host.values():
+        for i, a in enumerate(group):
+            for b in group[i + 1:]:
+                both = "%s and %s share a host" % (a["engine"], b["engine"])
+                gpus = sorted(set(a.get("gpu_host_indices", [])) & set(b.get("gpu_host_indices", [])))
+                if gpus:
+                    raise InputError("NARWHAL_NODE_<n>_GPU_IDS", "%s and both use GPU %s; %s"
+                                     % (both, ",".join(map(str, gpus)), REGENERATE))
+                ports_a = _ports(a)
+                for name, (lo, hi) in _ports(b).items():
+                    for other, (olo, ohi) in ports_a.items():
+                        if lo <= ohi and olo <= hi:
+                            raise InputError("NARWHAL_NODE_<n>_%s" % _port_key(name),
+                                             "%s and their %s / %s ports overlap (%d-%d and %d-%d); %s"
+                                             % (both, other, name, olo, ohi, lo, hi, REGENERATE))
+
+
+def _ports(r):
+    node = r["node"]
+    side = node.get("side_channel_ports") or [node["side_channel_port"], node["side_channel_port"]]
+    return {"engine": (node["engine_port"], node["engine_port"]),
+            "attestation": (node["attest_port"], node["attest_port"]),
+            "side-channel": (side[0], side[1])}
+
+
+def _port_key(name):
+    return {"engine": "ENGINE_PORT", "attestation": "ATTEST_PORT"}.get(name, "SIDE_CHANNEL_PORT")
+
+
+def stale(record, current):
+    """Compare a record with the current inspection of its host: GPUs, devices, address, image.
+    `current` = {"gpus": narwhal_gpus, "interface": narwhal_interface, "image_id": str|None,
+    "missing_devices": [...]}."""
+    engine = record["engine"]
+    fix = "the record of %s no longer matches its host: %%s; %s" % (engine, REGENERATE)
+    gpus = current.get("gpus") or {}
+    if record["accelerator"]["vendor"] in ("nvidia", "amd"):
+        if gpus.get("vendor") != record["accelerator"]["vendor"]:
+            raise InputError(engine, fix % ("recorded %s GPUs, the host now reports %s"
+                                            % (record["accelerator"]["vendor"], gpus.get("vendor"))))
+        by_index = dict((g["index"], g) for g in gpus.get("gpus", []))
+        for index in record.get("gpu_host_indices", []):
+            g = by_index.get(index)
+            if g is None:
+                raise InputError(engine, fix % ("GPU %d is gone" % index))
+            if g.get("name") != record["accelerator"]["product"]:
+                raise InputError(engine, fix % ("GPU %d is now a %s, recorded %s"
+                                                % (index, g.get("name"), record["accelerator"]["product"])))
+        uuids = [by_index[i].get("uuid") for i in record.get("gpu_host_indices", [])]
+        if record["gpu_ids"] and record["gpu_ids"][0].startswith("GPU-") and record["gpu_ids"] != uuids:
+            raise InputError(engine, fix % "the allocated GPUs' UUIDs changed")
+    if current.get("missing_devices"):
+        raise InputError(engine, fix % ("device paths missing on the host: %s" % ", ".join(current["missing_devices"])))
+    addresses = [a["address"] for a in (current.get("interface") or {}).get("addresses", [])]
+    if record["node"]["address"] not in addresses:
+        raise InputError(engine, fix % ("%s no longer carries %s (it has %s)" % (
+            record["node"]["fabric_interface"], record["node"]["address"], ", ".join(addresses) or "none")))
+    if current.get("image_id") != record["runtime"]["image_id"]:
+        raise InputError(engine, fix % ("image %s is %s on the host, recorded %s" % (
+            record["runtime"]["image"], current.get("image_id") or "absent", record["runtime"]["image_id"])))
+
+
+def derive(record, checkout, run_id):
+    """-> {"environment", "vllm_args", "container", "plan_hash", "role_env", "paths"} for one engine: the
+    planner's container (the one the launcher starts), so the manifest records what the container gets."""
+    engine = record["engine"]
+    role_env = role_environment(record, checkout, run_id)
+    try:
+        _role_env.render_role_env(role_env)  # every value one line of text (the role env is a line-based file)
+        plan = container_spec(record, role_env)
+    except PlanError as exc:
+        raise InputError(engine, "the launcher would refuse the record of %s: %s; %s" % (engine, exc, REGENERATE))
+    return {"environment": plan["environment"], "vllm_args": plan["command"][2:], "container": redacted(plan),
+            "plan_hash": plan_hash(plan), "role_env": role_env,
+            "paths": install_paths(checkout, engine, run_id)}
+
+
+def render_role_env(role_env):
+    try:
+        return _role_env.render_role_env(role_env)
+    except PlanError as exc:
+        raise InputError(exc.key or "NARWHAL_ENV_FILE", str(exc))
+
+
+def run_id(engines, records, derived, launcher_sha256, inputs_sha):
+    material = canonical({"engines": sorted(engines), "records": dict((e, records[e]) for e in engines),
+                          "derived": dict((e, {"environment": derived[e]["environment"],
+                                               "vllm_args": derived[e]["vllm_args"]}) for e in engines),
+                          "launcher": launcher_sha256, "inputs": inputs_sha})
+    return "run-" + sha256_text(material)[:12]
+
+
+# ------------------------------------------------------------------------------------------------ relaunch
+
+RUN_ID = re.compile(r"^run-[0-9a-f]{12}\Z")
+
+RELAUNCH = "prepare from another run, or from the current records (without from_run)"
+
+
+def check_run_id(from_run):
+    if not isinstance(from_run, str) or not RUN_ID.match(from_run):
+        raise InputError("from_run", "%r is not a run ID (run-<12 hex digits>, the name of a directory in "
+                                     "NARWHAL_RUNS_DIR); %s" % (from_run, RELAUNCH))
+
+
+def past_run(from_run, run_dir, manifest, launcher, records, role_envs, engines):
+    """Validate an earlier run read from `run_dir` (its manifest as parsed JSON, its launcher snapshot bytes, and
+    per engine of the manifest its record copy and its role environment, each parsed, or None when the file is
+    missing) and return its records for a relaunch of `engines`. Checked: the manifest's schema and run ID, the
+    launcher and every record against the manifest's own digests, each role environment against the manifest, and
+    that every engine asked for is in the run. Not checked: the current .env policy (a relaunch is a rollback)."""
+    where = "run %s (%s)" % (from_run, run_dir)
+    errors = validation_errors(manifest, MANIFEST_SCHEMA)
+    if errors:
+        raise InputError("from_run", "the manifest of %s fails its schema (%s); %s"
+                         % (where, "; ".join(errors[:5]), RELAUNCH))
+    if manifest["run_id"] != from_run:
+        raise InputError("from_run", "the manifest of %s is the manifest of %s; %s"
+                         % (where, manifest["run_id"], RELAUNCH))
+    missing = [e for e in engines if e not in manifest["engines"]]
+    if missing:
+        raise InputError("from_run", "%s did not prepare %s (it has %s); limit the play to its engines (-l) or %s"
+                         % (where, ", ".join(missing), ", ".join(sorted(manifest["engines"])), RELAUNCH))
+    if launcher is None:
+        raise InputError("from_run", "%s has no launcher snapshot %s; %s" % (where, manifest["launcher"]["file"],
+                                                                             RELAUNCH))
+    if sha256_text(launcher) != manifest["launcher"]["sha256"]:
+        raise InputError("from_run", "the launcher snapshot of %s does not match the sha256 its manifest records "
+                                     "(%s): it was changed after prepare; %s"
+                         % (where, manifest["launcher"]["sha256"][:12], RELAUNCH))
+    for engine in sorted(manifest["engines"]):
+        entry = manifest["engines"][engine]
+        if records.get(engine) is None:
+            raise InputError("from_run", "%s has no record copy for %s (%s/engine-launch.%s.json); %s"
+                             % (where, engine, engine, engine, RELAUNCH))
+        if sha256_text(canonical(records[engine])) != entry["record_sha256"]:
+            raise InputError("from_run", "the record copy of %s in %s does not match the sha256 its manifest records "
+                                         "(%s): it was changed after prepare; %s"
+                             % (engine, where, entry["record_sha256"][:12], RELAUNCH))
+        if role_envs.get(engine) is None:
+            raise InputError("from_run", "%s has no role environment for %s (%s/%s.env); %s"
+                             % (where, engine, engine, engine, RELAUNCH))
+        if role_envs[engine] != entry["role_env"]:
+            changed = sorted(k for k in set(role_envs[engine]) | set(entry["role_env"])
+                             if role_envs[engine].get(k) != entry["role_env"].get(k))
+            raise InputError("from_run", "the role environment of %s in %s differs from its manifest (%s): it was "
+                                         "changed after prepare; %s" % (engine, where, ", ".join(changed), RELAUNCH))
+    launch = {"version": 1, "engines": dict((e, records[e]) for e in manifest["engines"])}
+    errors = validation_errors(launch, LAUNCH_CONFIG_SCHEMA)
+    if errors:
+        raise InputError("from_run", "the records of %s fail the launch-record schema of this narwhal.deploy (%s); "
+                                     "%s" % (where, "; ".join(errors[:5]), RELAUNCH))
+    return launch["engines"]

@@ -1,0 +1,158 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The transfer probe, pure parts: the P/D request pair (docs/architecture.md, "The transfer probe"), the
+evidence that KV moved for THIS probe's request, and the verdict. The NIXL counters it reads are parsed
+by _common/nixl_metrics.py.
+"""
+
+from __future__ import annotations
+
+__metaclass__ = type
+
+
+def producer_request(model, prompt):
+    return {"model": model, "prompt": prompt, "max_tokens": 1, "stream": False, "temperature": 0,
+            "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                                   "remote_block_ids": None, "remote_host": None, "remote_port": None}}
+
+
+# Only ever read to report prompt_tokens_details (vLLM 0.32/0.33 output_processor); forwarded, it would make the
+# consumer report the producer's prefix-cache hits instead of the tokens it loaded.
+REPORT_ONLY_PARAMS = ("remote_prefill_cached_tokens",)
+
+
+def forward_params(kv_transfer_params):
+    """The producer's kv_transfer_params as the consumer gets them: unchanged but for REPORT_ONLY_PARAMS."""
+    return dict((k, v) for k, v in kv_transfer_params.items() if k not in REPORT_ONLY_PARAMS)
+
+
+def probe_prompt(unique, prompt):
+    """The probe's prompt: a fresh ID first, so no block of it can be in any engine's prefix cache."""
+    return "%s %s" % (unique, prompt)
+
+
+def consumer_request(model, prompt, kv_transfer_params, max_tokens=8):
+    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": False, "temperature": 0,
+            "kv_transfer_params": kv_transfer_params}
+
+
+def reference_request(model, prompt, salt, max_tokens=8):
+    """The same greedy request computed locally on the consumer: no kv_transfer_params, and a `cache_salt` the
+    transferred blocks do not carry, so the prefix cache cannot serve it from them (a true recomputation)."""
+    return {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": False, "temperature": 0,
+            "cache_salt": salt}
+
+
+def completion_text(body):
+    """The first choice's text of a completions answer, or None."""
+    if not isinstance(body, dict):
+        return None
+    choices = body.get("choices") or []
+    return choices[0].get("text") if choices and isinstance(choices[0], dict) else None
+
+
+def recompute_reasons(consumer_text, reference):
+    """Reasons why the consumer's output (decoded over transferred KV) is not the local recomputation's."""
+    status, body = reference
+    if status != 200:
+        return ["the local recomputation on the consumer answered HTTP %s" % status]
+    expected = completion_text(body)
+    if consumer_text != expected:
+        return ["consumer output %r differs from its local recomputation %r: the transferred KV is not the "
+                "prompt's" % (consumer_text, expected)]
+    return []
+
+
+def request_tokens(body):
+    """(cached_tokens, prompt_tokens) from a completions answer's usage; cached_tokens is None when the answer has
+    no usage.prompt_tokens_details (the engine runs without --enable-prompt-tokens-details, or a vLLM before 0.32
+    left it out because it was 0)."""
+    usage = body.get("usage") if isinstance(body, dict) else None
+    if not isinstance(usage, dict):
+        return None, None
+    prompt = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return (cached if isinstance(cached, int) and not isinstance(cached, bool) else None), prompt
+
+
+def _delta(before, after, key):
+    if before.get(key) is None or after.get(key) is None:
+        return None
+    return after[key] - before[key]
+
+
+def concurrent_traffic(before, after, prompt_tokens):
+    """What on the consumer's counters one probe request cannot explain (-> list of sentences, empty when none):
+    more than one finished request, or more externally loaded prompt tokens than the request has."""
+    seen = []
+    finished = _delta(before, after, "finished_requests")
+    if finished is not None and finished > 1:
+        seen.append("%d requests finished on the consumer meanwhile, the probe sent 1" % finished)
+    external = _delta(before, after, "external_prompt_tokens")
+    if external is not None and prompt_tokens is not None and external > prompt_tokens:
+        seen.append("%d prompt tokens were loaded by KV transfer, the probe's prompt has %d"
+                    % (external, prompt_tokens))
+    return seen
+
+
+def verdict(producer, consumer, before, after):
+    """-> {"ok", "reasons", "evidence", "notes", "concurrent_traffic", "cached_tokens", "prompt_tokens"}.
+
+    `producer`/`consumer` = (status, json or None); before/after = nixl_counters of the consumer. `evidence` says
+    how KV was proven for this probe's request: "request" (the consumer's answer counts the prompt's tokens as
+    loaded, see the module docstring), "counters" (only the consumer's NIXL bytes grew), or None (not proven).
+    Counters that moved more than this request explains are "concurrent traffic seen" (a note, not a failure)."""
+    reasons, notes = [], []
+    p_status, p_body = producer
+    c_status, c_body = consumer
+    if p_status != 200:
+        reasons.append("producer answered HTTP %s" % p_status)
+    params = (p_body or {}).get("kv_transfer_params") if isinstance(p_body, dict) else None
+    if p_status == 200 and not params:
+        reasons.append("producer returned no kv_transfer_params (is NixlConnector configured with kv_both?)")
+    if c_status != 200:
+        reasons.append("consumer answered HTTP %s" % c_status)
+    choices = (c_body or {}).get("choices") or [] if isinstance(c_body, dict) else []
+    if any(ch.get("finish_reason") == "error" for ch in choices):
+        reasons.append("consumer finished with reason 'error' (failed KV load)")
+    answered = not reasons
+    cached, prompt_tokens = request_tokens(c_body) if answered else (None, None)
+    evidence = None
+    if cached is not None:
+        if cached > 0:
+            evidence = "request"
+        else:
+            reasons.append("the consumer computed the probe's prompt itself (usage.prompt_tokens_details."
+                           "cached_tokens 0 of %s prompt tokens): KV did not move for this request" % prompt_tokens)
+    concurrent = concurrent_traffic(before, after, prompt_tokens)
+    moved = _delta(before, after, "bytes_transferred")
+    if moved is None:
+        if evidence == "request":
+            notes.append("the consumer exposes no vllm:nixl_bytes_transferred metric")
+        else:
+            reasons.append("consumer exposes no vllm:nixl_bytes_transferred metric")
+    elif moved <= 0:
+        reasons.append("consumer's vllm:nixl_bytes_transferred did not grow (%s -> %s): %s"
+                       % (before["bytes_transferred"], after["bytes_transferred"],
+                          "its answer counts %s loaded prompt tokens but NIXL moved no bytes" % cached
+                          if evidence == "request" else "the prompt was recomputed, KV did not move"))
+    elif evidence is None and answered:
+        evidence = "counters"
+    failed = _delta(before, after, "failed_transfers") or 0
+    if failed > 0:
+        grew = "consumer's vllm:nixl_num_failed_transfers grew (%s -> %s)" % (before.get("failed_transfers"),
+                                                                              after.get("failed_transfers"))
+        if evidence == "request" and concurrent:
+            notes.append(grew + ", not this probe's transfer (its answer proves its KV loaded)")
+        else:
+            reasons.append(grew)
+    if concurrent:
+        notes.append("concurrent traffic seen: %s" % "; ".join(concurrent))
+        if evidence == "counters":
+            notes.append("the counters cannot tell this probe's bytes from the other traffic's; start the "
+                         "consumer with --enable-prompt-tokens-details for per-request proof")
+    if reasons:
+        evidence = None
+    return {"ok": not reasons, "reasons": reasons, "evidence": evidence, "notes": notes,
+            "concurrent_traffic": bool(concurrent), "cached_tokens": cached, "prompt_tokens": prompt_tokens}

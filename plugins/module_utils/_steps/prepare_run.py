@@ -1,0 +1,323 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The prepare_run step: validate the assigned records and write a prepared run (see plugins/modules/prepare_run.py).
+
+prepare_run(module) takes the module-like object of _controller.py or an AnsibleModule and returns the keyword
+arguments of exit_json; a refusal ends with module.fail_json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import REGENERATE, InputError, PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_NAME
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import (
+    CommandTimeoutError,
+    host_name,
+    read_regular,
+    run_bounded,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy import (
+    RERUN,
+    check_policy,
+    verify_extract,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.paths import (
+    POLICY_FILE,
+    SOURCES_FILE,
+    check_paths,
+    git_ignore_checker,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import MANIFEST_SCHEMA, validation_errors
+from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.writer import OutputError, OutputSet
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import (
+    API_KEY_MAX_BYTES,
+    api_key_from,
+    parse_role_env,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.checks import (
+    RELAUNCH,
+    canonical,
+    check_documents,
+    check_run_id,
+    compatibility,
+    derive,
+    past_run,
+    render_role_env,
+    run_id,
+    sha256_text,
+    shared_hosts,
+    stale,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.launcher import build_zipapp, launcher_sources
+
+__metaclass__ = type
+
+
+def _path(root, value):
+    return value if os.path.isabs(value) else os.path.join(root, value)
+
+
+def _load(key, path):
+    try:
+        raw = read_regular(path)
+        return raw, json.loads(raw)
+    except (OSError, ValueError, RecursionError) as exc:
+        if isinstance(exc, RecursionError):
+            exc = "nested too deeply to be JSON a discovery wrote"
+        raise InputError(key, "cannot read %s (%s); run discovery first, or %s" % (path, exc, REGENERATE))
+
+
+def check_key_file(path):
+    """The engine API key file: readable, mode 0600 or 0400, one non-empty line (never printed)."""
+    try:
+        st = os.stat(path)
+        raw = read_regular(path, API_KEY_MAX_BYTES)  # a FIFO is refused by name, never waited on
+    except OSError as exc:
+        raise InputError("NARWHAL_API_KEY_FILE", "cannot read the engine API key file %s (%s); create it (one line, "
+                                                 "mode 0600) and prepare a new run" % (path, exc.strerror))
+    try:
+        api_key_from(raw, st.st_mode, path)  # the launcher's own rule for the same file
+    except PlanError as exc:
+        raise InputError("NARWHAL_API_KEY_FILE", str(exc))
+
+
+def check_records_policy(root, site, inputs):
+    """Refuse records whose launch policy differs from the current inputs (seed §15: a corrected input must
+    reach the records before the manifest records it)."""
+    config = _path(root, site["NARWHAL_CONFIG_DIR"])
+    index_path, extract_path = os.path.join(config, SOURCES_FILE), os.path.join(config, POLICY_FILE)
+    for path in (index_path, extract_path):
+        if not os.path.exists(path):
+            raise InputError("NARWHAL_CONFIG_DIR", "%s is missing, so prepare cannot tell whether the launch records "
+                                                   "match .env; %s" % (path, RERUN))
+    _raw, index = _load("NARWHAL_CONFIG_DIR", index_path)
+    try:
+        raw = read_regular(extract_path)  # a FIFO is refused by name, never waited on (under discovery's lock)
+    except OSError as exc:
+        raise InputError("NARWHAL_CONFIG_DIR", "cannot read %s (%s); %s"
+                         % (extract_path, getattr(exc, "strerror", None) or exc, RERUN))
+    extract = verify_extract(index, raw, index_path, extract_path)
+    digest = index.get("launch_config_sha256")  # which discovery wrote the records (no timestamp: idempotent)
+    check_policy(extract, inputs,
+                 "%s, sha256 %s" % (site["NARWHAL_LAUNCH_CONFIG"], digest[:12]) if isinstance(digest, str) else None)
+
+
+def read_config(module, root, site, nodes, paths):
+    """The fleet and the launch config, read under discovery's lock of NARWHAL_CONFIG_DIR (after completing or
+    undoing an interrupted discovery write, docs/outputs.md) so that they are one set with the policy extract."""
+    with OutputSet(_path(root, site["NARWHAL_CONFIG_DIR"]), "discovery", check_mode=module.check_mode, create=False,
+                   who="prepare") as config:
+        if config.pending:
+            raise InputError("NARWHAL_CONFIG_DIR", "%s; run prepare without check mode (it completes that write "
+                                                   "first) or rerun discovery" % config.pending)
+        fleet_raw, fleet = _load("NARWHAL_FLEET", paths["fleet"])
+        launch_raw, launch = _load("NARWHAL_LAUNCH_CONFIG", paths["launch_config"])
+        check_records_policy(root, site, {"site": site, "nodes": nodes})
+    for note in config.notes:
+        module.warn(note)
+    return fleet_raw, fleet, launch_raw, launch
+
+
+GIT_TIMEOUT = 60  # seconds each git command may take
+
+
+def _git(module, git, root, *args):
+    """(rc, stdout) of `git -C root args`, with a deadline that fails the module naming git and the host."""
+    try:
+        rc, out, _err = run_bounded([git, "-C", root] + list(args), GIT_TIMEOUT, {"LC_ALL": "C"})
+    except CommandTimeoutError:
+        module.fail_json(msg="prepare refused, no run was created: 'git %s' in %s on host %s did not answer within "
+                             "%d s (timed out, killed); git hangs on an unreachable network file system or a held "
+                             "repository lock (.git/index.lock): check the checkout, then prepare again"
+                             % (" ".join(args), root, host_name(), GIT_TIMEOUT))
+    except OSError as exc:
+        module.fail_json(msg="prepare refused, no run was created: git could not be started on host %s (%s)"
+                             % (host_name(), exc.strerror or exc))
+    return rc, out
+
+
+def revision(module, root):
+    """(HEAD commit, dirty) of the checkout; (None, None) without git or outside a repository."""
+    git = module.get_bin_path("git")
+    if not git:
+        return None, None
+    rc, out = _git(module, git, root, "rev-parse", "HEAD")
+    if rc != 0:
+        return None, None
+    rc2, status = _git(module, git, root, "status", "--porcelain", "--untracked-files=no")
+    return out.strip(), bool(status.strip()) if rc2 == 0 else None
+
+
+def current_records(module, p, root, site, engines, paths):
+    """(records, launcher bytes, inputs digests) from the current fleet and launch config (discovery's output,
+    checked against the current .env policy) and the launcher built from the collection."""
+    fleet_raw, fleet, launch_raw, launch = read_config(module, root, site, p["site"].get("nodes") or {}, paths)
+    check_documents(fleet, launch, site)
+    records = launch["engines"]
+    missing = [e for e in engines if e not in records]
+    if missing:
+        raise InputError("NARWHAL_LAUNCH_CONFIG", "%s has no record for %s; %s"
+                         % (site["NARWHAL_LAUNCH_CONFIG"], ", ".join(missing), REGENERATE))
+    fleet_by_engine = dict((f.get("engine"), f) for f in fleet)
+    for e in engines:
+        f = fleet_by_engine.get(e)
+        if f is None or f["iid"] != records[e]["iid"] or f["role"] != records[e]["role"]:
+            raise InputError("NARWHAL_FLEET", "the fleet and the launch config disagree about %s; %s" % (e, REGENERATE))
+        if "accelerator" in f and f["accelerator"] != records[e]["accelerator"]:
+            raise InputError("NARWHAL_FLEET", "the fleet's hardware fields for %s (%s) differ from its record "
+                                              "(%s); %s" % (e, f["accelerator"], records[e]["accelerator"], REGENERATE))
+    try:
+        launcher_bytes = build_zipapp(launcher_sources(p["collection"]))
+    except (OSError, ValueError) as exc:
+        raise InputError("collection", "cannot build the launcher from the collection at %s (%s); reinstall "
+                                       "narwhal.deploy" % (p["collection"], exc))
+    inputs_sha = {"env_file_sha256": p["site"].get("env_sha256"), "fleet_sha256": sha256_text(fleet_raw),
+                  "launch_config_sha256": sha256_text(launch_raw)}
+    return records, launcher_bytes, inputs_sha
+
+
+def _run_file(path, parse):
+    """A file of an earlier run: None when it does not exist, else parse(bytes); unreadable is refused by name."""
+    try:
+        raw = read_regular(path)
+    except OSError as exc:
+        if not os.path.lexists(path):
+            return None
+        raise InputError("from_run", "cannot read %s (%s); %s" % (path, getattr(exc, "strerror", None) or exc,
+                                                                  RELAUNCH))
+    try:
+        return parse(raw)
+    except (ValueError, RecursionError, PlanError) as exc:
+        raise InputError("from_run", "%s is not what prepare wrote (%s); %s"
+                         % (path, exc if not isinstance(exc, RecursionError) else "nested too deeply", RELAUNCH))
+
+
+def read_past_run(runs_dir, from_run, engines):
+    """(records of the run, its launcher snapshot bytes, its manifest) from runs/<from_run>/, validated
+    (_prepare.past_run). Reads only that run's files."""
+    check_run_id(from_run)
+    run_dir = os.path.join(runs_dir, from_run)
+    if not os.path.isdir(run_dir):
+        raise InputError("from_run", "there is no run %s: %s is not a directory (NARWHAL_RUNS_DIR); pick a run ID "
+                                     "from the directories of %s" % (from_run, run_dir, runs_dir))
+    manifest = _run_file(os.path.join(run_dir, "manifest.json"), json.loads)
+    if manifest is None:
+        raise InputError("from_run", "run %s (%s) has no manifest.json; %s" % (from_run, run_dir, RELAUNCH))
+    names = sorted(manifest.get("engines") or {}) if isinstance(manifest, dict) else []
+    names = [e for e in names if ENGINE_NAME.match(e)]  # never a path from the manifest
+    launcher_file = "launch_engine.pyz"
+    launcher = _run_file(os.path.join(run_dir, launcher_file), bytes)
+    records = dict((e, _run_file(os.path.join(run_dir, e, "engine-launch.%s.json" % e), json.loads)) for e in names)
+    role_envs = dict((e, _run_file(os.path.join(run_dir, e, "%s.env" % e),
+                                   lambda raw, e=e: parse_role_env(raw.decode("utf-8"), "%s/%s.env" % (e, e))))
+                     for e in names)
+    if not isinstance(manifest, dict) or manifest.get("launcher", {}).get("file", launcher_file) != launcher_file:
+        raise InputError("from_run", "the manifest of run %s (%s) is not one prepare wrote; %s"
+                         % (from_run, run_dir, RELAUNCH))
+    return past_run(from_run, run_dir, manifest, launcher, records, role_envs, engines), launcher, manifest
+
+
+def module_spec():
+    """The AnsibleModule keyword arguments of prepare_run (the module and its action plugin validate with them)."""
+    return dict(
+        argument_spec=dict(
+            site=dict(type="dict", required=True),
+            engines=dict(type="list", elements="str", required=True),
+            root=dict(type="path", required=True),
+            collection=dict(type="path", required=True),
+            stage=dict(type="str", default="validate", choices=["validate", "write"]),
+            hosts=dict(type="dict", default={}),
+            from_run=dict(type="str"),
+        ),
+        supports_check_mode=True,
+    )
+
+
+def prepare_run(module):
+    p = module.params
+    site, root, engines = p["site"]["site"], p["root"], sorted(p["engines"])
+    try:
+        # the run directory and the files prepare reads: each its own, none an input, git-ignored in the checkout
+        paths = check_paths(root, site, engines, p["site"].get("env_file"),
+                            git_ignore_checker(module, root, GIT_TIMEOUT), os.path.realpath)
+        if p["from_run"]:
+            # a relaunch: the earlier run is the recipe; the current .env policy is not applied (a rollback)
+            records, launcher_bytes, earlier = read_past_run(paths["runs_dir"], p["from_run"], engines)
+            digests = ("env_file_sha256", "fleet_sha256", "launch_config_sha256")
+            inputs_sha = dict((k, earlier["inputs"].get(k)) for k in digests)
+            inputs_sha["relaunched_from"] = p["from_run"]
+        else:
+            records, launcher_bytes, inputs_sha = current_records(module, p, root, site, engines, paths)
+        compatibility(records)
+        shared_hosts(records)
+        launcher_sha = hashlib.sha256(launcher_bytes).hexdigest()
+        checkout = site["NARWHAL_ENGINE_CHECKOUT"]
+        draft = dict((e, derive(records[e], checkout, "run-pending")) for e in engines)
+        rid = run_id(engines, records, draft, launcher_sha, inputs_sha)
+        derived = dict((e, derive(records[e], checkout, rid)) for e in engines)
+        check_key_file(paths["api_key_file"])
+        result = {"changed": False, "run_id": rid, "records": dict((e, records[e]) for e in engines),
+                  "derived": derived, "launcher_sha256": launcher_sha}
+        if p["stage"] == "validate":
+            return result
+        for e in engines:
+            stale(records[e], p["hosts"].get(e) or {})
+    except InputError as exc:
+        module.fail_json(msg="prepare refused, no run was created: %s" % exc, input=exc.key)
+    except OutputError as exc:
+        module.fail_json(msg="prepare: %s" % exc, path=exc.path)
+    rev, dirty = revision(module, root)
+    for e in engines:
+        # The launcher records it in deployment.json with the container ID and its own digest.
+        derived[e]["role_env"]["NARWHAL_APP_REVISION"] = "%s%s" % (rev or "unknown", "-dirty" if dirty else "")
+    runs_dir = paths["runs_dir"]
+    run_dir = os.path.join(runs_dir, rid)
+    manifest = {
+        "run_id": rid,
+        "application": {"revision": rev, "dirty": dirty},
+        "launcher": {"file": "launch_engine.pyz", "sha256": launcher_sha},
+        "inputs": (dict(earlier["inputs"]) if p["from_run"] else
+                   dict(inputs_sha, env_file=p["site"].get("env_file"), fleet=site["NARWHAL_FLEET"],
+                        launch_config=site["NARWHAL_LAUNCH_CONFIG"])),
+        "engines": dict((e, {"host": e, "role": records[e]["role"], "iid": records[e]["iid"],
+                             "record_sha256": sha256_text(canonical(records[e])),
+                             "environment": derived[e]["environment"], "vllm_args": derived[e]["vllm_args"],
+                             "container": derived[e]["container"], "plan_hash": derived[e]["plan_hash"],
+                             "role_env": derived[e]["role_env"], "install": derived[e]["paths"]}) for e in engines),
+    }
+    if p["from_run"]:
+        manifest["relaunched_from"] = p["from_run"]
+    errors = validation_errors(manifest, MANIFEST_SCHEMA)
+    if errors:
+        module.fail_json(msg="the manifest fails its schema, no run was created: %s" % "; ".join(errors))
+    files = {os.path.join(run_dir, "manifest.json"): (json.dumps(manifest, indent=2) + "\n", 0o600),
+             os.path.join(run_dir, "launch_engine.pyz"): (launcher_bytes, 0o600),
+             os.path.join(run_dir, "launch_engine.pyz.sha256"): ("%s  launch_engine.pyz\n" % launcher_sha, 0o600)}
+    for e in engines:
+        files[os.path.join(run_dir, e, "engine-launch.%s.json" % e)] = (json.dumps(records[e], indent=2) + "\n", 0o600)
+        files[os.path.join(run_dir, e, "%s.env" % e)] = (render_role_env(derived[e]["role_env"]), 0o600)
+        files[os.path.join(run_dir, e, "prepared.json")] = (json.dumps(
+            {"environment": derived[e]["environment"], "vllm_args": derived[e]["vllm_args"],
+             "container": derived[e]["container"], "plan_hash": derived[e]["plan_hash"]}, indent=2) + "\n", 0o600)
+    # One lock for the runs directory (a second prepare waits, then is refused by name); a new run is built aside and
+    # renamed into place, a changed one swapped through the journal (plugins/module_utils/_outputs.py).
+    try:
+        with OutputSet(runs_dir, "prepare", check_mode=module.check_mode) as runs:
+            changes = runs.plan(files)
+            if changes and not module.check_mode:
+                if os.path.isdir(run_dir):
+                    runs.apply(changes, kept="the previous files of %s are intact" % run_dir)
+                else:
+                    runs.create_tree(run_dir, files)
+    except OutputError as exc:
+        module.fail_json(msg="prepare: %s" % exc, path=exc.path)
+    for note in runs.notes:
+        module.warn(note)
+    result.update(changed=bool(changes), run_dir=run_dir, manifest=manifest)
+    if module._diff and changes:
+        result["diff"] = {"before": "", "after": "\n".join(sorted(c[0] for c in changes)) + "\n"}
+    return result

@@ -1,0 +1,106 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The site_inputs step: read and validate the site .env (see plugins/modules/site_inputs.py for its contract).
+
+site_inputs(module) takes the module-like object of _controller.py or an AnsibleModule and returns the keyword
+arguments of exit_json; a refusal ends with module.fail_json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+
+from ansible.module_utils.basic import missing_required_lib
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import redact_text, secret_values
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.dotenv import (
+    DOTENV_IMPORT_ERROR,
+    DotenvError,
+    decode_dotenv,
+    literal_expansions,
+    parse_dotenv,
+    read_dotenv_bytes,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.paths import (
+    DEPLOYMENT_ENV,
+    check_paths,
+    git_ignore_checker,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.validate import (
+    check_env_file,
+    is_input_name,
+    load_inputs,
+    unknown_name_warning,
+)
+
+__metaclass__ = type
+
+try:
+    from dotenv.parser import parse_stream
+except ImportError:
+    parse_stream = None
+
+
+def module_spec():
+    """The AnsibleModule keyword arguments of site_inputs (the module and its action plugin validate with them)."""
+    return dict(
+        argument_spec=dict(
+            env_file=dict(type="path", required=True),
+            use_process_env=dict(type="bool", default=True),
+            root=dict(type="path"),
+        ),
+        supports_check_mode=True,
+    )
+
+
+def site_inputs(module):
+    if DOTENV_IMPORT_ERROR:
+        module.fail_json(msg=missing_required_lib("python-dotenv"), exception=DOTENV_IMPORT_ERROR)
+    path = module.params["env_file"]
+    try:
+        raw = read_dotenv_bytes(path)
+    except DotenvError as exc:
+        module.fail_json(msg="site inputs: %s; copy .env.example to .env and fill it in, or point "
+                             "NARWHAL_ENV_FILE at the site's file" % exc)
+    try:
+        text = decode_dotenv(path, raw)
+        parsed = parse_dotenv(text)
+    except DotenvError as exc:
+        module.fail_json(msg="site inputs: %s; save it as UTF-8" % exc, input="NARWHAL_ENV_FILE")
+    # values of secret-looking names of .env and of the controller's environment: hidden wherever they are pasted
+    secrets = secret_values(parsed, os.environ if module.params["use_process_env"] else {})
+    values = {k: v for k, v in parsed.items() if k.startswith("NARWHAL_")}
+    if module.params["use_process_env"]:
+        for key, value in os.environ.items():
+            if not key.startswith("NARWHAL_"):
+                continue
+            if is_input_name(key):
+                values[key] = value
+            else:  # the project's tool variables and others: not inputs (a near miss of an input is warned about)
+                warning = unknown_name_warning(key)
+                if warning:
+                    module.warn(warning)
+    for key in literal_expansions(values):
+        module.warn("%s holds '${...}', which stays literal: .env values are not expanded from the environment; "
+                    "write the value itself" % key)
+    try:
+        # what python-dotenv passes silently: unparseable lines, repeated keys (the last wins)
+        check_env_file([(b.key, b.value, b.original.line, b.error) for b in parse_stream(io.StringIO(text))], path)
+        inputs = load_inputs(values)
+        root = module.params["root"]
+        if root:
+            paths = check_paths(root, inputs["site"], env_file=path,
+                                ignored=git_ignore_checker(module, root), resolve=os.path.realpath)
+    except InputError as exc:
+        module.fail_json(msg=redact_text("invalid site input in %s: %s" % (path, exc), secrets), input=exc.key)
+    inputs["nodes"] = {str(n): v for n, v in inputs["nodes"].items()}
+    inputs["env_file"] = path
+    inputs["env_sha256"] = hashlib.sha256(raw).hexdigest()
+    if root:
+        paths["deployment_env"] = os.path.join(paths["config_dir"], DEPLOYMENT_ENV)
+        inputs["paths"] = paths
+        inputs["project_dir"] = os.path.normpath(root)
+    return dict(changed=False, ansible_facts={"narwhal_site": inputs})

@@ -1,0 +1,192 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The transfer_probe step: probe the KV transfer of prefill/decode pairs (see plugins/modules/transfer_probe.py).
+
+transfer_probe(module) takes the module-like object of _controller.py (on the controller) or an AnsibleModule (the
+module on an engine host) and returns the keyword arguments of exit_json; a failed pair ends with module.fail_json.
+Python 3.8 compatible (runs on engine hosts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+
+from ansible.module_utils.urls import open_url
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.nixl_metrics import nixl_counters
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import host_name, read_regular
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import (
+    API_KEY_MAX_BYTES,
+    api_key_from,
+    install_paths,
+    parse_role_env,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._probe.verdict import (
+    completion_text,
+    consumer_request,
+    forward_params,
+    probe_prompt,
+    producer_request,
+    recompute_reasons,
+    reference_request,
+    verdict,
+)
+
+__metaclass__ = type
+
+
+def call(url, key, body=None, request_id=None, timeout=120):
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = "Bearer %s" % key
+    if request_id:
+        headers["X-Request-Id"] = request_id
+    try:
+        resp = open_url(url, method="POST" if body is not None else "GET", headers=headers, timeout=timeout,
+                        data=json.dumps(body) if body is not None else None, validate_certs=True)
+        text = resp.read().decode("utf-8", "replace")
+        status = resp.getcode()
+    except Exception as exc:  # noqa: BLE001 - HTTP errors carry a status; anything else is a failed probe
+        status = getattr(exc, "code", None) or 0
+        try:
+            text = exc.read().decode("utf-8", "replace")
+        except Exception:  # noqa: BLE001
+            text = str(exc)
+    try:
+        return status, json.loads(text)
+    except (ValueError, RecursionError):
+        return status, text
+
+
+def read_key_file(path):
+    """The key in `path` by the launcher's rule (_plan.api_key_from); raises _plan.PlanError naming the file."""
+    try:
+        st = os.stat(path)
+        raw = read_regular(path, API_KEY_MAX_BYTES)  # a FIFO is refused by name, never waited on
+    except OSError as exc:
+        raise PlanError("cannot read the engine API key file %s on host %s (%s); install the engine there "
+                              "(playbooks/prepare.yml) or pass api_key_file / api_key"
+                              % (path, host_name(), exc.strerror or exc), "NARWHAL_API_KEY_FILE")
+    return api_key_from(raw, st.st_mode, path)
+
+
+def installed_key_file(checkout, engine):
+    """The key file that the installed role environment of `engine` names (NARWHAL_API_KEY_FILE)."""
+    where = install_paths(checkout, engine, "")["role_env"]
+    try:
+        text = read_regular(where, 65536).decode("utf-8", "replace")
+    except OSError as exc:
+        raise PlanError("cannot read the role environment %s of %s on host %s (%s); is %s installed on this "
+                              "host (engine_checkout / installed_engine, NARWHAL_ENGINE_CHECKOUT)?"
+                              % (where, engine, host_name(), exc.strerror or exc, engine), "installed_engine")
+    path = parse_role_env(text, where).get("NARWHAL_API_KEY_FILE")
+    if not path:
+        raise PlanError("the role environment %s names no NARWHAL_API_KEY_FILE; prepare a new run and install "
+                              "it" % where, "installed_engine")
+    return path
+
+
+def api_key(params):
+    if params["api_key"] is not None:
+        key = params["api_key"].strip()
+        if not key or "\n" in key:
+            raise PlanError("api_key must be one non-empty line", "api_key")
+        return key
+    if params["api_key_file"]:
+        return read_key_file(params["api_key_file"])
+    return read_key_file(installed_key_file(params["engine_checkout"], params["installed_engine"]))
+
+
+def probe_pair(module, key, producer, consumer):
+    p = module.params
+    purl, curl = p["engines"][producer]["url"].rstrip("/"), p["engines"][consumer]["url"].rstrip("/")
+    unique = uuid.uuid4().hex[:12]
+    rid = "narwhal-probe-%s" % unique
+    # the fresh ID first: no block of the prompt can be in either engine's prefix cache
+    prompt = probe_prompt(unique, p["prompt"])
+    before = nixl_counters(call(curl + "/metrics", None, timeout=p["timeout"])[1])
+    started = time.time()
+    prod = call(purl + "/v1/completions", key, producer_request(p["model"], prompt), rid, p["timeout"])
+    prefilled = time.time()
+    params = prod[1].get("kv_transfer_params") if isinstance(prod[1], dict) else None
+    cons = (0, None)
+    if prod[0] == 200 and isinstance(params, dict) and params:
+        cons = call(curl + "/v1/completions", key, consumer_request(p["model"], prompt, forward_params(params)),
+                    rid, p["timeout"])
+    latency = time.time() - started
+    after = nixl_counters(call(curl + "/metrics", None, timeout=p["timeout"])[1])
+    judged = verdict(prod, cons, before, after)
+    ok, reasons = judged["ok"], judged["reasons"]
+    output, matches = completion_text(cons[1]), None
+    if ok and p["recompute"] != "off":
+        reference = call(curl + "/v1/completions", key,
+                         reference_request(p["model"], prompt, "narwhal-probe-%s" % uuid.uuid4().hex), None,
+                         p["timeout"])
+        mismatch = recompute_reasons(output, reference)
+        matches = not mismatch
+        if mismatch and p["recompute"] == "require":
+            ok, reasons = False, reasons + mismatch
+            judged["evidence"] = None
+        elif mismatch:
+            module.warn("%s -> %s: %s" % (producer, consumer, mismatch[0]))
+    for note in judged["notes"]:
+        module.warn("%s -> %s: %s" % (producer, consumer, note))
+    moved = None
+    if after.get("bytes_transferred") is not None and before.get("bytes_transferred") is not None:
+        moved = after["bytes_transferred"] - before["bytes_transferred"]
+    params = params if isinstance(params, dict) else {}
+    return {"producer": producer, "consumer": consumer, "request_id": rid, "ok": ok, "reasons": reasons,
+            "evidence": judged["evidence"], "notes": judged["notes"],
+            "concurrent_traffic": judged["concurrent_traffic"], "cached_tokens": judged["cached_tokens"],
+            "prompt_tokens": judged["prompt_tokens"],
+            "before": before, "after": after, "bytes": moved, "latency_s": round(latency, 3),
+            "prefill_s": round(prefilled - started, 3), "decode_s": round(started + latency - prefilled, 3),
+            "output": output, "matches_recompute": matches,
+            "remote_host": params.get("remote_host"), "remote_port": params.get("remote_port")}
+
+
+def module_spec():
+    """The AnsibleModule keyword arguments of transfer_probe (the module and its action plugin validate with them)."""
+    return dict(
+        argument_spec=dict(
+            engines=dict(type="dict", required=True),
+            pairs=dict(type="list", elements="list", required=True),
+            model=dict(type="str", required=True),
+            api_key=dict(type="str", no_log=True),
+            api_key_file=dict(type="path", no_log=False),
+            engine_checkout=dict(type="path"),
+            installed_engine=dict(type="str"),
+            prompt=dict(type="str", default="narwhal transfer probe - the quick brown fox jumps over the lazy dog"),
+            timeout=dict(type="int", default=120),
+            recompute=dict(type="str", choices=["require", "report", "off"], default="report"),
+        ),
+        mutually_exclusive=[("api_key", "api_key_file", "engine_checkout")],
+        required_one_of=[("api_key", "api_key_file", "engine_checkout")],
+        required_together=[("engine_checkout", "installed_engine")],
+        supports_check_mode=True,
+    )
+
+
+def transfer_probe(module):
+    p = module.params
+    unknown = sorted(set(e for pair in p["pairs"] for e in pair[:2]) - set(p["engines"]))
+    bad = [pair for pair in p["pairs"] if len(pair) != 2]
+    if unknown or bad:
+        module.fail_json(msg="transfer probe: %s; pairs are [producer, consumer] names of engines"
+                             % ("pairs name engines that engines does not have: %s" % ", ".join(map(str, unknown))
+                                if unknown else "pairs must have two engines each: %s" % bad))
+    try:
+        key = api_key(p)
+    except PlanError as exc:
+        module.fail_json(msg="transfer probe: %s" % exc, input=exc.key)
+    module.no_log_values.add(key)
+    results = [probe_pair(module, key, pair[0], pair[1]) for pair in p["pairs"]]
+    failed = [r for r in results if not r["ok"]]
+    if failed:
+        module.fail_json(msg="transfer probe failed: %s" % "; ".join(
+            "%s -> %s: %s" % (r["producer"], r["consumer"], ", ".join(r["reasons"])) for r in failed), results=results)
+    return dict(changed=False, results=results)

@@ -1,0 +1,72 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What the controller steps read of each engine from its host variables (hostvars[engine]), in one place.
+
+The action plugins of discovery_outputs and prepare_run call discovery_facts / prepare_facts with the task's
+arguments and task_vars['hostvars']: an argument the task gives wins, so the modules' options stay usable directly.
+Every value read is a public name: the facts the fact modules set (narwhal_*) and the prepare role's documented
+register prepare_prereqs. Pure: `hostvars` is any mapping of engine name to a mapping of its variables.
+"""
+
+from __future__ import annotations
+
+__metaclass__ = type
+
+
+# discovery_outputs' `hosts`, per engine: key -> the fact that carries it (engine_host_facts sets them all)
+INSPECTION_FACTS = (("gpus", "narwhal_gpus"), ("rdma", "narwhal_rdma"), ("image", "narwhal_image"),
+                    ("model", "narwhal_model"))
+
+
+# discovery_outputs' `interfaces`, per engine
+INTERFACE_FACT = "narwhal_interface"
+
+
+# the result of narwhal.deploy.engine_prereqs as the prepare role registers it: its image_id is the recorded image's
+# ID on the host now
+PREREQS_VAR = "prepare_prereqs"
+
+
+def host_inspection(hostvars):
+    """The inspection discovery gathered on one engine host, as discovery_outputs' `hosts` takes it."""
+    return dict((key, hostvars.get(fact)) for key, fact in INSPECTION_FACTS)
+
+
+def current_inspection(hostvars):
+    """What prepare_run's write stage compares a record with: the GPUs and the fabric interface now
+    (narwhal_gpus, narwhal_interface, read again by the prepare role) and the recorded image's ID on the host."""
+    prereqs = hostvars.get(PREREQS_VAR) or {}
+    return {"gpus": hostvars.get("narwhal_gpus"), "interface": hostvars.get(INTERFACE_FACT),
+            "image_id": prereqs.get("image_id")}
+
+
+def _engines(args, hostvars):
+    """(engine, its host variables) for the task's `engines`; None when `engines` is not a list (the argument
+    validation names that)."""
+    engines = args.get("engines")
+    if not isinstance(engines, list):
+        return None
+    return [(e, hostvars[e] if e in hostvars else {}) for e in engines]
+
+
+def discovery_facts(args, hostvars):
+    """discovery_outputs' arguments with `interfaces` and `hosts` read from the engines' host variables where the
+    task does not give them."""
+    engines = _engines(args, hostvars)
+    if engines is None:
+        return args
+    args = dict(args)
+    if "interfaces" not in args:
+        args["interfaces"] = dict((e, found.get(INTERFACE_FACT)) for e, found in engines)
+    if "hosts" not in args:
+        args["hosts"] = dict((e, host_inspection(found)) for e, found in engines)
+    return args
+
+
+def prepare_facts(args, hostvars):
+    """prepare_run's arguments with the write stage's `hosts` read from the engines' host variables where the task
+    does not give it."""
+    engines = _engines(args, hostvars)
+    if engines is None or "hosts" in args or args.get("stage") != "write":
+        return args
+    return dict(args, hosts=dict((e, current_inspection(found)) for e, found in engines))
