@@ -13,7 +13,7 @@ description:
   - Runs on the engine host during prepare, read-only. Checks that the Docker daemon answers (over its Engine
     API, with the Python standard library; neither this module nor the launcher needs the Docker SDK), that the
     image with the recorded ID is present, that the model path exists and is readable, that every recorded device path
-    exists, that the fabric interface exists and still carries the recorded address, and that nothing else
+    exists, that the fabric interface exists, and that nothing else
     listens on the engine's HTTP, attestation or side-channel ports. Sockets held by processes of this engine's
     own running container, C(narwhal-<engine>), are allowed, so a prepare of the running engine is not refused.
   - A listener on the attestation port that answers a GET of the engine's attestation URL (O(attestation_url), by
@@ -21,6 +21,10 @@ description:
     with a 2xx status is the attestation sidecar, not a conflict; whether it answered is returned in
     RV(attestation). Anything else listening on the engine's ports is refused.
   - Fails with every problem found, each naming what is missing and how to fix it.
+  - Reads the fabric interface once (C(ip -j addr show)) and returns it as the fact C(narwhal_interface), in the
+    shape M(narwhal.deploy.interface_facts) returns; M(narwhal.deploy.prepare_run) compares it with the record
+    (whether the interface still carries the recorded address), so prepare reads the interface once and checks
+    the address once.
 options:
   record:
     description: The engine's launch record (one entry of the launch config).
@@ -82,6 +86,19 @@ attestation:
   type: dict
   sample: {"url": "http://172.31.241.11:8010/v1/attestation", "port": 8010, "listening": true, "answered": true,
            "status": 200, "error": null}
+ansible_facts:
+  description: Facts of the engine host.
+  returned: success
+  type: complex
+  contains:
+    narwhal_interface:
+      description:
+        - The recorded fabric interface as found (C(name), C(operstate), C(mtu), C(host_id), C(global_addresses) of
+          any family, C(addresses) with their classification), as M(narwhal.deploy.interface_facts) returns it.
+      type: dict
+      returned: success
+      sample: {"name": "eth1", "operstate": "UP", "mtu": 1500, "host_id": "5f2c0e9a1b7d4c3e",
+               "global_addresses": ["172.31.241.11"], "addresses": []}
 python:
   description: The Python that ran the check (and will run the launcher).
   returned: always
@@ -99,6 +116,7 @@ from ansible.module_utils.urls import open_url
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import (
     CommandTimeoutError,
     excerpt,
+    host_id,
     host_name,
     run_bounded,
 )
@@ -106,7 +124,11 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.urls import
 from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import Client, EngineAPIError
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.checkpoint import checkpoint_config_path
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.model import ModelConfigError
-from ansible_collections.narwhal.deploy.plugins.module_utils._facts.netaddr import interface_addresses, parse_ip_json
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.netaddr import (
+    interface_addresses,
+    interface_facts,
+    parse_ip_json,
+)
 
 
 def listening_sockets(ports):
@@ -288,7 +310,10 @@ def main():
         problems.append("recorded device paths are missing: %s; check the drivers, or rerun discovery if the "
                         "hardware changed" % ", ".join(missing))
     node = record["node"]
+    # prepare's one read of the fabric interface: returned as narwhal_interface, the current inspection that
+    # prepare_run compares with the record (its address check, _prepare/checks.stale, is prepare's only one)
     links = read_links(module)
+    interface = None
     if isinstance(links, str):
         problems.append(links)
     else:
@@ -296,9 +321,8 @@ def main():
         if link is None:
             problems.append("the fabric interface %s does not exist (NARWHAL_FABRIC_INTERFACE)"
                             % node["fabric_interface"])
-        elif node["address"] not in [a["address"] for a in addresses]:
-            problems.append("%s no longer carries the recorded address %s; rerun discovery"
-                            % (node["fabric_interface"], node["address"]))
+        else:
+            interface = interface_facts(node["fabric_interface"], link, addresses, "any", host_id())
     side = node.get("side_channel_ports") or [node["side_channel_port"], node["side_channel_port"]]
     ports = set([node["engine_port"], node["attest_port"]] + list(range(side[0], side[1] + 1)))
     url = module.params["attestation_url"] or attestation_url(node["address"], node["attest_port"])
@@ -309,7 +333,8 @@ def main():
         module.fail_json(msg="%s is missing remote prerequisites: %s. Correct them, then prepare a new run."
                              % (engine, " | ".join(problems)), problems=problems, python=sys.executable,
                          attestation=attestation)
-    module.exit_json(changed=False, image_id=image_id, python=sys.executable, attestation=attestation)
+    module.exit_json(changed=False, image_id=image_id, python=sys.executable, attestation=attestation,
+                     ansible_facts={"narwhal_interface": interface})
 
 
 if __name__ == "__main__":

@@ -163,12 +163,39 @@ def test_demultiplex():
 
 # ------------------------------------------------------------------------------------------ the SDK's body
 
+GROUP_IDS = {"video": "44", "render": "105"}
+
+
+def _plan_labels(plan):
+    return MODULES["plan"].create_labels(plan, "r1", "f" * 64)
+
+
+def _sdk_create_kwargs(plan, api_key, group_ids):
+    """The reference: docker-py's client.containers.create(...) keyword arguments of a plan, as the launcher called
+    the SDK before it spoke the Engine API (the same container, the SDK's own translation)."""
+    environment = dict(plan["environment"])
+    environment["VLLM_API_KEY"] = api_key
+    groups = [group_ids.get(g) for g in plan["group_add"]]
+    return {
+        "image": plan["image"], "command": plan["command"], "entrypoint": plan["entrypoint"], "name": plan["name"],
+        "detach": True, "environment": ["%s=%s" % (k, environment[k]) for k in sorted(environment)],
+        "network_mode": plan["network_mode"], "ipc_mode": plan["ipc_mode"], "devices": plan["devices"] or None,
+        "device_requests": [dict(r) for r in plan["device_requests"]] or None,
+        "group_add": [g for g in groups if g] or None, "cap_add": plan["cap_add"] or None,
+        "ulimits": [dict(u) for u in plan["ulimits"]] or None, "security_opt": plan["security_opt"] or None,
+        "mounts": [{"target": m["target"], "source": m["source"], "type": m["type"], "read_only": m["read_only"]}
+                   for m in plan["mounts"]],
+        "labels": _plan_labels(plan), "restart_policy": {"Name": plan["restart_policy"]["name"]},
+    }
+
+
+def _example_plans():
+    return [MODULES["plan"].container_spec(record(engine), role_env(engine)) for engine in ("engine-1", "engine-2")]
+
+
 def _launcher_kwargs():
-    """create_kwargs of the NVIDIA and the ROCm/RDMA example plans, the check container's, image facts'."""
-    cases = []
-    for engine in ("engine-1", "engine-2"):
-        plan = MODULES["plan"].container_spec(record(engine), role_env(engine))
-        cases.append(MODULES["start"].create_kwargs(plan, "f" * 64, "key", {"video": "44", "render": "105"}, "r1"))
+    """SDK keyword arguments of the NVIDIA and the ROCm/RDMA example plans, the check container's, image facts'."""
+    cases = [_sdk_create_kwargs(plan, "key", GROUP_IDS) for plan in _example_plans()]
     cases.append({"image": "sha256:" + "a" * 64, "entrypoint": ["python3", "-c", "print(1)"], "command": ["vllm"],
                   "network_mode": "none", "labels": {"org.narwhal.deploy.image-facts": "version-probe"},
                   "environment": {"PYTHONDONTWRITEBYTECODE": "1"}})
@@ -208,24 +235,50 @@ def test_the_body_is_the_one_the_sdk_sends(case, tmp_path, monkeypatch):
     assert expected["Env"][:2] == ["http_proxy=http://proxy:3128", "HTTP_PROXY=http://proxy:3128"]
 
 
+@pytest.mark.parametrize("case", range(2), ids=["nvidia", "rocm-rdma"])
+def test_the_plan_body_is_the_one_the_sdk_sends_for_the_plan(case, tmp_path, monkeypatch):
+    """The launcher's one translation, plan -> create body (plan_config), is the body the SDK sends for the same
+    container; the API key reaches only the body."""
+    docker = pytest.importorskip("docker")
+    from docker.models.containers import _create_container_args
+
+    (tmp_path / "config.json").write_text(json.dumps({"proxies": {"default": {"httpProxy": "http://proxy:3128"}}}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    plan = _example_plans()[case]
+    kwargs = _sdk_create_kwargs(plan, "secret-key-1", GROUP_IDS)
+    sent = {}
+    sdk = docker.APIClient(version="1.41")
+    monkeypatch.setattr(sdk, "create_container_from_config",
+                        lambda config, name=None, platform=None: sent.update(config=config, name=name))
+    sdk.create_container(**_create_container_args(dict(_sdk_kwargs(docker, kwargs), version="1.41")))
+    expected = json.loads(json.dumps({k: v for k, v in sent["config"].items() if v is not None}))
+    body = _engine_api.Client.from_env().plan_config(plan, _plan_labels(plan), GROUP_IDS,
+                                                      {"VLLM_API_KEY": "secret-key-1"})
+    assert json.loads(json.dumps(body)) == expected
+    assert "VLLM_API_KEY=secret-key-1" in body["Env"] and "secret-key-1" not in json.dumps(plan)
+
+
 @needs_docker
 def test_the_launcher_makes_the_container_the_sdk_made(api):
     """The NVIDIA and ROCm example plans (devices, device requests, groups, capabilities, ulimits, security
-    options, mounts), created (not started) through the SDK and through _engineapi: the same container."""
+    options, mounts), created (not started) through the SDK and through the launcher's plan body: the same
+    container."""
     docker, client = _docker()[:2]
     image = api.image(STANDIN)["Id"]
     for engine in ("engine-1", "engine-2"):
         rec = record(engine)
         rec["runtime"]["image_id"] = image
         plan = MODULES["plan"].container_spec(rec, role_env(engine))
-        kwargs = MODULES["start"].create_kwargs(plan, "f" * 64, "key", {"video": "44", "render": "105"}, "r1")
+        plan["mounts"][0]["source"] = "/tmp"
+        kwargs = _sdk_create_kwargs(plan, "key", GROUP_IDS)
         kwargs["labels"][LABEL] = str(os.getpid())
-        kwargs["mounts"][0]["source"] = "/tmp"
         suffix = uuid.uuid4().hex[:8]
         sdk_kwargs = dict(_sdk_kwargs(docker, kwargs), name="narwhal-test-sdk-%s" % suffix)
         theirs = client.containers.create(**sdk_kwargs).attrs
-        kwargs.pop("name")
-        ours = api.container(api.create("narwhal-test-engineapi-%s" % suffix, api.config(**kwargs))["Id"])
+        labels = dict(_plan_labels(plan), **{LABEL: str(os.getpid())})
+        body = api.plan_config(plan, labels, GROUP_IDS, {"VLLM_API_KEY": "key"})
+        ours = api.container(api.create("narwhal-test-engineapi-%s" % suffix, body)["Id"])
         for key in ("Config", "HostConfig"):
             assert ours[key] == theirs[key], key
         assert ours["Image"] == theirs["Image"] == image

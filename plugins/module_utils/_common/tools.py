@@ -17,6 +17,7 @@ Python 3.8 compatible (runs on engine hosts).
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import signal
 import socket
@@ -37,6 +38,17 @@ class CommandTimeoutError(Exception):
         super().__init__("%s did not answer within %s s" % (os.path.basename(argv[0]), timeout))
         self.argv = list(argv)
         self.timeout = timeout
+
+
+def host_id():
+    """A stable identity of this machine (machine-id and host name, hashed): engines whose inventory names differ
+    but whose host_id is equal share one machine (discovery's and prepare's shared-host checks)."""
+    try:
+        with open("/etc/machine-id") as fh:
+            machine = fh.read().strip()
+    except OSError:
+        machine = ""
+    return hashlib.sha256(("%s/%s" % (machine, socket.gethostname())).encode()).hexdigest()[:16]
 
 
 def host_name():

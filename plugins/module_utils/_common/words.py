@@ -1,15 +1,12 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Words: one-line values (no control character), shell words of an extra-arguments input, vLLM's flag
-spelling (--x_y is --x-y, unambiguous prefixes) and the natural order of names like card10.
+"""Words: one-line values (no control character), vLLM's flag spelling (--x_y is --x-y, unambiguous prefixes)
+and the natural order of names like card10. No imports beyond the standard library: every host module may carry it.
 """
 
 from __future__ import annotations
 
 import re
-import shlex
-
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 
 __metaclass__ = type
 
@@ -40,11 +37,3 @@ def canonical_flag(head, known):
         return head
     matches = [flag for flag in known if len(head) > 3 and flag.startswith(head)]
     return matches[0] if len(matches) == 1 else head
-
-
-def split_args(text, where):
-    """Shell words of an extra-arguments input; unbalanced quotes are refused by name."""
-    try:
-        return shlex.split(text or "")
-    except ValueError as exc:
-        raise PlanError("%s is not valid shell words (%s); balance its quotes" % (where, exc), where)

@@ -22,7 +22,6 @@ import shlex
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError, PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import is_secret_name
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.versions import release_tuple
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.words import split_args
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.kv_pages import kv_cache_pages
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.model import record_geometry
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.args import (
@@ -30,6 +29,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._plan.args import (
     VISIBILITY_BY_VENDOR,
     check_args,
     parse_env_words,
+    split_args,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import container_spec, ucx_tls
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import role_environment

@@ -273,6 +273,10 @@ class Client:
         """container_config() with this client's proxy environment (the SDK's use_config_proxy)."""
         return container_config(image, proxy_env=proxy_environment(self.proxies), **kwargs)
 
+    def plan_config(self, plan, labels, group_ids=None, secret_env=None):
+        """plan_body() with this client's proxy environment (the SDK's use_config_proxy)."""
+        return plan_body(plan, labels, group_ids, secret_env, proxy_env=proxy_environment(self.proxies))
+
 
 # ---------------------------------------------------------------------------------------- the create body
 
@@ -385,4 +389,50 @@ def container_config(image, command=None, entrypoint=None, environment=None, lab
             "Cmd": shlex.split(command) if isinstance(command, str) else command, "Image": image,
             "NetworkDisabled": False, "HostConfig": host, "Labels": labels,
             "Entrypoint": shlex.split(entrypoint) if isinstance(entrypoint, str) else entrypoint}
+    return {k: v for k, v in body.items() if v is not None}
+
+
+def plan_body(plan, labels, group_ids=None, secret_env=None, proxy_env=None):
+    """The create body of an engine's container straight from its plan (_plan/container.py::container_spec), the
+    one translation after the plan: the body docker-py 7 sends for the same container (container_config() of
+    the equivalent containers.create(...) arguments; a unit test compares the two and the SDK's own). `labels`:
+    the create labels (_plan/container.py::create_labels); `group_ids`: the plan's group names -> the host's
+    numeric IDs (a name the host lacks is left out); `secret_env`: values of the plan's placeholder variables
+    (the API key), injected here only."""
+    environment = dict(plan["environment"])
+    for name, value in (secret_env or {}).items():
+        if name in environment:
+            environment[name] = value
+    env = ["%s=%s" % (k, environment[k]) for k in sorted(environment)]
+    if proxy_env:
+        env = list(proxy_env) + env
+    host = {}
+    if plan["ipc_mode"]:
+        host["IpcMode"] = plan["ipc_mode"]
+    host["NetworkMode"] = plan["network_mode"] or "default"
+    host["RestartPolicy"] = {"Name": plan["restart_policy"]["name"]}
+    if plan["cap_add"]:
+        host["CapAdd"] = list(plan["cap_add"])
+    if plan["devices"]:
+        host["Devices"] = [_device(d) for d in plan["devices"]]
+    groups = [gid for gid in ((group_ids or {}).get(g) for g in plan["group_add"]) if gid]
+    if groups:
+        host["GroupAdd"] = [str(g) for g in groups]
+    if plan["security_opt"]:
+        host["SecurityOpt"] = list(plan["security_opt"])
+    if plan["ulimits"]:
+        host["Ulimits"] = [{"Name": u["name"], "Soft": u["soft"], "Hard": u["hard"]} for u in plan["ulimits"]]
+    host["Mounts"] = []
+    for m in plan["mounts"]:
+        if m["type"] not in ("bind", "volume", "tmpfs", "npipe"):
+            raise ValueError('Unsupported mount type: "%s"' % m["type"])
+        host["Mounts"].append({"Target": m["target"], "Source": m["source"], "Type": m["type"],
+                               "ReadOnly": m["read_only"]})
+    if plan["device_requests"]:
+        host["DeviceRequests"] = [{"Driver": r.get("driver", ""), "Count": r.get("count", 0),
+                                   "DeviceIDs": r.get("device_ids", []), "Capabilities": r.get("capabilities", []),
+                                   "Options": r.get("options", {})} for r in plan["device_requests"]]
+    body = {"Tty": False, "OpenStdin": False, "StdinOnce": False, "AttachStdin": False, "AttachStdout": False,
+            "AttachStderr": False, "Env": env, "Cmd": list(plan["command"]), "Image": plan["image"],
+            "NetworkDisabled": False, "HostConfig": host, "Labels": labels, "Entrypoint": list(plan["entrypoint"])}
     return {k: v for k, v in body.items() if v is not None}

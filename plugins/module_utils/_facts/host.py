@@ -14,15 +14,14 @@ _facts/netaddr.py, gpu.py, rdma.py and model.py. Python 3.8 compatible (runs on 
 from __future__ import annotations
 
 import glob
-import hashlib
 import os
 import re
-import socket
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import (
     DEFAULT_TIMEOUT,
     CommandTimeoutError,
     excerpt,
+    host_id,
     host_name,
     run_bounded,
 )
@@ -41,8 +40,8 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._facts.gpu import (
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.model import ModelConfigError
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.netaddr import (
-    global_addresses,
     interface_addresses,
+    interface_facts,
     parse_ip_json,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.rdma import (
@@ -268,15 +267,6 @@ def amd_facts(parsed, sysfs_root, source):
 # ------------------------------------------------------------------------------------------- interface
 
 
-def host_id():
-    try:
-        with open("/etc/machine-id") as fh:
-            machine = fh.read().strip()
-    except OSError:
-        machine = ""
-    return hashlib.sha256(("%s/%s" % (machine, socket.gethostname())).encode()).hexdigest()[:16]
-
-
 def read_interface(module, name, family, timeout=DEFAULT_TIMEOUT):
     """narwhal_interface: the addresses of interface `name` from `ip -j addr show`."""
     ip = module.get_bin_path("ip", required=True)
@@ -289,14 +279,7 @@ def read_interface(module, name, family, timeout=DEFAULT_TIMEOUT):
         module.fail_json(msg="interface %s does not exist on this host (present: %s); set "
                              "NARWHAL_FABRIC_INTERFACE (or NARWHAL_NODE_<n>_FABRIC_INTERFACE) to the fabric "
                              "interface of this host and rerun discovery" % (name, present))
-    return {
-        "name": name,
-        "operstate": link.get("operstate"),
-        "mtu": link.get("mtu"),
-        "host_id": host_id(),
-        "global_addresses": global_addresses(addresses, family),
-        "addresses": addresses,
-    }
+    return interface_facts(name, link, addresses, family, host_id())
 
 
 # ------------------------------------------------------------------------------------------------ tools

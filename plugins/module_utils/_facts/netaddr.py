@@ -91,3 +91,16 @@ def interface_addresses(links, name):
 
 def global_addresses(addresses, family="any"):
     return [a["address"] for a in addresses if a["usable"] and family in ("any", a["family"])]
+
+
+def interface_facts(name, link, addresses, family, host):
+    """narwhal_interface, the facts of one interface (interface_facts in discovery, engine_prereqs in prepare):
+    `link` and `addresses` as interface_addresses() returns them, `host` the host's host_id."""
+    return {
+        "name": name,
+        "operstate": link.get("operstate"),
+        "mtu": link.get("mtu"),
+        "host_id": host,
+        "global_addresses": global_addresses(addresses, family),
+        "addresses": addresses,
+    }

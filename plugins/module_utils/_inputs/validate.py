@@ -12,7 +12,7 @@ import re
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import FIX, InputError, PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import local_host_reason
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.words import control_character, split_args
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.words import control_character
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.catalogue import (
     IFNAME,
     INPUTS,
@@ -20,7 +20,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.catalogue i
     NODE_KEY,
     TOOL_VARIABLES,
 )
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.args import check_args, parse_env_words
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.args import check_args, parse_env_words, split_args
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import ROLE_ENV_KEYS
 
 __metaclass__ = type

@@ -6,6 +6,8 @@ set, because the planner derives it (flag_name, check_args, check_env, parse_env
 
 from __future__ import annotations
 
+import shlex
+
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import RERUN, PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENV_NAME
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import (
@@ -13,7 +15,6 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets imp
     is_secret_flag,
     is_secret_name,
 )
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.words import split_args
 
 __metaclass__ = type
 
@@ -61,6 +62,14 @@ def flag_name(token):
                 return flag
         return None
     return MANAGED_SHORT_FLAGS.get(head.split(".", 1)[0])
+
+
+def split_args(text, where):
+    """Shell words of an extra-arguments input; unbalanced quotes are refused by name."""
+    try:
+        return shlex.split(text or "")
+    except ValueError as exc:
+        raise PlanError("%s is not valid shell words (%s); balance its quotes" % (where, exc), where)
 
 
 def check_args(args, where, allowed=()):

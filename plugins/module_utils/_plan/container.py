@@ -360,11 +360,11 @@ def plan_hash(plan):
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def create_labels(plan, run_id=None):
-    """The container's labels: the plan's, the plan hash, and the run that creates it (RUN_ID_LABEL, when given).
-    The last two are added at create time, outside the hashed plan."""
+def create_labels(plan, run_id=None, digest=None):
+    """The container's labels: the plan's, the plan hash (`digest` when the caller has it), and the run that
+    creates it (RUN_ID_LABEL, when given). The last two are added at create time, outside the hashed plan."""
     labels = dict(plan["labels"])
-    labels[PLAN_HASH_LABEL] = plan_hash(plan)
+    labels[PLAN_HASH_LABEL] = digest or plan_hash(plan)
     if run_id:
         labels[RUN_ID_LABEL] = run_id
     return labels

@@ -63,37 +63,6 @@ def ready_timeout_from(role_env, given=None):
     return seconds
 
 
-def create_kwargs(plan, digest, api_key, group_ids=None, run_id=None):
-    """Keyword arguments of docker-py's client.containers.create for a plan (the real key injected here only);
-    _engineapi.container_config turns them into the create body the SDK sent."""
-    environment = dict(plan["environment"])
-    if API_KEY_ENV in environment:
-        environment[API_KEY_ENV] = api_key
-    labels = create_labels(plan, run_id)
-    labels[PLAN_HASH_LABEL] = digest
-    groups = [(group_ids or {}).get(g) for g in plan["group_add"]]
-    return {
-        "image": plan["image"],
-        "command": plan["command"],
-        "entrypoint": plan["entrypoint"],
-        "name": plan["name"],
-        "detach": True,
-        "environment": ["%s=%s" % (k, environment[k]) for k in sorted(environment)],
-        "network_mode": plan["network_mode"],
-        "ipc_mode": plan["ipc_mode"],
-        "devices": plan["devices"] or None,
-        "device_requests": [dict(r) for r in plan["device_requests"]] or None,
-        "group_add": [g for g in groups if g] or None,
-        "cap_add": plan["cap_add"] or None,
-        "ulimits": [dict(u) for u in plan["ulimits"]] or None,
-        "security_opt": plan["security_opt"] or None,
-        "mounts": [{"target": m["target"], "source": m["source"], "type": m["type"], "read_only": m["read_only"]}
-                   for m in plan["mounts"]],
-        "labels": labels,
-        "restart_policy": {"Name": plan["restart_policy"]["name"]},
-    }
-
-
 # ------------------------------------------------------------------------------------------ pure parts
 
 def served_port(attrs, default):
@@ -275,8 +244,9 @@ def start(role_env_path, force=False, out=None, ready_timeout=None, interval=1.0
         container_id = None
         try:
             try:
-                kwargs = create_kwargs(plan, digest, api_key, prepared.group_ids, run_id)
-                container_id = api.create(kwargs.pop("name"), api.config(**kwargs))["Id"]
+                body = api.plan_config(plan, create_labels(plan, run_id, digest), prepared.group_ids,
+                                       {API_KEY_ENV: api_key})
+                container_id = api.create(plan["name"], body)["Id"]
                 api.start(container_id)
             except EngineAPIError as exc:
                 raise refused(plan, exc, api_key, container_id is not None)
