@@ -18,13 +18,13 @@ import pytest
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common import errors as _errors
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import POLICY_FILE, SOURCES_FILE
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy import (
     StaleRecordsError,
     check_policy,
     launch_policy,
     policy_changes,
 )
-from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.paths import POLICY_FILE, SOURCES_FILE
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import MANIFEST_SCHEMA, validation_errors
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan import role_env as _role_env
 from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.checks import (

@@ -1,7 +1,7 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Names: the engine name engine-<n> (the seed's identity of an engine in `.env`, records, fleet and runs),
-environment variable names, and local-only hosts.
+environment variable names, the names of the files discovery writes, and local-only hosts.
 """
 
 from __future__ import annotations
@@ -19,6 +19,11 @@ __metaclass__ = type
 ENGINE_PATTERN = "^engine-[1-9][0-9]*$"
 ENGINE_NAME = re.compile(r"^engine-([1-9][0-9]*)\Z")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+# The files discovery writes into NARWHAL_CONFIG_DIR, by name (docs/outputs.md)
+DEPLOYMENT_ENV = "deployment.env"
+INSPECTION_FILE = "engine-launch.%s.inspection.json"
+POLICY_FILE = "engine-launch.policy.json"
+SOURCES_FILE = "engine-launch.sources.json"
 
 
 def engine_number(name):

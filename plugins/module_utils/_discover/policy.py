@@ -17,9 +17,8 @@ import json
 import shlex
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_NAME
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_NAME, POLICY_FILE
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import redact_text
-from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.paths import POLICY_FILE
 
 __metaclass__ = type
 

@@ -17,6 +17,12 @@ import fnmatch
 import os
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import FIX, InputError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import (
+    DEPLOYMENT_ENV,
+    INSPECTION_FILE,
+    POLICY_FILE,
+    SOURCES_FILE,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import (
     CommandTimeoutError,
     host_name,
@@ -25,11 +31,6 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools impor
 
 __metaclass__ = type
 
-DEPLOYMENT_ENV = "deployment.env"
-
-INSPECTION_FILE = "engine-launch.%s.inspection.json"
-POLICY_FILE = "engine-launch.policy.json"
-SOURCES_FILE = "engine-launch.sources.json"
 
 
 # Names discovery owns inside NARWHAL_CONFIG_DIR (it removes stale inspection extracts by name).

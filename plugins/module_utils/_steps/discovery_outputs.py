@@ -14,19 +14,18 @@ import json
 import os
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import (
+    DEPLOYMENT_ENV,
+    INSPECTION_FILE,
+    POLICY_FILE,
+    SOURCES_FILE,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.fleet import build_fleet, render_env
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy import (
     launch_policy,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.records import build_record
-from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.paths import (
-    DEPLOYMENT_ENV,
-    INSPECTION_FILE,
-    POLICY_FILE,
-    SOURCES_FILE,
-    check_paths,
-    git_ignore_checker,
-)
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.paths import check_paths, git_ignore_checker
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import (
     FLEET_SCHEMA,
     LAUNCH_CONFIG_SCHEMA,

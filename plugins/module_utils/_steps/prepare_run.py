@@ -13,7 +13,7 @@ import json
 import os
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import REGENERATE, InputError, PlanError
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_NAME
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_NAME, POLICY_FILE, SOURCES_FILE
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import (
     CommandTimeoutError,
     host_name,
@@ -25,12 +25,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy im
     check_policy,
     verify_extract,
 )
-from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.paths import (
-    POLICY_FILE,
-    SOURCES_FILE,
-    check_paths,
-    git_ignore_checker,
-)
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.paths import check_paths, git_ignore_checker
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import MANIFEST_SCHEMA, validation_errors
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.writer import OutputError, OutputSet
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import (

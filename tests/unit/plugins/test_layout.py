@@ -1,0 +1,84 @@
+"""The layout's rules (docs/architecture.md): pure planning folders do no I/O, each host module ships only the
+module_utils it imports, and the launcher zipapp carries exactly the planner files its parts import."""
+import ast
+import pathlib
+
+import pytest
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.launcher import LAUNCHER_DIR, PLANNER_FILES
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
+MU = REPO / "plugins" / "module_utils"
+PREFIX = "ansible_collections.narwhal.deploy.plugins.module_utils."
+# The files that may read the disk, run tools or talk to a daemon: the edges. Everything else is pure.
+EDGES = {"_common/tools.py", "_facts/host.py", "_facts/checkpoint.py", "_facts/daemon.py", "_docker/engine_api.py",
+         "_inputs/dotenv.py", "_inputs/paths.py", "_outputs/writer.py", "_prepare/launcher.py"}
+IO_MODULES = {"subprocess", "socket", "glob", "shutil", "http", "urllib", "fcntl", "tempfile", "pathlib", "io"}
+
+
+def _module_utils_files():
+    return sorted(p.relative_to(MU).as_posix() for p in MU.glob("_*/*.py") if p.name != "__init__.py")
+
+
+def _imports(path):
+    """The module_utils files (relative paths) that a Python file imports by FQCN."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(PREFIX):
+            parts = node.module[len(PREFIX):].split(".")
+            if len(parts) == 2:
+                found.add("%s/%s.py" % tuple(parts))
+            else:  # from ...module_utils._pkg import module
+                found.update("%s/%s.py" % (parts[0], alias.name) for alias in node.names)
+    return found
+
+
+def _closure(paths):
+    seen, todo = set(), list(paths)
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(_imports(MU / name))
+    return seen
+
+
+def test_every_module_utils_file_sits_in_a_stage_folder():
+    assert not list(MU.glob("_*.py")), "module_utils files outside a stage folder"
+    for folder in MU.glob("_*"):
+        assert (folder / "__init__.py").read_text() == "", "%s/__init__.py must stay empty (it ships)" % folder
+
+
+@pytest.mark.parametrize("name", [f for f in _module_utils_files() if f not in EDGES and not f.startswith("_steps/")])
+def test_pure_files_do_no_io(name):
+    tree = ast.parse((MU / name).read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            assert not {a.name.split(".")[0] for a in node.names} & IO_MODULES, (name, node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            assert node.module.split(".")[0] not in IO_MODULES, (name, node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            assert node.func.id != "open", (name, node.lineno)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os":
+            assert node.attr == "path", "%s:%d uses os.%s" % (name, node.lineno, node.attr)
+    for imported in _imports(MU / name):
+        assert imported not in EDGES, "pure %s imports the I/O edge %s" % (name, imported)
+
+
+@pytest.mark.parametrize("module, forbidden", [
+    ("engine_prereqs", ("_discover/", "_inputs/", "_plan/", "_prepare/", "_outputs/")),
+    ("engine_host_facts", ("_discover/", "_inputs/", "_plan/", "_prepare/", "_outputs/")),
+    ("gpu_facts", ("_discover/", "_inputs/", "_plan/", "_docker/", "_common/secrets.py")),
+    ("image_facts", ("_discover/", "_inputs/", "_plan/", "_facts/host.py")),
+    ("transfer_probe", ("_discover/", "_inputs/", "_plan/container.py", "_facts/")),
+])
+def test_host_modules_ship_only_what_they_need(module, forbidden):
+    shipped = _closure(_imports(REPO / "plugins" / "modules" / ("%s.py" % module)))
+    assert shipped
+    assert not [f for f in shipped if f.startswith(forbidden)], sorted(shipped)
+
+
+def test_the_launcher_carries_exactly_the_planner_files_it_imports():
+    parts = (REPO / LAUNCHER_DIR).rglob("*.py")
+    needed = _closure(set().union(*(_imports(p) for p in parts)))
+    assert needed == set(PLANNER_FILES)
