@@ -212,25 +212,30 @@ def _sdk_kwargs(docker, kwargs):
     return dict(kwargs, mounts=[docker.types.Mount(**m) for m in kwargs["mounts"]]) if "mounts" in kwargs else kwargs
 
 
-@pytest.mark.parametrize("case", range(4), ids=["nvidia", "rocm-rdma", "image-facts", "odd-kwargs"])
-def test_the_body_is_the_one_the_sdk_sends(case, tmp_path, monkeypatch):
-    docker = pytest.importorskip("docker")
+def _sdk_body(docker, monkeypatch, kwargs):
+    """(the create body, the name) the SDK sends for containers.create(**kwargs), captured before it is sent."""
     from docker.models.containers import _create_container_args
 
-    (tmp_path / "config.json").write_text(json.dumps({"proxies": {"default": {
-        "httpProxy": "http://proxy:3128", "noProxy": "localhost,.internal"}}}))
-    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
-    monkeypatch.delenv("DOCKER_HOST", raising=False)
-    kwargs = _launcher_kwargs()[case]
     sent = {}
     sdk = docker.APIClient(version="1.41")
     monkeypatch.setattr(sdk, "create_container_from_config",
                         lambda config, name=None, platform=None: sent.update(config=config, name=name))
     sdk.create_container(**_create_container_args(dict(_sdk_kwargs(docker, kwargs), version="1.41")))
-    expected = json.loads(json.dumps({k: v for k, v in sent["config"].items() if v is not None}))
+    return json.loads(json.dumps({k: v for k, v in sent["config"].items() if v is not None})), sent["name"]
+
+
+@pytest.mark.parametrize("case", range(4), ids=["nvidia", "rocm-rdma", "image-facts", "odd-kwargs"])
+def test_the_body_is_the_one_the_sdk_sends(case, tmp_path, monkeypatch):
+    docker = pytest.importorskip("docker")
+    (tmp_path / "config.json").write_text(json.dumps({"proxies": {"default": {
+        "httpProxy": "http://proxy:3128", "noProxy": "localhost,.internal"}}}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    kwargs = _launcher_kwargs()[case]
+    expected, sent_name = _sdk_body(docker, monkeypatch, kwargs)
     ours = dict(kwargs)
     name = ours.pop("name", None)
-    assert name == sent["name"]
+    assert name == sent_name
     assert json.loads(json.dumps(_engine_api.Client.from_env().config(**ours))) == expected
     assert expected["Env"][:2] == ["http_proxy=http://proxy:3128", "HTTP_PROXY=http://proxy:3128"]
 
@@ -240,19 +245,11 @@ def test_the_plan_body_is_the_one_the_sdk_sends_for_the_plan(case, tmp_path, mon
     """The launcher's one translation, plan -> create body (plan_config), is the body the SDK sends for the same
     container; the API key reaches only the body."""
     docker = pytest.importorskip("docker")
-    from docker.models.containers import _create_container_args
-
     (tmp_path / "config.json").write_text(json.dumps({"proxies": {"default": {"httpProxy": "http://proxy:3128"}}}))
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
     monkeypatch.delenv("DOCKER_HOST", raising=False)
     plan = _example_plans()[case]
-    kwargs = _sdk_create_kwargs(plan, "secret-key-1", GROUP_IDS)
-    sent = {}
-    sdk = docker.APIClient(version="1.41")
-    monkeypatch.setattr(sdk, "create_container_from_config",
-                        lambda config, name=None, platform=None: sent.update(config=config, name=name))
-    sdk.create_container(**_create_container_args(dict(_sdk_kwargs(docker, kwargs), version="1.41")))
-    expected = json.loads(json.dumps({k: v for k, v in sent["config"].items() if v is not None}))
+    expected = _sdk_body(docker, monkeypatch, _sdk_create_kwargs(plan, "secret-key-1", GROUP_IDS))[0]
     body = _engine_api.Client.from_env().plan_config(plan, _plan_labels(plan), GROUP_IDS,
                                                       {"VLLM_API_KEY": "secret-key-1"})
     assert json.loads(json.dumps(body)) == expected

@@ -274,14 +274,10 @@ def _engine_args(n, node_policy, site, model):
     return derived + site_args + node_args, source
 
 
-def build_record(node, site, node_policy, host, image, model, fleet_entry, taken, side_port):
-    """One engine's launch record. `host` = {"gpus": narwhal_gpus, "rdma": narwhal_rdma}; `taken` = GPUs of
-    engines already placed on this physical host (mutated)."""
-    engine, n = node["engine"], node["n"]
+def _allocation(engine, n, node_policy, site, host, image, image_key, taken, sources):
+    """GPUs, vendor, visibility ids, TP and device paths of one engine (`taken` is mutated)."""
     platform = image.get("platform")
-    image_key = "NARWHAL_NODE_%d_IMAGE" % n if node_policy.get("IMAGE") else "NARWHAL_IMAGE"
     gpus_facts = host.get("gpus") or {"vendor": "none", "gpus": [], "devices": []}
-    sources = {}
     if platform == "cpu":
         gpus, vendor, gpu_ids, reason_vis = [], "cpu", [], "CPU image: no GPU"
         sources["allocation"] = "CPU image (%s): no GPUs allocated" % image.get("distributions", {}).get("vllm")
@@ -313,11 +309,17 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
         for g in gpus:
             accelerator_devices += g.get("devices", [])
         accelerator_devices += list(gpus_facts.get("devices") or [])
-    # transport
+    return vendor, gpus, gpu_ids, reason_vis, tp, accelerator_devices
+
+
+def _transfer(engine, n, node, node_policy, site, host, gpus, platform, image_key, sources):
+    """The record's transfer object: net devices, transfer devices, UCX_TLS (and the KV buffer device)."""
     if site["NARWHAL_TRANSPORT"] == "ucx_rdma":
         net_devices, transfer_devices, sources["transfer"] = choose_rdma(engine, n, node_policy, site,
                                                                          host.get("rdma"), gpus)
     else:
+        # the seed's literal (transfer.net_devices "resolves from the selected engine environment"): the planner
+        # resolves it from the role environment, in one place (_plan/container.py::container_spec)
         net_devices, transfer_devices = ["${NARWHAL_FABRIC_INTERFACE}"], []
         sources["transfer"] = "ucx_tcp over the fabric interface (%s on this node)" % node["interface"]
     kv_buffer_device = "cpu" if platform == "cpu" else "cuda"  # vLLM: cuda on CUDA *and* ROCm
@@ -327,7 +329,13 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
         raise InputError(image_key, "%s: %s" % (engine, exc))
     sources["ucx_tls"] = "UCX_TLS %s for %s KV memory on %s (GPU memory needs the GPU copy transport)" % (
         ",".join(ucx_list), "host" if kv_buffer_device == "cpu" else "GPU", platform)
-    # runtime
+    transfer = {"transport": site["NARWHAL_TRANSPORT"], "net_devices": net_devices, "devices": transfer_devices,
+                "ucx_tls": ucx_list}
+    return transfer, kv_buffer_device
+
+
+def _packages(engine, site, image, image_key):
+    """(expected_packages, the NIXL distribution) of the image: vllm, its NIXL and NARWHAL_EXPECTED_PACKAGES."""
     dists = image.get("distributions") or {}
     if "vllm" not in dists:
         raise InputError(image_key, "image %s (%s) on %s has no 'vllm' distribution installed; use a vLLM image"
@@ -343,14 +351,22 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
             raise InputError("NARWHAL_EXPECTED_PACKAGES", "%s is not installed in image %s on %s; remove it or use "
                                                           "an image that has it" % (name, image.get("image"), engine))
         expected[name] = dists[name]
+    return expected, nixl
+
+
+def _model_dtype(site, model):
     model_dtype = site["NARWHAL_MODEL_DTYPE"]
     if model_dtype == "auto":
         model_dtype = model.get("dtype")
         if model_dtype not in ("bfloat16", "float16"):
             raise InputError("NARWHAL_MODEL_DTYPE", "the checkpoint %s has dtype %s; set NARWHAL_MODEL_DTYPE to "
                                                     "bfloat16 or float16" % (model.get("path"), model_dtype or "unset"))
+    return model_dtype
+
+
+def _cache_pages(engine, site, image, model, tp, model_dtype):
     block = site["NARWHAL_BLOCK_SIZE"]
-    if platform == "cpu" and block % CPU_BLOCK_MULTIPLE:
+    if image.get("platform") == "cpu" and block % CPU_BLOCK_MULTIPLE:
         # vLLM's CPU attention backend takes only multiples of 32; with NixlConnector the engine dies at start
         # ("No common block size for 16 (CPU_ATTN: [MultipleOf(32)])"), so refuse it here by name.
         raise InputError("NARWHAL_BLOCK_SIZE", "is %d but %s runs the CPU image %s, whose attention backend needs a "
@@ -358,11 +374,14 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
                          % (block, engine, image.get("image"), CPU_BLOCK_MULTIPLE,
                             -(-block // CPU_BLOCK_MULTIPLE) * CPU_BLOCK_MULTIPLE))
     try:
-        plan = kv_cache_pages(model["kv_geometry"], tp, site["NARWHAL_BLOCK_SIZE"], site["NARWHAL_KV_CACHE_DTYPE"],
-                             model_dtype)
+        return kv_cache_pages(model["kv_geometry"], tp, site["NARWHAL_BLOCK_SIZE"], site["NARWHAL_KV_CACHE_DTYPE"],
+                              model_dtype)
     except ValueError as exc:
         raise InputError("NARWHAL_KV_CACHE_DTYPE", "the cache plan for %s failed: %s" % (engine, exc))
-    extra_args, sources["extra_args"] = _engine_args(n, node_policy, site, model)
+
+
+def _environment(n, node_policy, site, image, sources):
+    """The record's runtime.environment: the image's runtime variables, then NARWHAL_ENGINE_ENV, then the node's."""
     environment = dict((k, v) for k, v in sorted((image.get("env") or {}).items())
                        if not is_secret_name(k) and k not in MANAGED_ENV)
     site_env = site_environment(site.get("NARWHAL_ENGINE_ENV"))
@@ -375,10 +394,30 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
         image.get("image"), " + NARWHAL_ENGINE_ENV (%s)" % ", ".join(sorted(site_env)) if site_env else "",
         " + %s (%s%s)" % (node_key, ", ".join(sorted(node_env)),
                           "; over the site's %s" % ", ".join(over) if over else "") if node_env else "")
+    return environment
+
+
+def build_record(node, site, node_policy, host, image, model, fleet_entry, taken, side_port):
+    """One engine's launch record. `host` = {"gpus": narwhal_gpus, "rdma": narwhal_rdma}; `taken` = GPUs of
+    engines already placed on this physical host (mutated). The refusals come in this order: allocation,
+    transfer, packages, dtype, cache pages, extra arguments, environment, then the planner's own."""
+    engine, n = node["engine"], node["n"]
+    platform = image.get("platform")
+    image_key = "NARWHAL_NODE_%d_IMAGE" % n if node_policy.get("IMAGE") else "NARWHAL_IMAGE"
+    sources = {}
+    vendor, gpus, gpu_ids, reason_vis, tp, accelerator_devices = _allocation(
+        engine, n, node_policy, site, host, image, image_key, taken, sources)
+    transfer, kv_buffer_device = _transfer(engine, n, node, node_policy, site, host, gpus, platform, image_key,
+                                           sources)
+    expected, nixl = _packages(engine, site, image, image_key)
+    model_dtype = _model_dtype(site, model)
+    pages = _cache_pages(engine, site, image, model, tp, model_dtype)
+    extra_args, sources["extra_args"] = _engine_args(n, node_policy, site, model)
+    environment = _environment(n, node_policy, site, image, sources)
     derived_env = {}
     if model.get("ssm_conv_state"):
         derived_env["VLLM_SSM_CONV_STATE_LAYOUT"] = "DS"
-    vllm_version = dists["vllm"]
+    vllm_version = image["distributions"]["vllm"]
     span = 1 if release_tuple(vllm_version) >= (0, 14, 0) else tp
     served = site.get("NARWHAL_SERVED_MODEL_NAME") or site["NARWHAL_MODEL_PATH"].rstrip("/").rsplit("/", 1)[-1]
     record = {
@@ -392,8 +431,7 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
         "gpu_visibility_env": VISIBILITY_ENV.get(vendor),
         "accelerator_devices": accelerator_devices,
         "network_mode": "host",
-        "transfer": {"transport": site["NARWHAL_TRANSPORT"], "net_devices": net_devices, "devices": transfer_devices,
-                     "ucx_tls": ucx_list},
+        "transfer": transfer,
         "node": {"address": node["address"], "bind_family": site["NARWHAL_BIND_FAMILY"],
                  "engine_port": node["engine_port"], "attest_port": node["attest_port"],
                  "fabric_interface": node["interface"], "side_channel_port": side_port,
@@ -412,7 +450,7 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
             "model_dtype": model_dtype,
             "kv_cache_dtype": site["NARWHAL_KV_CACHE_DTYPE"],
             "block_size": site["NARWHAL_BLOCK_SIZE"],
-            "cache_plan": plan,
+            "cache_plan": pages,
             "environment": environment,
             "derived_environment": derived_env,
             "extra_args": extra_args,

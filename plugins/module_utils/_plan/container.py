@@ -206,8 +206,79 @@ def _abs_path(path, where):
     return path
 
 
+def _gpu_fields(record, vendor):
+    """(gpu_ids, gpu_host_indices, TP) of a record, checked against each other."""
+    gpu_ids = [str(g) for g in record_field(record, "gpu_ids", list)]
+    host_indices = record_field(record, "gpu_host_indices", list)
+    tp = record_field(record, "tensor_parallel_size", int)
+    if tp < 1:
+        raise PlanError("launch record tensor_parallel_size=%d must be >= 1" % tp, "tensor_parallel_size")
+    if gpu_ids and len(gpu_ids) != tp:
+        raise PlanError("launch record gpu_ids has %d entries but tensor_parallel_size is %d; %s"
+                        % (len(gpu_ids), tp, RERUN), "gpu_ids")
+    if len(host_indices) != len(gpu_ids) or len(set(gpu_ids)) != len(gpu_ids) \
+            or any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in host_indices) \
+            or len(set(host_indices)) != len(host_indices):
+        raise PlanError("launch record gpu_host_indices %r and gpu_ids %r must be distinct, non-negative and of the "
+                        "same length; %s" % (host_indices, gpu_ids, RERUN), "gpu_host_indices")
+    if vendor in ("nvidia", "amd") and not gpu_ids:
+        raise PlanError("launch record accelerator.vendor=%s but gpu_ids is empty; %s" % (vendor, RERUN), "gpu_ids")
+    return gpu_ids, host_indices, tp
+
+
+def _runtime_fields(record):
+    """(environment, derived environment, extra args) of a record's runtime, checked against the managed rules."""
+    runtime = record["runtime"]
+    runtime_env = check_env(record_field(record, "runtime.environment", dict), "launch record runtime.environment")
+    derived_env = check_env(record_field(record, "runtime.derived_environment", dict),
+                            "launch record runtime.derived_environment", allowed=DERIVED_ENV)
+    trust = runtime.get("trust_remote_code") is True
+    extra_args = check_args(record_field(record, "runtime.extra_args", list), "launch record runtime.extra_args",
+                            allowed=DERIVED_FLAGS if trust else ())
+    if trust and "--trust-remote-code" not in extra_args:
+        raise PlanError("launch record runtime.trust_remote_code is true but runtime.extra_args lacks "
+                        "--trust-remote-code; %s" % RERUN, "runtime.extra_args")
+    if runtime.get("ssm_conv_state") and derived_env.get(SSM_LAYOUT_ENV) != "DS":
+        raise PlanError("launch record runtime.ssm_conv_state is true but runtime.derived_environment lacks "
+                        "%s=DS; %s" % (SSM_LAYOUT_ENV, RERUN), "runtime.derived_environment")
+    return runtime_env, derived_env, extra_args
+
+
+def _net_devices(record, role_env):
+    """transfer.net_devices resolved from the role environment (the one place ${NARWHAL_FABRIC_INTERFACE} is
+    resolved: the seed's "resolves from the selected engine environment")."""
+    try:
+        net_devices = resolve_values(record_field(record, "transfer.net_devices", list, allow_empty=False),
+                                     dict((k, v) for k, v in role_env.items() if v),
+                                     "launch record transfer.net_devices")
+    except SubstitutionError as exc:
+        raise PlanError("%s; the role env provides NARWHAL_FABRIC_INTERFACE (prepare a new run)" % exc,
+                        "transfer.net_devices")
+    for index, dev in enumerate(net_devices):
+        if not isinstance(dev, str) or not re.match(r"^[A-Za-z0-9_.@-]+(:[0-9]+)?\Z", dev):
+            raise PlanError("launch record transfer.net_devices[%d]=%r is not an interface or HCA:port; %s"
+                            % (index, dev, RERUN), "transfer.net_devices")
+    return net_devices
+
+
+def _device_mappings(vendor, host_indices, accel_devices, transfer_devices):
+    """(devices, device_requests, verify_devices) of the container."""
+    devices, device_requests, verify_devices = [], [], []
+    if vendor == "nvidia":
+        # GPUs through the NVIDIA runtime's device request (it also brings the driver libraries); the recorded
+        # /dev/nvidia* nodes are checked on the host, not mapped.
+        verify_devices = [_device(d, "accelerator_devices").split(":", 1)[0] for d in accel_devices]
+        device_requests = [{"driver": "nvidia", "device_ids": [str(i) for i in host_indices],
+                            "capabilities": [["gpu"]]}]
+    else:
+        devices = [_device(d, "accelerator_devices") for d in accel_devices]
+    devices += [_device(d, "transfer.devices") for d in transfer_devices]
+    return devices, device_requests, verify_devices
+
+
 def container_spec(record, role_env):
-    """The container the engine runs, as data (pure). The API key is a placeholder (REDACTED)."""
+    """The container the engine runs, as data (pure). The API key is a placeholder (REDACTED). Every refusal names
+    the record field or role-environment key; they come in the order of the fields below."""
     engine = role_value(role_env, "NARWHAL_ENGINE")
     if not ENGINE_NAME.match(engine):
         raise PlanError("role env NARWHAL_ENGINE=%r must be engine-<n>" % engine, "NARWHAL_ENGINE")
@@ -228,36 +299,11 @@ def container_spec(record, role_env):
     tls = check_ucx_tls(record_field(record, "transfer.ucx_tls", list), transport, platform, kv_buffer_device)
     if record_field(record, "network_mode", str) != "host":
         raise PlanError("launch record network_mode must be host; %s" % RERUN, "network_mode")
-    gpu_ids = [str(g) for g in record_field(record, "gpu_ids", list)]
-    host_indices = record_field(record, "gpu_host_indices", list)
-    tp = record_field(record, "tensor_parallel_size", int)
-    if tp < 1:
-        raise PlanError("launch record tensor_parallel_size=%d must be >= 1" % tp, "tensor_parallel_size")
-    if gpu_ids and len(gpu_ids) != tp:
-        raise PlanError("launch record gpu_ids has %d entries but tensor_parallel_size is %d; %s"
-                        % (len(gpu_ids), tp, RERUN), "gpu_ids")
-    if len(host_indices) != len(gpu_ids) or len(set(gpu_ids)) != len(gpu_ids) \
-            or any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in host_indices) \
-            or len(set(host_indices)) != len(host_indices):
-        raise PlanError("launch record gpu_host_indices %r and gpu_ids %r must be distinct, non-negative and of the "
-                        "same length; %s" % (host_indices, gpu_ids, RERUN), "gpu_host_indices")
-    if vendor in ("nvidia", "amd") and not gpu_ids:
-        raise PlanError("launch record accelerator.vendor=%s but gpu_ids is empty; %s" % (vendor, RERUN), "gpu_ids")
+    gpu_ids, host_indices, tp = _gpu_fields(record, vendor)
     accel_devices = record_field(record, "accelerator_devices", list)
     transfer_devices = record_field(record, "transfer.devices", list)
     runtime = record["runtime"]
-    runtime_env = check_env(record_field(record, "runtime.environment", dict), "launch record runtime.environment")
-    derived_env = check_env(record_field(record, "runtime.derived_environment", dict),
-                            "launch record runtime.derived_environment", allowed=DERIVED_ENV)
-    trust = runtime.get("trust_remote_code") is True
-    extra_args = check_args(record_field(record, "runtime.extra_args", list), "launch record runtime.extra_args",
-                            allowed=DERIVED_FLAGS if trust else ())
-    if trust and "--trust-remote-code" not in extra_args:
-        raise PlanError("launch record runtime.trust_remote_code is true but runtime.extra_args lacks "
-                        "--trust-remote-code; %s" % RERUN, "runtime.extra_args")
-    if runtime.get("ssm_conv_state") and derived_env.get(SSM_LAYOUT_ENV) != "DS":
-        raise PlanError("launch record runtime.ssm_conv_state is true but runtime.derived_environment lacks "
-                        "%s=DS; %s" % (SSM_LAYOUT_ENV, RERUN), "runtime.derived_environment")
+    runtime_env, derived_env, extra_args = _runtime_fields(record)
 
     mount = _abs_path(role_value(role_env, "NARWHAL_MODEL_MOUNT"), "role env NARWHAL_MODEL_MOUNT")
     model_path = _abs_path(record_field(record, "runtime.model_path", str, allow_empty=False),
@@ -273,29 +319,9 @@ def container_spec(record, role_env):
     http_port = role_port(role_env, "NARWHAL_HTTP_PORT")
     side_port = role_port(role_env, "NARWHAL_SIDE_CHANNEL_PORT")
     side_host = side_channel_host(role_env.get("NARWHAL_ADVERTISED_ADDRESS", ""))
-
-    try:
-        net_devices = resolve_values(record_field(record, "transfer.net_devices", list, allow_empty=False),
-                                     dict((k, v) for k, v in role_env.items() if v),
-                                     "launch record transfer.net_devices")
-    except SubstitutionError as exc:
-        raise PlanError("%s; the role env provides NARWHAL_FABRIC_INTERFACE (prepare a new run)" % exc,
-                        "transfer.net_devices")
-    for index, dev in enumerate(net_devices):
-        if not isinstance(dev, str) or not re.match(r"^[A-Za-z0-9_.@-]+(:[0-9]+)?\Z", dev):
-            raise PlanError("launch record transfer.net_devices[%d]=%r is not an interface or HCA:port; %s"
-                            % (index, dev, RERUN), "transfer.net_devices")
-
-    devices, device_requests, verify_devices = [], [], []
-    if vendor == "nvidia":
-        # GPUs through the NVIDIA runtime's device request (it also brings the driver libraries); the recorded
-        # /dev/nvidia* nodes are checked on the host, not mapped.
-        verify_devices = [_device(d, "accelerator_devices").split(":", 1)[0] for d in accel_devices]
-        device_requests = [{"driver": "nvidia", "device_ids": [str(i) for i in host_indices],
-                            "capabilities": [["gpu"]]}]
-    else:
-        devices = [_device(d, "accelerator_devices") for d in accel_devices]
-    devices += [_device(d, "transfer.devices") for d in transfer_devices]
+    net_devices = _net_devices(record, role_env)
+    devices, device_requests, verify_devices = _device_mappings(vendor, host_indices, accel_devices,
+                                                                transfer_devices)
 
     environment = dict(runtime_env)
     environment.update(derived_env)
