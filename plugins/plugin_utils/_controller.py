@@ -155,6 +155,7 @@ def run_step(step, spec, args, name, check_mode=False, diff=False):
     except StepFailedError as exc:
         return exc.result
 
+
 class ControllerStepAction(ActionBase):
     """A step (plugins/module_utils/_steps/<step>.py): `step(module)`, `module_spec()`, and optionally
     `host_facts(args, hostvars)` that fills arguments the task did not give from the engines' host variables."""

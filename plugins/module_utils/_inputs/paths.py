@@ -31,8 +31,6 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools impor
 
 __metaclass__ = type
 
-
-
 # Names discovery owns inside NARWHAL_CONFIG_DIR (it removes stale inspection extracts by name).
 OWNED_NAMES = (DEPLOYMENT_ENV, POLICY_FILE, SOURCES_FILE, INSPECTION_FILE % "*")
 

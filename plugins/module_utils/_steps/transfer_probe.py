@@ -69,8 +69,8 @@ def read_key_file(path):
         raw = read_regular(path, API_KEY_MAX_BYTES)  # a FIFO is refused by name, never waited on
     except OSError as exc:
         raise PlanError("cannot read the engine API key file %s on host %s (%s); install the engine there "
-                              "(playbooks/prepare.yml) or pass api_key_file / api_key"
-                              % (path, host_name(), exc.strerror or exc), "NARWHAL_API_KEY_FILE")
+                        "(playbooks/prepare.yml) or pass api_key_file / api_key"
+                        % (path, host_name(), exc.strerror or exc), "NARWHAL_API_KEY_FILE")
     return api_key_from(raw, st.st_mode, path)
 
 
@@ -81,12 +81,12 @@ def installed_key_file(checkout, engine):
         text = read_regular(where, 65536).decode("utf-8", "replace")
     except OSError as exc:
         raise PlanError("cannot read the role environment %s of %s on host %s (%s); is %s installed on this "
-                              "host (engine_checkout / installed_engine, NARWHAL_ENGINE_CHECKOUT)?"
-                              % (where, engine, host_name(), exc.strerror or exc, engine), "installed_engine")
+                        "host (engine_checkout / installed_engine, NARWHAL_ENGINE_CHECKOUT)?"
+                        % (where, engine, host_name(), exc.strerror or exc, engine), "installed_engine")
     path = parse_role_env(text, where).get("NARWHAL_API_KEY_FILE")
     if not path:
         raise PlanError("the role environment %s names no NARWHAL_API_KEY_FILE; prepare a new run and install "
-                              "it" % where, "installed_engine")
+                        "it" % where, "installed_engine")
     return path
 
 
