@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 import yaml
-from test_support import REPO
+from test_support.paths import REPO
 
 GALAXY = pathlib.Path(sys.executable).parent / "ansible-galaxy"
 SECRET = "narwhal-demo-secret-0123456789"

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import yaml
-from test_support import REPO
+from test_support.paths import REPO
 
 from ansible_collections.narwhal.deploy.plugins.filter.narwhal import (
     status_problems,

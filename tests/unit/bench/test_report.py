@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from test_support import REPO
+from test_support.paths import REPO
 
 sys.path.insert(0, str(REPO / "bench"))
 

@@ -17,7 +17,7 @@ import types
 import pytest
 import yaml
 from ansible.module_utils.common import warnings
-from test_support import REPO
+from test_support.paths import REPO
 from test_support.prepare import API_KEY, EXAMPLE, compatible, inspection, make_checkout, prep_args
 from test_support.records import module_args, nv_pair, snapshot
 
@@ -273,11 +273,11 @@ def test_transfer_probe_runs_here_on_the_controller_and_as_a_module_with_become(
 
 def test_controller_module_fails_like_the_module_on_bad_arguments():
     result = __controller.run_step(transfer_probe, probe_spec(), {"engines": {}, "pairs": [], "model": "m"},
-                                  "narwhal.deploy.transfer_probe")
+                                   "narwhal.deploy.transfer_probe")
     assert result["failed"] is True
     assert result["msg"] == "one of the following is required: api_key, api_key_file, engine_checkout"
     result = __controller.run_step(transfer_probe, probe_spec(), {"engines": {}, "pairs": [], "model": "m",
-                                                                 "api_key": "sk-0000-0000", "api_key_file": "/k"}, "x")
+                                                                  "api_key": "sk-0000-0000", "api_key_file": "/k"}, "x")
     assert result["msg"] == "parameters are mutually exclusive: api_key|api_key_file|engine_checkout"
 
 
@@ -286,7 +286,7 @@ def test_controller_module_hides_no_log_values_and_returns_json_types():
         return {"changed": False, "echo": (module.params["api_key"], 1), "said": "key=" + module.params["api_key"]}
 
     result = __controller.run_step(step, probe_spec(),
-                                  {"engines": {}, "pairs": [], "model": "m", "api_key": "sk-hidden-123456"}, "x")
+                                   {"engines": {}, "pairs": [], "model": "m", "api_key": "sk-hidden-123456"}, "x")
     assert result["echo"] == ["VALUE_SPECIFIED_IN_NO_LOG_PARAMETER", 1] and result["said"] == "key=********"
     assert result["invocation"]["module_args"]["api_key"] == "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"
     assert result["changed"] is False

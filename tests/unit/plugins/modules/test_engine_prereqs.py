@@ -10,7 +10,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from test_support import REPO
+from test_support.paths import REPO
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.urls import attestation_url
 from ansible_collections.narwhal.deploy.plugins.module_utils._docker import engine_api as _engine_api

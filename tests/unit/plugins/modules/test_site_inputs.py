@@ -9,8 +9,8 @@ import shutil
 import subprocess
 
 import pytest
-from test_support import REPO
 from test_support.inputs import TOKEN
+from test_support.paths import REPO
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.paths import FALLBACK_IGNORED
 from ansible_collections.narwhal.deploy.plugins.modules import site_inputs
@@ -129,7 +129,6 @@ def test_site_inputs_asks_git_whether_the_outputs_are_ignored(site_module, tmp_p
 @pytest.mark.skipif(GIT is None, reason="needs git")
 def test_the_fallback_patterns_agree_with_the_shipped_gitignore(tmp_path):
     import fnmatch
-
 
     root = git_checkout(tmp_path / "checkout")
     samples = ["config/fleet.json", "config/fleet.site-a.json", "config/engine-launch.local.json",

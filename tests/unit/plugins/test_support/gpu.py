@@ -5,7 +5,7 @@ tool that replays a capture: shared by the gpu_facts and engine_host_facts tests
 
 from __future__ import annotations
 
-from test_support import PROFILES, REAL
+from test_support.paths import PROFILES, REAL
 
 NVIDIA = REAL / "nvidia"
 NVIDIA_SYS = PROFILES / "nvidia-8gpu-rdma" / "sys"

@@ -49,7 +49,7 @@ class FakeClient:
     def image(self, ref):
         if not self.answering:
             raise _engine_api.DaemonUnreachable("the Docker daemon does not answer at tcp://h:2375 "
-                                               "([Errno 111] Connection refused)")
+                                                "([Errno 111] Connection refused)")
         if ref not in self.attrs["RepoTags"] and ref != self.attrs["Id"]:
             raise _engine_api.NotFound("404 Not Found (GET /images/%s/json): No such image: %s" % (ref, ref), 404)
         return self.attrs

@@ -7,7 +7,7 @@ import socket
 import sys
 import types
 
-from test_support import REPO
+from test_support.paths import REPO
 
 LAUNCHER_DIR = REPO / "roles" / "install" / "files" / "launcher"
 EXAMPLE = REPO / "docs" / "examples" / "engine-launch.example.json"

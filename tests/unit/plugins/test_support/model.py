@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shutil
 
-from test_support import REAL
+from test_support.paths import REAL
 
 MODELS = REAL / "models"
 

@@ -15,7 +15,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy im
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.paths import POLICY_FILE, SOURCES_FILE
 from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.launcher import PLANNER_FILES
 from ansible_collections.narwhal.deploy.plugins.module_utils._steps import discovery_outputs as _discovery_outputs
-from test_support import REPO
+from test_support.paths import REPO
 
 EXAMPLE = json.loads((REPO / "docs" / "examples" / "engine-launch.example.json").read_text())
 CHECKOUT = "/srv/narwhal"

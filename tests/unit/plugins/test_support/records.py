@@ -25,7 +25,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas im
     validation_errors,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._steps import discovery_outputs as _discovery_outputs
-from test_support import PROFILES, REAL
+from test_support.paths import PROFILES, REAL
 
 NVIDIA_SYS = PROFILES / "nvidia-8gpu-rdma" / "sys"
 

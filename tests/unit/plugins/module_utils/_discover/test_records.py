@@ -13,7 +13,7 @@ import os
 import shutil
 
 import pytest
-from test_support import REAL, REPO
+from test_support.paths import REAL, REPO
 from test_support.records import (
     AMD_SYS,
     BASE,

@@ -114,7 +114,7 @@ def test_docker_host_and_tls_from_the_environment(tmp_path):
         _engine_api.Client.from_env(environ={"DOCKER_HOST": "ssh://me@host"})
     with pytest.raises(_engine_api.EngineAPIError, match="%s is missing" % (tmp_path / "cert.pem")):
         _engine_api.Client.from_env(environ={"DOCKER_HOST": "tcp://h:2376", "DOCKER_TLS_VERIFY": "1",
-                                            "DOCKER_CERT_PATH": str(tmp_path)})
+                                             "DOCKER_CERT_PATH": str(tmp_path)})
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl to make a certificate")

@@ -12,8 +12,8 @@ import socket
 import time
 
 import pytest
-from test_support import PROFILES, REAL
 from test_support.gpu import NVIDIA, NVIDIA_SYS, replay
+from test_support.paths import PROFILES, REAL
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts import gpu as _gpu
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts import host as _host

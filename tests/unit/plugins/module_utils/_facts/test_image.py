@@ -13,8 +13,8 @@ import subprocess
 import sys
 
 import pytest
-from test_support import REPO
 from test_support.image import IMAGE_ID, STANDIN_ATTRS, STANDIN_ENV, STANDIN_VERSIONS, FakeClient
+from test_support.paths import REPO
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts import image as _image
 from ansible_collections.narwhal.deploy.plugins.modules import image_facts

@@ -5,7 +5,7 @@ plugins/module_utils/_facts/netaddr.py."""
 
 
 import pytest
-from test_support import REAL
+from test_support.paths import REAL
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.netaddr import (
     global_addresses,

@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from test_support import PROFILES, REAL, REPO
+from test_support.paths import PROFILES, REAL, REPO
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts import host as _host
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts import rdma as _rdma

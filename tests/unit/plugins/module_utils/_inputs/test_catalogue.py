@@ -6,7 +6,7 @@
 import subprocess
 import sys
 
-from test_support import REPO
+from test_support.paths import REPO
 
 
 def test_env_example_and_docs_are_generated_from_the_input_description():

@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-from test_support import REPO
 from test_support.inputs import TOKEN
+from test_support.paths import REPO
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.dotenv import (
     DotenvError,

@@ -5,7 +5,7 @@ accepts the example record, and docs/launch-record.md documents every field."""
 
 import json
 
-from test_support import REPO
+from test_support.paths import REPO
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import (
     LAUNCH_CONFIG_SCHEMA,

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from test_support import REPO
+from test_support.paths import REPO
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.subst import (
     SubstitutionError,

@@ -11,7 +11,7 @@ import copy
 import importlib.util
 
 import pytest
-from test_support import STANDIN_SITE
+from test_support.paths import STANDIN_SITE
 from test_support.prepare import EXAMPLE, compatible
 from test_support.records import ROCM_DISTS, ROCM_ENV, amd, build, host, image, nvidia
 

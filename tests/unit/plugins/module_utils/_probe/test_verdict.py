@@ -14,7 +14,7 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from test_support import STANDIN_SITE
+from test_support.paths import STANDIN_SITE
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.nixl_metrics import metric_sum, nixl_counters
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan import role_env as _role_env

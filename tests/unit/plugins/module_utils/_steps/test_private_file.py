@@ -11,7 +11,7 @@ from ansible_collections.narwhal.deploy.plugins.plugin_utils import _controller 
 
 def _run(args, check_mode=False, diff=False):
     return __controller.run_step(private_file, module_spec(), args, "narwhal.deploy.private_file",
-                                check_mode=check_mode, diff=diff)
+                                 check_mode=check_mode, diff=diff)
 
 
 def _mode(path):

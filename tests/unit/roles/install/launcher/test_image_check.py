@@ -12,8 +12,8 @@ import uuid
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
-from test_support import STANDIN_SITE
 from test_support.launcher import MODULES, SECRET, le, patch_planner, record, role_env, write_inputs, zipapp
+from test_support.paths import STANDIN_SITE
 
 IMAGE = "narwhal-sim/engine-standin:latest"
 # What the real-engine scenario adds to the planner's command (extensions/molecule/real/site.env)
