@@ -1,5 +1,11 @@
 """Shared test setup: make `ansible_collections.narwhal.deploy` importable from a plain checkout
-(collections/ansible_collections/narwhal/deploy is a link to the repository root) and run modules' main().
+(collections/ansible_collections/narwhal/deploy is a link to the repository root), make the shared helpers
+importable as `test_support` (tests/unit/plugins/test_support), and run modules' main().
+
+The test tree mirrors what it tests (tests/unit/plugins/module_utils/_facts/test_gpu.py tests
+plugins/module_utils/_facts/gpu.py; tests/unit/roles/install/launcher/ the launcher). Test files are imported with
+pytest's --import-mode=importlib (pyproject.toml), so files of one name may stand in different folders and no
+test folder needs an __init__.py; a test module imports helpers from test_support, never from another test module.
 """
 import pathlib
 import sys
@@ -10,6 +16,7 @@ from ansible.module_utils.testing import patch_module_args
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "collections"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "plugins"))  # test_support
 
 
 class ExitJsonError(Exception):

@@ -9,8 +9,8 @@ import tarfile
 
 import pytest
 import yaml
+from test_support.paths import REPO
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 GALAXY = pathlib.Path(sys.executable).parent / "ansible-galaxy"
 SECRET = "narwhal-demo-secret-0123456789"
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import yaml
+from test_support.paths import REPO
 
 from ansible_collections.narwhal.deploy.plugins.filter.narwhal import (
     status_problems,
@@ -18,7 +19,6 @@ from ansible_collections.narwhal.deploy.plugins.filter.narwhal import (
 from ansible_collections.narwhal.deploy.plugins.inventory.fleet_groups import fleet_roles
 from ansible_collections.narwhal.deploy.plugins.lookup.project_dir import project_dir
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 STAGES = ("inputs", "discover", "prepare", "install", "launch", "probe", "status", "stop", "summary")
 
 

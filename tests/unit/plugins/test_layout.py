@@ -1,13 +1,12 @@
 """The layout's rules (docs/architecture.md): pure planning folders do no I/O, each host module ships only the
 module_utils it imports, and the launcher zipapp carries exactly the planner files its parts import."""
 import ast
-import pathlib
 
 import pytest
+from test_support.paths import REPO
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.launcher import LAUNCHER_DIR, PLANNER_FILES
 
-REPO = pathlib.Path(__file__).resolve().parents[3]
 MU = REPO / "plugins" / "module_utils"
 PREFIX = "ansible_collections.narwhal.deploy.plugins.module_utils."
 # The files that may read the disk, run tools or talk to a daemon: the edges. Everything else is pure.

@@ -1,0 +1,84 @@
+"""bench/report.py (the pure part of `make bench`): medians, ratios, goals and the table from raw samples.
+The benchmark itself needs a simulated site and is not run by the suite (docs/benchmarks.md)."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+from test_support.paths import REPO
+
+sys.path.insert(0, str(REPO / "bench"))
+
+import report  # noqa: E402 - bench/report.py
+
+
+def _round(setup, cold, warm, warm_changed=0, warm_containers=0, status=None, site=None, site_changed=0):
+    row = {"setup_s": setup, "discover_cold_s": cold, "discover_warm_s": warm, "cold_changed": 0,
+           "warm_changed": warm_changed, "cold_containers": 4, "warm_containers": warm_containers,
+           "setup_maxrss_kib": 60000, "discover_cold_maxrss_kib": 70000, "discover_warm_maxrss_kib": 69000,
+           "order": "setup-first"}
+    if status is not None:
+        row.update(status_s=status, site_s=site, site_changed=site_changed)
+    return row
+
+
+RAW = {
+    "4": {"forks": 4, "rounds": [_round(4.0, 8.0, 4.0), _round(5.0, 9.0, 5.0), _round(100.0, 7.0, 3.0)],
+          "memory": {"setup_pss_kib": 100000, "discover_cold_pss_kib": 150000, "discover_warm_pss_kib": 140000}},
+    "16": {"forks": 16, "rounds": [_round(10.0, 14.0, 7.0, status=6.0, site=40.0),
+                                   _round(12.0, 16.0, 8.0, status=9.0, site=44.0),
+                                   _round(11.0, 15.0, 7.5, status=10.0, site=42.0, site_changed=1)],
+           "memory": {}},
+    "32": {"forks": 32, "rounds": [_round(20.0, 24.0, 12.0)],
+           "memory": {"setup_pss_kib": 900 * 1024, "discover_cold_pss_kib": 600 * 1024,
+                      "discover_warm_pss_kib": 580 * 1024, "status_pss_kib": 950 * 1024}},
+}
+LAUNCH = {"host": "engine-1", "engine": "engine-1", "rounds": [
+    {"start_s": 0.5, "docker_run_s": 0.4, "check_s": 1.0, "plan_s": 0.1, "import_docker_s": 0.2,
+     "start_running": True, "docker_run_running": True, "start_action": "started"},
+    {"start_s": 0.7, "docker_run_s": 0.5, "check_s": 1.2, "plan_s": 0.1, "import_docker_s": 0.2,
+     "start_running": True, "docker_run_running": True, "start_action": "started"}]}
+
+
+def test_summaries_take_medians_and_ratios():
+    d = report.summarize_discovery(RAW)
+    assert list(d) == ["4", "16", "32"]
+    assert (d["4"]["setup_s"], d["4"]["discover_cold_s"], d["4"]["discover_warm_s"]) == (5.0, 8.0, 4.0)
+    assert d["4"]["warm_over_cold"] == 0.5 and d["16"]["discover_cold_over_setup"] == pytest.approx(15 / 11, 1e-3)
+    assert d["4"]["tree_pss_peak_kib"]["discover_cold_pss_kib"] == 150000 and d["16"]["tree_pss_peak_kib"] == {}
+    launcher = report.summarize_launcher(LAUNCH)
+    assert launcher["start_over_docker_run"] == pytest.approx(0.6 / 0.45, 1e-3)
+    assert launcher["all_running"] is True and launcher["check_s"] == 1.1
+    assert report.summarize_launcher(None) is None
+
+
+def test_goals_and_table():
+    d = report.summarize_discovery(RAW)
+    assert (d["16"]["status_s"], d["16"]["site_s"], d["16"]["site_changed_max"]) == (9.0, 42.0, 1)
+    assert d["4"]["status_s"] is None and d["4"]["site_changed_max"] is None
+    goals = {g["goal"]: g for g in report.goals(d, report.summarize_launcher(LAUNCH))}
+    assert goals["disc1 / setup at N=16"]["figure"] == pytest.approx(15 / 11, 1e-3)
+    assert goals["disc1 / setup at N=16"]["met"] is False  # 1.36 > 1.3
+    assert goals["disc2 / setup at N=16"]["met"] is True and goals["disc2 / setup at N=32"]["met"] is True
+    assert "disc2 / setup at N=4" not in goals  # the goal holds at N >= 8
+    assert goals["status / setup at N=16"]["figure"] == pytest.approx(9 / 11, 1e-3)
+    assert goals["status / setup at N=16"]["met"] is False
+    growth = goals["growth N=4 -> 32, disc2"]
+    assert growth["figure"] == pytest.approx(12 / 4, 1e-3) and growth["limit"] == pytest.approx(20 / 5, 1e-3)
+    assert growth["met"] is True and goals["growth N=4 -> 32, disc1"]["met"] is None
+    memory = goals["MiB at N=32 vs setup's"]
+    assert (memory["figure"], memory["limit"], memory["met"]) == (950, 900, False)  # status is the worst
+    assert goals["launcher start / docker run"]["met"] is False
+    second = [g for g in goals.values() if g["goal"].startswith("disc2 / disc1")][0]
+    assert second["figure"] == pytest.approx(7.5 / 15, 1e-3) and second["met"] is True
+    text = report.table(d, report.summarize_launcher(LAUNCH), list(goals.values()), header="bench")
+    assert len(text.splitlines()) <= 30 and max(len(line) for line in text.splitlines()) <= 100
+    assert "MISSED" in text
+    row16 = [line for line in text.splitlines() if line.startswith("16 ")][0].split()
+    assert row16[7:12] == ["9.00", "0.82", "42.0", "3.82", "1"], row16  # status, ratio, site, ratio, changed
+
+
+def test_a_changed_second_discover_misses_the_goal():
+    raw = {"16": {"forks": 16, "rounds": [_round(10.0, 20.0, 5.0, warm_containers=1)], "memory": {}}}
+    second = [g for g in report.goals(report.summarize_discovery(raw), None) if g["goal"].startswith("disc2 / disc1")]
+    assert second[0]["met"] is False and "inspection containers=1" in second[0]["note"]

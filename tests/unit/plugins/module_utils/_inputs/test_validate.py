@@ -1,0 +1,133 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Input validation (plugins/module_utils/_inputs/validate.py, load_inputs): hostile and broken site inputs are
+refused by name when the inputs are read; plain values pass."""
+
+import pytest
+from test_support.inputs import BASE
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.validate import load_inputs
+
+# ------------------------------------------------------------------------------------------------
+# hostile and broken inputs, refused when the inputs are read (issue 13, classes 1 and 4)
+
+MINIMAL = dict(BASE)
+
+
+def refused_input(extra):
+    with pytest.raises(InputError) as err:
+        load_inputs(dict(MINIMAL, **extra))
+    return err.value
+
+
+@pytest.mark.parametrize("key,value,char", [
+    ("NARWHAL_SERVED_MODEL_NAME", "x\nNARWHAL_RUN_DIR=/tmp/evil", "\n"),
+    ("NARWHAL_IMAGE", "vllm/vllm-openai:v0.33.0\r\nNARWHAL_X=1", "\r"),
+    ("NARWHAL_EXTRA_ARGS", "--max-model-len 8192\x00", "\x00"),
+    ("NARWHAL_MODEL_PATH", "/srv/models/a\u2028NARWHAL_RUN_DIR=/tmp", "\u2028"),
+    ("NARWHAL_NODE_1_ENGINE_ENV", "A=1\x0bNARWHAL_RUN_DIR=/tmp/evil", "\x0b"),
+    ("NARWHAL_FABRIC_INTERFACE", "eth1\t", "\t"),
+    ("NARWHAL_NODE_2_URL", "http://10.0.0.12:8000\n", "\n"),
+    ("NARWHAL_CONFIG_DIR", "config/\x1b[2Jsite", "\x1b"),
+])
+def test_values_that_could_add_a_line_are_refused(key, value, char):
+    """Class 1: a value with a line break or another control character never reaches a line-based file."""
+    err = refused_input({key: value})
+    assert err.key == key
+    assert "contains the control character %r" % char in str(err) and "one line of printable text" in str(err)
+
+
+@pytest.mark.parametrize("extra,key,words", [
+    ({"NARWHAL_SERVED_MODEL_NAME": ".."}, "NARWHAL_SERVED_MODEL_NAME", "no empty, '.' or '..' component"),
+    ({"NARWHAL_SERVED_MODEL_NAME": "../../etc"}, "NARWHAL_SERVED_MODEL_NAME", "/models/<name with / as _>"),
+    ({"NARWHAL_SERVED_MODEL_NAME": "org/../x"}, "NARWHAL_SERVED_MODEL_NAME", "'..' component"),
+    ({"NARWHAL_SERVED_MODEL_NAME": "/abs/name"}, "NARWHAL_SERVED_MODEL_NAME", "starts with a letter or digit"),
+    ({"NARWHAL_SERVED_MODEL_NAME": "x,source=/etc"}, "NARWHAL_SERVED_MODEL_NAME", "not a served model name"),
+    ({"NARWHAL_SERVED_MODEL_NAME": "llama 3"}, "NARWHAL_SERVED_MODEL_NAME", "not a served model name"),
+    ({"NARWHAL_MODEL_PATH": "/srv/models/llama 3"}, "NARWHAL_MODEL_PATH",
+     "its last component 'llama 3', the default served model name"),
+    ({"NARWHAL_MODEL_PATH": "/srv/models/a,b"}, "NARWHAL_MODEL_PATH", "docker --mount separates options by commas"),
+    ({"NARWHAL_MODEL_PATH": "/srv/models/../../etc"}, "NARWHAL_MODEL_PATH", "'.'/'..' component"),
+    ({"NARWHAL_MODEL_PATH": "/"}, "NARWHAL_MODEL_PATH", "below /"),
+    ({"NARWHAL_ENGINE_CHECKOUT": "/opt/../etc"}, "NARWHAL_ENGINE_CHECKOUT", "'.'/'..' component"),
+    ({"NARWHAL_CONFIG_DIR": "../elsewhere"}, "NARWHAL_CONFIG_DIR", "'..' component"),
+    ({"NARWHAL_FLEET": "~/fleet.json"}, "NARWHAL_FLEET", "'~' (which nothing expands)"),
+    ({"NARWHAL_IMAGE": "--privileged"}, "NARWHAL_IMAGE", "not an image reference"),
+    ({"NARWHAL_NODE_2_IMAGE": "img name"}, "NARWHAL_NODE_2_IMAGE", "not an image reference"),
+    ({"NARWHAL_EXPECTED_PACKAGES": "torch,x;rm -rf /"}, "NARWHAL_EXPECTED_PACKAGES", "not a distribution name"),
+])
+def test_values_that_would_escape_their_directory_or_argument_are_refused(extra, key, words):
+    """Class 1: names and paths stay inside their directory (/models/<name>, mounts) and their argument."""
+    err = refused_input(extra)
+    assert err.key == key and words in str(err), str(err)
+
+
+@pytest.mark.parametrize("extra", [
+    {"NARWHAL_SERVED_MODEL_NAME": "meta-llama/Llama-3.1-8B-Instruct"},
+    {"NARWHAL_SERVED_MODEL_NAME": "qwen2.5:7b@q4+x"},
+    {"NARWHAL_MODEL_PATH": "/srv/models/Llama-3.1-8B/"},
+    {"NARWHAL_IMAGE": "registry.example:5000/vllm/vllm-openai@sha256:" + "ab" * 32},
+    {"NARWHAL_NODE_1_ATTESTATION_URL": "http://10.0.0.11:8010/v1/attestation"},
+    {"NARWHAL_NODE_1_URL": "https://engine-1.example.:8000"},
+    {"NARWHAL_CONFIG_DIR": "/srv/site-a/config", "NARWHAL_EXPECTED_PACKAGES": "torch, flashinfer-python"},
+])
+def test_plain_values_still_pass(extra):
+    load_inputs(dict(MINIMAL, **extra))
+
+
+@pytest.mark.parametrize("extra,key,words", [
+    ({"NARWHAL_TRANSPRT": "ucx_tcp"}, "NARWHAL_TRANSPRT", "did you mean NARWHAL_TRANSPORT?"),
+    ({"NARWHAL_GPU_PER_ENGINE": "4"}, "NARWHAL_GPU_PER_ENGINE", "did you mean NARWHAL_GPUS_PER_ENGINE?"),
+    ({"NARWHAL_WHATEVER": "1"}, "NARWHAL_WHATEVER", "is not a site input; a misspelt key"),
+    ({"NARWHAL_RUN_DIR": "/tmp/evil"}, "NARWHAL_RUN_DIR", "role environment that prepare writes"),
+    ({"NARWHAL_ENV_FILE": "/x/.env"}, "NARWHAL_ENV_FILE", "not from .env"),
+    ({"NARWHAL_NODE_2_ENGINE_PROT": "8001"}, "NARWHAL_NODE_2_ENGINE_PROT", "did you mean NARWHAL_NODE_2_ENGINE_PORT?"),
+    ({"NARWHAL_NODE_02_ROLE": "decode"}, "NARWHAL_NODE_02_ROLE", "no leading zero"),
+    ({"NARWHAL_ENGINE_PORT": "8_000"}, "NARWHAL_ENGINE_PORT", "ASCII digits 0-9"),
+    ({"NARWHAL_ENGINE_PORT": "\uff18\uff10\uff10\uff10"}, "NARWHAL_ENGINE_PORT", "ASCII digits 0-9"),
+    ({"NARWHAL_NODE_1_ATTEST_PORT": "+8010"}, "NARWHAL_NODE_1_ATTEST_PORT", "ASCII digits 0-9"),
+    ({"NARWHAL_BLOCK_SIZE": "-16"}, "NARWHAL_BLOCK_SIZE", "must be at least 1, got -16"),
+    ({"NARWHAL_BLOCK_SIZE": "1_6"}, "NARWHAL_BLOCK_SIZE", "ASCII digits 0-9"),
+    ({"NARWHAL_GPUS_PER_ENGINE": "\u0664"}, "NARWHAL_GPUS_PER_ENGINE", "ASCII digits 0-9"),
+    ({"NARWHAL_NODE_1_GPU_IDS": "0,0"}, "NARWHAL_NODE_1_GPU_IDS", "negative or repeated"),
+    ({"NARWHAL_NODE_1_GPU_IDS": "-1,0"}, "NARWHAL_NODE_1_GPU_IDS", "negative or repeated"),
+    ({"NARWHAL_NODE_1_GPU_IDS": "0,\uff11"}, "NARWHAL_NODE_1_GPU_IDS", "ASCII digits 0-9"),
+    ({"NARWHAL_NODE_1_GPU_IDS": "0,1,2", "NARWHAL_TP_SIZE": "2"}, "NARWHAL_NODE_1_GPU_IDS", "NARWHAL_TP_SIZE is 2"),
+    ({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_TP_SIZE": "2"}, "NARWHAL_TP_SIZE", "gives engine-1 4 GPU(s)"),
+    ({"NARWHAL_NODE_1_IP": "127.1"}, "NARWHAL_NODE_1_IP", "not an IPv4 or IPv6 address"),
+    ({"NARWHAL_NODE_1_IP": "::ffff:127.0.0.1"}, "NARWHAL_NODE_1_IP", "IPv4-mapped loopback"),
+    ({"NARWHAL_NODE_1_IP": "0.0.0.0"}, "NARWHAL_NODE_1_IP", "the unspecified address"),
+    ({"NARWHAL_NODE_1_IP": "169.254.1.1"}, "NARWHAL_NODE_1_IP", "a link-local address"),
+    ({"NARWHAL_NODE_1_IP": "::ffff:10.0.0.11"}, "NARWHAL_NODE_1_IP", "write the IPv4 address 10.0.0.11"),
+    ({"NARWHAL_NODE_1_IP": "fd00::11"}, "NARWHAL_NODE_1_IP", "NARWHAL_BIND_FAMILY is ipv4"),
+    ({"NARWHAL_NODE_1_URL": "http://localhost.:8000"}, "NARWHAL_NODE_1_URL", "a localhost name"),
+    ({"NARWHAL_NODE_1_URL": "http://127.1:8000"}, "NARWHAL_NODE_1_URL", "numeric form"),
+    ({"NARWHAL_NODE_1_URL": "http://2130706433:8000"}, "NARWHAL_NODE_1_URL", "numeric form"),
+    ({"NARWHAL_NODE_1_URL": "http://0x7f.0.0.1:8000"}, "NARWHAL_NODE_1_URL", "numeric form"),
+    ({"NARWHAL_NODE_1_URL": "http://[::ffff:127.0.0.1]:8000"}, "NARWHAL_NODE_1_URL", "IPv4-mapped loopback"),
+    ({"NARWHAL_NODE_1_URL": "http://0.0.0.0:8000"}, "NARWHAL_NODE_1_URL", "the unspecified address"),
+    ({"NARWHAL_NODE_1_URL": "http://[::1]:8000"}, "NARWHAL_NODE_1_URL", "a loopback address"),
+    ({"NARWHAL_NODE_1_URL": "http://10.0.0.11:8000/v1"}, "NARWHAL_NODE_1_URL", "has a path (/v1)"),
+    ({"NARWHAL_NODE_1_URL": "http://10.0.0.11:8000/"}, "NARWHAL_NODE_1_URL", "has a path (/)"),
+    ({"NARWHAL_NODE_1_URL": "http://10.0.0.11:8000?x=1"}, "NARWHAL_NODE_1_URL", "query"),
+    ({"NARWHAL_NODE_1_URL": "http://10.0.0.11:\uff18\uff10\uff10\uff10"}, "NARWHAL_NODE_1_URL", "not an http(s) URL"),
+    ({"NARWHAL_NODE_1_ATTESTATION_URL": "http://10.0.0.11:8010/v1/attestation#x"},
+     "NARWHAL_NODE_1_ATTESTATION_URL", "fragment"),
+    ({"NARWHAL_NODE_1_ATTESTATION_URL": "http://10.0.0.11:8010/v1/$(id)"},
+     "NARWHAL_NODE_1_ATTESTATION_URL", "path with characters other than"),
+    ({"NARWHAL_EXTRA_ARGS": "--chat-template '/a b.j2"}, "NARWHAL_EXTRA_ARGS", "not valid shell words"),
+    ({"NARWHAL_NODE_1_ENGINE_ENV": "A='x"}, "NARWHAL_NODE_1_ENGINE_ENV", "not valid shell words"),
+    ({"NARWHAL_FABRIC_INTERFACE": ".."}, "NARWHAL_FABRIC_INTERFACE", "not a network interface name"),
+])
+def test_values_that_passed_unchecked_are_refused_by_name(extra, key, words):
+    """Class 4: typos, unusual digits, loopback spellings, URLs with more than a server, contradictions."""
+    err = refused_input(extra)
+    assert err.key == key and words in str(err), str(err)
+    assert "rerun discovery" in str(err) or "remove it" in str(err) or ".env" in str(err)
+
+
+def test_url_user_information_is_refused_without_repeating_it():
+    err = refused_input({"NARWHAL_NODE_1_URL": "http://admin:hunter2@10.0.0.11:8000"})
+    assert err.key == "NARWHAL_NODE_1_URL" and "user information" in str(err)
+    assert "hunter2" not in str(err) and "admin" not in str(err)

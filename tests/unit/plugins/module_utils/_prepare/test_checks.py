@@ -1,0 +1,350 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""prepare's checks (plugins/module_utils/_prepare/checks.py): the P/D compatibility gate, the shared-host gate,
+stale-record detection, derivation of each engine's environment / vllm_args / role environment, the run ID and the
+documents check. prepare_run end to end: tests/unit/plugins/module_utils/_steps/test_prepare_run.py."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+from test_support.prepare import CHECKOUT, SITE, fleet_for, inspection
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common import errors as _errors
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy import (
+    StaleRecordsError,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan import role_env as _role_env
+from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.checks import (
+    check_documents,
+    compatibility,
+    derive,
+    render_role_env,
+    run_id,
+    shared_hosts,
+    stale,
+)
+
+# ------------------------------------------------------------------------------------------------
+# compatibility (the gate itself: tests/unit/plugins/module_utils/_prepare/test_gate.py)
+
+
+def test_the_example_pair_is_refused_and_its_compatible_variant_passes(records, pd_launch):
+    with pytest.raises(InputError) as err:
+        compatibility(records)
+    assert err.value.key == "NARWHAL_EXTRA_ARGS" and "attention backend differs" in str(err.value)
+    assert compatibility(pd_launch["engines"]) is None
+
+
+# ------------------------------------------------------------------------------------------------
+# shared hosts
+
+
+@pytest.fixture
+def cohosted(records):
+    records["engine-2"]["node"]["host_id"] = records["engine-1"]["node"]["host_id"]
+    records["engine-1"]["gpu_host_indices"] = [0, 1, 2, 3]
+    records["engine-2"]["gpu_host_indices"] = [4, 5]
+    records["engine-2"]["node"].update(engine_port=8001, attest_port=8011, side_channel_port=5610,
+                                       side_channel_ports=[5610, 5611])
+    shared_hosts(records)  # the baseline of every co-hosted test is valid
+    return records
+
+
+def test_different_hosts_may_reuse_gpus_and_ports(records):
+    assert records["engine-1"]["node"]["host_id"] != records["engine-2"]["node"]["host_id"]
+    assert records["engine-1"]["node"]["engine_port"] == records["engine-2"]["node"]["engine_port"]
+    shared_hosts(records)
+
+
+def test_shared_host_overlapping_gpus_is_refused(cohosted):
+    cohosted["engine-2"]["gpu_host_indices"] = [3, 4]
+    with pytest.raises(InputError) as err:
+        shared_hosts(cohosted)
+    msg = str(err.value)
+    assert "engine-1" in msg and "engine-2" in msg
+    assert "GPU 3" in msg
+
+
+@pytest.mark.parametrize("node2", [
+    {"engine_port": 8000},
+    {"attest_port": 8010},
+    {"side_channel_port": 5602, "side_channel_ports": [5602, 5602]},
+    {"engine_port": 8010},  # engine port of one = attestation port of the other
+    {"attest_port": 8000},
+    {"engine_port": 5601},  # inside the other's side-channel range
+])
+def test_shared_host_port_overlap_is_refused(cohosted, node2):
+    cohosted["engine-1"]["node"].update(side_channel_port=5600, side_channel_ports=[5600, 5603])
+    shared_hosts(cohosted)
+    cohosted["engine-2"]["node"].update(node2)
+    with pytest.raises(InputError) as err:
+        shared_hosts(cohosted)
+    msg = str(err.value)
+    assert "engine-1" in msg and "engine-2" in msg and "overlap" in msg
+    assert err.value.key.startswith("NARWHAL_NODE_<n>_")
+
+
+def test_side_channel_ranges_adjacent_do_not_overlap(cohosted):
+    cohosted["engine-1"]["node"].update(side_channel_port=5600, side_channel_ports=[5600, 5603])
+    cohosted["engine-2"]["node"].update(side_channel_port=5604, side_channel_ports=[5604, 5607])
+    shared_hosts(cohosted)
+
+
+# ------------------------------------------------------------------------------------------------
+# stale
+
+
+@pytest.mark.parametrize("engine", ["engine-1", "engine-2"])
+def test_matching_inspection_passes(records, engine):
+    stale(records[engine], inspection(records[engine]))
+
+
+def _gpu(current, index):
+    return next(g for g in current["gpus"]["gpus"] if g["index"] == index)
+
+
+@pytest.mark.parametrize("engine, change, detail", [
+    ("engine-1", lambda c: c["gpus"]["gpus"].pop(), "GPU 7 is gone"),
+    ("engine-2", lambda c: c["gpus"]["gpus"].pop(0), "GPU 0 is gone"),
+    ("engine-1", lambda c: _gpu(c, 2).update(name="Tesla V100-SXM2-16GB"), "GPU 2 is now a Tesla V100-SXM2-16GB"),
+    ("engine-2", lambda c: _gpu(c, 1).update(name="MI210"), "GPU 1 is now a MI210"),
+    ("engine-1", lambda c: _gpu(c, 5).update(uuid="GPU-00000000-0000-0000-0000-000000000000"), "UUIDs changed"),
+    ("engine-1", lambda c: c["gpus"].update(vendor="amd"), "the host now reports amd"),
+    ("engine-2", lambda c: c.update(gpus={}), "the host now reports None"),
+    ("engine-2", lambda c: c.update(missing_devices=["/dev/infiniband/uverbs4"]), "/dev/infiniband/uverbs4"),
+    ("engine-1", lambda c: c["interface"].update(addresses=[{"address": "172.31.241.99"}]),
+     "eth1 no longer carries 172.31.241.11 (it has 172.31.241.99)"),
+    ("engine-2", lambda c: c["interface"].update(addresses=[]), "no longer carries 172.31.241.12 (it has none)"),
+    ("engine-1", lambda c: c.update(image_id="sha256:" + "0" * 64), "is sha256:" + "0" * 64 + " on the host"),
+    ("engine-2", lambda c: c.update(image_id=None), "is absent on the host"),
+])
+def test_stale_record_is_refused(records, engine, change, detail):
+    current = inspection(records[engine])
+    change(current)
+    with pytest.raises(InputError) as err:
+        stale(records[engine], current)
+    assert err.value.key == engine
+    assert "no longer matches" in str(err.value)
+    assert detail in str(err.value)
+
+
+def test_empty_inspection_is_stale(records):
+    with pytest.raises(InputError, match="no longer matches"):
+        stale(records["engine-1"], {})
+
+
+# ------------------------------------------------------------------------------------------------
+# derive
+
+
+def test_derive_nvidia_tcp(records):
+    r = records["engine-1"]
+    d = derive(r, CHECKOUT, "run-0123456789ab")
+    managed = {
+        "CUDA_VISIBLE_DEVICES": ",".join(r["gpu_ids"]),
+        "UCX_NET_DEVICES": "eth1",
+        "UCX_TLS": "tcp,cuda_copy,cuda_ipc,sm,self",
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": "172.31.241.11",
+        "VLLM_NIXL_SIDE_CHANNEL_PORT": "5600",
+        "VLLM_API_KEY": "<redacted>",
+    }
+    # the container's whole environment: the record's image env plus what the launcher manages
+    assert d["environment"] == dict(r["runtime"]["environment"], **managed)
+    assert d["environment"]["CUDA_VISIBLE_DEVICES"].startswith("GPU-76098dc1-d3bc-9a1b-7ea6-f7b48837829e,GPU-bbf7")
+    assert d["vllm_args"][-6:] == ["--dtype", "bfloat16", "--kv-cache-dtype", "auto", "--block-size", "16"]
+    assert d["vllm_args"][d["vllm_args"].index("--tensor-parallel-size") + 1] == "8"
+
+
+def test_derive_amd_rdma(records):
+    d = derive(records["engine-2"], CHECKOUT, "run-0123456789ab")
+    env = d["environment"]
+    assert env["ROCR_VISIBLE_DEVICES"] == "0,1"
+    assert env["UCX_NET_DEVICES"] == "mlx5_6:1,mlx5_7:1"
+    assert env["UCX_TLS"] == "rc,ud,rocm_copy,rocm_ipc,sm,self"
+    assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "172.31.241.12"
+    assert "CUDA_VISIBLE_DEVICES" not in env
+    assert d["vllm_args"][d["vllm_args"].index("--tensor-parallel-size") + 1] == "2"
+    assert d["vllm_args"][-4:] == ["--max-model-len", "8192", "--gpu-memory-utilization", "0.9"]
+
+
+def test_derive_nvidia_rdma_adds_cuda_copy(records):
+    r = records["engine-1"]
+    r["transfer"].update(transport="ucx_rdma", net_devices=["mlx5_0:1"], devices=["/dev/infiniband/uverbs0"],
+                         ucx_tls=["rc", "ud", "cuda_copy", "cuda_ipc", "sm", "self"])
+    assert derive(r, CHECKOUT, "run-x")["environment"]["UCX_TLS"] == "rc,ud,cuda_copy,cuda_ipc,sm,self"
+    r["transfer"]["ucx_tls"] = ["rc", "ud", "sm", "self"]  # hand-broken: GPU-memory KV without cuda_copy
+    with pytest.raises(InputError, match="lacks cuda_copy: the KV cache is in GPU memory"):
+        derive(r, CHECKOUT, "run-x")
+
+
+def test_derive_role_env_and_paths(records):
+    d = derive(records["engine-1"], CHECKOUT, "run-0123456789ab")
+    assert d["paths"] == {
+        "record": "/srv/narwhal/config/engine-launch.engine-1.json",
+        "role_env": "/srv/narwhal/config/engine-1.env",
+        "launcher": "/srv/narwhal/bin/launch_engine.pyz",
+        "api_key": "/srv/narwhal/config/engine-api.key",
+        "run_dir": "/srv/narwhal/runs/run-0123456789ab",
+    }
+    assert d["role_env"] == {
+        "NARWHAL_ENGINE": "engine-1",
+        "NARWHAL_RECORD": "/srv/narwhal/config/engine-launch.engine-1.json",
+        "NARWHAL_MODEL_MOUNT": "/models/tiny-llama",
+        "NARWHAL_SERVED_MODEL_NAME": "tiny-llama",
+        "NARWHAL_BIND_FAMILY": "ipv4",
+        "NARWHAL_HTTP_PORT": "8000",
+        "NARWHAL_ADVERTISED_ADDRESS": "172.31.241.11",
+        "NARWHAL_SIDE_CHANNEL_PORT": "5600",
+        "NARWHAL_FABRIC_INTERFACE": "eth1",
+        "NARWHAL_API_KEY_FILE": "/srv/narwhal/config/engine-api.key",
+        "NARWHAL_RUN_ID": "run-0123456789ab",
+        "NARWHAL_RUN_DIR": "/srv/narwhal/runs/run-0123456789ab",
+    }
+    text = render_role_env(d["role_env"])
+    lines = text.splitlines()
+    assert lines[0].startswith("# Role environment of engine-1")
+    assert lines[1:] == sorted(lines[1:])
+    assert "NARWHAL_HTTP_PORT=8000" in lines and text.endswith("\n")
+
+
+def test_derive_model_mount_flattens_slashes(records):
+    records["engine-1"]["runtime"]["served_model_name"] = "meta-llama/Llama-3.1-8B"
+    d = derive(records["engine-1"], CHECKOUT, "run-x")
+    assert d["role_env"]["NARWHAL_MODEL_MOUNT"] == "/models/meta-llama_Llama-3.1-8B"
+
+
+def test_derive_merges_derived_environment_and_extra_args(records):
+    rt = records["engine-1"]["runtime"]
+    rt["derived_environment"] = {"VLLM_SSM_CONV_STATE_LAYOUT": "DS"}
+    rt["extra_args"] = ["--max-model-len", "4096"]
+    d = derive(records["engine-1"], CHECKOUT, "run-x")
+    assert d["environment"]["VLLM_SSM_CONV_STATE_LAYOUT"] == "DS"
+    assert d["environment"]["UCX_TLS"] == "tcp,cuda_copy,cuda_ipc,sm,self"
+    assert d["vllm_args"][d["vllm_args"].index("--tensor-parallel-size") + 1] == "8"
+    assert d["vllm_args"][-2:] == ["--max-model-len", "4096"]
+
+
+def test_derive_refuses_gpus_without_visibility_env(records):
+    """Prepare once skipped a missing visibility variable while the launcher refused it: one planner now."""
+    r = records["engine-1"]
+    r["gpu_visibility_env"] = None
+    with pytest.raises(InputError, match="gpu_visibility_env must be str"):
+        derive(r, CHECKOUT, "run-x")
+    r["gpu_visibility_env"] = "ROCR_VISIBLE_DEVICES"
+    with pytest.raises(InputError, match="is not the visibility variable of nvidia GPUs"):
+        derive(r, CHECKOUT, "run-x")
+
+
+@pytest.mark.parametrize("device", ["${OTHER}", "x${NARWHAL_FABRIC_INTERFACE}", "${NARWHAL_FABRIC_INTERFACE}x"])
+def test_derive_unresolvable_net_device_is_refused(records, device):
+    records["engine-1"]["transfer"]["net_devices"] = [device]
+    with pytest.raises(InputError) as err:
+        derive(records["engine-1"], CHECKOUT, "run-x")
+    assert err.value.key == "engine-1"
+    assert "transfer.net_devices[0]" in str(err.value)
+
+
+@pytest.mark.parametrize("sep", ["\n", "\r", "\x0b", "\x0c", "\x1c", "\x85", "\u2028", "\u2029", "\x00"])
+def test_role_env_cannot_be_injected(records, sep):
+    """Class 1: prepare writes no value that adds a line, and the launcher's reader (the same planner) splits at
+    \n only and refuses a line with any other line boundary or control character."""
+
+    d = derive(records["engine-1"], CHECKOUT, "run-x")
+    with pytest.raises(InputError, match="must be one line of text"):
+        render_role_env(dict(d["role_env"], NARWHAL_SERVED_MODEL_NAME="x%sNARWHAL_APP_REVISION=evil" % sep))
+    if sep == "\n":
+        return  # a real line: the reader cannot tell it from prepare's own (render_role_env refused it above)
+    line = "NARWHAL_SERVED_MODEL_NAME=tiny-llama"
+    text = render_role_env(d["role_env"]).replace(line, line + sep + "NARWHAL_APP_REVISION=evil")
+    with pytest.raises(_errors.PlanError) as err:
+        _role_env.parse_role_env(text, "/opt/narwhal/config/engine-1.env")
+    assert "/opt/narwhal/config/engine-1.env line" in str(err.value)
+    assert "control character" in str(err.value) or "is not KEY=VALUE" in str(err.value)
+
+
+def test_role_env_reader_takes_what_prepare_writes(records):
+
+    d = derive(records["engine-1"], CHECKOUT, "run-x")
+    assert _role_env.parse_role_env(render_role_env(d["role_env"]), "x") == d["role_env"]
+
+
+# ------------------------------------------------------------------------------------------------
+# run ID
+
+
+def _rid(records, engines=("engine-1", "engine-2"), launcher="a" * 64, inputs=None):
+    engines = list(engines)
+    derived = dict((e, derive(records[e], CHECKOUT, "run-pending")) for e in engines)
+    return run_id(engines, records, derived, launcher, inputs or {"fleet_sha256": "f"})
+
+
+def test_run_id_is_deterministic(records):
+    first = _rid(records)
+    assert re.fullmatch(r"run-[0-9a-f]{12}", first)
+    assert _rid(copy.deepcopy(records)) == first
+    assert _rid(records, engines=("engine-2", "engine-1")) == first  # order of the play does not matter
+
+
+def test_run_id_changes_with_its_inputs(records):
+    base = _rid(records)
+    changed = copy.deepcopy(records)
+    changed["engine-2"]["runtime"]["extra_args"] = []
+    assert _rid(changed) != base
+    changed = copy.deepcopy(records)
+    changed["engine-1"]["sources"]["allocation"] = "something else"  # not derived, still in the record
+    assert _rid(changed) != base
+    assert _rid(records, launcher="b" * 64) != base
+    assert _rid(records, engines=("engine-1",)) != base
+    assert _rid(records, inputs={"fleet_sha256": "g"}) != base
+
+
+# ------------------------------------------------------------------------------------------------
+# check_documents
+
+
+def test_check_documents_accepts_the_example(launch):
+    check_documents(fleet_for(launch["engines"]), launch, SITE)
+
+
+def test_check_documents_duplicate_iid(launch):
+    fleet = fleet_for(launch["engines"])
+    fleet[1]["iid"] = "n1"
+    with pytest.raises(InputError) as err:
+        check_documents(fleet, launch, SITE)
+    assert err.value.key == "NARWHAL_FLEET"
+    assert "duplicate iid" in str(err.value) and "config/fleet.json" in str(err.value)
+
+
+def test_check_documents_fleet_schema(launch):
+    fleet = fleet_for(launch["engines"])
+    del fleet[0]["url"]
+    with pytest.raises(InputError) as err:
+        check_documents(fleet, launch, SITE)
+    assert err.value.key == "NARWHAL_FLEET" and "fleet schema" in str(err.value)
+
+
+def test_check_documents_bad_transport(launch):
+    launch["engines"]["engine-1"]["transfer"]["transport"] = "tcp"
+    with pytest.raises(InputError) as err:
+        check_documents(fleet_for(launch["engines"]), launch, SITE)
+    assert err.value.key == "NARWHAL_LAUNCH_CONFIG"
+    assert "config/engine-launch.local.json" in str(err.value)
+    assert "transport" in str(err.value)
+
+
+def test_a_record_value_that_would_add_a_role_env_line_is_refused(records):
+    """The role env is a line-based file: a record value with a line break is refused by name, no traceback."""
+    records["engine-1"]["node"]["fabric_interface"] = "eth1\nNARWHAL_RUN_DIR=/tmp/evil"
+    with pytest.raises(InputError, match="must be one line of text"):
+        derive(records["engine-1"], CHECKOUT, "run-x")
+
+
+def test_stale_record_refusal_is_redacted():
+
+    err = StaleRecordsError("NARWHAL_EXTRA_ARGS",
+                            "NARWHAL_EXTRA_ARGS changed (records: --hf-token hf_abcdefghijklmnop)")
+    assert "hf_abcdefghijklmnop" not in str(err) and "<redacted>" in str(err)

@@ -1,0 +1,509 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""prepare_run end to end (plugins/module_utils/_steps/prepare_run.py through plugins/modules/prepare_run.py):
+the run it writes, its refusals (missing key, stale host, incompatible pair, changed policy inputs, output
+paths, hostile files, hanging tools), relaunch from an earlier run, and check mode."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import re
+import stat
+
+import pytest
+from test_support.prepare import (
+    API_KEY,
+    CHECKOUT,
+    NODES,
+    SITE,
+    fleet_for,
+    good_hosts,
+    inspection,
+    make_checkout,
+    prep_args,
+    write_policy,
+)
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import POLICY_FILE, SOURCES_FILE
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy import (
+    check_policy,
+    launch_policy,
+    policy_changes,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import MANIFEST_SCHEMA, validation_errors
+from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.launcher import (
+    build_zipapp,
+    launcher_sources,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._steps import prepare_run as _prepare_run_step
+from ansible_collections.narwhal.deploy.plugins.modules import prepare_run
+
+# ------------------------------------------------------------------------------------------------
+# prepare_run end to end
+
+
+@pytest.fixture
+def run_module(module_runner):
+    return lambda args: module_runner(prepare_run.main, args)
+
+
+@pytest.fixture
+def root(tmp_path, pd_launch):
+    return make_checkout(tmp_path, pd_launch)
+
+
+def test_prepare_validate_returns_records_and_writes_nothing(root, run_module, pd_launch):
+    status, result = run_module(prep_args(root))
+    assert status == "exit", result
+    assert result["changed"] is False
+    assert set(result["records"]) == {"engine-1", "engine-2"}
+    assert result["records"]["engine-2"] == pd_launch["engines"]["engine-2"]
+    assert re.fullmatch(r"run-[0-9a-f]{12}", result["run_id"])
+    d1 = result["derived"]["engine-1"]
+    assert d1["environment"]["UCX_NET_DEVICES"] == "eth1"
+    assert d1["role_env"]["NARWHAL_RUN_ID"] == result["run_id"]
+    assert d1["paths"]["run_dir"] == "%s/runs/%s" % (CHECKOUT, result["run_id"])
+    assert result["derived"]["engine-2"]["environment"]["ROCR_VISIBLE_DEVICES"] == "0,1"
+    assert not (root / "runs").exists()
+
+
+def test_prepare_write_creates_the_run(root, run_module, pd_launch):
+    status, result = run_module(prep_args(root, "write", good_hosts()))
+    assert status == "exit", result
+    assert result["changed"] is True
+    rid = result["run_id"]
+    run_dir = root / "runs" / rid
+    assert result["run_dir"] == str(run_dir)
+    assert run_dir.is_dir()
+    manifest_text = (run_dir / "manifest.json").read_text()
+    assert stat.S_IMODE(os.stat(run_dir / "manifest.json").st_mode) == 0o600
+    assert API_KEY not in manifest_text
+    manifest = json.loads(manifest_text)
+    assert validation_errors(manifest, MANIFEST_SCHEMA) == []
+    assert manifest["run_id"] == rid
+    assert set(manifest["engines"]) == {"engine-1", "engine-2"}
+    assert manifest["engines"]["engine-2"]["role"] == "decode"
+    assert manifest["inputs"]["env_file_sha256"] == "x"
+    launcher = (run_dir / "launch_engine.pyz").read_bytes()
+    assert launcher == build_zipapp(launcher_sources(str(root / "collection")))
+    assert stat.S_IMODE(os.stat(run_dir / "launch_engine.pyz").st_mode) == 0o600
+    sha = hashlib.sha256(launcher).hexdigest()
+    assert (run_dir / "launch_engine.pyz.sha256").read_text() == "%s  launch_engine.pyz\n" % sha
+    assert manifest["launcher"]["sha256"] == sha == result["launcher_sha256"]
+    for e in ("engine-1", "engine-2"):
+        assert json.loads((run_dir / e / ("engine-launch.%s.json" % e)).read_text()) == pd_launch["engines"][e]
+        env_text = (run_dir / e / ("%s.env" % e)).read_text()
+        assert "NARWHAL_RUN_ID=%s\n" % rid in env_text
+        assert API_KEY not in env_text
+        prepared = json.loads((run_dir / e / "prepared.json").read_text())
+        derived = result["derived"][e]
+        assert prepared == {"environment": derived["environment"], "vllm_args": derived["vllm_args"],
+                            "container": derived["container"], "plan_hash": derived["plan_hash"]}
+        assert manifest["engines"][e]["plan_hash"] == derived["plan_hash"]
+    # the plan stage reports the same run ID
+    assert run_module(prep_args(root))[1]["run_id"] == rid
+    # again: nothing changes
+    status, again = run_module(prep_args(root, "write", good_hosts()))
+    assert status == "exit" and again["changed"] is False and again["run_id"] == rid
+
+
+def test_prepare_run_id_changes_with_the_launcher(root, run_module):
+    first = run_module(prep_args(root))[1]["run_id"]
+    main = root / "collection" / "roles" / "install" / "files" / "launcher" / "__main__.py"
+    main.write_text(main.read_text() + "# v2\n")
+    assert run_module(prep_args(root))[1]["run_id"] != first
+
+
+def test_prepare_check_mode_writes_nothing(root, run_module):
+    status, result = run_module(prep_args(root, "write", good_hosts(), check=True))
+    assert status == "exit", result
+    assert result["changed"] is True
+    assert not (root / "runs").exists()
+
+
+def _refused(root, result, *words):
+    assert result["msg"].startswith("prepare refused, no run was created")
+    for w in words:
+        assert w in result["msg"]
+    assert not (root / "runs").exists()
+
+
+def test_prepare_missing_key_file_is_refused(root, run_module):
+    (root / "config" / "engine-api.key").unlink()
+    status, result = run_module(prep_args(root, "write", good_hosts()))
+    assert status == "fail"
+    assert result["input"] == "NARWHAL_API_KEY_FILE"
+    _refused(root, result, "engine-api.key")
+
+
+def test_prepare_empty_key_file_is_refused(root, run_module):
+    (root / "config" / "engine-api.key").write_text("\n")
+    status, result = run_module(prep_args(root, "write", good_hosts()))
+    assert status == "fail" and result["input"] == "NARWHAL_API_KEY_FILE"
+    _refused(root, result, "must hold exactly one non-empty line")
+
+
+def test_prepare_engine_without_record_is_refused(root, run_module):
+    status, result = run_module(prep_args(root, "write", good_hosts(), engines=("engine-1", "engine-2", "engine-3")))
+    assert status == "fail" and result["input"] == "NARWHAL_LAUNCH_CONFIG"
+    _refused(root, result, "no record for engine-3")
+
+
+def test_prepare_stale_host_is_refused(root, run_module):
+    hosts = good_hosts()
+    hosts["engine-2"]["image_id"] = "sha256:" + "1" * 64
+    status, result = run_module(prep_args(root, "write", hosts))
+    assert status == "fail" and result["input"] == "engine-2"
+    _refused(root, result, "no longer matches")
+
+
+def test_prepare_write_without_inspection_is_refused(root, run_module):
+    status, result = run_module(prep_args(root, "write", {}))
+    assert status == "fail" and result["input"] == "engine-1"
+    _refused(root, result, "no longer matches")
+
+
+def test_prepare_incompatible_pair_is_refused(root, run_module, pd_launch):
+    pd_launch["engines"]["engine-2"]["runtime"]["kv_cache_dtype"] = "fp8"
+    (root / "config" / "engine-launch.local.json").write_text(json.dumps(pd_launch))
+    status, result = run_module(prep_args(root, "write", good_hosts()))
+    assert status == "fail" and result["input"] == "NARWHAL_KV_CACHE_DTYPE"
+    _refused(root, result, "would fail vLLM's NIXL handshake: KV cache dtype differs (auto on engine-1")
+
+
+def test_prepare_refuses_the_example_nvidia_amd_pair(root, run_module, launch):
+    (root / "config" / "fleet.json").write_text(json.dumps(fleet_for(launch["engines"])))
+    (root / "config" / "engine-launch.local.json").write_text(json.dumps(launch))
+    status, result = run_module(prep_args(root, "write", dict((e, inspection(r))
+                                                              for e, r in launch["engines"].items())))
+    assert status == "fail" and result["input"] == "NARWHAL_EXTRA_ARGS"
+    _refused(root, result, "engine-1 (prefill) and engine-2 (decode) would fail vLLM's NIXL handshake",
+             "FLASH_ATTN on engine-1 (cuda default)", "ROCM_AITER_UNIFIED_ATTN on engine-2 (rocm default)")
+
+
+def test_prepare_fleet_disagreeing_with_records_is_refused(root, run_module, pd_launch):
+    fleet = fleet_for(pd_launch["engines"])
+    fleet[1]["accelerator"]["count"] = 4
+    (root / "config" / "fleet.json").write_text(json.dumps(fleet))
+    status, result = run_module(prep_args(root))
+    assert status == "fail" and result["input"] == "NARWHAL_FLEET"
+    _refused(root, result, "engine-2")
+
+
+def test_prepare_missing_launch_config_is_refused(root, run_module):
+    (root / "config" / "engine-launch.local.json").unlink()
+    status, result = run_module(prep_args(root))
+    assert status == "fail" and result["input"] == "NARWHAL_LAUNCH_CONFIG"
+    _refused(root, result, "cannot read")
+
+
+# ------------------------------------------------------------------------------------------------
+# records that match their inputs: the launch policy discovery recorded vs the current inputs
+
+
+def test_prepare_with_unchanged_policy_inputs_passes(root, run_module):
+    status, result = run_module(prep_args(root, "write", good_hosts()))
+    assert status == "exit", result
+    assert (root / "runs" / result["run_id"]).is_dir()
+
+
+def test_prepare_changed_site_policy_input_is_refused(root, run_module):
+    digest = json.loads((root / "config" / SOURCES_FILE).read_text())["launch_config_sha256"]
+    status, result = run_module(prep_args(root, site={"NARWHAL_KV_CACHE_DTYPE": "fp8"}))
+    assert status == "fail" and result["input"] == "NARWHAL_KV_CACHE_DTYPE"
+    assert result["msg"] == (
+        "prepare refused, no run was created: NARWHAL_KV_CACHE_DTYPE changed since discovery (records: auto, "
+        ".env now: fp8); the records (config/engine-launch.local.json, sha256 %s) were discovered from the old "
+        "values; rerun discovery (ansible-playbook narwhal.deploy.discover), then prepare a new run" % digest[:12])
+    _refused(root, result)
+
+
+@pytest.mark.parametrize("stage", ["validate", "write"])
+def test_prepare_changed_node_policy_input_is_refused(root, run_module, stage):
+    nodes = copy.deepcopy(NODES)
+    nodes["2"]["EXTRA_ARGS"] = "--max-num-seqs 8"
+    status, result = run_module(prep_args(root, stage, good_hosts(), nodes=nodes))
+    assert status == "fail" and result["input"] == "NARWHAL_NODE_2_EXTRA_ARGS"
+    _refused(root, result, "NARWHAL_NODE_2_EXTRA_ARGS changed since discovery (records: unset, .env now: "
+                           "'--max-num-seqs 8')", "rerun discovery")
+
+
+def test_prepare_names_every_changed_policy_input(root, run_module):
+    write_policy(root, site={"NARWHAL_EXTRA_ARGS": "--max-num-seqs 64"},
+                 nodes={"1": {"ROLE": "prefill", "ENGINE_ENV": "VLLM_LOGGING_LEVEL=DEBUG"}, "2": NODES["2"]})
+    nodes = {"1": {"ROLE": "prefill"}, "2": dict(NODES["2"], GPU_IDS=[2, 3]), "3": {"ROLE": "decode"}}
+    status, result = run_module(prep_args(root, site={"NARWHAL_EXTRA_ARGS": "", "NARWHAL_BLOCK_SIZE": 32},
+                                          nodes=nodes))
+    assert status == "fail" and result["input"] == "NARWHAL_BLOCK_SIZE"
+    _refused(root, result,
+             "NARWHAL_BLOCK_SIZE changed since discovery (records: 16, .env now: 32); "
+             "NARWHAL_EXTRA_ARGS changed since discovery (records: '--max-num-seqs 64', .env now: unset); "
+             "NARWHAL_NODE_1_ENGINE_ENV changed since discovery (records: VLLM_LOGGING_LEVEL=DEBUG, .env now: unset); "
+             "NARWHAL_NODE_2_GPU_IDS changed since discovery (records: 0,1, .env now: 2,3); "
+             "NARWHAL_NODE_3_ROLE changed since discovery (records: unset, .env now: decode)")
+
+
+def test_prepare_non_policy_input_changes_need_no_discovery(root, run_module):
+    # read by prepare itself, not recorded: no rediscovery needed
+    status, result = run_module(prep_args(root, site={"NARWHAL_ENGINE_CHECKOUT": "/opt/other",
+                                                      "NARWHAL_ENGINE_READY_TIMEOUT": 60}))
+    assert status == "exit", result
+    assert result["derived"]["engine-1"]["paths"]["launcher"] == "/opt/other/bin/launch_engine.pyz"
+
+
+@pytest.mark.parametrize("name", [POLICY_FILE, SOURCES_FILE])
+def test_prepare_missing_policy_extract_or_index_is_refused(root, run_module, name):
+    (root / "config" / name).unlink()
+    status, result = run_module(prep_args(root, "write", good_hosts()))
+    assert status == "fail" and result["input"] == "NARWHAL_CONFIG_DIR"
+    _refused(root, result, str(root / "config" / name) + " is missing", "rerun discovery")
+
+
+def test_prepare_tampered_policy_extract_is_refused(root, run_module):
+    # an edit that makes the extract agree with the new .env does not pass: the index still has the old sha256
+    write_policy(root)
+    index = (root / "config" / SOURCES_FILE).read_text()
+    path = root / "config" / POLICY_FILE
+    path.write_text(path.read_text().replace('"auto"', '"fp8"'))
+    assert (root / "config" / SOURCES_FILE).read_text() == index
+    status, result = run_module(prep_args(root, "write", good_hosts(), site={"NARWHAL_KV_CACHE_DTYPE": "fp8"}))
+    assert status == "fail" and result["input"] == "NARWHAL_CONFIG_DIR"
+    _refused(root, result, "the policy extract %s was changed after discovery" % path, "rerun discovery")
+
+
+def test_prepare_index_without_the_policy_extract_is_refused(root, run_module):
+    index_path = root / "config" / SOURCES_FILE
+    index = json.loads(index_path.read_text())
+    index["files"] = {}
+    index_path.write_text(json.dumps(index))
+    status, result = run_module(prep_args(root))
+    assert status == "fail" and result["input"] == "NARWHAL_CONFIG_DIR"
+    _refused(root, result, "lists no engine-launch.policy.json")
+
+
+def test_check_policy_names_keys_an_older_extract_did_not_record():
+    inputs = {"site": dict(SITE, NARWHAL_ENGINE_PORT=8000), "nodes": NODES}
+    recorded = launch_policy(inputs, ["engine-1", "engine-2"])
+    assert policy_changes(recorded, inputs) == []
+    check_policy(recorded, inputs)
+    del recorded["site"]["NARWHAL_ENGINE_PORT"]
+    with pytest.raises(InputError) as err:
+        check_policy(recorded, inputs)
+    assert err.value.key == "NARWHAL_ENGINE_PORT"
+    assert str(err.value) == ("NARWHAL_ENGINE_PORT changed since discovery (records: not recorded, .env now: 8000); "
+                              "rerun discovery (ansible-playbook narwhal.deploy.discover), then prepare a new run")
+
+
+def test_policy_changes_ignore_unset_spellings_and_node_number_types():
+    inputs = {"site": dict(SITE), "nodes": {1: {"ROLE": "prefill"}, 2: {"ROLE": "decode", "GPU_IDS": [0, 1]}}}
+    recorded = json.loads(json.dumps(launch_policy(inputs, ["engine-1", "engine-2"])))
+    current = {"site": dict(SITE, NARWHAL_EXTRA_ARGS=None),
+               "nodes": {"1": {"ROLE": "prefill"}, "2": {"ROLE": "decode", "GPU_IDS": [0, 1]}, "4": {"IP": "10.0.0.4"}}}
+    # "" and None are both unset; a node without a role is not an engine (discovery ignores it too)
+    assert policy_changes(recorded, current) == []
+
+
+# ------------------------------------------------------------------------------------------------
+# output paths (issue 13, class 3): the run directory its own, not an input, out of git; nothing created
+
+
+@pytest.mark.parametrize("site,key,words", [
+    ({"NARWHAL_RUNS_DIR": "config"}, "NARWHAL_RUNS_DIR", "which is also the output directory (NARWHAL_CONFIG_DIR)"),
+    ({"NARWHAL_RUNS_DIR": "docs/runs"}, "NARWHAL_RUNS_DIR",
+     "a prepared run (%s/docs/runs/<run-id>) would be docs/runs/run-0 inside the checkout, which is not one of the "
+     "git-ignored site paths"),
+    ({"NARWHAL_RUNS_DIR": "config/engine-launch.local.json"}, "NARWHAL_LAUNCH_CONFIG",
+     "which is also the run directory (NARWHAL_RUNS_DIR)"),
+    ({"NARWHAL_API_KEY_FILE": "config/fleet.json"}, "NARWHAL_FLEET", "which is also the engine API key file"),
+    ({"NARWHAL_API_KEY_FILE": "runs/engine-api.key"}, "NARWHAL_API_KEY_FILE", "inside the run directory"),
+    ({"NARWHAL_API_KEY_FILE": "engine-api.key"}, "NARWHAL_API_KEY_FILE",
+     "the engine API key file would be engine-api.key inside the checkout"),
+    ({"NARWHAL_FLEET": "/x/.env"}, "NARWHAL_FLEET", "which is also the site inputs (.env)"),
+])
+@pytest.mark.parametrize("stage", ["validate", "write"])
+def test_prepare_refuses_paths_that_collide_or_go_public(root, run_module, site, key, words, stage):
+    before = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    status, result = run_module(prep_args(root, stage, good_hosts(), site=site))
+    assert status == "fail" and result["input"] == key, result
+    _refused(root, result, words % root if "%s" in words else words)
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before
+
+
+# hostile files and hanging tools (issue 13, classes 5 and 6)
+
+
+def test_prepare_key_file_that_is_a_fifo_is_refused_not_waited_on(root, run_module):
+    key = root / "config" / "engine-api.key"
+    key.unlink()
+    os.mkfifo(key, 0o600)
+    status, result = run_module(prep_args(root, "write", good_hosts()))
+    assert status == "fail" and result["input"] == "NARWHAL_API_KEY_FILE"
+    _refused(root, result, "is a FIFO, not a regular file")
+
+
+def test_prepare_git_that_hangs_is_named(root, run_module, monkeypatch, tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "git").write_text("#!/bin/sh\n/bin/sleep 30\n")
+    (bindir / "git").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bindir))
+    monkeypatch.setattr(_prepare_run_step, "GIT_TIMEOUT", 1)
+    status, result = run_module(prep_args(root, "write", good_hosts()))
+    assert status == "fail"
+    # the first git call is the check that the outputs are git-ignored
+    _refused(root, result, "'git rev-parse --is-inside-work-tree' in %s on host " % root, "did not answer within 1 s "
+             "(timed out, killed) while checking that the outputs are git-ignored; git hangs on an unreachable "
+             "network file system or a held repository lock")
+
+
+# ------------------------------------------------------------------------------------------------
+# relaunch: a new run from an earlier run's records and launcher snapshot (from_run)
+
+
+def tree(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.fixture
+def earlier(root, run_module):
+    status, result = run_module(prep_args(root, "write", good_hosts()))
+    assert status == "exit", result
+    return result
+
+
+def test_relaunch_makes_a_new_run_from_the_earlier_recipe(root, run_module, earlier):
+    old_dir = root / "runs" / earlier["run_id"]
+    # since then: .env's launch policy changed (the current records are refused), the collection's launcher changed,
+    # and the current launch config is gone -- none of it matters to a relaunch
+    assert run_module(prep_args(root, site={"NARWHAL_KV_CACHE_DTYPE": "fp8"}))[0] == "fail"
+    main = root / "collection" / "roles" / "install" / "files" / "launcher" / "__main__.py"
+    main.write_text(main.read_text() + "# v2\n")
+    (root / "config" / "engine-launch.local.json").unlink()
+    args = dict(prep_args(root, "write", good_hosts(), site={"NARWHAL_KV_CACHE_DTYPE": "fp8"}),
+                from_run=earlier["run_id"])
+    status, result = run_module(args)
+    assert status == "exit", result
+    assert result["changed"] is True and result["run_id"] != earlier["run_id"]
+    new_dir = root / "runs" / result["run_id"]
+    assert result["run_dir"] == str(new_dir)
+    # the same return shape as a normal prepare, so the install role works unchanged
+    assert set(result) == set(earlier)
+    assert set(result["derived"]["engine-1"]) == set(earlier["derived"]["engine-1"])
+    assert result["derived"]["engine-1"]["paths"]["run_dir"] == "%s/runs/%s" % (CHECKOUT, result["run_id"])
+    assert result["derived"]["engine-1"]["role_env"]["NARWHAL_RUN_ID"] == result["run_id"]
+    # the launcher snapshot byte for byte, the records unchanged
+    assert (new_dir / "launch_engine.pyz").read_bytes() == (old_dir / "launch_engine.pyz").read_bytes()
+    assert result["launcher_sha256"] == earlier["launcher_sha256"]
+    assert result["launcher_sha256"] == hashlib.sha256((new_dir / "launch_engine.pyz").read_bytes()).hexdigest()
+    assert result["records"] == earlier["records"]
+    manifest = json.loads((new_dir / "manifest.json").read_text())
+    assert validation_errors(manifest, MANIFEST_SCHEMA) == []
+    assert manifest["relaunched_from"] == earlier["run_id"] and manifest["run_id"] == result["run_id"]
+    assert manifest["inputs"] == earlier["manifest"]["inputs"]
+    assert manifest["launcher"] == earlier["manifest"]["launcher"]
+    for e in ("engine-1", "engine-2"):
+        assert (new_dir / e / ("engine-launch.%s.json" % e)).read_text() == \
+            (old_dir / e / ("engine-launch.%s.json" % e)).read_text()
+        assert "NARWHAL_RUN_ID=%s\n" % result["run_id"] in (new_dir / e / ("%s.env" % e)).read_text()
+    assert (old_dir / "manifest.json").read_text() == json.dumps(earlier["manifest"], indent=2) + "\n"
+    # again: the same run, nothing changes
+    status, again = run_module(args)
+    assert status == "exit" and again["changed"] is False and again["run_id"] == result["run_id"]
+
+
+def test_relaunch_of_some_engines_of_the_run(root, run_module, earlier):
+    status, result = run_module(dict(prep_args(root, engines=("engine-2",)), from_run=earlier["run_id"]))
+    assert status == "exit", result
+    assert set(result["records"]) == {"engine-2"} and result["launcher_sha256"] == earlier["launcher_sha256"]
+
+
+def _tamper_record(run_dir, engine, change, fix_digest):
+    path = run_dir / engine / ("engine-launch.%s.json" % engine)
+    record = json.loads(path.read_text())
+    change(record)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    if fix_digest:  # a consistent edit of record and manifest: the digests pass, the gates must still refuse
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        manifest["engines"][engine]["record_sha256"] = hashlib.sha256(
+            json.dumps(record, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+@pytest.mark.parametrize("case, change, words", [
+    ("bad id", None, ["'../run-0' is not a run ID"]),
+    ("absent", None, ["there is no run run-000000000000", "is not a directory (NARWHAL_RUNS_DIR)"]),
+    ("no manifest", lambda d: (d / "manifest.json").unlink(), ["has no manifest.json"]),
+    ("launcher", lambda d: (d / "launch_engine.pyz").write_bytes(b"PK tampered"),
+     ["the launcher snapshot of run", "does not match the sha256 its manifest records"]),
+    ("no launcher", lambda d: (d / "launch_engine.pyz").unlink(), ["has no launcher snapshot launch_engine.pyz"]),
+    ("record", lambda d: _tamper_record(d, "engine-2", lambda r: r["runtime"].update(block_size=32), False),
+     ["the record copy of engine-2 in run", "does not match the sha256 its manifest records"]),
+    ("no record", lambda d: (d / "engine-1" / "engine-launch.engine-1.json").unlink(),
+     ["has no record copy for engine-1 (engine-1/engine-launch.engine-1.json)"]),
+    ("role env", lambda d: (d / "engine-1" / "engine-1.env").write_text(
+        (d / "engine-1" / "engine-1.env").read_text().replace("NARWHAL_HTTP_PORT=8000", "NARWHAL_HTTP_PORT=9000")),
+     ["the role environment of engine-1 in run", "differs from its manifest (NARWHAL_HTTP_PORT)"]),
+    ("engine", None, ["did not prepare engine-3 (it has engine-1, engine-2); limit the play to its engines"]),
+    ("schema", lambda d: _tamper_record(d, "engine-1", lambda r: r["transfer"].update(transport="tcp"), True),
+     ["fail the launch-record schema"]),
+])
+def test_relaunch_refuses_a_broken_run_naming_it(root, run_module, earlier, case, change, words):
+    run_dir = root / "runs" / earlier["run_id"]
+    from_run = {"bad id": "../run-0", "absent": "run-000000000000"}.get(case, earlier["run_id"])
+    if change:
+        change(run_dir)
+    engines = ("engine-1", "engine-2", "engine-3") if case == "engine" else ("engine-1", "engine-2")
+    before = tree(root)
+    status, result = run_module(dict(prep_args(root, "write", good_hosts(), engines=engines), from_run=from_run))
+    assert status == "fail" and result["input"] == "from_run", result
+    assert result["msg"].startswith("prepare refused, no run was created: from_run: ")
+    for w in words:
+        assert w in result["msg"]
+    if case not in ("bad id", "absent"):
+        assert "run %s (%s)" % (earlier["run_id"], run_dir) in result["msg"]
+    assert tree(root) == before
+
+
+def test_relaunch_applies_the_pd_gate(root, run_module, earlier):
+    run_dir = root / "runs" / earlier["run_id"]
+    _tamper_record(run_dir, "engine-2", lambda r: r["runtime"].update(kv_cache_dtype="fp8"), True)
+    before = tree(root)
+    status, result = run_module(dict(prep_args(root, "write", good_hosts()), from_run=earlier["run_id"]))
+    assert status == "fail" and result["input"] == "NARWHAL_KV_CACHE_DTYPE"
+    assert "would fail vLLM's NIXL handshake: KV cache dtype differs" in result["msg"]
+    assert tree(root) == before
+
+
+def test_relaunch_still_checks_the_host_and_the_key(root, run_module, earlier):
+    hosts = good_hosts()
+    hosts["engine-2"]["image_id"] = "sha256:" + "1" * 64
+    status, result = run_module(dict(prep_args(root, "write", hosts), from_run=earlier["run_id"]))
+    assert status == "fail" and result["input"] == "engine-2" and "no longer matches" in result["msg"]
+    (root / "config" / "engine-api.key").chmod(0o644)
+    status, result = run_module(dict(prep_args(root, "write", good_hosts()), from_run=earlier["run_id"]))
+    assert status == "fail" and result["input"] == "NARWHAL_API_KEY_FILE"
+
+
+# check mode on new inputs creates nothing, anywhere under the checkout (no run, no lock, no runs directory)
+
+
+@pytest.mark.parametrize("stage", ["validate", "write"])
+def test_check_mode_on_new_inputs_creates_nothing(root, run_module, stage):
+    before = tree(root)
+    status, result = run_module(prep_args(root, stage, good_hosts(), check=True))
+    assert status == "exit", result
+    assert tree(root) == before and not (root / "runs").exists()
+
+
+@pytest.mark.parametrize("stage", ["validate", "write"])
+def test_check_mode_relaunch_creates_nothing(root, run_module, earlier, stage):
+    before = tree(root)
+    status, result = run_module(dict(prep_args(root, stage, good_hosts(), check=True), from_run=earlier["run_id"]))
+    assert status == "exit", result
+    assert result["run_id"] != earlier["run_id"] and tree(root) == before
+    if stage == "write":
+        assert result["changed"] is True and result["manifest"]["relaunched_from"] == earlier["run_id"]

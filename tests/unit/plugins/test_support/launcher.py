@@ -1,0 +1,128 @@
+"""Shared by the launcher tests: the launcher's parts (roles/install/files/launcher, imported from the source
+tree) and the planner, gathered in one namespace `le`; the example records and a role environment; `zipapp`
+builds the real artefact the way prepare does."""
+import copy
+import json
+import socket
+import sys
+import types
+
+from test_support.paths import REPO
+
+LAUNCHER_DIR = REPO / "roles" / "install" / "files" / "launcher"
+EXAMPLE = REPO / "docs" / "examples" / "engine-launch.example.json"
+SECRET = "s3cr3t-Key-0123456789abcdef"
+
+sys.path.insert(0, str(LAUNCHER_DIR))
+
+from narwhal_launcher import cli, common, health, image_check, in_image, start, status, stop  # noqa: E402
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common import secrets as _secrets  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan import args as _args  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan import container as _container  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan import role_env as _role_env  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._prepare import launcher as _launcher  # noqa: E402
+
+MODULES = {"plan": _container, "common": common, "image_check": image_check, "health": health, "start": start,
+           "cli": cli,
+           "in_image": in_image, "status": status, "stop": stop}
+
+
+def _namespace():
+    names = {}
+    for module in (_secrets, _args, _role_env, _container, common, image_check, health, start, stop, status, cli):
+        names.update((k, v) for k, v in vars(module).items() if not k.startswith("__"))
+    names["build_plan"] = lambda role_env, record: _container.container_spec(record, role_env)
+    return types.SimpleNamespace(**names)
+
+
+le = _namespace()
+
+
+def zipapp(tmp_path):
+    """The launcher artefact built from the checkout, as prepare builds it."""
+    path = tmp_path / "launch_engine.pyz"
+    path.write_bytes(_launcher.build_zipapp(_launcher.launcher_sources(str(REPO))))
+    return path
+
+
+def record(name="engine-1"):
+    return copy.deepcopy(json.loads(EXAMPLE.read_text())["engines"][name])
+
+
+def role_env(engine="engine-1", **overrides):
+    env = {
+        "NARWHAL_ENGINE": engine,
+        "NARWHAL_RECORD": "/opt/narwhal/config/engine-launch.%s.json" % engine,
+        "NARWHAL_MODEL_MOUNT": "/models/tiny-llama",
+        "NARWHAL_SERVED_MODEL_NAME": "tiny-llama",
+        "NARWHAL_BIND_FAMILY": "ipv4",
+        "NARWHAL_HTTP_PORT": "8000",
+        "NARWHAL_ADVERTISED_ADDRESS": "172.31.241.11" if engine == "engine-1" else "172.31.241.12",
+        "NARWHAL_SIDE_CHANNEL_PORT": "5600",
+        "NARWHAL_FABRIC_INTERFACE": "eth1",
+        "NARWHAL_API_KEY_FILE": "/opt/narwhal/secrets/api-key",
+        "NARWHAL_RUN_DIR": "/opt/narwhal/runs/r1",
+        "NARWHAL_RUN_ID": "r1",
+    }
+    env.update(overrides)
+    return env
+
+
+def write_inputs(tmp_path, rec, tag="", **overrides):
+    """The record, a 0600 API key file and a role environment pointing at both, under tmp_path (`tag` names a
+    second set of record and role environment, as another run installs them)."""
+    rec_path = tmp_path / ("record%s.json" % tag)
+    rec_path.write_text(json.dumps(rec))
+    key = tmp_path / "api-key"
+    key.write_text(SECRET + "\n")
+    key.chmod(0o600)
+    given = {"NARWHAL_RECORD": str(rec_path), "NARWHAL_API_KEY_FILE": str(key),
+             "NARWHAL_RUN_DIR": str(tmp_path / "runs" / "r1")}
+    given.update(overrides)
+    env = role_env(rec["engine"], **given)
+    env_path = tmp_path / ("engine%s.env" % tag)
+    env_path.write_text("".join("%s=%s\n" % kv for kv in env.items()))
+    return env_path, env
+
+
+def host_address():
+    """This machine's outward IPv4 address (what a host-network engine binds), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect(("192.0.2.1", 9))
+            address = sock.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") else address
+
+
+def free_port(port):
+    """Whether TCP `port` can be bound on every address now."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("0.0.0.0", port))
+            return True
+        except OSError:
+            return False
+
+
+def patch_planner(monkeypatch, name, value):
+    """Replace the planner's `name` for a test, in the planner module and in every launcher part that imported it
+    (the launcher imports the planner's functions by name)."""
+    for module in MODULES.values():
+        if hasattr(module, name):
+            monkeypatch.setattr(module, name, value)
+
+
+def standin_docker():
+    """(docker SDK, client) when the SDK, a daemon and the stand-in image are here, else (None, None)."""
+    try:
+        import docker
+
+        client = docker.from_env()
+        client.ping()
+        client.images.get("narwhal-sim/engine-standin:latest")
+        return docker, client
+    except Exception:  # no SDK, no daemon or no image
+        return None, None

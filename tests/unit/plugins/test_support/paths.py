@@ -1,0 +1,14 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The checkout's paths for the unit tests: the one place that knows how deep tests/unit/plugins/test_support sits.
+
+test_support is the package of the tests' shared helpers (tests/unit/conftest.py puts tests/unit/plugins on
+sys.path; its __init__.py stays empty, as ansible-test's empty-init sanity test requires under tests/unit/plugins).
+A test module imports from test_support, conftest fixtures, the collection and libraries: never from another test
+module."""
+import pathlib
+
+REPO = pathlib.Path(__file__).resolve().parents[4]  # tests/unit/plugins/test_support -> the checkout
+REAL = REPO / "tests" / "fixtures" / "real"  # recorded outputs of real tools and real configs
+PROFILES = REPO / "tests" / "harness" / "profiles"  # the simulated hosts' trees
+STANDIN_SITE = REPO / "tests" / "harness" / "images" / "engine-standin" / "site"  # the stand-in engine's Python
