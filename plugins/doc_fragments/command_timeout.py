@@ -5,7 +5,8 @@ from __future__ import annotations
 
 
 class ModuleDocFragment:
-    # The deadline of the host tools a facts module runs (module_utils/_tools.run_bounded).
+    # The deadline of the host tools a module runs (plugins/module_utils/_common/tools.py run_bounded); the argument
+    # spec is COMMAND_TIMEOUT_SPEC in plugins/module_utils/_common/specs.py.
     DOCUMENTATION = r"""
 options:
   command_timeout:

@@ -102,7 +102,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._steps.discovery_ou
 
 
 def main():
-    # the step itself is in module_utils/_discovery_outputs.py; the action plugin of the same name runs it
+    # the step itself is in module_utils/_steps/discovery_outputs.py; the action plugin of the same name runs it
     # in-process and reads `interfaces` and `hosts` from the engines' host variables when they are not given
     module = AnsibleModule(**module_spec())
     module.exit_json(**discovery_outputs(module))

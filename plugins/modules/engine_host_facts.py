@@ -14,6 +14,9 @@ description:
     order in one process, so discovery costs one round trip per host instead of five. Each fact, each error
     message and the image cache are exactly those of the single module.
   - The first reader that fails fails the module with that reader's message.
+  - O(sysfs_root) and O(dev_root) are those of the GPU and RDMA readers; O(docker_host), O(cache_dir) and
+    O(timeout) those of the image reader; O(command_timeout) is the deadline of each host tool of the interface,
+    GPU and RDMA readers.
   - Needs the privileges of the most demanding reader (the Docker socket for the image, the checkpoint
     directory for the model), so discovery runs it with C(become).
   - Read-only towards the host; only the image facts cache (O(cache_dir)) is written on a cache miss.
@@ -27,14 +30,6 @@ options:
     type: str
     choices: [any, ipv4, ipv6]
     default: any
-  sysfs_root:
-    description: Root of the sysfs tree of the GPU and RDMA readers.
-    type: path
-    default: /sys
-  dev_root:
-    description: Directory of the vendor-wide device nodes of the GPU and RDMA readers.
-    type: path
-    default: /dev
   image:
     description: Engine image reference or ID (O(narwhal.deploy.image_facts#module:image)).
     type: str
@@ -45,26 +40,6 @@ options:
     elements: str
     default: [vllm, nixl, nixl-cu12, nixl-cu13, nixl-rocm, rixl, torch, ucx-py, ucx-py-cu12, ucxx, triton,
       pytorch-triton-rocm, flashinfer-python, transformers]
-  cache_dir:
-    description: Image facts cache directory, one file per image ID (O(narwhal.deploy.image_facts#module:cache_dir)).
-    type: path
-    default: /var/cache/narwhal/image-facts
-  docker_host:
-    description: Docker daemon URL, C(unix:///path/to/docker.sock) or C(tcp://host:port) (plain TCP).
-    type: str
-    default: unix:///var/run/docker.sock
-  timeout:
-    description: Seconds to wait for the Docker API and for the version container.
-    type: int
-    default: 120
-  command_timeout:
-    description:
-      - Seconds each host tool (C(ip), C(nvidia-smi), C(amd-smi), C(rocm-smi), C(ibstat), C(ibv_devinfo)) may take.
-      - A tool that does not answer in time is killed with its process group and fails the module with a message
-        naming the tool, the host and why that tool hangs. Output that is not what the tool writes fails the
-        module the same way; it is never read as "nothing found".
-    type: int
-    default: 60
   model_path:
     description: The checkpoint directory (O(narwhal.deploy.model_facts#module:path)).
     type: path
@@ -79,6 +54,10 @@ extends_documentation_fragment:
   - narwhal.deploy.attributes
   - narwhal.deploy.attributes.facts
   - narwhal.deploy.attributes.engine_host
+  - narwhal.deploy.host_roots
+  - narwhal.deploy.docker_access
+  - narwhal.deploy.image_read
+  - narwhal.deploy.command_timeout
 author:
   - narwhal.deploy contributors (@narwhal-deploy)
 """
@@ -131,6 +110,12 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.specs import (
+    COMMAND_TIMEOUT_SPEC,
+    DOCKER_ACCESS_SPEC,
+    HOST_ROOTS_SPEC,
+    IMAGE_READ_SPEC,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.daemon import make_client, read_image
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.host import (
     read_gpus,
@@ -146,14 +131,12 @@ def main():
         argument_spec=dict(
             interface=dict(type="str", required=True),
             family=dict(type="str", default="any", choices=["any", "ipv4", "ipv6"]),
-            sysfs_root=dict(type="path", default="/sys"),
-            dev_root=dict(type="path", default="/dev"),
+            **HOST_ROOTS_SPEC,
             image=dict(type="str", required=True),
             distributions=dict(type="list", elements="str", default=list(DEFAULT_DISTRIBUTIONS)),
-            cache_dir=dict(type="path", default="/var/cache/narwhal/image-facts"),
-            docker_host=dict(type="str", default="unix:///var/run/docker.sock"),
-            timeout=dict(type="int", default=120),
-            command_timeout=dict(type="int", default=60),
+            **IMAGE_READ_SPEC,
+            **DOCKER_ACCESS_SPEC,
+            **COMMAND_TIMEOUT_SPEC,
             model_path=dict(type="path", required=True),
         ),
         supports_check_mode=True,

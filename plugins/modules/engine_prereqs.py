@@ -20,20 +20,18 @@ description:
     default the one discovery derives from the record, C(http://<node.address>:<node.attest_port>/v1/attestation))
     with a 2xx status is the attestation sidecar, not a conflict; whether it answered is returned in
     RV(attestation). Anything else listening on the engine's ports is refused.
-  - Fails with every problem found, each naming what is missing and how to fix it.
-  - Reads the fabric interface once (C(ip -j addr show)) and returns it as the fact C(narwhal_interface), in the
-    shape M(narwhal.deploy.interface_facts) returns; M(narwhal.deploy.prepare_run) compares it with the record
-    (whether the interface still carries the recorded address), so prepare reads the interface once and checks
-    the address once.
+  - Fails with every problem found, each naming what is missing and how to fix it. Its one host tool,
+    C(ip -j addr show), runs with the deadline O(command_timeout); when it times out, fails or prints output that
+    is not the JSON of C(ip -j), that is one of those problems.
+  - Reads the fabric interface once and returns it as the fact C(narwhal_interface), in the shape
+    M(narwhal.deploy.interface_facts) returns; M(narwhal.deploy.prepare_run) compares it with the record (whether
+    the interface still carries the recorded address), so prepare reads the interface once and checks the address
+    once.
 options:
   record:
     description: The engine's launch record (one entry of the launch config).
     type: dict
     required: true
-  docker_host:
-    description: Docker daemon to ask, C(unix:///path/to/docker.sock) or C(tcp://host:port) (plain TCP).
-    type: str
-    default: unix:///var/run/docker.sock
   attestation_url:
     description:
       - The engine's attestation URL (the fleet's C(attestation_url), e.g. a C(NARWHAL_NODE_<n>_ATTESTATION_URL)
@@ -43,12 +41,6 @@ options:
     description: Seconds the GET of the attestation URL may take.
     type: int
     default: 5
-  command_timeout:
-    description:
-      - Seconds C(ip -j addr show) may run. A command that does not answer in time is killed and reported as a
-        problem naming the tool and the host.
-    type: int
-    default: 60
 attributes:
   idempotent:
     description: Never changes anything.
@@ -59,6 +51,8 @@ extends_documentation_fragment:
   - narwhal.deploy.attributes
   - narwhal.deploy.attributes.read_only
   - narwhal.deploy.attributes.engine_host
+  - narwhal.deploy.docker_access
+  - narwhal.deploy.command_timeout
 author:
   - narwhal.deploy contributors (@narwhal-deploy)
 """
@@ -113,6 +107,10 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.six.moves.urllib.parse import urlsplit
 from ansible.module_utils.urls import open_url
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.specs import (
+    COMMAND_TIMEOUT_SPEC,
+    DOCKER_ACCESS_SPEC,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import (
     CommandTimeoutError,
     excerpt,
@@ -263,10 +261,10 @@ def read_links(module):
 def main():
     module = AnsibleModule(
         argument_spec=dict(record=dict(type="dict", required=True),
-                           docker_host=dict(type="str", default="unix:///var/run/docker.sock"),
+                           **DOCKER_ACCESS_SPEC,
                            attestation_url=dict(type="str"),
                            attestation_timeout=dict(type="int", default=5),
-                           command_timeout=dict(type="int", default=60)),
+                           **COMMAND_TIMEOUT_SPEC),
         supports_check_mode=True,
     )
     record = module.params["record"]

@@ -20,26 +20,16 @@ description:
     the cause on the host and the fix.
   - GPUs are identified by their host index. They are never merged by UUID (sanitised or masked captures
     carry equal UUIDs).
+  - Each GPU's NUMA node and PCIe path are read below O(sysfs_root) too. Of the device nodes only NVIDIA's
+    vendor-wide ones (RV(ansible_facts.narwhal_gpus.devices)) are looked up below O(dev_root).
   - Read-only; never reports a change.
-options:
-  sysfs_root:
-    description:
-      - Root of the sysfs tree to read (PCI NUMA nodes and PCIe paths, KFD topology, DRM class).
-      - Tests and simulated hosts point it at a prepared tree.
-    type: path
-    default: /sys
-  dev_root:
-    description:
-      - Directory in which the vendor-wide device nodes are looked up.
-      - Paths are always reported with their C(/dev/...) names.
-    type: path
-    default: /dev
 requirements:
   - C(nvidia-smi), C(amd-smi) or C(rocm-smi) on the engine host for a GPU host
 extends_documentation_fragment:
   - narwhal.deploy.attributes
   - narwhal.deploy.attributes.facts
   - narwhal.deploy.attributes.engine_host
+  - narwhal.deploy.host_roots
   - narwhal.deploy.command_timeout
 author:
   - narwhal.deploy contributors (@narwhal-deploy)
@@ -123,16 +113,13 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.specs import COMMAND_TIMEOUT_SPEC, HOST_ROOTS_SPEC
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.host import read_gpus
 
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            sysfs_root=dict(type="path", default="/sys"),
-            dev_root=dict(type="path", default="/dev"),
-            command_timeout=dict(type="int", default=60),
-        ),
+        argument_spec=dict(**HOST_ROOTS_SPEC, **COMMAND_TIMEOUT_SPEC),
         supports_check_mode=True,
     )
     facts = read_gpus(module, module.params["sysfs_root"], module.params["dev_root"], module.params["command_timeout"])

@@ -40,23 +40,6 @@ options:
     elements: str
     default: [vllm, nixl, nixl-cu12, nixl-cu13, nixl-rocm, rixl, torch, ucx-py, ucx-py-cu12, ucxx, triton,
       pytorch-triton-rocm, flashinfer-python, transformers]
-  cache_dir:
-    description:
-      - Directory holding one C(<image id hex>.json) file (mode C(0600)) per inspected image.
-      - Created outside check mode when missing. In check mode the cache is read but never written.
-    type: path
-    default: /var/cache/narwhal/image-facts
-  docker_host:
-    description:
-      - Docker daemon URL, C(unix:///path/to/docker.sock) or C(tcp://host:port) (plain TCP).
-    type: str
-    default: unix:///var/run/docker.sock
-  timeout:
-    description:
-      - Seconds to wait for the Docker API and for the version container to finish.
-      - A container still running then is killed and removed.
-    type: int
-    default: 120
 attributes:
   check_mode:
     description: Can run in check mode; inspects and may run the version container, but writes no cache file.
@@ -67,6 +50,8 @@ extends_documentation_fragment:
   - narwhal.deploy.attributes
   - narwhal.deploy.attributes.facts
   - narwhal.deploy.attributes.engine_host
+  - narwhal.deploy.docker_access
+  - narwhal.deploy.image_read
 author:
   - narwhal.deploy contributors (@narwhal-deploy)
 """
@@ -190,6 +175,7 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.specs import DOCKER_ACCESS_SPEC, IMAGE_READ_SPEC
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.daemon import make_client, read_image
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.image import DEFAULT_DISTRIBUTIONS
 
@@ -199,9 +185,8 @@ def main():
         argument_spec=dict(
             image=dict(type="str", required=True),
             distributions=dict(type="list", elements="str", default=list(DEFAULT_DISTRIBUTIONS)),
-            cache_dir=dict(type="path", default="/var/cache/narwhal/image-facts"),
-            docker_host=dict(type="str", default="unix:///var/run/docker.sock"),
-            timeout=dict(type="int", default=120),
+            **IMAGE_READ_SPEC,
+            **DOCKER_ACCESS_SPEC,
         ),
         supports_check_mode=True,
     )

@@ -95,6 +95,7 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.specs import COMMAND_TIMEOUT_SPEC
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.host import read_interface
 
 
@@ -103,7 +104,7 @@ def main():
         argument_spec=dict(
             name=dict(type="str", required=True),
             family=dict(type="str", default="any", choices=["any", "ipv4", "ipv6"]),
-            command_timeout=dict(type="int", default=60),
+            **COMMAND_TIMEOUT_SPEC,
         ),
         supports_check_mode=True,
     )

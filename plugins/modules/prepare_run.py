@@ -152,7 +152,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._steps.prepare_run 
 
 
 def main():
-    # the step itself is in module_utils/_prepare_run.py; the action plugin of the same name runs it in-process
+    # the step itself is in module_utils/_steps/prepare_run.py; the action plugin of the same name runs it in-process
     # and reads the write stage's `hosts` from the engines' host variables when it is not given
     module = AnsibleModule(**module_spec())
     module.exit_json(**prepare_run(module))

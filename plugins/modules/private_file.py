@@ -56,7 +56,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._steps.private_file
 
 
 def main():
-    # the step itself is in module_utils/_private_file.py; the action plugin of the same name runs it in-process
+    # the step itself is in module_utils/_steps/private_file.py; the action plugin of the same name runs it in-process
     module = AnsibleModule(**module_spec())
     module.exit_json(**private_file(module))
 

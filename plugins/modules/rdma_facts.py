@@ -19,21 +19,11 @@ description:
   - Device nodes (C(/dev/infiniband/uverbs*), C(/dev/infiniband/rdma_cm)) are those that exist below
     O(dev_root).
   - Read-only; never reports a change.
-options:
-  sysfs_root:
-    description: Root of the sysfs tree to read. Tests and simulated hosts point it at a prepared tree.
-    type: path
-    default: /sys
-  dev_root:
-    description:
-      - Directory in which the device nodes are looked up.
-      - Paths are always reported with their C(/dev/...) names.
-    type: path
-    default: /dev
 extends_documentation_fragment:
   - narwhal.deploy.attributes
   - narwhal.deploy.attributes.facts
   - narwhal.deploy.attributes.engine_host
+  - narwhal.deploy.host_roots
   - narwhal.deploy.command_timeout
 author:
   - narwhal.deploy contributors (@narwhal-deploy)
@@ -118,16 +108,13 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.specs import COMMAND_TIMEOUT_SPEC, HOST_ROOTS_SPEC
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.host import read_rdma
 
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(
-            sysfs_root=dict(type="path", default="/sys"),
-            dev_root=dict(type="path", default="/dev"),
-            command_timeout=dict(type="int", default=60),
-        ),
+        argument_spec=dict(**HOST_ROOTS_SPEC, **COMMAND_TIMEOUT_SPEC),
         supports_check_mode=True,
     )
     facts = read_rdma(module, module.params["sysfs_root"], module.params["dev_root"], module.params["command_timeout"])

@@ -83,7 +83,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._steps.site_inputs 
 
 
 def main():
-    # the step itself is in module_utils/_site_inputs.py; the action plugin of the same name runs it in-process
+    # the step itself is in module_utils/_steps/site_inputs.py; the action plugin of the same name runs it in-process
     module = AnsibleModule(**module_spec())
     module.exit_json(**site_inputs(module))
 

@@ -144,7 +144,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._steps.transfer_pro
 
 
 def main():
-    # the step itself is in module_utils/_transfer_probe.py; the action plugin of the same name runs it in-process
+    # the step itself is in module_utils/_steps/transfer_probe.py; the action plugin of the same name runs it in-process
     # on the controller and runs this module where the task runs on an engine host
     module = AnsibleModule(**module_spec())
     module.exit_json(**transfer_probe(module))

@@ -258,8 +258,8 @@ def test_the_plan_body_is_the_one_the_sdk_sends_for_the_plan(case, tmp_path, mon
     monkeypatch.delenv("DOCKER_HOST", raising=False)
     plan = _example_plans()[case]
     expected = _sdk_body(docker, monkeypatch, _sdk_create_kwargs(plan, "secret-key-1", GROUP_IDS))[0]
-    body = _engine_api.Client.from_env().plan_config(plan, _plan_labels(plan), GROUP_IDS,
-                                                      {"VLLM_API_KEY": "secret-key-1"})
+    client = _engine_api.Client.from_env()
+    body = client.plan_config(plan, _plan_labels(plan), GROUP_IDS, {"VLLM_API_KEY": "secret-key-1"})
     assert json.loads(json.dumps(body)) == expected
     assert "VLLM_API_KEY=secret-key-1" in body["Env"] and "secret-key-1" not in json.dumps(plan)
 
