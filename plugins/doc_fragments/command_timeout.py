@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 class ModuleDocFragment:
-    # The deadline of the host tools a facts module runs (module_utils/_tools.run_bounded).
+    # The deadline of the host tools a facts module runs (module_utils/_common/tools.py::run_bounded).
     DOCUMENTATION = r"""
 options:
   command_timeout:

@@ -65,7 +65,7 @@ def ready_timeout_from(role_env, given=None):
 
 def create_kwargs(plan, digest, api_key, group_ids=None, run_id=None):
     """Keyword arguments of docker-py's client.containers.create for a plan (the real key injected here only);
-    _engineapi.container_config turns them into the create body the SDK sent."""
+    _docker/engine_api.py::container_config turns them into the create body the SDK sent."""
     environment = dict(plan["environment"])
     if API_KEY_ENV in environment:
         environment[API_KEY_ENV] = api_key
