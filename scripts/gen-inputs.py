@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Generate .env.example and docs/inputs.md from the one input description
-(plugins/module_utils/_inputs.py). `--check` exits 1 when either file is out of date (a unit test runs it)."""
+(plugins/module_utils/_inputs/catalogue.py). `--check` exits 1 when either file is out of date (a unit test runs it)."""
 
 import pathlib
 import sys
@@ -93,9 +93,9 @@ written; these would otherwise pass silently or end up in generated files:
 
 def env_example():
     out = ["# narwhal.deploy site inputs. Copy to .env (git-ignored) and fill in.",
-           "# Generated from plugins/module_utils/_inputs.py by scripts/gen-inputs.py; docs/inputs.md explains",
-           "# every variable. The process environment overrides this file. Values are literal: ${VAR} is not",
-           "# expanded.", ""]
+           "# Generated from plugins/module_utils/_inputs/catalogue.py by scripts/gen-inputs.py; docs/inputs.md",
+           "# explains every variable. The process environment overrides this file. Values are literal: ${VAR} is",
+           "# not expanded.", ""]
     for spec in INPUTS:
         out.append("# %s" % spec["doc"])
         extra = ("required" if spec.get("required") else
@@ -118,7 +118,8 @@ def env_example():
 
 def docs():
     out = ["# Site inputs (`.env`)", "",
-           "Generated from `plugins/module_utils/_inputs.py` (`make docs`); validation reads the same description.",
+           "Generated from `plugins/module_utils/_inputs/catalogue.py` (`make docs`); validation reads the same",
+           "description.",
            "The controller reads `.env` at the checkout root (or `$NARWHAL_ENV_FILE`) with python-dotenv;",
            "`NARWHAL_*` variables of the process environment override it. Every bad value stops discovery with",
            "an error naming the variable, before anything is written.", "",

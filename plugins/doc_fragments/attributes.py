@@ -79,7 +79,7 @@ attributes:
 """
 
     # Modules that run on the Ansible controller (delegate_to localhost, run_once), each with an action plugin of
-    # its name that runs the step in-process (plugins/action, module_utils/_controller.py).
+    # its name that runs the step in-process (plugins/action, plugins/plugin_utils/_controller.py).
     CONTROLLER = r"""
 options: {}
 attributes:

@@ -29,7 +29,7 @@ def table_row(row):
 
 def inspection(hostvars):
     """The inspection discovery gathered on one engine host, as discovery_outputs takes it (its action plugin reads
-    the same from hostvars itself: _hostvars.host_inspection)."""
+    the same from hostvars itself: plugins/plugin_utils/_hostvars.py::host_inspection)."""
     return host_inspection(hostvars)
 
 
@@ -100,7 +100,7 @@ def summary_row(entry):
 
 
 def install_paths_filter(checkout, engine):
-    """Where install put an engine's files in the engine checkout (_plan.install_paths, the one owner)."""
+    """Where install put an engine's files in the engine checkout (_plan/role_env.py::install_paths, the one owner)."""
     paths = install_paths(checkout, engine, "")
     paths.pop("run_dir")
     return paths

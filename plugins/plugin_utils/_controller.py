@@ -1,17 +1,20 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The controller steps (site_inputs, discovery_outputs, prepare_run, transfer_probe, private_file) run in-process.
+"""How the controller steps (site_inputs, discovery_outputs, prepare_run, transfer_probe, private_file) run in the
+controller's process, and when they do not.
 
 Each step is a function of a module-like object (plugins/module_utils/_steps/<step>.py): its module's main() passes
 the AnsibleModule, its action plugin (plugins/action/<step>.py, a ControllerStepAction) passes a ControllerModule,
 the part of AnsibleModule that the steps use, without a module process: the parameters validated against the same
 argument spec, check and diff mode, warn, get_bin_path, no_log_values, fail_json (raises StepFailedError) and
 exit_json (returns the result).
-The result has the shape AnsibleModule would have sent (invocation, warnings, path details of a failure, no_log
-values removed, JSON types), so that a registered result is the same whichever way the step ran.
+The result has the shape AnsibleModule would have sent (invocation, warnings, the file details of a result that
+names a path or dest, no_log values removed, JSON types), so that a registered result is the same whichever way the
+step ran.
 
-ControllerStepAction decides where a step runs: where the task runs on the controller, in this process (no module
-process); elsewhere the module runs on the task's host, as it would without the action plugin.
+ControllerStepAction decides where a step runs (runs_here): a task whose connection is local and that does not
+become another user runs the step in this process (no module process); any other task (another host, or become)
+runs the module as it would without the action plugin, on the task's host.
 """
 
 from __future__ import annotations

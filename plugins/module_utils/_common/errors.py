@@ -19,7 +19,7 @@ FIX = "correct it in .env (or the environment), then rerun discovery"
 class InputError(ValueError):
     """A bad input: `key` names it, the message says what is wrong and how to fix it. The value of a
     secret-looking input and every other secret-looking value in the message show as <redacted>
-    (_plan.redact_text): an error never prints a token."""
+    (_common/secrets.py::redact_text): an error never prints a token."""
 
     def __init__(self, key, message):
         if holds_secret(key):

@@ -1,7 +1,8 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Names: the engine name engine-<n> (the seed's identity of an engine in `.env`, records, fleet and runs),
-environment variable names, the names of the files discovery writes, and local-only hosts.
+"""Names: the engine name engine-<n> (an engine's identity in `.env`, the inventory, records, fleet and runs:
+docs/architecture.md, "Engine endpoints and the fleet"), environment variable names, the names of the files
+discovery writes, and local-only hosts.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Discovery part 1, pure planning: node addresses, engine/attestation URLs, deployment.env, fleet.
 
-Input: validated inputs (_inputs.load_inputs), the engine names of the play and each engine host's
+Input: validated inputs (_inputs/validate.py::load_inputs), the engine names of the play and each engine host's
 narwhal_interface facts. Output: the deployment.env entries, the fleet records and a summary table.
 Every refusal raises InputError naming the .env key or the host, and the fix.
 """

@@ -1,13 +1,13 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The launch policy: the `.env` inputs the launch records are built from, as discovery records them in
-`engine-launch.policy.json`, and the check that records still match the current inputs (seed §15: "correct
-the named input, regenerate, prepare a new run so the manifest records the corrected state" only holds when
-prepare notices records older than their inputs).
+`engine-launch.policy.json`, and the check that records still match the current inputs (docs/architecture.md,
+"Launch records": "correct the named input, regenerate, prepare a new run so the manifest records the corrected
+state" only holds when prepare notices records older than their inputs).
 
-Pure code: discovery (plugins/modules/discovery_outputs.py) writes `launch_policy(...)`; prepare
-(plugins/modules/prepare_run.py) verifies the written extract against the sources index and compares it with
-`launch_policy(...)` of the current inputs.
+Pure code: discovery (plugins/module_utils/_steps/discovery_outputs.py) writes `launch_policy(...)`; prepare
+(plugins/module_utils/_steps/prepare_run.py) verifies the written extract against the sources index and compares it
+with `launch_policy(...)` of the current inputs.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Discovery part 2, pure planning: one launch record per engine from host, image and model inspection
-plus the launch policy in .env (seed §15-16, ARCHITECTURE.md §6).
+plus the launch policy in .env (docs/architecture.md, "Launch records" and "The runtime object").
 
 GPU numbering rule: the launcher gives a container only its engine's GPUs (NVIDIA: a device request for
 those GPUs; ROCm: only their render/card nodes), and the runtime numbers them from 0 inside, so host indices

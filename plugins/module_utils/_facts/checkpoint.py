@@ -25,7 +25,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._facts.model import
 
 
 def load_json_file(file_path):
-    """(bytes, parsed JSON) of a regular file; never blocks on a FIFO (see _tools.open_regular)."""
+    """(bytes, parsed JSON) of a regular file; never blocks on a FIFO (see _common/tools.py::open_regular)."""
     try:
         raw = read_regular(file_path)
     except NotRegularFileError as exc:

@@ -1,11 +1,11 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The host-side reader of image_facts (Docker daemon, version container, cache file), shared by
-image_facts and engine_host_facts. The pure helpers stay in _image.
+image_facts and engine_host_facts. The pure helpers stay in _facts/image.py.
 
-The daemon is asked through _engineapi (the standard library over the daemon's socket, no Docker SDK): a rerun,
-whose image facts come from the cache, costs one GET of the image; a first run adds the version container
-(create, start, wait, logs, remove).
+The daemon is asked through _docker/engine_api.py (the standard library over the daemon's socket, no Docker
+SDK): a rerun, whose image facts come from the cache, costs one GET of the image; a first run adds the version
+container (create, start, wait, logs, remove).
 read_image() takes the running AnsibleModule and a client factory; on an error it calls module.fail_json.
 Python 3.8 compatible (runs on engine hosts).
 """

@@ -136,7 +136,8 @@ def has_auto_map(document):
 
 
 def ssm_conv_state(config):
-    """True when the (text) config has a convolutional SSM state key (see VLLM_FACTS.md)."""
+    """True when the (text) config has a convolutional SSM state key (docs/architecture.md, "Convolutional SSM
+    state")."""
     for source in (config, _text_config(config)):
         for key in ("conv_kernel", "mamba_d_conv", "conv_L_cache", "linear_conv_kernel_dim"):
             if source.get(key) is not None:

@@ -77,8 +77,8 @@ INPUTS = [
             "(port, host, TP, kv-transfer config, served name, API key ...) are refused. Per engine: "
             "NARWHAL_NODE_<n>_EXTRA_ARGS, recorded after these."},
     {"name": "NARWHAL_ENGINE_ARGS", "kind": "args", "default": "", "example": "",
-     "doc": "Additional vLLM arguments of every engine (shell words; the seed's name), recorded in every launch "
-            "record's runtime.extra_args after NARWHAL_EXTRA_ARGS and before NARWHAL_NODE_<n>_EXTRA_ARGS; the "
+     "doc": "Additional vLLM arguments of every engine (shell words; the specification's name), recorded in every "
+            "launch record's runtime.extra_args after NARWHAL_EXTRA_ARGS and before NARWHAL_NODE_<n>_EXTRA_ARGS; the "
             "derived --trust-remote-code is kept; launcher-managed flags are refused as in NARWHAL_EXTRA_ARGS. "
             "The role environment never carries it: it reaches the engine only through the record."},
     {"name": "NARWHAL_ENGINE_ENV", "kind": "env", "default": "", "example": "VLLM_LOGGING_LEVEL=INFO",

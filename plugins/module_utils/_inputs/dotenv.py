@@ -4,8 +4,8 @@
 
 Values are literal: python-dotenv's `${VAR}` expansion is off (interpolate=False), so nothing of the controller's
 environment (a token, $HOME) is pulled into a value or an error message. The only substitution narwhal.deploy
-does is the complete-value `${NAME}` of the fleet file (_subst, docs/substitution.md), which is separate.
-The file is read once, as a regular file (a FIFO never blocks the read, see _tools.open_regular), as UTF-8.
+does is the complete-value `${NAME}` of the fleet file (_plan/subst.py, docs/substitution.md), which is separate.
+The file is read once, as a regular file (a FIFO never blocks the read, see _common/tools.py::open_regular), as UTF-8.
 """
 
 from __future__ import annotations

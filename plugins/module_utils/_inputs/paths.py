@@ -140,7 +140,7 @@ def _check_ignored(root, site, entries, ignored, resolve):
                     % (what, rel), None)
 
 
-GIT_TIMEOUT = 60  # seconds each git command may take (a hung git names itself, see _tools.run_bounded)
+GIT_TIMEOUT = 60  # seconds each git command may take (a hung git names itself, see _common/tools.py::run_bounded)
 
 
 def git_ignore_checker(module, root, timeout=GIT_TIMEOUT):

@@ -44,7 +44,8 @@ URL = re.compile(r"^(https?)://([^/?#]*)(/[^?#]*)?(\?[^#]*)?(#.*)?$")
 AUTHORITY = re.compile(r"^(\[[^\]]*\]|[^:\[\]]*)(?::([0-9]*))?$")
 
 
-# a subset of what deployment.env takes unquoted (_fleet.ENV_VALUE): no quotes, $, #, ;, !, spaces or backslashes
+# a subset of what deployment.env takes unquoted (_discover/fleet.py::ENV_VALUE): no quotes, $, #, ;, !, spaces or
+# backslashes
 URL_PATH = re.compile(r"^/[A-Za-z0-9._~%/:@+,=-]*$")
 
 

@@ -1,6 +1,7 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""JSON Schemas of the generated files: the fleet and the launch record (seed §15.1 and §16).
+"""JSON Schemas of the generated files: the fleet, the launch record (docs/architecture.md, "Allocation and transport
+fields" and "The runtime object") and the run manifest.
 Every step that writes or reads them validates against these (jsonschema on the controller).
 """
 

@@ -1,7 +1,7 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Complete-value substitution (contract, ARCHITECTURE.md §4), shared by the resolve_values filter,
-the narwhal-fleet command and every step that reads the fleet.
+"""Complete-value substitution (docs/architecture.md, "Complete-value substitution"; docs/substitution.md), shared by
+the resolve_values filter, the fleet lookup, the narwhal-fleet command and the planner.
 
 A JSON string that is exactly ${NAME} becomes NAME's value; any other string holding "${" is an error;
 an unset NAME is an error naming it; the result is not substituted again.

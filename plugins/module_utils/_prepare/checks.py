@@ -1,8 +1,9 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""prepare, pure planning (seed §15-16): validate the assigned records and the P/D compatibility gate,
-compare them with the current host inspection, derive each engine's environment, vllm_args and role
-environment, and build the run manifest. Every refusal raises InputError naming the input and the fix.
+"""prepare, pure planning (docs/architecture.md, "Launch records" and "The runtime object"): validate the assigned
+records and the P/D compatibility gate, compare them with the current host inspection, derive each engine's
+environment, vllm_args and role environment, and build the run manifest. Every refusal raises InputError naming
+the input and the fix.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def check_documents(fleet, launch_config, site):
 
 
 def compatibility(records):
-    """The P/D gate: every prefill/decode pair must pass vLLM's NIXL handshake (_handshake.check_pairs)."""
+    """The P/D gate: every prefill/decode pair must pass vLLM's NIXL handshake (_prepare/gate.py::check_pairs)."""
     check_pairs(records)
 
 

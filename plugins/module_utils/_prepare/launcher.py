@@ -1,10 +1,10 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The launcher artefact: one zipapp (launch_engine.pyz) built from the launcher's parts
-(roles/install/files/launcher: cli, start, stop, status, image check, health wait, the in-image observer), the
-collection's pure planner (plugins/module_utils/_plan/ and the _common/ files it imports), the NIXL metrics
-parser (_common/nixl_metrics.py, for status) and the Docker Engine API client (_docker/engine_api.py, standard
-library only), laid out under ansible_collections/... so the planner's own import lines work inside it.
+(roles/install/files/launcher: cli, common, start, stop, status, preview, image check, health wait, the in-image
+observer), the collection's pure planner (plugins/module_utils/_plan/ and the _common/ files it imports), the NIXL
+metrics parser (_common/nixl_metrics.py, for status) and the Docker Engine API client (_docker/engine_api.py,
+standard library only), laid out under ansible_collections/... so the planner's own import lines work inside it.
 The build is deterministic (sorted members, fixed timestamps and modes, no compression): the same sources give
 the same bytes, so its sha256 is the launcher digest that runs, manifests and deployment records name.
 """

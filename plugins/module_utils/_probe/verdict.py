@@ -101,8 +101,9 @@ def verdict(producer, consumer, before, after):
 
     `producer`/`consumer` = (status, json or None); before/after = nixl_counters of the consumer. `evidence` says
     how KV was proven for this probe's request: "request" (the consumer's answer counts the prompt's tokens as
-    loaded, see the module docstring), "counters" (only the consumer's NIXL bytes grew), or None (not proven).
-    Counters that moved more than this request explains are "concurrent traffic seen" (a note, not a failure)."""
+    loaded, see docs/architecture.md, "The transfer probe"), "counters" (only the consumer's NIXL bytes grew), or
+    None (not proven). Counters that moved more than this request explains are "concurrent traffic seen" (a note,
+    not a failure)."""
     reasons, notes = [], []
     p_status, p_body = producer
     c_status, c_body = consumer

@@ -2,8 +2,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The discovery_outputs step: plan the fleet and write the output set (see plugins/modules/discovery_outputs.py).
 
-discovery_outputs(module) takes the module-like object of _controller.py or an AnsibleModule and returns the
-keyword arguments of exit_json; a refusal ends with module.fail_json.
+discovery_outputs(module) takes the module-like object of plugins/plugin_utils/_controller.py or an AnsibleModule and
+returns the keyword arguments of exit_json; a refusal ends with module.fail_json.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def stale_extracts(index_path, config_dir, files, read):
 def collect_records(plan, inputs, hosts):
     site = inputs["site"]
     taken, next_port, records, extracts = {}, {}, {}, {}
-    # the policy the records come from; prepare compares it with the inputs of its day (_policy.check_policy)
+    # the policy the records come from; prepare compares it with the inputs of its day
+    # (_discover/policy.py::check_policy)
     policy = launch_policy(inputs, [node["engine"] for node in plan["nodes"]])
     # GPUs named explicitly (NARWHAL_NODE_<n>_GPU_IDS) are reserved for their engine before any engine of the
     # same host takes GPUs by count.
@@ -164,7 +165,8 @@ def discovery_outputs(module):
         module.fail_json(msg="discovery produced output that fails its schema, nothing was written: %s"
                              % "; ".join(errors[:10]))
     # One lock for the set (a second discovery waits, then is refused by name); an interrupted write of a previous
-    # run is completed or undone first; the swap is journaled (plugins/module_utils/_outputs.py, docs/outputs.md).
+    # run is completed or undone first; the swap is journaled (plugins/module_utils/_outputs/writer.py,
+    # docs/outputs.md).
     try:
         with OutputSet(config_dir, "discovery", check_mode=module.check_mode) as outputs:
             if records is not None:

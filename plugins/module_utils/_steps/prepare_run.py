@@ -2,8 +2,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The prepare_run step: validate the assigned records and write a prepared run (see plugins/modules/prepare_run.py).
 
-prepare_run(module) takes the module-like object of _controller.py or an AnsibleModule and returns the keyword
-arguments of exit_json; a refusal ends with module.fail_json.
+prepare_run(module) takes the module-like object of plugins/plugin_utils/_controller.py or an AnsibleModule and returns
+the keyword arguments of exit_json; a refusal ends with module.fail_json.
 """
 
 from __future__ import annotations
@@ -81,8 +81,8 @@ def check_key_file(path):
 
 
 def check_records_policy(root, site, inputs):
-    """Refuse records whose launch policy differs from the current inputs (seed §15: a corrected input must
-    reach the records before the manifest records it)."""
+    """Refuse records whose launch policy differs from the current inputs (docs/architecture.md, "Launch records":
+    a corrected input must reach the records before the manifest records it)."""
     config = _path(root, site["NARWHAL_CONFIG_DIR"])
     index_path, extract_path = os.path.join(config, SOURCES_FILE), os.path.join(config, POLICY_FILE)
     for path in (index_path, extract_path):
@@ -193,7 +193,7 @@ def _run_file(path, parse):
 
 def read_past_run(runs_dir, from_run, engines):
     """(records of the run, its launcher snapshot bytes, its manifest) from runs/<from_run>/, validated
-    (_prepare.past_run). Reads only that run's files."""
+    (_prepare/checks.py::past_run). Reads only that run's files."""
     check_run_id(from_run)
     run_dir = os.path.join(runs_dir, from_run)
     if not os.path.isdir(run_dir):
@@ -299,7 +299,7 @@ def prepare_run(module):
             {"environment": derived[e]["environment"], "vllm_args": derived[e]["vllm_args"],
              "container": derived[e]["container"], "plan_hash": derived[e]["plan_hash"]}, indent=2) + "\n", 0o600)
     # One lock for the runs directory (a second prepare waits, then is refused by name); a new run is built aside and
-    # renamed into place, a changed one swapped through the journal (plugins/module_utils/_outputs.py).
+    # renamed into place, a changed one swapped through the journal (plugins/module_utils/_outputs/writer.py).
     try:
         with OutputSet(runs_dir, "prepare", check_mode=module.check_mode) as runs:
             changes = runs.plan(files)

@@ -2,8 +2,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The site_inputs step: read and validate the site .env (see plugins/modules/site_inputs.py for its contract).
 
-site_inputs(module) takes the module-like object of _controller.py or an AnsibleModule and returns the keyword
-arguments of exit_json; a refusal ends with module.fail_json.
+site_inputs(module) takes the module-like object of plugins/plugin_utils/_controller.py or an AnsibleModule and returns
+the keyword arguments of exit_json; a refusal ends with module.fail_json.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The transfer_probe step: probe the KV transfer of prefill/decode pairs (see plugins/modules/transfer_probe.py).
 
-transfer_probe(module) takes the module-like object of _controller.py (on the controller) or an AnsibleModule (the
-module on an engine host) and returns the keyword arguments of exit_json; a failed pair ends with module.fail_json.
+transfer_probe(module) takes the module-like object of plugins/plugin_utils/_controller.py (on the controller) or an
+AnsibleModule (the module on an engine host) and returns the keyword arguments of exit_json; a failed pair ends with
+module.fail_json.
 Python 3.8 compatible (runs on engine hosts).
 """
 
@@ -63,7 +64,7 @@ def call(url, key, body=None, request_id=None, timeout=120):
 
 
 def read_key_file(path):
-    """The key in `path` by the launcher's rule (_plan.api_key_from); raises _plan.PlanError naming the file."""
+    """The key in `path` by the launcher's rule (_plan/role_env.py::api_key_from); raises PlanError naming the file."""
     try:
         st = os.stat(path)
         raw = read_regular(path, API_KEY_MAX_BYTES)  # a FIFO is refused by name, never waited on

@@ -2,7 +2,7 @@
 bfloat16 weights and a byte-level BPE tokenizer trained locally whose vocabulary equals the model's.
 
 Runs with the real engine image's own Python (torch, transformers, tokenizers, safetensors), called by
-scripts/gen-models.sh:  python generate.py OUT_DIR
+scripts/build-images.sh (real_models):  python generate.py OUT_DIR
 
 Writes two checkpoints, exactly as an operator's would look on disk:
   OUT_DIR/tiny-llama-real/     config.json, model.safetensors, generation_config.json, tokenizer.json,
@@ -11,7 +11,7 @@ Writes two checkpoints, exactly as an operator's would look on disk:
                                carries an ``auto_map`` to tokenization_narwhal.py, so loading it needs
                                --trust-remote-code (transformers refuses it otherwise).
 
-Geometry (shared/design/REAL_ENGINE.md): hidden 128, 2 layers, 4 heads, 2 KV heads -> head_dim 32 (the CPU
+Geometry (docs/real-engine.md, "The checkpoints"): hidden 128, 2 layers, 4 heads, 2 KV heads -> head_dim 32 (the CPU
 attention backend supports 32, 64, 80, ...; 16 kills the engine on the first request), vocabulary 512.
 Deterministic: fixed seed and corpus.
 """

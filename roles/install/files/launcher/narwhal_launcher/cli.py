@@ -1,4 +1,5 @@
-"""The launcher's command line (ARCHITECTURE.md §7). Runs on the engine host as `python3 launch_engine.pyz`.
+"""The launcher's command line (docs/architecture.md, "The launcher's duties"). Runs on the engine host as
+`python3 launch_engine.pyz`.
 
   launch_engine.pyz --role-env PATH plan         write <NARWHAL_RUN_DIR>/plan.json, print the docker run argv
   launch_engine.pyz --role-env PATH start [--force] [--ready-timeout S]
@@ -35,7 +36,7 @@
 
 Inputs: the role environment file written by prepare (KEY=VALUE, no shell expansion) and the launch record it
 names (NARWHAL_RECORD: one `engines.<name>` object of config/engine-launch.*.json). The container comes from
-the collection's planner (_plan.container_spec), the same function discovery and prepare call.
+the collection's planner (_plan/container.py::container_spec), the same function discovery and prepare call.
 
 Entrypoint choice: the plan sets the entrypoint to ["vllm"] and the command to ["serve", <mount>, ...]. Real
 vllm/vllm-openai images have ENTRYPOINT `vllm serve` (recent) or `python3 -m vllm.entrypoints.openai.api_server`

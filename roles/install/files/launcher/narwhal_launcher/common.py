@@ -210,7 +210,7 @@ class DockerUnreachableError(LaunchError):
 
 
 class EngineAPI(Client):
-    """The Engine API client of the launcher (plugins/module_utils/_engineapi.py: stdlib only, so `start` never
+    """The Engine API client of the launcher (plugins/module_utils/_docker/engine_api.py: stdlib only, so `start` never
     imports the Docker SDK): a daemon that does not answer is a DockerUnreachableError naming the fix."""
 
     def call(self, method, path, query=None, body=None, timeout=None):

@@ -39,8 +39,8 @@ def in_image_script():
 
 
 def connector_module(vllm_version):
-    """The NixlConnector module vLLM imports (VLLM_FACTS: a package `v1.nixl` from 0.28, `v1.nixl_connector`
-    before)."""
+    """The NixlConnector module vLLM imports (docs/architecture.md, "Connector and NIXL modules": a package
+    `v1.nixl` from 0.28, `v1.nixl_connector` before)."""
     return CONNECTOR_MODULES[0] if version_tuple(vllm_version) >= (0, 28) else CONNECTOR_MODULES[1]
 
 

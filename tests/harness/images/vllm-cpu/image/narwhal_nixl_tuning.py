@@ -3,10 +3,11 @@
 NIXL's Python API creates every agent with the UCX progress thread's delay ``pthrDelay = 0``: the thread
 busy-polls a whole core, and vLLM keeps it on. With two engines on a 2-core machine each starves the other
 (decode 23-32 s, once a producer's KV lease expired mid-transfer); switching the thread off hangs the
-transfer. A delay of 1000 us makes an idle engine cost 2-5 % of a core and a transfer 10-25 ms
-(shared/design/REAL_ENGINE.md). This module wraps the binding's ``nixlAgent`` constructor that
-``nixl_cu12._api`` / ``nixl_cu13._api`` call, so the agent is created with that delay. GPU images are untouched:
-this file exists only in tests/harness/images/vllm-cpu. NARWHAL_TEST_NIXL_PTHR_DELAY_US overrides the value.
+transfer. A delay of 1000 us makes an idle engine cost 2-5 % of a core and a transfer 10-25 ms (measured on
+the 2-core proving-ground machines; docs/real-engine.md, "The image"). This module wraps the binding's
+``nixlAgent`` constructor that ``nixl_cu12._api`` / ``nixl_cu13._api`` call, so the agent is created with that
+delay. GPU images are untouched: this file exists only in tests/harness/images/vllm-cpu.
+NARWHAL_TEST_NIXL_PTHR_DELAY_US overrides the value.
 
 Loaded at interpreter start by narwhal_nixl_tuning.pth in the environment's site-packages (not as
 sitecustomize: Debian's python3 ships /usr/lib/python3.11/sitecustomize.py, which would shadow it).

@@ -1,6 +1,6 @@
 """Stand-in of vllm.config.kv_transfer.KVTransferConfig, replaying the real validation rules by version
-(VLLM_FACTS.md): unknown keys rejected from 0.19.1 (pydantic extra="forbid"), ignored before;
-kv_load_failure_policy absent <= 0.11; a connector needs kv_role."""
+(docs/architecture.md, "The kv-transfer config"): unknown keys rejected from 0.19.1 (pydantic extra="forbid"),
+ignored before; kv_load_failure_policy absent <= 0.11; a connector needs kv_role."""
 from vllm.version import __version_tuple__ as _v
 
 _FIELDS = {"kv_connector", "engine_id", "kv_buffer_device", "kv_role", "kv_port",

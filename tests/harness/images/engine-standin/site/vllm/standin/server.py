@@ -1,6 +1,6 @@
 """Stand-in vLLM OpenAI server (narwhal.deploy test harness; NOT an inference engine).
 
-Replays the HTTP surface and P/D flow of vLLM with NixlConnector (VLLM_FACTS.md):
+Replays the HTTP surface and P/D flow of vLLM with NixlConnector (docs/architecture.md, "The P/D request flow"):
   GET /health, /version, /metrics (open); GET /v1/models, POST /v1/completions (API key when set).
   Producer request with kv_transfer_params.do_remote_decode -> answers with kv_transfer_params that
   name this engine's side channel (VLLM_NIXL_SIDE_CHANNEL_HOST/PORT, advertised exactly as set).
