@@ -62,7 +62,8 @@ options:
   hosts:
     description:
       - Current inspection per engine for O(stage=write), each with C(gpus) (M(narwhal.deploy.gpu_facts)),
-        C(interface) (M(narwhal.deploy.interface_facts)) and C(image_id) (M(narwhal.deploy.engine_prereqs)).
+        C(interface) (the C(narwhal_interface) fact M(narwhal.deploy.engine_prereqs) returns, shaped as
+        M(narwhal.deploy.interface_facts) returns it) and C(image_id) (M(narwhal.deploy.engine_prereqs)).
       - When not given with O(stage=write), read from each engine's host variables C(narwhal_gpus),
         C(narwhal_interface) and the C(image_id) of C(prepare_prereqs) (the result of
         M(narwhal.deploy.engine_prereqs) registered under that name, as the prepare role does).

@@ -12,8 +12,10 @@ caller asks for, over one kept-alive connection, each with a timeout. Only what 
 API version: the paths are unversioned, so the daemon answers in its own current API version, the one the SDK
 negotiates with a GET /version first (from_env's default, version="auto") - without that extra call.
 
-container_config() turns docker-py's `containers.create(...)` keyword arguments (the subset narwhal uses) into
-the body the SDK sends, field for field, so a container made through this client is the one the SDK made.
+plan_body() turns an engine's plan (_plan/container.py::container_spec) into the create body directly, the one
+translation after the plan; container_config() turns docker-py's `containers.create(...)` keyword arguments
+(the short-lived check and version containers) into the body the SDK sends. Both give, field for field, the body
+the SDK sends for the same container, so a container made through this client is the one the SDK made.
 
 Errors: EngineAPIError carries the HTTP status and the daemon's `message`; NotFound (404), Conflict (409);
 DaemonUnreachable (no status) when nothing answers at the address; Timeout (a DaemonUnreachable) when a call
@@ -239,7 +241,7 @@ class Client:
         return self.json("GET", "/containers/json", query)
 
     def create(self, name, body):
-        """POST /containers/create; `body` from container_config. -> {"Id": ..., "Warnings": [...]}."""
+        """POST /containers/create; `body` from plan_body or container_config. -> {"Id": ..., "Warnings": [...]}."""
         return self.json("POST", "/containers/create", {"name": name} if name else None, body)
 
     def start(self, ref):
