@@ -14,7 +14,7 @@ from test_support.paths import REPO
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.urls import attestation_url
 from ansible_collections.narwhal.deploy.plugins.module_utils._docker import engine_api as _engine_api
-from ansible_collections.narwhal.deploy.plugins.modules import engine_prereqs
+from ansible_collections.narwhal.deploy.plugins.modules import engine_prereqs, interface_facts
 
 
 def free_port():
@@ -166,3 +166,47 @@ def test_the_daemon_and_the_image_are_asked_over_the_engine_api(module_runner, t
         "the Docker daemon at unix://%s does not answer (the Docker daemon does not answer at unix://%s ("
         % (socket_path, socket_path))
     assert problems[0].endswith("); start it (systemctl start docker)")
+
+
+def _free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+@pytest.mark.skipif(_standin_id() is None, reason="no Docker daemon with the stand-in image here")
+def test_prepare_reads_the_interface_once_and_interface_facts_would_read_the_same(module_runner, tmp_path,
+                                                                                    monkeypatch):
+    """engine_prereqs is prepare's one read of the fabric interface: it returns narwhal_interface exactly as
+    interface_facts returns it for the same `ip` output (prepare_run compares that with the record), and it no
+    longer checks the address itself (a record whose address moved passes here and is refused by prepare_run)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    calls = tmp_path / "ip-calls"
+    links = [{"ifname": "eth1", "operstate": "UP", "mtu": 9000, "addr_info": [
+        {"family": "inet", "local": "172.31.241.99", "prefixlen": 24, "scope": "global",
+         "valid_life_time": 4294967295, "preferred_life_time": 4294967295}]}]
+    (tmp_path / "ip.json").write_text(json.dumps(links))
+    (bindir / "ip").write_text("#!/bin/sh\necho x >> %s\nexec /bin/cat %s\n" % (calls, tmp_path / "ip.json"))
+    (bindir / "ip").chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % bindir)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    record = json.loads(REPO.joinpath("docs", "examples", "engine-launch.example.json").read_text())["engines"][
+        "engine-1"]
+    engine_port, attest_port, side_port = _free_ports(3)
+    record["runtime"].update(image_id=_standin_id(), model_path=str(tmp_path / "model"))
+    record["accelerator_devices"] = []
+    record["node"].update(engine_port=engine_port, attest_port=attest_port, side_channel_port=side_port,
+                          side_channel_ports=[side_port, side_port])  # the record says .11, the host has .99
+    kind, result = module_runner(engine_prereqs.main, {"record": record})
+    assert kind == "exit", result
+    assert len(calls.read_text().split()) == 1
+    kind, facts = module_runner(interface_facts.main, {"name": "eth1"})
+    assert kind == "exit"
+    assert result["ansible_facts"]["narwhal_interface"] == facts["ansible_facts"]["narwhal_interface"]
+    assert result["ansible_facts"]["narwhal_interface"]["global_addresses"] == ["172.31.241.99"]
