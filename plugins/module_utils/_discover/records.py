@@ -25,6 +25,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.versions im
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.words import split_args
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.kv_pages import kv_cache_pages
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.model import record_geometry
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import node_settings
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.args import (
     MANAGED_ENV,
     VISIBILITY_BY_VENDOR,
@@ -102,8 +103,9 @@ def choose_rdma(engine, n, node_policy, site, rdma, gpus):
 
     auto: every rail the engine's GPUs are nearest to (see :func:`nearest_rails`); an explicit
     NARWHAL_RDMA_DEVICES / NARWHAL_NODE_<n>_RDMA_DEVICES list is taken as given, each port checked active."""
-    key = "NARWHAL_NODE_%d_RDMA_DEVICES" % n if node_policy.get("RDMA_DEVICES") else "NARWHAL_RDMA_DEVICES"
-    wanted = node_policy.get("RDMA_DEVICES") or site["NARWHAL_RDMA_DEVICES"] or "auto"
+    settings = node_settings(site, node_policy, n)
+    key = settings["inputs"]["rdma_devices"]
+    wanted = settings["rdma_devices"] or "auto"
     hcas = dict((h["name"], h) for h in (rdma or {}).get("hcas", []))
     active = [(h, p) for h in hcas.values() for p in h.get("ports", []) if p.get("active")]
     if not active:
@@ -279,7 +281,7 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
     engines already placed on this physical host (mutated)."""
     engine, n = node["engine"], node["n"]
     platform = image.get("platform")
-    image_key = "NARWHAL_NODE_%d_IMAGE" % n if node_policy.get("IMAGE") else "NARWHAL_IMAGE"
+    image_key = node_settings(site, node_policy, n)["inputs"]["image"]
     gpus_facts = host.get("gpus") or {"vendor": "none", "gpus": [], "devices": []}
     sources = {}
     if platform == "cpu":
@@ -359,7 +361,7 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
                             -(-block // CPU_BLOCK_MULTIPLE) * CPU_BLOCK_MULTIPLE))
     try:
         plan = kv_cache_pages(model["kv_geometry"], tp, site["NARWHAL_BLOCK_SIZE"], site["NARWHAL_KV_CACHE_DTYPE"],
-                             model_dtype)
+                              model_dtype)
     except ValueError as exc:
         raise InputError("NARWHAL_KV_CACHE_DTYPE", "the cache plan for %s failed: %s" % (engine, exc))
     extra_args, sources["extra_args"] = _engine_args(n, node_policy, site, model)
