@@ -1,12 +1,14 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters of narwhal.deploy: resolve_values (complete-value substitution) and the rows of the playbooks' tables."""
+"""Filters of narwhal.deploy: resolve_values (complete-value substitution), an engine's node settings and
+launcher command line, and the rows of the playbooks' tables."""
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import redact_text, secret_values
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import engine_settings
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import install_paths
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.subst import SubstitutionError, resolve_values
 from ansible_collections.narwhal.deploy.plugins.plugin_utils._hostvars import host_inspection
@@ -86,8 +88,8 @@ def summary_entry(hostvars, urls=None):
     for stage in SUMMARY_FACTS:
         done.update(hostvars.get(stage) or {})
     engine = hostvars.get("inventory_hostname")
-    node = ((hostvars.get("narwhal_site") or {}).get("nodes") or {}).get(str(engine).replace("engine-", "", 1)) or {}
-    return {"engine": engine, "host": hostvars.get("ansible_host") or engine, "role": node.get("ROLE"),
+    role = node_settings(hostvars.get("narwhal_site") or {}, engine)["role"]
+    return {"engine": engine, "host": hostvars.get("ansible_host") or engine, "role": role,
             "url": (urls or {}).get(engine), "run_id": done.get("run_id"), "container_id": done.get("container_id"),
             "action": done.get("action"), "vllm_version": done.get("vllm_version"), "probe": done.get("probe")}
 
@@ -106,10 +108,32 @@ def install_paths_filter(checkout, engine):
     return paths
 
 
+def node_settings(site, engine):
+    """An engine's node settings (narwhal_site.engines, its NARWHAL_NODE_<n>_* overrides applied over the site
+    values by _inputs/nodes.py); an engine no per-node input names gets the site's values."""
+    if not isinstance(site, dict):
+        raise AnsibleFilterError("node_settings takes narwhal_site (a dict), not %s" % type(site).__name__)
+    return engine_settings(site, str(engine))
+
+
+DEFAULT_PYTHON = "/usr/bin/python3"
+
+
+def launcher_command(site, engine, python=None):
+    """The installed launcher's command line on an engine host: {paths, role_env, argv, command} (paths from
+    _plan/role_env.install_paths, as prepare installed them; command = argv joined by spaces, unquoted)."""
+    if not isinstance(site, dict):
+        raise AnsibleFilterError("launcher_command takes narwhal_site (a dict), not %s" % type(site).__name__)
+    paths = install_paths_filter((site.get("site") or {}).get("NARWHAL_ENGINE_CHECKOUT"), engine)
+    argv = [python or DEFAULT_PYTHON, paths["launcher"], "--role-env", paths["role_env"]]
+    return {"paths": paths, "role_env": paths["role_env"], "argv": argv, "command": " ".join(argv)}
+
+
 class FilterModule:
     def filters(self):
         return {"resolve_values": resolve_values_filter, "table_row": table_row, "inspection": inspection,
                 "probe_row": probe_row,
                 "status_row": status_row, "status_problems": status_problems,
                 "summary_entry": summary_entry, "summary_row": summary_row,
-                "install_paths": install_paths_filter}
+                "install_paths": install_paths_filter, "node_settings": node_settings,
+                "launcher_command": launcher_command}

@@ -69,11 +69,16 @@ ansible_facts:
     narwhal_site:
       description:
         - Site-wide inputs (C(site)), per-node inputs by node number (C(nodes)), the file read and its sha256.
+        - C(engines) - the settings of every engine C(engine-<n>) that a per-node input names, its
+          C(NARWHAL_NODE_<n>_*) overrides applied over the site values (the filter
+          P(narwhal.deploy.node_settings#filter) reads them, and gives an engine not named here the site values).
         - With O(root), also C(project_dir) (O(root)) and C(paths), the absolute paths of the outputs and the key
           file (C(fleet), C(launch_config), C(config_dir), C(deployment_env), C(runs_dir), C(api_key_file)).
       returned: always
       type: dict
       sample: {"site": {"NARWHAL_FABRIC_INTERFACE": "eth1", "NARWHAL_ENGINE_PORT": 8000}, "nodes": {"1": {"ROLE": "prefill"}},
+               "engines": {"engine-1": {"engine": "engine-1", "node": 1, "role": "prefill", "fabric_interface": "eth1",
+                                        "engine_port": 8000, "inputs": {"fabric_interface": "NARWHAL_FABRIC_INTERFACE"}}},
                "env_file": "/srv/narwhal/.env", "env_sha256": "9f2c..."}
 """
 

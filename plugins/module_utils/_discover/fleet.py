@@ -15,6 +15,7 @@ import re
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import engine_number
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.urls import attestation_url, engine_url
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import engine_settings
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.validate import parse_url
 
 __metaclass__ = type
@@ -27,10 +28,6 @@ DOWN_STATES = ("DOWN", "LOWERLAYERDOWN", "NOTPRESENT")
 # deployment.env values, as python-dotenv and a shell both read them unquoted: nothing that ends a line, quotes,
 # comments (#), expands ($, `), escapes (\) or splits words
 ENV_VALUE = re.compile(r"^[A-Za-z0-9._:/\[\]@%+,=~-]*$")
-
-
-def node_interface(inputs, n):
-    return inputs["nodes"].get(n, {}).get("FABRIC_INTERFACE") or inputs["site"]["NARWHAL_FABRIC_INTERFACE"]
 
 
 def select_address(n, host, interface, facts, family, explicit=None):
@@ -109,18 +106,18 @@ def build_fleet(inputs, engines, interfaces):
             raise InputError("NARWHAL_NODE_%d_ROLE" % n,
                              "inventory host %s has no fleet role; set NARWHAL_NODE_%d_ROLE=prefill or decode"
                              % (host, n))
-        interface = node_interface(inputs, n)
+        settings = engine_settings(inputs, host)  # the node's overrides, resolved once (_inputs/nodes.py)
+        interface = settings["fabric_interface"]
         facts = dict(interfaces.get(host) or {})
-        facts["per_node"] = "FABRIC_INTERFACE" in node
+        facts["per_node"] = settings["inputs"]["fabric_interface"] != "NARWHAL_FABRIC_INTERFACE"
         if str(facts.get("operstate") or "").upper() in DOWN_STATES:
-            key = "NARWHAL_NODE_%d_FABRIC_INTERFACE" % n if facts["per_node"] else "NARWHAL_FABRIC_INTERFACE"
+            key = settings["inputs"]["fabric_interface"]
             raise InputError(key, "interface %s on host %s is down (ip reports operstate %s), so its addresses carry "
                                   "no traffic and must not go into the records; bring the link up (cable, switch "
                                   "port, 'ip link set %s up') or choose another interface, then rerun discovery"
                              % (interface, host, facts["operstate"], interface))
-        address = select_address(n, host, interface, facts, family, node.get("IP"))
-        engine_port = node.get("ENGINE_PORT") or site["NARWHAL_ENGINE_PORT"]
-        attest_port = node.get("ATTEST_PORT") or site["NARWHAL_ATTEST_PORT"]
+        address = select_address(n, host, interface, facts, family, settings["ip"])
+        engine_port, attest_port = settings["engine_port"], settings["attest_port"]
         url = _override(n, node, "URL", "ENGINE_PORT", engine_url(address, engine_port), engine_port)
         att = _override(n, node, "ATTESTATION_URL", "ATTEST_PORT", attestation_url(address, attest_port),
                         attest_port)

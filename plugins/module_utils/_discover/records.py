@@ -24,6 +24,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets imp
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.versions import release_tuple
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.kv_pages import kv_cache_pages
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.model import record_geometry
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import node_settings
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.args import (
     MANAGED_ENV,
     VISIBILITY_BY_VENDOR,
@@ -102,8 +103,9 @@ def choose_rdma(engine, n, node_policy, site, rdma, gpus):
 
     auto: every rail the engine's GPUs are nearest to (see :func:`nearest_rails`); an explicit
     NARWHAL_RDMA_DEVICES / NARWHAL_NODE_<n>_RDMA_DEVICES list is taken as given, each port checked active."""
-    key = "NARWHAL_NODE_%d_RDMA_DEVICES" % n if node_policy.get("RDMA_DEVICES") else "NARWHAL_RDMA_DEVICES"
-    wanted = node_policy.get("RDMA_DEVICES") or site["NARWHAL_RDMA_DEVICES"] or "auto"
+    settings = node_settings(site, node_policy, n)
+    key = settings["inputs"]["rdma_devices"]
+    wanted = settings["rdma_devices"] or "auto"
     hcas = dict((h["name"], h) for h in (rdma or {}).get("hcas", []))
     active = [(h, p) for h in hcas.values() for p in h.get("ports", []) if p.get("active")]
     if not active:
@@ -403,7 +405,7 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
     transfer, packages, dtype, cache pages, extra arguments, environment, then the planner's own."""
     engine, n = node["engine"], node["n"]
     platform = image.get("platform")
-    image_key = "NARWHAL_NODE_%d_IMAGE" % n if node_policy.get("IMAGE") else "NARWHAL_IMAGE"
+    image_key = node_settings(site, node_policy, n)["inputs"]["image"]
     sources = {}
     vendor, gpus, gpu_ids, reason_vis, tp, accelerator_devices = _allocation(
         engine, n, node_policy, site, host, image, image_key, taken, sources)

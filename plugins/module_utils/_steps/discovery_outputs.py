@@ -125,7 +125,8 @@ def module_spec():
 
 def discovery_outputs(module):
     p = module.params
-    inputs = {"site": p["site"]["site"], "nodes": {int(k): v for k, v in p["site"]["nodes"].items()}}
+    inputs = {"site": p["site"]["site"], "nodes": {int(k): v for k, v in p["site"]["nodes"].items()},
+              "engines": p["site"].get("engines")}
     root = p["root"]
     try:
         site = inputs["site"]

@@ -24,6 +24,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.dotenv impo
     parse_dotenv,
     read_dotenv_bytes,
 )
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import resolve_engines
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.paths import (
     DEPLOYMENT_ENV,
     check_paths,
@@ -96,6 +97,8 @@ def site_inputs(module):
                                 ignored=git_ignore_checker(module, root), resolve=os.path.realpath)
     except InputError as exc:
         module.fail_json(msg=redact_text("invalid site input in %s: %s" % (path, exc), secrets), input=exc.key)
+    # every engine's per-node overrides applied once (the roles read them with the filter node_settings)
+    inputs["engines"] = resolve_engines(inputs)
     inputs["nodes"] = {str(n): v for n, v in inputs["nodes"].items()}
     inputs["env_file"] = path
     inputs["env_sha256"] = hashlib.sha256(raw).hexdigest()

@@ -1,0 +1,76 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""An engine's node settings, resolved once: its NARWHAL_NODE_<n>_* overrides applied over the site values.
+
+Pure code. site_inputs returns them as `narwhal_site.engines` (engine-<n> -> settings); the roles read them
+through the filter narwhal.deploy.node_settings, discovery (_discover/fleet.py, _discover/records.py) through
+engine_settings / node_settings, so an override is applied in this file only.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_NAME
+
+__metaclass__ = type
+
+
+# (setting, node input NARWHAL_NODE_<n>_<name>, the site input it overrides)
+OVERRIDES = (
+    ("fabric_interface", "FABRIC_INTERFACE", "NARWHAL_FABRIC_INTERFACE"),
+    ("engine_port", "ENGINE_PORT", "NARWHAL_ENGINE_PORT"),
+    ("attest_port", "ATTEST_PORT", "NARWHAL_ATTEST_PORT"),
+    ("image", "IMAGE", "NARWHAL_IMAGE"),
+    ("rdma_devices", "RDMA_DEVICES", "NARWHAL_RDMA_DEVICES"),
+)
+
+# (setting, node input) of the inputs that exist per node only (None when unset); the URLs' defaults need the
+# discovered address (_discover/fleet.py)
+NODE_ONLY = (
+    ("role", "ROLE"),
+    ("ip", "IP"),
+    ("url", "URL"),
+    ("attestation_url", "ATTESTATION_URL"),
+)
+
+
+def node_settings(site, node, n):
+    """The settings of node `n` (None for a host not named engine-<n>): every OVERRIDES setting from `node`
+    (its NARWHAL_NODE_<n>_* inputs, as load_inputs returns them) when set, else from `site`; the NODE_ONLY ones
+    from `node` or None; `inputs` names the .env input each OVERRIDES setting came from."""
+    node = node or {}
+    site = site or {}
+    settings = {"engine": "engine-%d" % n if n is not None else None, "node": n}
+    sources = {}
+    for name, node_key, site_key in OVERRIDES:
+        if node.get(node_key):
+            settings[name], sources[name] = node[node_key], "NARWHAL_NODE_%d_%s" % (n, node_key)
+        else:
+            settings[name], sources[name] = site.get(site_key), site_key
+    for name, node_key in NODE_ONLY:
+        settings[name] = node.get(node_key)
+    settings["inputs"] = sources
+    return settings
+
+
+def _node_number(engine):
+    m = ENGINE_NAME.match(str(engine or ""))
+    return int(m.group(1)) if m else None
+
+
+def resolve_engines(inputs):
+    """-> {engine-<n>: node_settings(...)} for every node the inputs set something of (`inputs` as load_inputs
+    returns it; node numbers int or, through Ansible, str), in node order."""
+    nodes = dict((int(n), v) for n, v in (inputs.get("nodes") or {}).items())
+    return dict(("engine-%d" % n, node_settings(inputs.get("site"), nodes[n], n)) for n in sorted(nodes))
+
+
+def engine_settings(inputs, engine):
+    """The settings of one engine: those site_inputs resolved (`inputs["engines"]`, narwhal_site.engines) when
+    the inputs carry them, else resolved here; an engine no NARWHAL_NODE_<n>_* input names gets the site's."""
+    resolved = (inputs.get("engines") or {}).get(engine)
+    if resolved is not None:
+        return resolved
+    n = _node_number(engine)
+    nodes = inputs.get("nodes") or {}
+    node = (nodes.get(n) or nodes.get(str(n))) if n is not None else None
+    return node_settings(inputs.get("site"), node, n)
