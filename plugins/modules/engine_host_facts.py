@@ -35,11 +35,18 @@ options:
     type: str
     required: true
   distributions:
-    description: Python distributions whose versions are read from the image.
+    description:
+      - Python distributions whose versions are read from the image. The default is what discovery records for
+        every engine image (the inspection extracts; the image cache is keyed by the requested set).
     type: list
     elements: str
-    default: [vllm, nixl, nixl-cu12, nixl-cu13, nixl-rocm, rixl, torch, ucx-py, ucx-py-cu12, ucxx, triton,
-      pytorch-triton-rocm, flashinfer-python, transformers]
+    default: [vllm, nixl, nixl-cu12, nixl-cu13, nixl-rocm, rixl, torch, transformers]
+  extra_distributions:
+    description:
+      - Further distributions read as well, after O(distributions) (discovery passes C(NARWHAL_EXPECTED_PACKAGES)).
+    type: list
+    elements: str
+    default: []
   model_path:
     description: The checkpoint directory (O(narwhal.deploy.model_facts#module:path)).
     type: path
@@ -123,7 +130,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._facts.host import 
     read_model,
     read_rdma,
 )
-from ansible_collections.narwhal.deploy.plugins.module_utils._facts.image import DEFAULT_DISTRIBUTIONS
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.image import DISCOVERY_DISTRIBUTIONS
 
 
 def main():
@@ -133,7 +140,8 @@ def main():
             family=dict(type="str", default="any", choices=["any", "ipv4", "ipv6"]),
             **HOST_ROOTS_SPEC,
             image=dict(type="str", required=True),
-            distributions=dict(type="list", elements="str", default=list(DEFAULT_DISTRIBUTIONS)),
+            distributions=dict(type="list", elements="str", default=list(DISCOVERY_DISTRIBUTIONS)),
+            extra_distributions=dict(type="list", elements="str", default=[]),
             **IMAGE_READ_SPEC,
             **DOCKER_ACCESS_SPEC,
             **COMMAND_TIMEOUT_SPEC,
@@ -147,7 +155,8 @@ def main():
         "narwhal_gpus": read_gpus(module, p["sysfs_root"], p["dev_root"], p["command_timeout"]),
         "narwhal_rdma": read_rdma(module, p["sysfs_root"], p["dev_root"], p["command_timeout"]),
     }
-    facts["narwhal_image"] = read_image(module, p["image"], p["distributions"], p["cache_dir"], p["docker_host"],
+    facts["narwhal_image"] = read_image(module, p["image"], p["distributions"] + p["extra_distributions"],
+                                        p["cache_dir"], p["docker_host"],
                                         p["timeout"], client_factory=make_client)
     facts["narwhal_model"] = read_model(module, p["model_path"])
     module.exit_json(changed=False, ansible_facts=facts)

@@ -38,8 +38,8 @@ options:
       - Python distribution names whose versions are read from the image. Missing ones are left out of the result.
     type: list
     elements: str
-    default: [vllm, nixl, nixl-cu12, nixl-cu13, nixl-rocm, rixl, torch, ucx-py, ucx-py-cu12, ucxx, triton,
-      pytorch-triton-rocm, flashinfer-python, transformers]
+    default: [vllm, nixl, nixl-cu12, nixl-cu13, nixl-rocm, rixl, torch, transformers, ucx-py, ucx-py-cu12, ucxx,
+      triton, pytorch-triton-rocm, flashinfer-python]
 attributes:
   check_mode:
     description: Can run in check mode; inspects and may run the version container, but writes no cache file.

@@ -21,22 +21,12 @@ __metaclass__ = type
 
 CACHE_FORMAT = 1
 
-DEFAULT_DISTRIBUTIONS = [
-    "vllm",
-    "nixl",
-    "nixl-cu12",
-    "nixl-cu13",
-    "nixl-rocm",
-    "rixl",
-    "torch",
-    "ucx-py",
-    "ucx-py-cu12",
-    "ucxx",
-    "triton",
-    "pytorch-triton-rocm",
-    "flashinfer-python",
-    "transformers",
-]
+# The one list of distributions: what discovery reads from every engine image and records (the inspection
+# extracts, the image cache's "requested"; engine_host_facts' default, NARWHAL_EXPECTED_PACKAGES adds to it) ...
+DISCOVERY_DISTRIBUTIONS = ["vllm", "nixl", "nixl-cu12", "nixl-cu13", "nixl-rocm", "rixl", "torch", "transformers"]
+# ... and image_facts' default, which reports a few more of an image's transfer and kernel packages as well.
+DEFAULT_DISTRIBUTIONS = DISCOVERY_DISTRIBUTIONS + ["ucx-py", "ucx-py-cu12", "ucxx", "triton", "pytorch-triton-rocm",
+                                                   "flashinfer-python"]
 
 
 # Image config Env keys kept in the facts: these exact names, or names starting with one of the prefixes.

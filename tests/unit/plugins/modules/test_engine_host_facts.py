@@ -11,6 +11,7 @@ from test_support.gpu import NVIDIA, NVIDIA_SYS, replay
 from test_support.image import STANDIN_ATTRS, STANDIN_VERSIONS, FakeClient
 from test_support.model import checkpoint
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts import image as _image
 from ansible_collections.narwhal.deploy.plugins.modules import (
     engine_host_facts,
     gpu_facts,
@@ -55,7 +56,9 @@ def host(tmp_path, monkeypatch):
 
 def _singles(module_runner, host, interface="eth1"):
     hw = {"sysfs_root": host["sysfs_root"], "dev_root": host["dev_root"]}
-    image = {"image": "narwhal-sim/engine-standin:latest", "cache_dir": host["cache_dir"]}
+    # the combined module reads what discovery records (its default), image_facts the same when asked for it
+    image = {"image": "narwhal-sim/engine-standin:latest", "cache_dir": host["cache_dir"],
+             "distributions": list(_image.DISCOVERY_DISTRIBUTIONS)}
     facts = {}
     for main, args in ((interface_facts.main, {"name": interface, "family": "ipv4"}), (gpu_facts.main, hw),
                        (rdma_facts.main, hw),

@@ -179,8 +179,7 @@ def _free_ports(count):
 
 
 @pytest.mark.skipif(_standin_id() is None, reason="no Docker daemon with the stand-in image here")
-def test_prepare_reads_the_interface_once_and_interface_facts_would_read_the_same(module_runner, tmp_path,
-                                                                                    monkeypatch):
+def test_prepare_reads_the_interface_once_as_interface_facts_would(module_runner, tmp_path, monkeypatch):
     """engine_prereqs is prepare's one read of the fabric interface: it returns narwhal_interface exactly as
     interface_facts returns it for the same `ip` output (prepare_run compares that with the record), and it no
     longer checks the address itself (a record whose address moved passes here and is refused by prepare_run)."""

@@ -138,6 +138,21 @@ def test_default_distributions_match_docs():
         assert name in _image.DEFAULT_DISTRIBUTIONS
 
 
+def test_one_distribution_list_discovery_reads_and_image_facts_extends():
+    """engine_host_facts (discovery) reads DISCOVERY_DISTRIBUTIONS by default, its docs say so, image_facts' default
+    extends the same list, and the discover role names no list of its own (only NARWHAL_EXPECTED_PACKAGES)."""
+    import yaml
+
+    from ansible_collections.narwhal.deploy.plugins.modules import engine_host_facts
+
+    doc = yaml.safe_load(engine_host_facts.DOCUMENTATION)
+    assert doc["options"]["distributions"]["default"] == _image.DISCOVERY_DISTRIBUTIONS
+    assert doc["options"]["extra_distributions"]["default"] == []
+    assert _image.DEFAULT_DISTRIBUTIONS[:len(_image.DISCOVERY_DISTRIBUTIONS)] == _image.DISCOVERY_DISTRIBUTIONS
+    tasks = (REPO / "roles" / "discover" / "tasks" / "main.yml").read_text()
+    assert "extra_distributions:" in tasks and "\n    distributions:" not in tasks
+
+
 # ------------------------------------------------------------------------------------------------
 # the module against a fake Docker client (the calls of the plugins/module_utils/_docker/engine_api.py client)
 
