@@ -18,9 +18,10 @@ on engine hosts).
 
 from __future__ import annotations
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import DEFAULT_TIMEOUT
-
 __metaclass__ = type
+
+# Seconds a host tool may run (run_bounded's default in _common/tools.py, the command_timeout option's default).
+DEFAULT_TIMEOUT = 60
 
 # The host roots of the sysfs and /dev readers (module_utils/_facts/host.py read_gpus, read_rdma): tests and
 # simulated hosts point them at prepared trees.

@@ -24,9 +24,10 @@ import socket
 import stat
 import subprocess
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.specs import DEFAULT_TIMEOUT
+
 __metaclass__ = type
 
-DEFAULT_TIMEOUT = 60
 
 KILL_GRACE = 5
 

@@ -17,8 +17,8 @@ import glob
 import os
 import re
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.specs import DEFAULT_TIMEOUT
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import (
-    DEFAULT_TIMEOUT,
     CommandTimeoutError,
     excerpt,
     host_id,
