@@ -320,8 +320,8 @@ def _transfer(engine, n, node, node_policy, site, host, gpus, platform, image_ke
         net_devices, transfer_devices, sources["transfer"] = choose_rdma(engine, n, node_policy, site,
                                                                          host.get("rdma"), gpus)
     else:
-        # the seed's literal (transfer.net_devices "resolves from the selected engine environment"): the planner
-        # resolves it from the role environment, in one place (_plan/container.py::container_spec)
+        # the literal the specification records (docs/architecture.md, "Allocation and transport fields"); the
+        # planner resolves it from the role environment, in one place (_plan/container.py::_net_devices)
         net_devices, transfer_devices = ["${NARWHAL_FABRIC_INTERFACE}"], []
         sources["transfer"] = "ucx_tcp over the fabric interface (%s on this node)" % node["interface"]
     kv_buffer_device = "cpu" if platform == "cpu" else "cuda"  # vLLM: cuda on CUDA *and* ROCm
