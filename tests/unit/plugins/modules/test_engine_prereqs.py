@@ -169,7 +169,7 @@ def test_the_daemon_and_the_image_are_asked_over_the_engine_api(module_runner, t
 
 
 def _free_ports(count):
-    sockets = [socket.socket() for _ in range(count)]
+    sockets = [socket.socket() for _index in range(count)]
     for s in sockets:
         s.bind(("127.0.0.1", 0))
     ports = [s.getsockname()[1] for s in sockets]
