@@ -13,7 +13,7 @@ description:
   - Runs on the engine host during prepare, read-only. Checks that the Docker daemon answers (over its Engine
     API, with the Python standard library; neither this module nor the launcher needs the Docker SDK), that the
     image with the recorded ID is present, that the model path exists and is readable, that every recorded device path
-    exists, that the fabric interface exists, and that nothing else
+    exists, that the fabric interface exists and still carries the recorded address, and that nothing else
     listens on the engine's HTTP, attestation or side-channel ports. Sockets held by processes of this engine's
     own running container, C(narwhal-<engine>), are allowed, so a prepare of the running engine is not refused.
   - A listener on the attestation port that answers a GET of the engine's attestation URL (O(attestation_url), by
@@ -24,9 +24,8 @@ description:
     C(ip -j addr show), runs with the deadline O(command_timeout); when it times out, fails or prints output that
     is not the JSON of C(ip -j), that is one of those problems.
   - Reads the fabric interface once and returns it as the fact C(narwhal_interface), in the shape
-    M(narwhal.deploy.interface_facts) returns; M(narwhal.deploy.prepare_run) compares it with the record (whether
-    the interface still carries the recorded address), so prepare reads the interface once and checks the address
-    once.
+    M(narwhal.deploy.interface_facts) returns, so prepare reads the interface once (M(narwhal.deploy.prepare_run)'s
+    write stage compares the same facts with the record).
 options:
   record:
     description: The engine's launch record (one entry of the launch config).
@@ -308,8 +307,10 @@ def main():
         problems.append("recorded device paths are missing: %s; check the drivers, or rerun discovery if the "
                         "hardware changed" % ", ".join(missing))
     node = record["node"]
-    # prepare's one read of the fabric interface: returned as narwhal_interface, the current inspection that
-    # prepare_run compares with the record (its address check, _prepare/checks.stale, is prepare's only one)
+    # prepare's one read of the fabric interface, also returned as narwhal_interface (the current inspection
+    # prepare_run's write stage compares with the record). The address is checked here, where the host's truth is:
+    # the attestation check below asks a URL built from the recorded address, so a moved address must be named
+    # as the cause first.
     links = read_links(module)
     interface = None
     if isinstance(links, str):
@@ -321,6 +322,9 @@ def main():
                             % node["fabric_interface"])
         else:
             interface = interface_facts(node["fabric_interface"], link, addresses, "any", host_id())
+            if node["address"] not in [a["address"] for a in addresses]:
+                problems.append("%s no longer carries the recorded address %s; rerun discovery"
+                                % (node["fabric_interface"], node["address"]))
     side = node.get("side_channel_ports") or [node["side_channel_port"], node["side_channel_port"]]
     ports = set([node["engine_port"], node["attest_port"]] + list(range(side[0], side[1] + 1)))
     url = module.params["attestation_url"] or attestation_url(node["address"], node["attest_port"])

@@ -181,8 +181,8 @@ def _free_ports(count):
 @pytest.mark.skipif(_standin_id() is None, reason="no Docker daemon with the stand-in image here")
 def test_prepare_reads_the_interface_once_as_interface_facts_would(module_runner, tmp_path, monkeypatch):
     """engine_prereqs is prepare's one read of the fabric interface: it returns narwhal_interface exactly as
-    interface_facts returns it for the same `ip` output (prepare_run compares that with the record), and it no
-    longer checks the address itself (a record whose address moved passes here and is refused by prepare_run)."""
+    interface_facts returns it for the same `ip` output (prepare_run compares that with the record); a record
+    whose address moved is refused here, naming the address, from the same one read."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     calls = tmp_path / "ip-calls"
@@ -201,7 +201,7 @@ def test_prepare_reads_the_interface_once_as_interface_facts_would(module_runner
     record["runtime"].update(image_id=_standin_id(), model_path=str(tmp_path / "model"))
     record["accelerator_devices"] = []
     record["node"].update(engine_port=engine_port, attest_port=attest_port, side_channel_port=side_port,
-                          side_channel_ports=[side_port, side_port])  # the record says .11, the host has .99
+                          side_channel_ports=[side_port, side_port], address="172.31.241.99")
     kind, result = module_runner(engine_prereqs.main, {"record": record})
     assert kind == "exit", result
     assert len(calls.read_text().split()) == 1
@@ -209,3 +209,8 @@ def test_prepare_reads_the_interface_once_as_interface_facts_would(module_runner
     assert kind == "exit"
     assert result["ansible_facts"]["narwhal_interface"] == facts["ansible_facts"]["narwhal_interface"]
     assert result["ansible_facts"]["narwhal_interface"]["global_addresses"] == ["172.31.241.99"]
+    record["node"]["address"] = "172.31.241.11"
+    kind, result = module_runner(engine_prereqs.main, {"record": record})
+    assert kind == "fail" and result["problems"] == ["eth1 no longer carries the recorded address 172.31.241.11; "
+                                                     "rerun discovery"], result
+    assert len(calls.read_text().split()) == 3
