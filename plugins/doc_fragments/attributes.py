@@ -78,6 +78,16 @@ attributes:
       - Runs on the engine host, a Linux host with the GPUs (see docs/host-prerequisites.md).
 """
 
+    # Modules that run on a router host (inventory group routers): HTTP to its router and to the engines.
+    ROUTER_HOST = r"""
+options: {}
+attributes:
+  platform:
+    platforms: posix
+    details:
+      - Runs on a router host (inventory group C(routers)), which reaches its router and the engines' URLs.
+"""
+
     # Modules that run on the Ansible controller (delegate_to localhost, run_once), each with an action plugin of
     # its name that runs the step in-process (plugins/action, plugins/plugin_utils/_controller.py).
     CONTROLLER = r"""

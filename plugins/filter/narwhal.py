@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import redact_text, secret_values
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import engine_settings
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import install_paths
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.subst import SubstitutionError, resolve_values
+from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import config_text, local_url
+from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import router_plan as plan_router
 from ansible_collections.narwhal.deploy.plugins.plugin_utils._hostvars import host_inspection
 
 
@@ -129,6 +132,45 @@ def launcher_command(site, engine, python=None):
     return {"paths": paths, "role_env": paths["role_env"], "argv": argv, "command": " ".join(argv)}
 
 
+def router_plan(site, fleet, image_id, version, entry_checksum, address=None):
+    """The router's complete plan (_router/plan.py::router_plan) from narwhal_site and the resolved fleet, with
+    `config_text`, the exact bytes of router.json on the router host."""
+    if not isinstance(site, dict):
+        raise AnsibleFilterError("router_plan takes narwhal_site (a dict), not %s" % type(site).__name__)
+    try:
+        plan = plan_router(site.get("site") or {}, fleet, image_id, version, entry_checksum, address)
+    except PlanError as exc:
+        raise AnsibleFilterError(str(exc))
+    plan["config_text"] = config_text(plan["config"])
+    return plan
+
+
+def router_local_url(site):
+    """Where a router host reaches its own router (_router/plan.py::local_url of NARWHAL_ROUTER_BIND and _PORT)."""
+    if not isinstance(site, dict):
+        raise AnsibleFilterError("router_local_url takes narwhal_site (a dict), not %s" % type(site).__name__)
+    inputs = site.get("site") or {}
+    return local_url(inputs["NARWHAL_ROUTER_BIND"], inputs["NARWHAL_ROUTER_PORT"])
+
+
+def router_status_row(status, problems_only=False):
+    """One line of the routers' status table, or with problems_only its refusal (router: problems)."""
+    if problems_only:
+        return "%s: %s" % (status.get("router"), "; ".join(status.get("problems") or []))
+    return "%-10s %-9s %-8s %-12s %-8s %s" % (
+        status.get("router"), status.get("state"), status.get("version"), status.get("plan"),
+        status.get("workers"), "; ".join(status.get("problems") or []) or "-")
+
+
+def traffic_row(entry):
+    """One line per request through the router: endpoint, stream, prompt, tokens, KV evidence, equality, verdict."""
+    return "%-11s %-6s %-5s tokens %-4s kv %-34s equal %-5s %s" % (
+        entry.get("endpoint"), "stream" if entry.get("stream") else "-", entry.get("prompt"),
+        entry.get("prompt_tokens") if entry.get("prompt_tokens") is not None else "-",
+        entry.get("kv") or "-", entry.get("equal"),
+        "PASS" if entry.get("ok") else "FAIL: %s" % "; ".join(entry.get("problems") or []))
+
+
 class FilterModule:
     def filters(self):
         return {"resolve_values": resolve_values_filter, "table_row": table_row, "inspection": inspection,
@@ -136,4 +178,6 @@ class FilterModule:
                 "status_row": status_row, "status_problems": status_problems,
                 "summary_entry": summary_entry, "summary_row": summary_row,
                 "install_paths": install_paths_filter, "node_settings": node_settings,
-                "launcher_command": launcher_command}
+                "launcher_command": launcher_command, "router_plan": router_plan,
+                "router_local_url": router_local_url, "router_status_row": router_status_row,
+                "traffic_row": traffic_row}

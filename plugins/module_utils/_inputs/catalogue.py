@@ -17,7 +17,8 @@ NODE_KEY = re.compile(r"^NARWHAL_NODE_([1-9][0-9]*)_([A-Z_]+)$")
 IFNAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
 
 
-# kind: str | int | port | choice | path | ip | url | interface | role | args (shell words) | env (KEY=VALUE words)
+# kind: str | int | port | choice | path | ip | bind (any IP address) | url | interface | role | args (shell words)
+# | env (KEY=VALUE words)
 INPUTS = [
     {"name": "NARWHAL_FABRIC_INTERFACE", "kind": "interface", "required": True, "example": "eth1",
      "doc": "Fabric (KV transfer) interface on every engine host. Discovery reads its global addresses; "
@@ -103,6 +104,30 @@ INPUTS = [
     {"name": "NARWHAL_RUNS_DIR", "kind": "path", "default": "runs", "example": "runs",
      "doc": "Controller directory of prepared runs (runs/<run-id>/: manifest, role environments, records, launcher "
             "snapshot)."},
+    {"name": "NARWHAL_ROUTER_IMAGE", "kind": "image", "default": None, "example": "narwhal/vllm-router:0.1.17",
+     "doc": "Image of vLLM's P/D router (reference or ID) on every host of the inventory group routers; the router "
+            "stage runs only when that group exists. It needs python3 and the vllm-router distribution at the "
+            "collection's pinned version (requirements/router.txt; docs/router.md builds one), already on the host: "
+            "the router host needs no registry or internet."},
+    {"name": "NARWHAL_ROUTER_PORT", "kind": "port", "default": 30000, "example": 30000,
+     "doc": "Port the router serves clients on (OpenAI API: /v1/completions, /v1/chat/completions, /v1/models)."},
+    {"name": "NARWHAL_ROUTER_METRICS_PORT", "kind": "port", "default": 29000, "example": 29000,
+     "doc": "Port of the router's Prometheus /metrics (no key needed; bound like the router)."},
+    {"name": "NARWHAL_ROUTER_BIND", "kind": "bind", "default": "0.0.0.0", "example": "0.0.0.0",
+     "doc": "Address the router binds its two ports on (0.0.0.0 or :: for every interface of the router host)."},
+    {"name": "NARWHAL_ROUTER_POLICY", "kind": "choice",
+     "choices": ["round_robin", "random", "cache_aware", "kv_aware", "power_of_two", "consistent_hash",
+                 "sticky_least_loaded"],
+     "default": "round_robin", "example": "round_robin",
+     "doc": "vllm-router --policy, for prefill and decode workers alike (vllm_router/router_args.py lists them): "
+            "round_robin spreads every request stream over all engines; cache_aware follows shared prefixes."},
+    {"name": "NARWHAL_ROUTER_READY_TIMEOUT", "kind": "int", "default": 300, "example": 300,
+     "doc": "Seconds the router stage waits until the router reports every engine of the fleet as a healthy "
+            "worker, then fails naming the ones it lacks (also the router's own --worker-startup-timeout-secs)."},
+    {"name": "NARWHAL_ROUTER_DIR", "kind": "abspath", "default": "/opt/narwhal-router",
+     "example": "/opt/narwhal-router",
+     "doc": "Directory on every router host for the router's start script, its configuration and the API key "
+            "(mode 0600), mounted read-only into the router container."},
     {"name": "NARWHAL_CONFIG_DIR", "kind": "path", "default": "config", "example": "config",
      "doc": "Directory of the generated deployment.env and the launch-record extracts. Relative paths "
             "in this file are relative to the checkout."},

@@ -126,6 +126,12 @@ def _check(spec, key, raw):
             raise InputError(key, "%r is not a distribution name (letters, digits, . _ -); %s" % (bad[0], FIX))
     if kind == "ip":
         return _address(key, raw, value)
+    if kind == "bind":
+        try:
+            return str(ipaddress.ip_address(value))
+        except ValueError:
+            raise InputError(key, "%r is not an IPv4 or IPv6 address to bind on (0.0.0.0 or :: for every interface; "
+                                  "no brackets, no port); %s" % (raw, FIX))
     if kind in ("url", "url_path"):
         parse_url(key, value, allow_path=kind == "url_path")
     if kind in ("args", "env"):

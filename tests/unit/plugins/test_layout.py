@@ -11,7 +11,8 @@ MU = REPO / "plugins" / "module_utils"
 PREFIX = "ansible_collections.narwhal.deploy.plugins.module_utils."
 # The files that may read the disk, run tools or talk to a daemon: the edges. Everything else is pure.
 EDGES = {"_common/tools.py", "_facts/host.py", "_facts/checkpoint.py", "_facts/daemon.py", "_docker/engine_api.py",
-         "_inputs/dotenv.py", "_inputs/paths.py", "_outputs/writer.py", "_prepare/launcher.py"}
+         "_inputs/dotenv.py", "_inputs/paths.py", "_outputs/writer.py", "_prepare/launcher.py",
+         "_router/client.py"}
 IO_MODULES = {"subprocess", "socket", "glob", "shutil", "http", "urllib", "fcntl", "tempfile", "pathlib", "io"}
 
 
@@ -70,6 +71,8 @@ def test_pure_files_do_no_io(name):
     ("gpu_facts", ("_discover/", "_inputs/", "_plan/", "_docker/", "_common/secrets.py")),
     ("image_facts", ("_discover/", "_inputs/", "_plan/", "_facts/host.py")),
     ("transfer_probe", ("_discover/", "_inputs/", "_plan/container.py", "_facts/")),
+    ("router_workers", ("_discover/", "_inputs/", "_plan/container.py", "_facts/", "_prepare/", "_docker/")),
+    ("router_traffic", ("_discover/", "_inputs/", "_plan/container.py", "_facts/", "_prepare/", "_docker/")),
 ])
 def test_host_modules_ship_only_what_they_need(module, forbidden):
     shipped = _closure(_imports(REPO / "plugins" / "modules" / ("%s.py" % module)))

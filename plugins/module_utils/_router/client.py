@@ -1,0 +1,95 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""HTTP to the router and the engines from the router host (an I/O edge): JSON requests, Server-Sent-Event streams,
+Prometheus text, and the API key file read by the launcher's rule (_plan/role_env.py::api_key_from).
+Nothing here prints the key: errors carry the status and body, never the request headers."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from ansible.module_utils.urls import open_url
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import host_name, read_regular
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import API_KEY_MAX_BYTES, api_key_from
+
+__metaclass__ = type
+
+
+def read_key(path):
+    try:
+        st = os.stat(path)
+        raw = read_regular(path, API_KEY_MAX_BYTES)
+    except OSError as exc:
+        raise PlanError("cannot read the API key file %s on host %s (%s); rerun the router stage, which installs it"
+                        % (path, host_name(), exc.strerror or exc), "NARWHAL_API_KEY_FILE")
+    return api_key_from(raw, st.st_mode, path)
+
+
+def _headers(key, extra=None):
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = "Bearer %s" % key
+    headers.update(extra or {})
+    return headers
+
+
+def _error(exc):
+    status = getattr(exc, "code", None) or 0
+    try:
+        text = exc.read().decode("utf-8", "replace")
+    except Exception:  # noqa: BLE001 - no body: the exception is the answer
+        text = str(getattr(exc, "reason", None) or exc)
+    return status, text
+
+
+def call(url, key=None, body=None, timeout=60):
+    """-> (status, parsed JSON or text); status 0 when nothing answered."""
+    try:
+        resp = open_url(url, method="POST" if body is not None else "GET", headers=_headers(key), timeout=timeout,
+                        data=json.dumps(body) if body is not None else None)
+        status, text = resp.getcode(), resp.read().decode("utf-8", "replace")
+    except Exception as exc:  # noqa: BLE001 - HTTP errors carry a status; anything else did not answer
+        status, text = _error(exc)
+    try:
+        return status, json.loads(text)
+    except (ValueError, RecursionError):
+        return status, text
+
+
+def stream(url, key, body, timeout=60):
+    """POST a streaming request -> (status, [parsed event data], seconds to the first event, raw tail). The events
+    are the JSON documents of the `data:` lines before `data: [DONE]`."""
+    started = time.time()
+    first = None
+    try:
+        resp = open_url(url, method="POST", headers=_headers(key, {"Accept": "text/event-stream"}), timeout=timeout,
+                        data=json.dumps(body))
+    except Exception as exc:  # noqa: BLE001
+        status, text = _error(exc)
+        return status, [], None, text[-400:]
+    events, done, tail = [], False, ""
+    for raw in resp:
+        line = raw.decode("utf-8", "replace").strip()
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if first is None:
+            first = time.time() - started
+        if data == "[DONE]":
+            done = True
+            break
+        try:
+            events.append(json.loads(data))
+        except ValueError:
+            tail = data[-400:]
+    return resp.getcode(), events, first, ("" if done else "stream ended without data: [DONE] " + tail).strip()
+
+
+def metrics(url, timeout=15):
+    """The Prometheus text of url + /metrics, or None when it does not answer."""
+    status, text = call(url.rstrip("/") + "/metrics", timeout=timeout)
+    return text if status == 200 and isinstance(text, str) else None

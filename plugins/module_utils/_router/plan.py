@@ -1,0 +1,180 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The router's plan (docs/architecture.md, "The router"): vLLM's own P/D router (the `vllm-router` distribution)
+in front of the fleet, its workers taken from the one resolved fleet (nothing typed twice), its container described
+completely before anything runs, and a hash that changes with everything that would change the running router.
+
+Pure: the role passes the resolved fleet (the `fleet` lookup: complete-value substitution, _plan/subst.py) and the
+site inputs; the readiness and status checks compare what the router reports (its /workers answer) with the same
+fleet (worker_report).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
+
+__metaclass__ = type
+
+CONTAINER_NAME = "narwhal-router"
+ROLE_LABEL = "org.narwhal.role"
+PLAN_HASH_LABEL = "org.narwhal.router.plan-hash"
+VERSION_LABEL = "org.narwhal.router.version"
+# Where the router host's NARWHAL_ROUTER_DIR is mounted (read-only) in the container.
+MOUNT = "/narwhal"
+ENTRY = MOUNT + "/narwhal_router.py"
+CONFIG = MOUNT + "/router.json"
+KEY = MOUNT + "/api.key"
+
+# How often the router asks each worker's /health, and after how many failures it stops routing to it
+# (--health-check-interval-secs, --health-failure-threshold; upstream: 60 s and 3). A stopped engine leaves the
+# router's healthy set within about 15 s, which status and the readiness check read.
+HEALTH_INTERVAL_S = 5
+HEALTH_FAILURES = 3
+# --worker-startup-check-interval (upstream 30 s): how often a starting router looks for its workers.
+STARTUP_CHECK_S = 2
+
+
+def fleet_workers(fleet, where="NARWHAL_FLEET"):
+    """{"prefill": [{engine, url}], "decode": [...]} of the resolved fleet, in its order; refuses a fleet the router
+    cannot serve (no prefill or no decode engine, an entry without role or URL, a URL twice)."""
+    if not isinstance(fleet, list):
+        raise PlanError("%s: the fleet is not a list of engines; rerun discovery" % where, where)
+    workers, seen = {"prefill": [], "decode": []}, {}
+    for i, entry in enumerate(fleet):
+        if not isinstance(entry, dict):
+            raise PlanError("%s: entry %d is not an object; rerun discovery" % (where, i), where)
+        engine, role, url = entry.get("engine"), entry.get("role"), entry.get("url")
+        if role not in workers:
+            raise PlanError("%s: %s has role %r, not prefill or decode; set NARWHAL_NODE_<n>_ROLE and rerun discovery"
+                            % (where, engine or "entry %d" % i, role), where)
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise PlanError("%s: %s has no engine URL (%r); rerun discovery" % (where, engine or "entry %d" % i, url),
+                            where)
+        url = url.rstrip("/")
+        if url in seen:
+            raise PlanError("%s: %s and %s have the same URL %s; the router would count one worker"
+                            % (where, seen[url], engine, url), where)
+        seen[url] = engine
+        workers[role].append({"engine": engine, "url": url})
+    for role in ("prefill", "decode"):
+        if not workers[role]:
+            raise PlanError("%s: the fleet has no %s engine; a P/D router needs at least one of each (set "
+                            "NARWHAL_NODE_<n>_ROLE=%s on an engine and rerun discovery)" % (where, role, role), where)
+    return workers
+
+
+def router_args(site, workers):
+    """The vllm-router command line (its own parser reads it in the container: an option it does not know is refused
+    there, at start). No secret is in it: the key reaches the router from a file (narwhal_router.py)."""
+    bind = site["NARWHAL_ROUTER_BIND"]
+    port, metrics = int(site["NARWHAL_ROUTER_PORT"]), int(site["NARWHAL_ROUTER_METRICS_PORT"])
+    if port == metrics:
+        raise PlanError("NARWHAL_ROUTER_METRICS_PORT: %d is NARWHAL_ROUTER_PORT too; the router serves clients and "
+                        "Prometheus on two ports: pick another, then rerun the router stage" % metrics,
+                        "NARWHAL_ROUTER_METRICS_PORT")
+    args = ["--vllm-pd-disaggregation", "--kv-connector", "nixl",
+            "--host", bind, "--port", str(port),
+            "--prometheus-host", bind, "--prometheus-port", str(metrics),
+            "--policy", site["NARWHAL_ROUTER_POLICY"]]
+    for worker in workers["prefill"]:
+        args += ["--prefill", worker["url"]]
+    for worker in workers["decode"]:
+        args += ["--decode", worker["url"]]
+    args += ["--worker-startup-timeout-secs", str(int(site["NARWHAL_ROUTER_READY_TIMEOUT"])),
+             "--worker-startup-check-interval", str(STARTUP_CHECK_S),
+             "--health-check-interval-secs", str(HEALTH_INTERVAL_S),
+             "--health-failure-threshold", str(HEALTH_FAILURES)]
+    return args
+
+
+def router_config(site, workers):
+    """The document the router host keeps as NARWHAL_ROUTER_DIR/router.json (no secret): the command line, the key
+    file and the engine URLs a client's key is checked against (vllm-router's api_key_validation_urls: a client key
+    is accepted when one of them accepts it, so the engines stay the one judge of the key)."""
+    urls = [w["url"] for w in workers["decode"] + workers["prefill"]]
+    return {"args": router_args(site, workers), "api_key_file": KEY,
+            "api_key_validation_urls": [u + "/v1/models" for u in urls]}
+
+
+def config_text(config):
+    return json.dumps(config, indent=2, sort_keys=True) + "\n"
+
+
+def local_url(bind, port):
+    """Where the router host reaches its own router: loopback for a wildcard bind, else the bound address."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(bind, bind)
+    return "http://%s:%d" % ("[%s]" % host if ":" in host else host, int(port))
+
+
+def router_plan(site, fleet, image_id, version, entry_sha256, address=None):
+    """The complete router plan: container, mounts, the config document and the hash of all of it."""
+    workers = fleet_workers(fleet)
+    config = router_config(site, workers)
+    port, metrics = int(site["NARWHAL_ROUTER_PORT"]), int(site["NARWHAL_ROUTER_METRICS_PORT"])
+    plan = {
+        "name": CONTAINER_NAME,
+        "image": image_id,
+        "image_ref": site["NARWHAL_ROUTER_IMAGE"],
+        "version": version,
+        "dir": site["NARWHAL_ROUTER_DIR"],
+        "entrypoint": ["python3"],
+        "command": [ENTRY, CONFIG],
+        "config": config,
+        "entry_sha256": entry_sha256,
+        "workers": workers,
+        "port": port,
+        "metrics_port": metrics,
+        "local_url": local_url(site["NARWHAL_ROUTER_BIND"], port),
+        "local_metrics_url": local_url(site["NARWHAL_ROUTER_BIND"], metrics),
+    }
+    if address:
+        plan["url"] = "http://%s:%d" % ("[%s]" % address if ":" in address else address, port)
+        plan["metrics_url"] = "http://%s:%d/metrics" % ("[%s]" % address if ":" in address else address, metrics)
+    hashed = dict((k, plan[k]) for k in ("image", "entrypoint", "command", "config", "entry_sha256", "dir"))
+    plan["hash"] = hashlib.sha256(json.dumps(hashed, sort_keys=True).encode("utf-8")).hexdigest()
+    plan["labels"] = {ROLE_LABEL: "router", PLAN_HASH_LABEL: plan["hash"], VERSION_LABEL: version}
+    return plan
+
+
+def worker_report(answer, workers):
+    """What the router's GET /workers answer says against the fleet's workers: every fleet worker seen with its
+    role and healthy, nothing the fleet lacks. -> {seen, missing, unhealthy, wrong_role, extra, ok}; each list
+    names engines (or URLs for workers outside the fleet)."""
+    listed = answer.get("workers") if isinstance(answer, dict) else None
+    listed = [w for w in listed if isinstance(w, dict)] if isinstance(listed, list) else []
+    by_url = dict((str(w.get("url", "")).rstrip("/"), w) for w in listed)
+    report = {"seen": [], "missing": [], "unhealthy": [], "wrong_role": [], "extra": []}
+    expected = {}
+    for role in ("prefill", "decode"):
+        for worker in workers[role]:
+            expected[worker["url"]] = worker
+            got = by_url.get(worker["url"])
+            label = "%s (%s %s)" % (worker["engine"], role, worker["url"])
+            if got is None:
+                report["missing"].append(label)
+                continue
+            report["seen"].append(worker["engine"])
+            if got.get("worker_type") != role:
+                report["wrong_role"].append("%s as %s" % (label, got.get("worker_type")))
+            if got.get("is_healthy") is not True:
+                report["unhealthy"].append(label)
+    report["extra"] = sorted(u for u in by_url if u not in expected)
+    report["ok"] = not (report["missing"] or report["unhealthy"] or report["wrong_role"] or report["extra"])
+    return report
+
+
+def report_problems(report):
+    """One line per kind of difference (the readiness and status refusal)."""
+    lines = []
+    if report["missing"]:
+        lines.append("the router lacks %s" % ", ".join(report["missing"]))
+    if report["unhealthy"]:
+        lines.append("the router holds as unhealthy %s" % ", ".join(report["unhealthy"]))
+    if report["wrong_role"]:
+        lines.append("the router has %s" % ", ".join(report["wrong_role"]))
+    if report["extra"]:
+        lines.append("the router routes to workers outside the fleet: %s" % ", ".join(report["extra"]))
+    return lines

@@ -1,0 +1,126 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Traffic through the router, pure parts (docs/architecture.md, "Traffic through the router"): the request matrix
+(completions and chat completions, streamed and not, prompts shorter and longer than one KV block), the text of an
+answer or a stream, the evidence that KV moved for one request, and the verdict.
+
+Each prompt starts with a fresh ID, so no engine holds any of its blocks in its prefix cache; the decode engines'
+own answers are asked with a `cache_salt` the transferred blocks do not carry, so they are computed from the
+prompt (the transfer probe's reference request, _probe/verdict.py)."""
+
+from __future__ import annotations
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.nixl_metrics import nixl_counters
+
+__metaclass__ = type
+
+ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
+         "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+
+
+def prompt(unique, kind, block_size):
+    """A short prompt (a few tokens: under one block of `block_size`) or a long one (several blocks)."""
+    if kind == "short":
+        return "%s hi" % unique
+    words = (WORDS * (1 + 4 * block_size // len(WORDS)))[:4 * block_size]
+    return "%s %s" % (unique, " ".join(words))
+
+
+def request_body(endpoint, model, text, max_tokens, stream, salt=None):
+    body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": text}]
+    else:
+        body["prompt"] = text
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    if salt:
+        body["cache_salt"] = salt
+    return body
+
+
+def matrix():
+    """Every (endpoint, stream, prompt kind) of one round, in a fixed order."""
+    return [(e, s, k) for e in ("completions", "chat") for s in (False, True) for k in ("short", "long")]
+
+
+def answer_text(endpoint, body):
+    """The first choice's text of a non-streamed answer, or None."""
+    choices = body.get("choices") if isinstance(body, dict) else None
+    if not choices or not isinstance(choices[0], dict):
+        return None
+    if endpoint == "chat":
+        message = choices[0].get("message")
+        return message.get("content") if isinstance(message, dict) else None
+    return choices[0].get("text")
+
+
+def stream_text(endpoint, events):
+    """(text, usage, finish_reason) of a stream's events: the pieces of choice 0 joined, the usage chunk's usage."""
+    pieces, usage, finish = [], None, None
+    for event in events:
+        if not isinstance(event, dict):
+            continue
+        if isinstance(event.get("usage"), dict):
+            usage = event["usage"]
+        for choice in event.get("choices") or []:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            piece = (choice.get("delta") or {}).get("content") if endpoint == "chat" else choice.get("text")
+            if isinstance(piece, str):
+                pieces.append(piece)
+            finish = choice.get("finish_reason") or finish
+    return "".join(pieces), usage, finish
+
+
+def usage_tokens(usage):
+    """(prompt_tokens, cached_tokens) of a usage object; None where absent."""
+    if not isinstance(usage, dict):
+        return None, None
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    prompt_tokens = usage.get("prompt_tokens")
+    return (prompt_tokens if isinstance(prompt_tokens, int) else None,
+            cached if isinstance(cached, int) and not isinstance(cached, bool) else None)
+
+
+def counters(texts):
+    """{engine: nixl_counters} of {engine: /metrics text or None}."""
+    return dict((engine, nixl_counters(text) if text is not None else None) for engine, text in texts.items())
+
+
+def _grew(before, after, key):
+    if not before or not after or before.get(key) is None or after.get(key) is None:
+        return 0.0
+    return after[key] - before[key]
+
+
+def kv_evidence(cached_tokens, decode_before, decode_after):
+    """How this request's KV is proven to have moved: the consumer's own count of prompt tokens it did not compute
+    (usage.prompt_tokens_details.cached_tokens, with --enable-prompt-tokens-details), else the growth of a decode
+    engine's NIXL transfers. -> (evidence or None, the decode engines whose transfers grew)."""
+    grew = sorted(e for e in decode_after if _grew(decode_before.get(e), decode_after.get(e), "transfers") > 0)
+    failed = sorted(e for e in decode_after
+                    if _grew(decode_before.get(e), decode_after.get(e), "failed_transfers") > 0)
+    if failed:
+        return None, grew, "NIXL failed transfers grew on %s" % ", ".join(failed)
+    if cached_tokens:
+        return "cached_tokens=%d" % cached_tokens, grew, None
+    if grew:
+        return "nixl transfers grew on %s" % ", ".join(grew), grew, None
+    if cached_tokens == 0:
+        return None, grew, "the decode engine counts 0 cached tokens and no NIXL transfer grew: it recomputed"
+    return None, grew, "no decode engine's NIXL transfers grew"
+
+
+def served(before, after):
+    """Engines whose finished requests grew between two {engine: nixl_counters} readings."""
+    return sorted(e for e in after if _grew(before.get(e), after.get(e), "finished_requests") > 0)
+
+
+def coverage_problems(fleet_workers, served_by):
+    """Engines of the fleet that served no request through the router."""
+    missing = [w["engine"] for role in ("prefill", "decode") for w in fleet_workers[role]
+               if not served_by.get(w["engine"])]
+    return ["%s served no request through the router" % ", ".join(missing)] if missing else []

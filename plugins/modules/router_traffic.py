@@ -1,0 +1,215 @@
+#!/usr/bin/python
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: router_traffic
+short_description: Prove that client traffic is served through vLLM's router in prefill/decode mode
+version_added: 0.2.0
+description:
+  - Sends the router completions and chat completions, streamed and not, for a prompt shorter than one KV block and
+    one several blocks long (one round is 8 requests; more rounds until every engine could have served one), each
+    prompt starting with a fresh ID so that no prefix cache holds it.
+  - A request passes when the router answered 200 with text and no C(error) finish reason, when KV moved for it
+    (the decode answer's C(usage.prompt_tokens_details.cached_tokens), else the growth of a decode engine's NIXL
+    transfer count, with no failed transfer), and when, with greedy sampling, its text equals the text every decode
+    engine answers when asked the same prompt directly (with a fresh C(cache_salt), so computed from the prompt).
+  - Every prefill and every decode engine of the fleet must have finished at least one of these requests (their own
+    C(vllm:request_success) counters), and the router must refuse a client without the key and one with a wrong key
+    (HTTP 401).
+  - Read-only for the fleet; fails naming every request and engine that did not pass.
+options:
+  url:
+    description: The router's base URL as the router host reaches it.
+    type: str
+    required: true
+  engines:
+    description: The resolved fleet (the C(narwhal.deploy.fleet) lookup), each entry with C(engine), C(role) and C(url).
+    type: list
+    elements: dict
+    required: true
+  model:
+    description: The served model name.
+    type: str
+    required: true
+  api_key_file:
+    description: The engines' API key file on the router host (mode 0600 or 0400, one line).
+    type: path
+    required: true
+  block_size:
+    description: The engines' KV block size in tokens (the long prompt is about four blocks of words).
+    type: int
+    default: 16
+  max_tokens:
+    description: Tokens each request generates.
+    type: int
+    default: 8
+  timeout:
+    description: Seconds per HTTP request.
+    type: int
+    default: 120
+attributes:
+  idempotent:
+    description: Never changes anything.
+extends_documentation_fragment:
+  - narwhal.deploy.attributes
+  - narwhal.deploy.attributes.read_only
+  - narwhal.deploy.attributes.router_host
+author:
+  - narwhal.deploy contributors (@narwhal-deploy)
+"""
+
+EXAMPLES = r"""
+- name: Traffic through the router
+  narwhal.deploy.router_traffic:
+    url: http://127.0.0.1:30000
+    engines: "{{ lookup('narwhal.deploy.fleet', 'config/fleet.json', env_file='.env', deployment_env='config/deployment.env') }}"
+    model: llama-3.1-8b
+    api_key_file: /opt/narwhal-router/api.key
+  become: true
+"""
+
+RETURN = r"""
+requests:
+  description:
+    - One entry per request - C(endpoint) (completions or chat), C(stream), C(prompt) (short or long),
+      C(prompt_tokens), C(cached_tokens), C(status), C(text), C(ttft_s) (streams), C(kv) (the evidence),
+      C(decode_engines) (whose NIXL transfers grew), C(served_by) (engines whose finished requests grew),
+      C(direct) (each decode engine's own answer), C(equal), C(ok) and C(problems).
+  returned: always
+  type: list
+  elements: dict
+served:
+  description: Requests each fleet engine finished through the router.
+  returned: always
+  type: dict
+auth:
+  description: The router's HTTP status for a request without a key (C(none)), with a wrong key (C(wrong)) and with
+    the key (C(key)).
+  returned: always
+  type: dict
+"""
+
+import math
+import time
+import uuid
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._router import traffic
+from ansible_collections.narwhal.deploy.plugins.module_utils._router.client import call, metrics, read_key, stream
+from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import fleet_workers
+
+
+def _readings(engines, timeout):
+    return traffic.counters(dict((w["engine"], metrics(w["url"], timeout)) for w in engines))
+
+
+def one_request(p, key, workers, endpoint, streamed, kind):
+    everyone = workers["prefill"] + workers["decode"]
+    unique = "narwhal-%s" % uuid.uuid4().hex[:8]
+    text = traffic.prompt(unique, kind, p["block_size"])
+    body = traffic.request_body(endpoint, p["model"], text, p["max_tokens"], streamed)
+    url = p["url"].rstrip("/") + traffic.ENDPOINTS[endpoint]
+    entry = {"endpoint": endpoint, "stream": streamed, "prompt": kind, "ttft_s": None}
+    before = _readings(everyone, p["timeout"])
+    started = time.time()
+    if streamed:
+        status, events, first, tail = stream(url, key, body, p["timeout"])
+        got, usage, finish = traffic.stream_text(endpoint, events)
+        entry["ttft_s"] = round(first, 4) if first is not None else None
+        broken = tail or None
+    else:
+        status, answer = call(url, key, body, p["timeout"])
+        got = traffic.answer_text(endpoint, answer)
+        usage = answer.get("usage") if isinstance(answer, dict) else None
+        choices = answer.get("choices") if isinstance(answer, dict) else None
+        finish = choices[0].get("finish_reason") if choices and isinstance(choices[0], dict) else None
+        broken = None if status == 200 else str(answer)[:300]
+    entry["latency_s"] = round(time.time() - started, 4)
+    after = _readings(everyone, p["timeout"])
+    decode = [w["engine"] for w in workers["decode"]]
+    prompt_tokens, cached = traffic.usage_tokens(usage)
+    evidence, grew, kv_problem = traffic.kv_evidence(
+        cached, dict((e, before[e]) for e in decode), dict((e, after[e]) for e in decode))
+    entry.update(status=status, text=got, finish_reason=finish, prompt_tokens=prompt_tokens, cached_tokens=cached,
+                 kv=evidence, decode_engines=grew, served_by=traffic.served(before, after))
+    problems = []
+    if status != 200 or broken:
+        problems.append("the router answered HTTP %s%s" % (status, ": %s" % broken if broken else ""))
+    if not got:
+        problems.append("no text in the answer")
+    if finish == "error":
+        problems.append("finish_reason error (a failed KV load)")
+    if kv_problem:
+        problems.append(kv_problem)
+    direct = {}
+    for worker in workers["decode"]:
+        ref = traffic.request_body(endpoint, p["model"], text, p["max_tokens"], False, salt=uuid.uuid4().hex)
+        code, answer = call(worker["url"] + traffic.ENDPOINTS[endpoint], key, ref, p["timeout"])
+        direct[worker["engine"]] = traffic.answer_text(endpoint, answer) if code == 200 else "HTTP %s" % code
+    entry["direct"] = direct
+    entry["equal"] = bool(got) and all(v == got for v in direct.values())
+    if got and not entry["equal"]:
+        problems.append("the router's answer %r differs from the decode engines' own %s" % (got, direct))
+    entry["problems"] = problems
+    entry["ok"] = not problems
+    return entry
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            url=dict(type="str", required=True),
+            engines=dict(type="list", elements="dict", required=True),
+            model=dict(type="str", required=True),
+            api_key_file=dict(type="path", required=True, no_log=False),
+            block_size=dict(type="int", default=16),
+            max_tokens=dict(type="int", default=8),
+            timeout=dict(type="int", default=120),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    try:
+        workers = fleet_workers(p["engines"])
+        key = read_key(p["api_key_file"])
+    except PlanError as exc:
+        module.fail_json(msg=str(exc), input=exc.key)
+    models = p["url"].rstrip("/") + "/v1/models"
+    auth = {"none": call(models, None, timeout=p["timeout"])[0],
+            "wrong": call(models, "narwhal-wrong-%s" % uuid.uuid4().hex, timeout=p["timeout"])[0],
+            "key": call(models, key, timeout=p["timeout"])[0]}
+    problems = []
+    if auth["none"] != 401 or auth["wrong"] != 401:
+        problems.append("the router does not refuse clients without the key (HTTP %s without a key, %s with a wrong "
+                        "one): it is an open proxy in front of the keyed engines" % (auth["none"], auth["wrong"]))
+    if auth["key"] != 200:
+        problems.append("the router refuses the engines' own key on /v1/models (HTTP %s)" % auth["key"])
+    rounds = max(1, int(math.ceil(max(len(workers["prefill"]), len(workers["decode"])) / float(len(traffic.matrix())))))
+    requests = []
+    for _round in range(rounds):
+        for endpoint, streamed, kind in traffic.matrix():
+            requests.append(one_request(p, key, workers, endpoint, streamed, kind))
+    served = dict((w["engine"], 0) for w in workers["prefill"] + workers["decode"])
+    for entry in requests:
+        for engine in entry["served_by"]:
+            if engine in served:
+                served[engine] += 1
+    for entry in requests:
+        if not entry["ok"]:
+            problems.append("%s%s %s prompt: %s" % (entry["endpoint"], " (stream)" if entry["stream"] else "",
+                                                    entry["prompt"], "; ".join(entry["problems"])))
+    problems += traffic.coverage_problems(workers, served)
+    result = dict(changed=False, requests=requests, served=served, auth=auth)
+    if problems:
+        module.fail_json(msg="traffic through the router at %s: %s" % (p["url"], " | ".join(problems)), **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+#!/usr/bin/python
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: router_workers
+short_description: Compare the workers vLLM's router reports with the fleet
+version_added: 0.2.0
+description:
+  - Asks the router's C(GET /workers) (vllm-router) with the engines' API key and compares the answer with the
+    fleet's prefill and decode URLs; every fleet engine must be listed with its role and healthy, and the router
+    must route to nothing outside the fleet.
+  - A router that does not answer yet waits for its workers (it serves only once every worker answered
+    C(/health)); the module then asks each fleet engine's C(/health) itself and names the ones that do not answer.
+  - Fails naming every difference (use it with C(until) to wait); read-only.
+options:
+  url:
+    description: The router's base URL as the router host reaches it.
+    type: str
+    required: true
+  engines:
+    description: The resolved fleet (the C(narwhal.deploy.fleet) lookup), each entry with C(engine), C(role) and C(url).
+    type: list
+    elements: dict
+    required: true
+  api_key_file:
+    description: The engines' API key file on the router host (mode 0600 or 0400, one line).
+    type: path
+    required: true
+  timeout:
+    description: Seconds per HTTP request.
+    type: int
+    default: 10
+attributes:
+  idempotent:
+    description: Never changes anything.
+extends_documentation_fragment:
+  - narwhal.deploy.attributes
+  - narwhal.deploy.attributes.read_only
+  - narwhal.deploy.attributes.router_host
+author:
+  - narwhal.deploy contributors (@narwhal-deploy)
+"""
+
+EXAMPLES = r"""
+- name: Wait until the router reports every engine of the fleet
+  narwhal.deploy.router_workers:
+    url: http://127.0.0.1:30000
+    engines: "{{ lookup('narwhal.deploy.fleet', 'config/fleet.json', env_file='.env', deployment_env='config/deployment.env') }}"
+    api_key_file: /opt/narwhal-router/api.key
+  become: true
+  register: __workers
+  until: __workers is succeeded
+  retries: 60
+  delay: 5
+"""
+
+RETURN = r"""
+answered:
+  description: Whether the router answered C(/workers).
+  returned: always
+  type: bool
+report:
+  description:
+    - C(seen) (engines listed), C(missing), C(unhealthy), C(wrong_role) (each C(engine (role URL))), C(extra) (URLs
+      outside the fleet) and C(ok).
+  returned: always
+  type: dict
+workers:
+  description: The router's own list (url, worker_type, is_healthy), as it answered.
+  returned: always
+  type: list
+  elements: dict
+not_answering:
+  description: Fleet engines whose C(/health) did not answer when the router itself did not answer.
+  returned: always
+  type: list
+  elements: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._router.client import call, read_key
+from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import (
+    fleet_workers,
+    report_problems,
+    worker_report,
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            url=dict(type="str", required=True),
+            engines=dict(type="list", elements="dict", required=True),
+            api_key_file=dict(type="path", required=True, no_log=False),
+            timeout=dict(type="int", default=10),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    try:
+        workers = fleet_workers(p["engines"])
+        key = read_key(p["api_key_file"])
+    except PlanError as exc:
+        module.fail_json(msg=str(exc), input=exc.key)
+    url = p["url"].rstrip("/")
+    status, answer = call(url + "/workers", key, timeout=p["timeout"])
+    result = dict(changed=False, answered=status == 200, workers=[], not_answering=[])
+    if status != 200:
+        down = []
+        for worker in workers["prefill"] + workers["decode"]:
+            code, _body = call(worker["url"] + "/health", timeout=p["timeout"])
+            if code != 200:
+                down.append("%s (%s)" % (worker["engine"], worker["url"]))
+        result["not_answering"] = down
+        result["report"] = worker_report({}, workers)
+        why = ("it waits for its workers before it serves; not answering /health: %s" % ", ".join(down) if down
+               else "HTTP %s: %s" % (status, str(answer)[:200]))
+        module.fail_json(msg="the router at %s does not answer /workers: %s" % (url, why), **result)
+    result["workers"] = [dict((k, w.get(k)) for k in ("url", "worker_type", "is_healthy"))
+                         for w in (answer.get("workers") or []) if isinstance(w, dict)]
+    result["report"] = worker_report(answer, workers)
+    if not result["report"]["ok"]:
+        module.fail_json(msg="router at %s: %s" % (url, "; ".join(report_problems(result["report"]))), **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

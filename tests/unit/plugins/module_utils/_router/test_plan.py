@@ -1,0 +1,111 @@
+"""The router's plan (plugins/module_utils/_router/plan.py): workers from the resolved fleet, the vllm-router command
+line, the hash, and the readiness report against the router's /workers answer."""
+
+import json
+
+import pytest
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import (
+    KEY,
+    PLAN_HASH_LABEL,
+    config_text,
+    fleet_workers,
+    local_url,
+    report_problems,
+    router_args,
+    router_plan,
+    worker_report,
+)
+
+FLEET = [
+    {"engine": "engine-1", "role": "prefill", "url": "http://10.0.0.11:8000"},
+    {"engine": "engine-2", "role": "decode", "url": "http://10.0.0.12:8000/"},
+    {"engine": "engine-3", "role": "decode", "url": "http://[fd00::13]:8000"},
+]
+SITE = {"NARWHAL_ROUTER_IMAGE": "narwhal/vllm-router:0.1.17", "NARWHAL_ROUTER_PORT": 30000,
+        "NARWHAL_ROUTER_METRICS_PORT": 29000, "NARWHAL_ROUTER_BIND": "0.0.0.0", "NARWHAL_ROUTER_POLICY": "round_robin",
+        "NARWHAL_ROUTER_READY_TIMEOUT": 300, "NARWHAL_ROUTER_DIR": "/opt/narwhal-router"}
+
+
+def test_workers_come_from_the_fleet_in_its_order():
+    workers = fleet_workers(FLEET)
+    assert workers == {"prefill": [{"engine": "engine-1", "url": "http://10.0.0.11:8000"}],
+                       "decode": [{"engine": "engine-2", "url": "http://10.0.0.12:8000"},
+                                  {"engine": "engine-3", "url": "http://[fd00::13]:8000"}]}
+
+
+@pytest.mark.parametrize("fleet, words", [
+    ([FLEET[0]], "no decode engine"),
+    (FLEET[1:], "no prefill engine"),
+    (FLEET + [{"engine": "engine-4", "role": "decode", "url": "http://10.0.0.12:8000"}], "engine-2 and engine-4"),
+    ([FLEET[0], {"engine": "engine-2", "role": "both", "url": "http://x:1"}], "role 'both'"),
+    ([FLEET[0], {"engine": "engine-2", "role": "decode", "url": "${NARWHAL_NODE_2_URL}"}], "no engine URL"),
+    ({"engines": FLEET}, "not a list"),
+])
+def test_a_fleet_the_router_cannot_serve_is_refused_by_name(fleet, words):
+    with pytest.raises(PlanError) as err:
+        fleet_workers(fleet)
+    assert words in str(err.value) and "NARWHAL_FLEET" in str(err.value)
+
+
+def test_the_command_line_names_every_worker_and_no_secret():
+    args = router_args(SITE, fleet_workers(FLEET))
+    assert args[:2] == ["--vllm-pd-disaggregation", "--kv-connector"]
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--prefill"] == ["http://10.0.0.11:8000"]
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--decode"] == ["http://10.0.0.12:8000",
+                                                                            "http://[fd00::13]:8000"]
+    assert args[args.index("--port") + 1] == "30000" and args[args.index("--prometheus-port") + 1] == "29000"
+    assert args[args.index("--prometheus-host") + 1] == "0.0.0.0"
+    assert "--api-key" not in args
+
+
+def test_the_two_ports_must_differ():
+    with pytest.raises(PlanError) as err:
+        router_args(dict(SITE, NARWHAL_ROUTER_METRICS_PORT=30000), fleet_workers(FLEET))
+    assert err.value.key == "NARWHAL_ROUTER_METRICS_PORT"
+
+
+def test_the_plan_hash_follows_what_changes_the_router():
+    base = router_plan(SITE, FLEET, "sha256:aa", "0.1.17", "c1", "10.0.0.21")
+    assert base["labels"][PLAN_HASH_LABEL] == base["hash"]
+    assert base["url"] == "http://10.0.0.21:30000" and base["metrics_url"] == "http://10.0.0.21:29000/metrics"
+    assert base["config"]["api_key_file"] == KEY
+    assert base["config"]["api_key_validation_urls"][0] == "http://10.0.0.12:8000/v1/models"
+    assert router_plan(SITE, FLEET, "sha256:aa", "0.1.17", "c1", "10.0.0.99")["hash"] == base["hash"]
+    for changed in (router_plan(SITE, FLEET[:2], "sha256:aa", "0.1.17", "c1"),
+                    router_plan(SITE, FLEET, "sha256:bb", "0.1.17", "c1"),
+                    router_plan(SITE, FLEET, "sha256:aa", "0.1.17", "c2"),
+                    router_plan(dict(SITE, NARWHAL_ROUTER_POLICY="cache_aware"), FLEET, "sha256:aa", "0.1.17", "c1")):
+        assert changed["hash"] != base["hash"]
+    assert json.loads(config_text(base["config"])) == base["config"]
+
+
+@pytest.mark.parametrize("bind, url", [("0.0.0.0", "http://127.0.0.1:30000"), ("::", "http://[::1]:30000"),
+                                       ("10.0.0.21", "http://10.0.0.21:30000"), ("fd00::21", "http://[fd00::21]:30000")])
+def test_the_router_host_reaches_its_router_on_loopback_for_a_wildcard_bind(bind, url):
+    assert local_url(bind, 30000) == url
+
+
+def _answer(*rows):
+    return {"workers": [{"url": u, "worker_type": t, "is_healthy": h} for u, t, h in rows]}
+
+
+def test_the_report_is_ok_only_for_the_whole_fleet_healthy():
+    workers = fleet_workers(FLEET)
+    ok = worker_report(_answer(("http://10.0.0.11:8000", "prefill", True), ("http://10.0.0.12:8000", "decode", True),
+                               ("http://[fd00::13]:8000", "decode", True)), workers)
+    assert ok["ok"] and ok["seen"] == ["engine-1", "engine-2", "engine-3"] and report_problems(ok) == []
+    bad = worker_report(_answer(("http://10.0.0.11:8000", "decode", True), ("http://10.0.0.12:8000", "decode", False),
+                                ("http://10.0.0.99:8000", "decode", True)), workers)
+    assert not bad["ok"]
+    lines = report_problems(bad)
+    assert lines == ["the router lacks engine-3 (decode http://[fd00::13]:8000)",
+                     "the router holds as unhealthy engine-2 (decode http://10.0.0.12:8000)",
+                     "the router has engine-1 (prefill http://10.0.0.11:8000) as decode",
+                     "the router routes to workers outside the fleet: http://10.0.0.99:8000"]
+
+
+def test_an_answer_that_is_not_a_worker_list_lacks_every_worker():
+    report = worker_report("All servers healthy", fleet_workers(FLEET))
+    assert not report["ok"] and len(report["missing"]) == 3
