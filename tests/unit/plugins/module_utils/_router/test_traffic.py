@@ -67,5 +67,6 @@ def test_served_and_coverage():
     after = {"engine-1": _c(0, finished=4.0), "engine-2": _c(0, finished=1.0)}
     assert served(before, after) == ["engine-1"]
     workers = {"prefill": [{"engine": "engine-1"}], "decode": [{"engine": "engine-2"}]}
-    assert coverage_problems(workers, {"engine-1": 2, "engine-2": 0}) == ["engine-2 served no request through the router"]
+    assert coverage_problems(workers, {"engine-1": 2, "engine-2": 0}) == [
+        "engine-2 served no request through the router"]
     assert coverage_problems(workers, {"engine-1": 2, "engine-2": 1}) == []

@@ -1,0 +1,135 @@
+"""The router stage's parts against the real vllm-router (requirements/router.txt) in front of two stand-in engines
+served in-process: the start script (roles/router/files/narwhal_router.py) keeps the key out of the process list,
+the process environment and its logs and refuses keyless clients; router_workers reports the fleet (and names an
+engine the router lost); router_traffic proves every request of its matrix."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from test_support.paths import REPO
+from test_support.standin import engine_process, free_port
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._router.client import call
+from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import fleet_workers, router_config
+from ansible_collections.narwhal.deploy.plugins.modules import router_traffic, router_workers
+
+pytest.importorskip("vllm_router_rs", reason="vllm-router (requirements/router.txt) is in the test venv")
+
+KEY = "sk-narwhal-router-test-key-0123456789abcdef"
+ENTRY = REPO / "roles" / "router" / "files" / "narwhal_router.py"
+
+
+@pytest.fixture
+def fleet(tmp_path):
+    procs = {}
+    engines = []
+    for n, role in ((1, "prefill"), (2, "decode")):
+        url, procs["engine-%d" % n] = engine_process(tmp_path, str(n), KEY, "--enable-prompt-tokens-details")
+        engines.append({"engine": "engine-%d" % n, "role": role, "url": url})
+    yield engines, procs
+    for proc in procs.values():
+        proc.kill()
+        proc.wait(10)
+
+
+@pytest.fixture
+def router(fleet, tmp_path):
+    engines, procs = fleet
+    port, metrics = free_port(), free_port()
+    site = {"NARWHAL_ROUTER_BIND": "127.0.0.1", "NARWHAL_ROUTER_PORT": port, "NARWHAL_ROUTER_METRICS_PORT": metrics,
+            "NARWHAL_ROUTER_POLICY": "round_robin", "NARWHAL_ROUTER_READY_TIMEOUT": 60}
+    config = router_config(site, fleet_workers(engines))
+    key_file = tmp_path / "api.key"
+    key_file.write_text(KEY + "\n")
+    key_file.chmod(0o600)
+    config["api_key_file"] = str(key_file)
+    # what the test needs sooner than a site does: a lost worker leaves the healthy set within ~2 s
+    args = config["args"]
+    args[args.index("--health-check-interval-secs") + 1] = "1"
+    args[args.index("--health-failure-threshold") + 1] = "2"
+    (tmp_path / "router.json").write_text(json.dumps(config))
+    log = open(tmp_path / "router.log", "wb")
+    env = {k: v for k, v in os.environ.items() if "KEY" not in k}
+    proc = subprocess.Popen([sys.executable, str(ENTRY), str(tmp_path / "router.json")], stdout=log,
+                            stderr=subprocess.STDOUT, env=env)
+    url = "http://127.0.0.1:%d" % port
+    deadline = time.time() + 60
+    while time.time() < deadline and call(url + "/workers", KEY, timeout=2)[0] != 200:
+        assert proc.poll() is None, (tmp_path / "router.log").read_text()
+        time.sleep(0.2)
+    yield {"url": url, "metrics": "http://127.0.0.1:%d" % metrics, "engines": engines, "procs": procs,
+           "proc": proc, "key_file": str(key_file), "log": tmp_path / "router.log"}
+    proc.terminate()
+    proc.wait(10)
+    log.close()
+
+
+def test_the_key_is_in_no_process_list_environment_or_log(router, module_runner):
+    status, result = module_runner(router_workers.main, {"url": router["url"], "engines": router["engines"],
+                                                         "api_key_file": router["key_file"]})
+    assert status == "exit", result
+    pid = router["proc"].pid
+    ps = subprocess.run(["ps", "-eww", "-o", "pid=,args="], capture_output=True, text=True).stdout
+    line = [row for row in ps.splitlines() if row.strip().startswith(str(pid))]
+    assert line and "vllm::router" in line[0]  # setproctitle: no command line of the start script at all
+    assert KEY not in ps
+    with open("/proc/%d/environ" % pid, "rb") as handle:
+        assert KEY.encode() not in handle.read()
+    with open("/proc/%d/cmdline" % pid, "rb") as handle:
+        assert KEY.encode() not in handle.read()
+    assert KEY not in router["log"].read_text(errors="replace")
+    assert KEY not in json.dumps(result)
+
+
+def test_clients_without_the_key_are_refused(router):
+    assert call(router["url"] + "/v1/models", None)[0] == 401
+    assert call(router["url"] + "/v1/models", "sk-wrong")[0] == 401
+    assert call(router["url"] + "/v1/completions", None, {"model": "tiny", "prompt": "x"})[0] == 401
+    assert call(router["url"] + "/v1/models", KEY)[0] == 200
+    status, text = call(router["metrics"] + "/metrics")  # Prometheus needs no key
+    assert status == 200 and "vllm_router" in text
+
+
+def test_the_workers_are_the_fleet(router, module_runner):
+    status, result = module_runner(router_workers.main, {"url": router["url"], "engines": router["engines"],
+                                                         "api_key_file": router["key_file"]})
+    assert status == "exit", result
+    assert result["report"]["seen"] == ["engine-1", "engine-2"] and result["report"]["ok"]
+    assert sorted(w["worker_type"] for w in result["workers"]) == ["decode", "prefill"]
+    # a fleet with an engine the router does not know: named
+    more = router["engines"] + [{"engine": "engine-3", "role": "decode", "url": "http://127.0.0.1:9"}]
+    status, result = module_runner(router_workers.main, {"url": router["url"], "engines": more,
+                                                         "api_key_file": router["key_file"]})
+    assert status == "fail" and "the router lacks engine-3 (decode http://127.0.0.1:9)" in result["msg"]
+
+
+def test_a_stopped_engine_is_named(router, module_runner):
+    router["procs"]["engine-2"].kill()
+    router["procs"]["engine-2"].wait(10)
+    args = {"url": router["url"], "engines": router["engines"], "api_key_file": router["key_file"]}
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        status, result = module_runner(router_workers.main, args)
+        if status == "fail":
+            break
+        time.sleep(0.5)
+    assert status == "fail", result
+    assert "the router holds as unhealthy engine-2 (decode %s)" % router["engines"][1]["url"] in result["msg"]
+
+
+def test_traffic_through_the_router(router, module_runner):
+    status, result = module_runner(router_traffic.main, {"url": router["url"], "engines": router["engines"],
+                                                         "model": "tiny", "api_key_file": router["key_file"],
+                                                         "timeout": 20})
+    assert status == "exit", result["msg"] if status == "fail" else result
+    assert len(result["requests"]) == 8 and all(r["ok"] and r["equal"] and r["kv"] for r in result["requests"])
+    assert result["served"] == {"engine-1": 8, "engine-2": 8}
+    assert result["auth"] == {"none": 401, "wrong": 401, "key": 200}
+    short = [r for r in result["requests"] if r["prompt"] == "short"]
+    long = [r for r in result["requests"] if r["prompt"] == "long"]
+    assert all(r["prompt_tokens"] < 16 for r in short if r["prompt_tokens"] is not None)
+    assert all(r["prompt_tokens"] > 3 * 16 for r in long if r["prompt_tokens"] is not None)
+    assert KEY not in json.dumps(result)
