@@ -11,7 +11,7 @@ short_description: Prove that client traffic is served through vLLM's router in 
 version_added: 0.2.0
 description:
   - Sends the router completions and chat completions, streamed and not, for a prompt shorter than one KV block and
-    one several blocks long (one round is 8 requests; more rounds until every engine could have served one), each
+    one of one and a half blocks (one round is 8 requests; more rounds until every engine could have served one), each
     prompt starting with a fresh ID so that no prefix cache holds it.
   - A request passes when the router answered 200 with text and no C(error) finish reason, when KV moved for it
     (the decode answer's C(usage.prompt_tokens_details.cached_tokens), else the growth of a decode engine's NIXL
@@ -40,7 +40,7 @@ options:
     type: path
     required: true
   block_size:
-    description: The engines' KV block size in tokens (the long prompt is about four blocks of words).
+    description: The engines' KV block size in tokens (the long prompt is one and a half blocks of words).
     type: int
     default: 16
   max_tokens:

@@ -20,10 +20,13 @@ WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo li
 
 
 def prompt(unique, kind, block_size):
-    """A short prompt (a few tokens: under one block of `block_size`) or a long one (several blocks)."""
+    """A short prompt (a few tokens: under one block of `block_size`) or a long one: one and a half blocks of words,
+    so more than one block with any tokenizer (a word is at least one token) and still far from a small
+    --max-model-len."""
     if kind == "short":
         return "%s hi" % unique
-    words = (WORDS * (1 + 4 * block_size // len(WORDS)))[:4 * block_size]
+    count = block_size + block_size // 2
+    words = (WORDS * (1 + count // len(WORDS)))[:count]
     return "%s %s" % (unique, " ".join(words))
 
 

@@ -50,6 +50,10 @@ def corpus():
     return lines
 
 
+CHAT_TEMPLATE = ("{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
 def tokenizer():
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -58,8 +62,12 @@ def tokenizer():
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(corpus(), trainer=trainer)
     assert tok.get_vocab_size() == VOCAB, tok.get_vocab_size()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
                                    model_max_length=256)
+    # A chat template, as chat models ship one: vLLM's /v1/chat/completions refuses a tokenizer without one
+    # (transformers no longer has a default template), and the router is proven with chat requests too.
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
 
 
 def model():

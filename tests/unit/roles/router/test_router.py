@@ -131,5 +131,5 @@ def test_traffic_through_the_router(router, module_runner):
     short = [r for r in result["requests"] if r["prompt"] == "short"]
     long = [r for r in result["requests"] if r["prompt"] == "long"]
     assert all(r["prompt_tokens"] < 16 for r in short if r["prompt_tokens"] is not None)
-    assert all(r["prompt_tokens"] > 3 * 16 for r in long if r["prompt_tokens"] is not None)
+    assert all(r["prompt_tokens"] > 16 for r in long if r["prompt_tokens"] is not None)
     assert KEY not in json.dumps(result)
