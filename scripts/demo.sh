@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The main job on the built-in simulated two-host site: bring up two simulated engine hosts (SSH, own
-# Docker daemons, fake GPUs replaying real tool output), run the pipeline as far as it exists, print what
-# it produced, tear the site down (KEEP=1 keeps it; `scripts/demo.sh down` removes it).
+# The main job on the built-in simulated site: bring up two simulated engine hosts (SSH, own Docker
+# daemons, fake GPUs replaying real tool output) and a router host (vLLM's router image), run the pipeline
+# as far as it exists, print what it produced, tear the site down (KEEP=1 keeps it; `scripts/demo.sh down`
+# removes it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
