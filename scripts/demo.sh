@@ -65,6 +65,24 @@ printf '\n== status (read-only; runs/status-<stamp>.json; exits non-zero when an
 ansible-playbook narwhal.deploy.status | sed -n '/Show the engines/,/^$/p'
 printf '\n== the fleet as the router resolves it (the installed scripts/narwhal-fleet)\n'
 python "$COLLECTIONS/ansible_collections/narwhal/deploy/scripts/narwhal-fleet"
+printf '\n== traffic through the router (runs/router-traffic-router-1.json) and one request through it\n'
+python - runs/routers/router-1.json runs/router-traffic-router-1.json config/engine-api.key <<'PY'
+import json, sys, urllib.request
+router, traffic, key = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), open(sys.argv[3]).read().strip()
+print(f"router {router['url']} (vllm-router {router['vllm_router_version']}): prefill "
+      f"{[w['url'] for w in router['workers']['prefill']]}, decode {[w['url'] for w in router['workers']['decode']]}")
+for r in traffic["requests"]:
+    print(f"  {r['endpoint']:11} {'stream' if r['stream'] else '-':6} {r['prompt']:5} tokens={r['prompt_tokens']} "
+          f"kv={r['kv']} equal={r['equal']} {'PASS' if r['ok'] else 'FAIL ' + '; '.join(r['problems'])}")
+print(f"  served: {traffic['served']}, keyless client: HTTP {traffic['auth']['none']}")
+body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Hello from the narwhal demo"}],
+        "max_tokens": 8, "temperature": 0}
+req = urllib.request.Request(router["url"] + "/v1/chat/completions", data=json.dumps(body).encode(),
+                             headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+answer = json.load(urllib.request.urlopen(req, timeout=60))
+print(f"POST {router['url']}/v1/chat/completions -> {answer['choices'][0]['message']['content']!r} "
+      f"(usage {answer['usage']})")
+PY
 cd "$REPO"
 export ANSIBLE_COLLECTIONS_PATH=$REPO/collections
 if [ "${KEEP:-0}" != 1 ]; then

@@ -16,8 +16,6 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._router.client impo
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import fleet_workers, router_config
 from ansible_collections.narwhal.deploy.plugins.modules import router_traffic, router_workers
 
-pytest.importorskip("vllm_router_rs", reason="vllm-router (requirements/router.txt) is in the test venv")
-
 KEY = "sk-narwhal-router-test-key-0123456789abcdef"
 ENTRY = REPO / "roles" / "router" / "files" / "narwhal_router.py"
 
@@ -133,3 +131,10 @@ def test_traffic_through_the_router(router, module_runner):
     assert all(r["prompt_tokens"] < 16 for r in short if r["prompt_tokens"] is not None)
     assert all(r["prompt_tokens"] > 16 for r in long if r["prompt_tokens"] is not None)
     assert KEY not in json.dumps(result)
+
+
+def test_the_role_pins_the_version_requirements_pin():
+    pins = dict(line.split("==") for line in (REPO / "requirements" / "router.txt").read_text().splitlines()
+                if "==" in line and not line.startswith("#"))
+    defaults = (REPO / "roles" / "router" / "defaults" / "main.yml").read_text()
+    assert 'router_version: "%s"' % pins["vllm-router"] in defaults
