@@ -10,5 +10,6 @@ import pathlib
 
 REPO = pathlib.Path(__file__).resolve().parents[4]  # tests/unit/plugins/test_support -> the checkout
 REAL = REPO / "tests" / "fixtures" / "real"  # recorded outputs of real tools and real configs
+RECORDED = REPO / "tests" / "fixtures" / "recorded"  # real engines' answers recorded on this project's machine
 PROFILES = REPO / "tests" / "harness" / "profiles"  # the simulated hosts' trees
 STANDIN_SITE = REPO / "tests" / "harness" / "images" / "engine-standin" / "site"  # the stand-in engine's Python

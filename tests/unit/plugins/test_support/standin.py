@@ -1,7 +1,6 @@
-# Copyright: narwhal.deploy contributors
-# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Stand-in engines in-process (tests/harness/images/engine-standin, no Docker): the stand-in's `vllm` package at a
-claimed version, and one engine (HTTP and NIXL side channel on free loopback ports, parsed by its strict parser)."""
+"""The stand-in engine (tests/harness/images/engine-standin) served in-process for the tests: its `vllm` package
+loaded from the sources at a claimed version (as make_dists.py writes vllm.version), and engines started on
+127.0.0.1 (HTTP and NIXL side channel on free ports) with the stand-in's own strict `vllm serve` parser."""
 import argparse
 import contextlib
 import importlib
@@ -13,15 +12,17 @@ import threading
 import types
 from http.server import ThreadingHTTPServer
 
-from test_support.paths import STANDIN_SITE
+from test_support.paths import REPO, STANDIN_SITE
 
+# the geometry of tests/harness/models/tiny-llama
 TINY = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
         "hidden_size": 128, "torch_dtype": "bfloat16", "model_type": "llama"}
+KEY = "sk-narwhal-probe-test-key-0123456789"
 
 
 @contextlib.contextmanager
-def standin_package(version, monkeypatch):
-    """Yields (version, vllm.standin.server, vllm.entrypoints.cli.serve) of the stand-in claiming `version`."""
+def loaded(version, monkeypatch):
+    """-> (server module, serve module) of the stand-in claiming `version`; sys.modules restored after."""
     monkeypatch.setattr(sys, "dont_write_bytecode", True)
     saved = {n: m for n, m in sys.modules.items() if n == "vllm" or n.startswith("vllm.")}
     for name in saved:
@@ -36,32 +37,27 @@ def standin_package(version, monkeypatch):
     for name in ("UCX_TLS", "UCX_NET_DEVICES"):
         monkeypatch.delenv(name, raising=False)
     try:
-        yield version, importlib.import_module("vllm.standin.server"), \
-            importlib.import_module("vllm.entrypoints.cli.serve")
+        yield importlib.import_module("vllm.standin.server"), importlib.import_module("vllm.entrypoints.cli.serve")
     finally:
         for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
             del sys.modules[name]
         sys.modules.update(saved)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_engine(standin, monkeypatch, servers, key, *flags):
-    """One stand-in engine on 127.0.0.1 -> (url, state); its servers are appended to `servers` (shut down by the
-    caller)."""
-    _version, server, serve = standin
+def start_engine(modules, monkeypatch, servers, *flags, model_config=None, tokenizer_config=None):
+    """One stand-in engine on 127.0.0.1 -> (base URL, State); its servers are appended to `servers`."""
+    server, serve = modules
     parser = serve.add_flags(argparse.ArgumentParser(), serve.load_flags())
     kv = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"})
     args = parser.parse_args(["/models/tiny", "--served-model-name", "tiny", "--kv-transfer-config", kv,
-                              "--api-key", key] + list(flags))
+                              "--api-key", KEY] + list(flags))
     args.model = args.model_tag if getattr(args, "model_tag", None) else "/models/tiny"
     monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
-    monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", str(free_port()))
-    state = server.State(args, args.kv_transfer_config, TINY)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", str(s.getsockname()[1]))
+    state = server.State(args, args.kv_transfer_config, TINY if model_config is None else model_config,
+                         tokenizer_config)
     side = type("Side", (socketserver.ThreadingTCPServer,), {"allow_reuse_address": True, "daemon_threads": True})(
         ("127.0.0.1", state.side_port), server.SideChannel)
     side.state = state
@@ -71,6 +67,18 @@ def start_engine(standin, monkeypatch, servers, key, *flags):
         threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
         servers.append(srv)
     return "http://127.0.0.1:%d" % http.server_address[1], state
+
+
+def stop(servers):
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 # One stand-in engine as a process of its own (a stop is a real stop: its connections close with it).
@@ -101,6 +109,9 @@ def engine_process(tmp_path, name, key, *flags, version="0.33.0"):
     model = tmp_path / "tiny"  # one checkpoint for all: the NIXL compatibility hash covers the model
     model.mkdir(exist_ok=True)
     (model / "config.json").write_text(json.dumps(TINY))
+    # the harness checkpoint's tokenizer config: its chat template lets the stand-in answer chat completions
+    (model / "tokenizer_config.json").write_text((REPO / "tests" / "harness" / "models" / "tiny-llama" /
+                                                  "tokenizer_config.json").read_text())
     port = free_port()
     kv = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"})
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "VLLM_"))}

@@ -2,19 +2,13 @@
 the module (plugins/modules/transfer_probe.py) end to end against two stand-in engines
 (tests/harness/images/engine-standin) served in-process."""
 
-import argparse
 import json
 import os
-import socket
-import socketserver
-import sys
-import threading
-import types
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from test_support.paths import STANDIN_SITE
+from test_support import standin as _standin
+from test_support.standin import KEY
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.nixl_metrics import metric_sum, nixl_counters
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan import role_env as _role_env
@@ -197,60 +191,17 @@ def test_probe_row_brackets_ipv6_and_reports_the_recompute():
 # ------------------------------------------------------------------------------------------------
 # the module against two stand-in engines, in-process (no Docker): P/D flow, side channel, metrics, usage
 
-TINY = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
-        "hidden_size": 128, "torch_dtype": "bfloat16", "model_type": "llama"}
-KEY = "sk-narwhal-probe-test-key-0123456789"
-
-
 @pytest.fixture(params=["0.33.0", "0.28.0"])
 def standin(request, monkeypatch):
     """The stand-in's `vllm` package from its sources at a claimed version (as make_dists.py writes vllm.version)."""
-    monkeypatch.setattr(sys, "dont_write_bytecode", True)
-    saved = {n: m for n, m in sys.modules.items() if n == "vllm" or n.startswith("vllm.")}
-    for name in saved:
-        del sys.modules[name]
-    package = types.ModuleType("vllm")
-    package.__path__ = [str(STANDIN_SITE / "vllm")]
-    version = types.ModuleType("vllm.version")
-    version.__version__ = request.param
-    version.__version_tuple__ = tuple(int(p) for p in request.param.split("."))
-    sys.modules.update({"vllm": package, "vllm.version": version,
-                        "vllm.standin.nixl_module": types.SimpleNamespace(NIXL_API="nixl._api")})
-    for name in ("UCX_TLS", "UCX_NET_DEVICES"):
-        monkeypatch.delenv(name, raising=False)
-    import importlib
-
-    try:
-        yield request.param, importlib.import_module("vllm.standin.server"), \
-            importlib.import_module("vllm.entrypoints.cli.serve")
-    finally:
-        for name in [n for n in sys.modules if n == "vllm" or n.startswith("vllm.")]:
-            del sys.modules[name]
-        sys.modules.update(saved)
+    with _standin.loaded(request.param, monkeypatch) as (server, serve):
+        yield request.param, server, serve
 
 
 def start_engine(standin, monkeypatch, servers, *flags):
     """One stand-in engine on 127.0.0.1 (HTTP and side channel on free ports), parsed by its strict parser."""
     _version, server, serve = standin
-    parser = serve.add_flags(argparse.ArgumentParser(), serve.load_flags())
-    kv = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"})
-    args = parser.parse_args(["/models/tiny", "--served-model-name", "tiny", "--kv-transfer-config", kv,
-                              "--api-key", KEY] + list(flags))
-    args.model = args.model_tag if getattr(args, "model_tag", None) else "/models/tiny"
-    monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", str(s.getsockname()[1]))
-    state = server.State(args, args.kv_transfer_config, TINY)
-    side = type("Side", (socketserver.ThreadingTCPServer,), {"allow_reuse_address": True, "daemon_threads": True})(
-        ("127.0.0.1", state.side_port), server.SideChannel)
-    side.state = state
-    http = ThreadingHTTPServer(("127.0.0.1", 0), server.make_handler(state))
-    http.daemon_threads = True
-    for srv in (side, http):
-        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
-        servers.append(srv)
-    return "http://127.0.0.1:%d" % http.server_address[1], state
+    return _standin.start_engine((server, serve), monkeypatch, servers, *flags)
 
 
 @pytest.fixture
@@ -260,9 +211,7 @@ def pair(standin, monkeypatch, request):
     one = start_engine(standin, monkeypatch, servers, *flags)
     two = start_engine(standin, monkeypatch, servers, *flags)
     yield {"engine-1": one, "engine-2": two}
-    for srv in servers:
-        srv.shutdown()
-        srv.server_close()
+    _standin.stop(servers)
 
 
 def probe_args(pair, **extra):

