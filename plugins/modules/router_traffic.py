@@ -169,7 +169,7 @@ def main():
             model=dict(type="str", required=True),
             api_key_file=dict(type="path", required=True, no_log=False),
             block_size=dict(type="int", default=16),
-            max_tokens=dict(type="int", default=8),
+            max_tokens=dict(type="int", default=8, no_log=False),
             timeout=dict(type="int", default=120),
         ),
         supports_check_mode=True,

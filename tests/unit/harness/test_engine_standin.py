@@ -35,7 +35,8 @@ def engine(modules, monkeypatch):
     """start(*flags, model_config=...) -> (url, state); every engine stopped after the test."""
     servers = []
 
-    def start(*flags, model_config=TINY_256, tokenizer_config=None):
+    def start(*flags, model_config=None, tokenizer_config=None):
+        model_config = TINY_256 if model_config is None else model_config
         return _standin.start_engine(modules, monkeypatch, servers, *flags, model_config=model_config,
                                      tokenizer_config=tokenizer_config)
 

@@ -70,7 +70,7 @@ def test_the_key_is_in_no_process_list_environment_or_log(router, module_runner)
                                                          "api_key_file": router["key_file"]})
     assert status == "exit", result
     pid = router["proc"].pid
-    ps = subprocess.run(["ps", "-eww", "-o", "pid=,args="], capture_output=True, text=True).stdout
+    ps = subprocess.run(["ps", "-eww", "-o", "pid=,args="], capture_output=True, text=True, check=True).stdout
     line = [row for row in ps.splitlines() if row.strip().startswith(str(pid))]
     assert line and "vllm::router" in line[0]  # setproctitle: no command line of the start script at all
     assert KEY not in ps

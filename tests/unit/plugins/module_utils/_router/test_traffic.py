@@ -43,8 +43,8 @@ def test_texts_of_answers_and_streams():
               {"choices": [], "usage": {"prompt_tokens": 20, "prompt_tokens_details": {"cached_tokens": 20}}}]
     text, usage, finish = stream_text("chat", events)
     assert (text, finish, usage_tokens(usage)) == (" a b", "length", (20, 20))
-    assert stream_text("completions", [{"choices": [{"index": 0, "text": "x"}]}, {"choices": [{"index": 1,
-                                                                                             "text": "y"}]}])[0] == "x"
+    two = [{"choices": [{"index": 0, "text": "x"}]}, {"choices": [{"index": 1, "text": "y"}]}]
+    assert stream_text("completions", two)[0] == "x"
 
 
 def _c(transfers, failed=0.0, finished=0.0):

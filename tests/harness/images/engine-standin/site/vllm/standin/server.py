@@ -572,10 +572,9 @@ def make_handler(state):
                 job.token()
                 self.event(chunk)
             if include_usage:
-                self.event(api.usage_chunk(req.kind, answer_id, created, state.served,
-                                           api.usage(n_prompt, len(tokens), api.prompt_tokens_details(req.kind,
-                                                                                                     details),
-                                                     with_nulls=False), state.fingerprint))
+                usage = api.usage(n_prompt, len(tokens), api.prompt_tokens_details(req.kind, details),
+                                  with_nulls=False)
+                self.event(api.usage_chunk(req.kind, answer_id, created, state.served, usage, state.fingerprint))
             self.end_stream()
 
     return Handler
