@@ -123,7 +123,7 @@ INPUTS = [
             "round_robin spreads every request stream over all engines; cache_aware follows shared prefixes."},
     {"name": "NARWHAL_ROUTER_READY_TIMEOUT", "kind": "int", "default": 300, "example": 300,
      "doc": "Seconds the router stage waits until the router reports every engine of the fleet as a healthy "
-            "worker, then fails naming the ones it lacks (also the router's own --worker-startup-timeout-secs)."},
+            "worker, then fails naming the ones it lacks (the router itself keeps waiting for them)."},
     {"name": "NARWHAL_ROUTER_DIR", "kind": "abspath", "default": "/opt/narwhal-router",
      "example": "/opt/narwhal-router",
      "doc": "Directory on every router host for the router's start script, its configuration and the API key "

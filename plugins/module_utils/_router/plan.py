@@ -33,8 +33,11 @@ KEY = MOUNT + "/api.key"
 # router's healthy set within about 15 s, which status and the readiness check read.
 HEALTH_INTERVAL_S = 5
 HEALTH_FAILURES = 3
-# --worker-startup-check-interval (upstream 30 s): how often a starting router looks for its workers.
+# --worker-startup-check-interval (upstream 30 s): how often a starting router looks for its workers; and how long
+# it looks (--worker-startup-timeout-secs, upstream 600 s) before it exits (and Docker's restart policy starts it
+# again). Not the stage's wait (NARWHAL_ROUTER_READY_TIMEOUT): a shorter wait must not restart the router.
 STARTUP_CHECK_S = 2
+STARTUP_TIMEOUT_S = 600
 
 
 def fleet_workers(fleet, where="NARWHAL_FLEET"):
@@ -83,7 +86,7 @@ def router_args(site, workers):
         args += ["--prefill", worker["url"]]
     for worker in workers["decode"]:
         args += ["--decode", worker["url"]]
-    args += ["--worker-startup-timeout-secs", str(int(site["NARWHAL_ROUTER_READY_TIMEOUT"])),
+    args += ["--worker-startup-timeout-secs", str(STARTUP_TIMEOUT_S),
              "--worker-startup-check-interval", str(STARTUP_CHECK_S),
              "--health-check-interval-secs", str(HEALTH_INTERVAL_S),
              "--health-failure-threshold", str(HEALTH_FAILURES)]

@@ -73,6 +73,9 @@ def test_the_plan_hash_follows_what_changes_the_router():
     assert base["config"]["api_key_file"] == KEY
     assert base["config"]["api_key_validation_urls"][0] == "http://10.0.0.12:8000/v1/models"
     assert router_plan(SITE, FLEET, "sha256:aa", "0.1.17", "c1", "10.0.0.99")["hash"] == base["hash"]
+    # the stage's wait is not the router's: a shorter wait for one run must not replace the router
+    assert router_plan(dict(SITE, NARWHAL_ROUTER_READY_TIMEOUT=40), FLEET, "sha256:aa", "0.1.17", "c1")["hash"] \
+        == base["hash"]
     for changed in (router_plan(SITE, FLEET[:2], "sha256:aa", "0.1.17", "c1"),
                     router_plan(SITE, FLEET, "sha256:bb", "0.1.17", "c1"),
                     router_plan(SITE, FLEET, "sha256:aa", "0.1.17", "c2"),
