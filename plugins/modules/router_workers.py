@@ -13,8 +13,9 @@ description:
   - Asks the router's C(GET /workers) (vllm-router) with the engines' API key and compares the answer with the
     fleet's prefill and decode URLs; every fleet engine must be listed with its role and healthy, and the router
     must route to nothing outside the fleet.
-  - A router that does not answer yet waits for its workers (it serves only once every worker answered
-    C(/health)); the module then asks each fleet engine's C(/health) itself and names the ones that do not answer.
+  - Every fleet engine's own C(/health) must answer too (asked from this host): the router notices a lost worker
+    only after its health checks, and ready means the whole fleet answers now. A router that does not answer yet
+    waits for its workers (it serves only once every worker answered C(/health)).
   - Fails naming every difference (use it with C(until) to wait); read-only.
 options:
   url:
@@ -75,7 +76,7 @@ workers:
   type: list
   elements: dict
 not_answering:
-  description: Fleet engines whose C(/health) did not answer when the router itself did not answer.
+  description: Fleet engines whose own C(/health) did not answer, each C(engine (role URL)).
   returned: always
   type: list
   elements: str
@@ -109,24 +110,28 @@ def main():
     except PlanError as exc:
         module.fail_json(msg=str(exc), input=exc.key)
     url = p["url"].rstrip("/")
-    status, answer = call(url + "/workers", key, timeout=p["timeout"])
-    result = dict(changed=False, answered=status == 200, workers=[], not_answering=[])
-    if status != 200:
-        down = []
-        for worker in workers["prefill"] + workers["decode"]:
+    # every fleet engine's own /health first: the router notices a lost worker only after its health checks
+    # (_router/plan.py HEALTH_INTERVAL_S x HEALTH_FAILURES), and ready means the whole fleet answers now
+    down = []
+    for role in ("prefill", "decode"):
+        for worker in workers[role]:
             code, _body = call(worker["url"] + "/health", timeout=p["timeout"])
             if code != 200:
-                down.append("%s (%s)" % (worker["engine"], worker["url"]))
-        result["not_answering"] = down
+                down.append("%s (%s %s)" % (worker["engine"], role, worker["url"]))
+    status, answer = call(url + "/workers", key, timeout=p["timeout"])
+    result = dict(changed=False, answered=status == 200, workers=[], not_answering=down)
+    if status != 200:
         result["report"] = worker_report({}, workers)
-        why = ("it waits for its workers before it serves; not answering /health: %s" % ", ".join(down) if down
-               else "HTTP %s: %s" % (status, str(answer)[:200]))
-        module.fail_json(msg="the router at %s does not answer /workers: %s" % (url, why), **result)
+        why = ("it waits for its workers before it serves" if status == 0 else
+               "HTTP %s: %s" % (status, str(answer)[:200]))
+        module.fail_json(msg="the router at %s does not answer /workers (%s)%s"
+                         % (url, why, "; not answering /health: %s" % ", ".join(down) if down else ""), **result)
     result["workers"] = [dict((k, w.get(k)) for k in ("url", "worker_type", "is_healthy"))
                          for w in (answer.get("workers") or []) if isinstance(w, dict)]
     result["report"] = worker_report(answer, workers)
-    if not result["report"]["ok"]:
-        module.fail_json(msg="router at %s: %s" % (url, "; ".join(report_problems(result["report"]))), **result)
+    problems = (["not answering /health: %s" % ", ".join(down)] if down else []) + report_problems(result["report"])
+    if problems:
+        module.fail_json(msg="router at %s: %s" % (url, "; ".join(problems)), **result)
     module.exit_json(**result)
 
 

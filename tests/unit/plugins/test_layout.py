@@ -73,6 +73,7 @@ def test_pure_files_do_no_io(name):
     ("transfer_probe", ("_discover/", "_inputs/", "_plan/container.py", "_facts/")),
     ("router_workers", ("_discover/", "_inputs/", "_plan/container.py", "_facts/", "_prepare/", "_docker/")),
     ("router_traffic", ("_discover/", "_inputs/", "_plan/container.py", "_facts/", "_prepare/", "_docker/")),
+    ("router_container", ("_discover/", "_inputs/", "_plan/", "_facts/", "_prepare/", "_router/", "_outputs/")),
 ])
 def test_host_modules_ship_only_what_they_need(module, forbidden):
     shipped = _closure(_imports(REPO / "plugins" / "modules" / ("%s.py" % module)))

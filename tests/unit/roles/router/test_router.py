@@ -108,14 +108,16 @@ def test_a_stopped_engine_is_named(router, module_runner):
     router["procs"]["engine-2"].kill()
     router["procs"]["engine-2"].wait(10)
     args = {"url": router["url"], "engines": router["engines"], "api_key_file": router["key_file"]}
+    label = "engine-2 (decode %s)" % router["engines"][1]["url"]
+    # at once: the engine's own /health does not answer
+    status, result = module_runner(router_workers.main, args)
+    assert status == "fail" and "not answering /health: %s" % label in result["msg"], result
+    # and once the router's health checks noticed: the router says so too
     deadline = time.time() + 30
-    while time.time() < deadline:
-        status, result = module_runner(router_workers.main, args)
-        if status == "fail":
-            break
+    while time.time() < deadline and "the router holds as unhealthy" not in result["msg"]:
         time.sleep(0.5)
-    assert status == "fail", result
-    assert "the router holds as unhealthy engine-2 (decode %s)" % router["engines"][1]["url"] in result["msg"]
+        status, result = module_runner(router_workers.main, args)
+    assert status == "fail" and "the router holds as unhealthy %s" % label in result["msg"], result
 
 
 def test_traffic_through_the_router(router, module_runner):
