@@ -13,7 +13,7 @@ description:
   - Asks the router's C(GET /workers) (vllm-router) with the engines' API key and compares the answer with the
     fleet's prefill and decode URLs; every fleet engine must be listed with its role and healthy, and the router
     must route to nothing outside the fleet.
-  - Every fleet engine's own C(/health) must answer too (asked from this host): the router notices a lost worker
+  - Every fleet engine's own C(/health) must answer too (asked from this host), because the router notices a lost worker
     only after its health checks, and ready means the whole fleet answers now. A router that does not answer yet
     waits for its workers (it serves only once every worker answered C(/health)).
   - Fails naming every difference (use it with C(until) to wait); read-only.
