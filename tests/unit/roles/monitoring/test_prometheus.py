@@ -294,11 +294,13 @@ def test_the_template_variables_list_the_fleet_and_its_roles_and_narrow_the_pane
         m = re.match(r"^label_values\((.+), (\w+)\)$", variables[name]["query"])
         assert m and m.group(2) == name, variables[name]["query"]
         selector = grafana(m.group(1), {"fleet": [FLEET_NAME]})
-        found[name] = _get(url + "/api/v1/label/%s/values?%s" % (name, urllib.parse.urlencode({"match[]": selector})))[
-            "data"]
+        query = urllib.parse.urlencode({"match[]": selector})
+        found[name] = _get(url + "/api/v1/label/%s/values?%s" % (name, query))["data"]
     assert found == {"fleet": [FLEET_NAME], "role": ["decode", "prefill"]}
-    running = 'sum by (engine, role) (vllm:num_requests_running{job="narwhal-engine", fleet=~"$fleet", role=~"$role"})'
-    engines = lambda sel: sorted(s["metric"]["engine"] for s in _query(url, grafana(running, sel)))  # noqa: E731
+    (running,) = [expr for title, _ref, expr in _panels() if title == "Running requests"]
+
+    def engines(selected):
+        return sorted(s["metric"]["engine"] for s in _query(url, grafana(running, selected)))
     assert engines({"fleet": [FLEET_NAME], "role": ["decode"]}) == ["engine-2"]
     assert engines({"fleet": [FLEET_NAME], "role": ["prefill", "decode"]}) == ["engine-1", "engine-2"]
     assert engines({"fleet": ["fleet"], "role": "$__all"}) == []  # the regex is escaped and anchored: fleet.lab only
