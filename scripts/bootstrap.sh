@@ -18,17 +18,36 @@ t0=$SECONDS; timing() { printf '   (%s: %d s)\n' "$1" "$((SECONDS - t0))" >&2; t
 
 need_system() {  # apt packages the controller and the harness use
   local pkgs=(openssh-client rsync)
-  [ "$HARNESS" = 1 ] && pkgs+=(docker.io mmdebstrap)
+  # prometheus: the real Prometheus the unit tests scrape the stand-in engines and the router with
+  # (tests/unit/roles/monitoring); they run the binary on a free port, never the package's service
+  [ "$HARNESS" = 1 ] && pkgs+=(docker.io mmdebstrap prometheus)
   local missing=()
   for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
   [ "${#missing[@]}" = 0 ] && return 0
   if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
     die "missing system packages: ${missing[*]}. This script installs them only as root on Debian/Ubuntu;
-install them with your package manager (Docker Engine, mmdebstrap, OpenSSH client, rsync), then rerun."
+install them with your package manager (Docker Engine, mmdebstrap, OpenSSH client, rsync, Prometheus), then rerun."
   fi
   step "apt-get install ${missing[*]}"
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # prometheus's postinst starts a daemon on :9090 where an init system runs: a policy-rc.d that refuses every start
+  # for the install (a Docker Engine installed with it is started by need_docker), then the service disabled
+  local guard="" rc=0
+  if [[ " ${missing[*]} " == *" prometheus "* ]] && [ ! -e /usr/sbin/policy-rc.d ]; then
+    guard=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\n# scripts/bootstrap.sh: no service starts during its apt-get install\nexit 101\n' > "$guard"
+    chmod 0755 "$guard"
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || rc=$?
+  [ -n "$guard" ] && rm -f "$guard"
+  [ "$rc" = 0 ] || die "apt-get install ${missing[*]} failed (exit $rc)"
+  if [[ " ${missing[*]} " == *" prometheus "* ]]; then
+    if [ -d /run/systemd/system ]; then
+      systemctl disable --now prometheus >/dev/null 2>&1 || true
+    elif command -v update-rc.d >/dev/null; then
+      update-rc.d prometheus disable >/dev/null 2>&1 || true
+    fi
+  fi
   timing apt
 }
 

@@ -1,7 +1,8 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filters of narwhal.deploy: resolve_values (complete-value substitution), an engine's node settings and
-launcher command line, and the rows of the playbooks' tables."""
+launcher command line, the router's plan, the Prometheus targets of the fleet, and the rows of the playbooks'
+tables."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import redact_text, secret_values
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import engine_settings
+from ansible_collections.narwhal.deploy.plugins.module_utils._monitor.targets import file_sd, fleet_name
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import install_paths
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.subst import SubstitutionError, resolve_values
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import config_text, local_url
@@ -153,6 +155,17 @@ def router_local_url(site):
     return local_url(inputs["NARWHAL_ROUTER_BIND"], inputs["NARWHAL_ROUTER_PORT"])
 
 
+def prometheus_targets(fleet, routers, fleet_file):
+    """The Prometheus file_sd document of the resolved fleet and the routers' records (_monitor/targets.py::file_sd),
+    every target labelled with the fleet's name (the fleet file's name without .json)."""
+    if not isinstance(fleet_file, str) or not fleet_file:
+        raise AnsibleFilterError("prometheus_targets takes the fleet file's path (narwhal_site.paths.fleet) third")
+    try:
+        return file_sd(fleet, routers or [], fleet_name(fleet_file))
+    except PlanError as exc:
+        raise AnsibleFilterError(str(exc))
+
+
 def router_status_row(status, problems_only=False):
     """One line of the routers' status table, or with problems_only its refusal (router: problems)."""
     if problems_only:
@@ -180,4 +193,4 @@ class FilterModule:
                 "install_paths": install_paths_filter, "node_settings": node_settings,
                 "launcher_command": launcher_command, "router_plan": router_plan,
                 "router_local_url": router_local_url, "router_status_row": router_status_row,
-                "traffic_row": traffic_row}
+                "traffic_row": traffic_row, "prometheus_targets": prometheus_targets}

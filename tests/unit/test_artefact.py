@@ -78,7 +78,8 @@ def test_checkout_only_parts_stay_out_and_what_runs_is_in(artefact):
                    "playbooks/boilerplate.yml", "roles/inputs/meta/argument_specs.yml",
                    "plugins/inventory/fleet_groups.py", "plugins/lookup/project_dir.py",
                    "meta/runtime.yml", "LICENSE", "README.md", ".env.example", "requirements.txt", "bindep.txt",
-                   "meta/execution-environment.yml"):
+                   "meta/execution-environment.yml", "playbooks/monitoring.yml",
+                   "roles/monitoring/files/narwhal-pd-dashboard.json"):
         assert needed in members, needed
     assert tarball.stat().st_size < 1024 * 1024  # no fixtures, images or caches
 

@@ -19,7 +19,7 @@ from ansible_collections.narwhal.deploy.plugins.filter.narwhal import (
 from ansible_collections.narwhal.deploy.plugins.inventory.fleet_groups import fleet_roles
 from ansible_collections.narwhal.deploy.plugins.lookup.project_dir import project_dir
 
-STAGES = ("inputs", "discover", "prepare", "install", "launch", "probe", "status", "stop", "summary")
+STAGES = ("inputs", "discover", "prepare", "install", "launch", "probe", "monitoring", "status", "stop", "summary")
 
 
 def test_project_dir_explicit_is_made_absolute():
@@ -107,7 +107,7 @@ def test_every_stage_role_is_documented_and_every_playbook_opens_with_the_boiler
         spec = yaml.safe_load((REPO / "roles" / role / "meta" / "argument_specs.yml").read_text())
         assert spec["argument_specs"]["main"]["short_description"], role
         assert (REPO / "roles" / role / "README.md").read_text().startswith("# narwhal.deploy.%s" % role)
-    for book in ("discover", "prepare", "launch", "probe", "status", "stop"):
+    for book in ("discover", "prepare", "launch", "probe", "monitoring", "status", "stop"):
         plays = yaml.safe_load((REPO / "playbooks" / ("%s.yml" % book)).read_text())
         assert plays[0]["ansible.builtin.import_playbook"] == "boilerplate.yml", book
         roles = [r["role"] for p in plays[1:] for r in p.get("roles", [])]

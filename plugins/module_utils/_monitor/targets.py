@@ -1,0 +1,136 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Prometheus file-based service discovery for the fleet (docs/monitoring.md): one target per engine's /metrics
+and per router's metrics endpoint, from the same resolved fleet the router and the probes use (the `fleet` lookup:
+complete-value substitution, _plan/subst.py) and the routers' records (runs/routers/<router>.json).
+
+Pure: the role passes the resolved fleet, the router records and the fleet file's path; the result is the file_sd
+document (a list of {"targets": ["host:port"], "labels": {...}}), in a fixed order so that an unchanged fleet
+writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.words import natural_key
+
+__metaclass__ = type
+
+ENGINE_JOB = "narwhal-engine"
+ROUTER_JOB = "narwhal-router"
+ENGINE_ROLES = ("prefill", "decode")
+ROUTER_ROLE = "router"
+# vLLM serves its Prometheus metrics at /metrics of the engine's HTTP port, without the API key (vllm-router at
+# /metrics of its metrics port, the path of a record's metrics_url).
+METRICS_PATH = "/metrics"
+
+# scheme :// host (a name, an IPv4 address or [an IPv6 address]) : port, then an optional path; no user info,
+# query or fragment. Written out here because a pure file imports no urllib (tests/unit/plugins/test_layout.py).
+URL = re.compile(r"^(?P<scheme>https?)://(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9][A-Za-z0-9.-]*))"
+                 r":(?P<port>[0-9]{1,5})(?P<path>/[^?#\s]*)?\Z")
+
+
+def fleet_name(path):
+    """The fleet's label: the fleet file's name without .json (config/fleet.json -> fleet, fleet.lab.json ->
+    fleet.lab)."""
+    name = os.path.basename(str(path))
+    return name[:-len(".json")] if name.endswith(".json") and len(name) > len(".json") else name
+
+
+def parse_url(url):
+    """-> (scheme, host, port, path) of an http(s) URL with a host and a port, the host without brackets; None for
+    anything else."""
+    m = URL.match(url) if isinstance(url, str) else None
+    if not m:
+        return None
+    port = int(m.group("port"))
+    if not 0 < port < 65536:
+        return None
+    host = m.group("v6")
+    if host is not None:
+        try:
+            if ipaddress.ip_address(host).version != 6:
+                return None
+        except ValueError:
+            return None
+    else:
+        host = m.group("name")
+    return m.group("scheme"), host, port, (m.group("path") or "").rstrip("/")
+
+
+def address(host, port):
+    """A Prometheus target: host:port, an IPv6 host in brackets."""
+    return "%s:%d" % ("[%s]" % host if ":" in host else host, port)
+
+
+def _refuse_url(where, who, url, fix):
+    raise PlanError("%s: %s has URL %r; a Prometheus target needs an http or https URL with a host and a port "
+                    "(http://10.0.0.11:8000); %s" % (where, who, url, fix), where)
+
+
+def engine_targets(fleet, name, where="NARWHAL_FLEET"):
+    """One target group per fleet engine: its /metrics, job narwhal-engine, labels engine, role, host, fleet."""
+    if not isinstance(fleet, list):
+        raise PlanError("%s: the fleet is not a list of engines; rerun discovery" % where, where)
+    groups = []
+    for i, entry in enumerate(fleet):
+        if not isinstance(entry, dict):
+            raise PlanError("%s: entry %d is not an object; rerun discovery" % (where, i), where)
+        engine, role, url = entry.get("engine"), entry.get("role"), entry.get("url")
+        who = engine if isinstance(engine, str) and engine else "entry %d" % i
+        if not (isinstance(engine, str) and engine):
+            raise PlanError("%s: %s has no engine name; rerun discovery" % (where, who), where)
+        if role not in ENGINE_ROLES:
+            raise PlanError("%s: %s has role %r, not prefill or decode; set NARWHAL_NODE_<n>_ROLE and rerun "
+                            "discovery" % (where, who, role), where)
+        parsed = parse_url(url)
+        if parsed is None:
+            _refuse_url(where, who, url, "correct NARWHAL_NODE_<n>_URL (or the engine port) and rerun discovery")
+        scheme, host, port, path = parsed
+        groups.append({"targets": [address(host, port)],
+                       "labels": {"job": ENGINE_JOB, "engine": engine, "role": role, "host": host, "fleet": name,
+                                  "__scheme__": scheme, "__metrics_path__": path + METRICS_PATH}})
+    return sorted(groups, key=lambda g: natural_key(g["labels"]["engine"]))
+
+
+def router_targets(routers, name, where="runs/routers"):
+    """One target group per router record: its metrics_url, job narwhal-router, labels router, role router, host,
+    fleet."""
+    if not isinstance(routers, list):
+        raise PlanError("%s: the router records are not a list" % where, where)
+    groups = []
+    for i, record in enumerate(routers):
+        router = record.get("host") if isinstance(record, dict) else None
+        if not (isinstance(router, str) and router):
+            raise PlanError("%s: record %d names no router (its host); rerun the router stage" % (where, i), where)
+        url = record.get("metrics_url")
+        parsed = parse_url(url)
+        if parsed is None:
+            _refuse_url("%s/%s.json" % (where, router), "router %s" % router, url,
+                        "rerun the router stage (narwhal.deploy.router) to record it")
+        scheme, host, port, path = parsed
+        groups.append({"targets": [address(host, port)],
+                       "labels": {"job": ROUTER_JOB, "router": router, "role": ROUTER_ROLE, "host": host,
+                                  "fleet": name, "__scheme__": scheme, "__metrics_path__": path or METRICS_PATH}})
+    return sorted(groups, key=lambda g: natural_key(g["labels"]["router"]))
+
+
+def file_sd(fleet, routers, name):
+    """The file_sd document: the engines (in natural order of their names), then the routers. Refuses one
+    endpoint named twice (Prometheus would scrape it twice, under two names)."""
+    groups = engine_targets(fleet, name) + router_targets(routers or [], name)
+    seen = {}
+    for group in groups:
+        labels = group["labels"]
+        who = labels.get("engine") or "router %s" % labels.get("router")
+        key = (labels["__scheme__"], group["targets"][0], labels["__metrics_path__"])
+        if key in seen:
+            raise PlanError("NARWHAL_FLEET: %s and %s have the same metrics endpoint %s://%s%s; each engine and "
+                            "router needs one of its own (rerun discovery, or the router stage)"
+                            % (seen[key], who, key[0], key[1], key[2]), "NARWHAL_FLEET")
+        seen[key] = who
+    return groups

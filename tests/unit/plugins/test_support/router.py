@@ -1,0 +1,47 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The real vllm-router (requirements/router.txt) as a process of its own in front of stand-in engines
+(test_support.standin.engine_process), started as the router role starts it: roles/router/files/narwhal_router.py
+with the router.json the role writes (_router/plan.py::router_config), the key from a 0600 file."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._router.client import call
+from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import fleet_workers, router_config
+from test_support.paths import REPO
+from test_support.standin import free_port
+
+ENTRY = REPO / "roles" / "router" / "files" / "narwhal_router.py"
+
+
+def router_process(tmp_path, engines, key, health_interval_s=1, health_failures=2):
+    """-> {url, metrics_url, proc, log} of a router on free loopback ports, once its /workers answers (every engine
+    answered /health). The caller terminates `proc`."""
+    port, metrics = free_port(), free_port()
+    site = {"NARWHAL_ROUTER_BIND": "127.0.0.1", "NARWHAL_ROUTER_PORT": port, "NARWHAL_ROUTER_METRICS_PORT": metrics,
+            "NARWHAL_ROUTER_POLICY": "round_robin", "NARWHAL_ROUTER_READY_TIMEOUT": 60}
+    config = router_config(site, fleet_workers(engines))
+    key_file = tmp_path / "router-api.key"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    config["api_key_file"] = str(key_file)
+    args = config["args"]
+    args[args.index("--health-check-interval-secs") + 1] = str(health_interval_s)
+    args[args.index("--health-failure-threshold") + 1] = str(health_failures)
+    (tmp_path / "router.json").write_text(json.dumps(config))
+    log = tmp_path / "router.log"
+    env = {k: v for k, v in os.environ.items() if "KEY" not in k}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, str(ENTRY), str(tmp_path / "router.json")], stdout=out,
+                                stderr=subprocess.STDOUT, env=env)
+    url = "http://127.0.0.1:%d" % port
+    deadline = time.time() + 60
+    while call(url + "/workers", key, timeout=2)[0] != 200:
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            raise AssertionError("the router did not serve: %s" % log.read_text(errors="replace")[-2000:])
+        time.sleep(0.2)
+    return {"url": url, "metrics_url": "http://127.0.0.1:%d/metrics" % metrics, "proc": proc, "log": log}
