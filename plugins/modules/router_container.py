@@ -17,12 +17,12 @@ description:
   - O(state=started) runs the container of O(plan) (the C(narwhal.deploy.router_plan) filter) - kept when a
     container of that name already runs with the plan's hash label, started when it is stopped, replaced when its
     hash differs, created when there is none; O(restart) restarts a kept one (a new key file is read at start).
-  - O(state=info) reports the container (read-only); O(state=absent) removes it.
+  - O(state=inspected) reports the container (read-only); O(state=absent) removes it.
 options:
   state:
     description: What to do.
     type: str
-    choices: [image, started, info, absent]
+    choices: [image, started, inspected, absent]
     required: true
   image:
     description: The router image reference or ID (O(state=image)).
@@ -32,7 +32,7 @@ options:
       O(state=started).
     type: dict
   name:
-    description: The container name (O(state=info) and O(state=absent)).
+    description: The container name (O(state=inspected) and O(state=absent)).
     type: str
     default: narwhal-router
   restart:
@@ -92,7 +92,7 @@ action:
   type: str
 container:
   description: The container's inspection (C(Id), C(State), C(Config.Labels), C(RestartCount)), or null.
-  returned: when state is started or info
+  returned: when state is started or inspected
   type: dict
 """
 
@@ -183,7 +183,7 @@ def started(module, api, plan):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            state=dict(type="str", required=True, choices=["image", "started", "info", "absent"]),
+            state=dict(type="str", required=True, choices=["image", "started", "inspected", "absent"]),
             image=dict(type="str"),
             plan=dict(type="dict"),
             name=dict(type="str", default="narwhal-router"),
@@ -198,7 +198,7 @@ def main():
     try:
         if p["state"] == "image":
             module.exit_json(changed=False, **read_image(api, p["image"], p["timeout"]))
-        if p["state"] == "info":
+        if p["state"] == "inspected":
             module.exit_json(changed=False, container=_brief(_inspect(api, p["name"])))
         if p["state"] == "absent":
             existing = _inspect(api, p["name"])

@@ -46,7 +46,9 @@ def _plan(name, tmp_path, digest):
 
 
 def test_the_container_follows_its_plan(module_runner, name, tmp_path):
-    run = lambda args: module_runner(router_container.main, args)  # noqa: E731
+    def run(args):
+        return module_runner(router_container.main, args)
+
     status, first = run({"state": "started", "plan": _plan(name, tmp_path, "a" * 64)})
     assert status == "exit" and first["changed"] and first["action"] == "created"
     assert first["container"]["State"]["Running"]
@@ -64,7 +66,7 @@ def test_the_container_follows_its_plan(module_runner, name, tmp_path):
     status, replaced = run({"state": "started", "plan": _plan(name, tmp_path, "b" * 64)})
     assert replaced["action"] == "replaced" and replaced["container"]["Id"] != first["container"]["Id"]
     api.stop(name, timeout=1)
-    status, info = run({"state": "info", "name": name})
+    status, info = run({"state": "inspected", "name": name})
     assert not info["changed"] and info["container"]["State"]["Running"] is False
     status, started = run({"state": "started", "plan": _plan(name, tmp_path, "b" * 64)})
     assert started["action"] == "started" and started["container"]["Id"] == replaced["container"]["Id"]
@@ -72,5 +74,5 @@ def test_the_container_follows_its_plan(module_runner, name, tmp_path):
     assert removed["changed"] and removed["action"] == "removed"
     status, absent = run({"state": "absent", "name": name})
     assert not absent["changed"] and absent["action"] == "absent"
-    status, info = run({"state": "info", "name": name})
+    status, info = run({"state": "inspected", "name": name})
     assert info["container"] is None
