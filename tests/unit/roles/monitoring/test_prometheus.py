@@ -11,7 +11,6 @@ import math
 import os
 import pathlib
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -21,34 +20,17 @@ import urllib.request
 import pytest
 import yaml
 from test_support.paths import REPO
+from test_support.prometheus import PROMETHEUS, all_up, get, grafana, panels, query, until, variables
+from test_support.prometheus import start as start_prometheus
 from test_support.router import router_process
-from test_support.standin import engine_process, free_port
+from test_support.standin import engine_process
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._monitor.targets import file_sd
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.client import call, stream
 
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 DASHBOARD = REPO / "roles" / "monitoring" / "files" / "narwhal-pd-dashboard.json"
 KEY = "sk-narwhal-monitoring-test-key-0123456789"
 FLEET_NAME = "fleet.lab"  # config/fleet.lab.json: a name with a regex metacharacter, as Grafana must escape it
-RATE_INTERVAL = "1m"  # $__rate_interval: at a 1 s scrape interval, 60 samples (Grafana's floor is 4 intervals)
-DEADLINE_S = 90
-
-
-def _get(url, timeout=5):
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return json.loads(resp.read().decode())
-
-
-def _until(what, probe, deadline_s=DEADLINE_S):
-    """Poll probe() until it returns a true value; fail naming `what` and the last answer after the deadline."""
-    deadline, last = time.time() + deadline_s, None
-    while time.time() < deadline:
-        last = probe()
-        if last and last[0]:
-            return last[1]
-        time.sleep(0.25)
-    raise AssertionError("%s within %d s; last: %s" % (what, deadline_s, last and last[1]))
 
 
 def _playbook(project):
@@ -87,29 +69,6 @@ def _project(where, engines, router):
     return record
 
 
-def _prometheus(where, targets_file):
-    port = free_port()
-    (where / "prometheus.yml").write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [{"job_name": "narwhal",
-                            "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "5s"}]}]}))
-    with open(where / "prometheus.log", "wb") as log:
-        proc = subprocess.Popen([PROMETHEUS, "--config.file=%s" % (where / "prometheus.yml"),
-                                 "--storage.tsdb.path=%s" % (where / "tsdb"),
-                                 "--web.listen-address=127.0.0.1:%d" % port], stdout=log, stderr=subprocess.STDOUT)
-    url = "http://127.0.0.1:%d" % port
-
-    def ready():
-        assert proc.poll() is None, (where / "prometheus.log").read_text()[-3000:]
-        try:
-            with urllib.request.urlopen(url + "/-/ready", timeout=2) as resp:
-                return resp.status == 200, resp.status
-        except OSError as exc:
-            return False, exc
-    _until("Prometheus ready at %s" % url, ready)
-    return url, proc
-
-
 @pytest.fixture(scope="module")
 def scraped(tmp_path_factory):
     """Two stand-in engines, the real router in front of them, the role's targets, Prometheus scraping them, and
@@ -132,13 +91,13 @@ def scraped(tmp_path_factory):
         first = _playbook(project)
         second = _playbook(project)
         targets_file = project / "config" / "prometheus" / "narwhal-targets.json"
-        url, prom = _prometheus(tmp, targets_file)
+        url, prom = start_prometheus(tmp, targets_file)
         procs.append(prom)
         state = {"engines": engines, "router": router, "record": record, "project": project, "first": first,
                  "second": second, "targets_file": targets_file, "prometheus": url, "timings": {}}
         state["timings"]["setup_s"] = round(time.time() - started, 1)
         up_at = time.time()
-        state["active"] = _until("every target up", lambda: _all_up(url, 3))
+        state["active"] = until("every target up", lambda: all_up(url, 3))
         state["timings"]["targets_up_s"] = round(time.time() - up_at, 1)
         state["traffic"] = _traffic(router["url"], url)
         yield state
@@ -151,13 +110,6 @@ def scraped(tmp_path_factory):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
-
-
-def _all_up(url, count):
-    active = _get(url + "/api/v1/targets?state=active")["data"]["activeTargets"]
-    health = [(t["labels"].get("engine") or t["labels"].get("router"), t["health"], t["lastError"]) for t in active]
-    return len(active) == count and all(t["health"] == "up" for t in active), (active if len(active) == count and all(
-        t["health"] == "up" for t in active) else health)
 
 
 def _round(router_url, n):
@@ -183,53 +135,9 @@ def _traffic(router_url, prometheus):
     holds the first round's counters, is what the rates see."""
     first = _round(router_url, 1)
     counters = '{job="narwhal-router", __name__=~"vllm_router_pd_requests_total|vllm_router_pd_prefill_errors_total"}'
-    _until("the first round's router counters in Prometheus", lambda: (len(_query(prometheus, counters)) >= 3, None))
+    until("the first round's router counters in Prometheus", lambda: (len(query(prometheus, counters)) >= 3, None))
     second = _round(router_url, 2)
     return {"ok": 18, "refused": [first, second]}
-
-
-def _variables():
-    return {v["name"]: v for v in json.loads(DASHBOARD.read_text())["templating"]["list"]}
-
-
-def _regex_escape(value):
-    """Grafana's prometheusSpecialRegexEscape (public/app/plugins/datasource/prometheus): a backslash becomes four,
-    each other regex metacharacter gets two (one for the PromQL string, one for the regex)."""
-    return re.sub(r"[$^*{}\[\]'+?.()|]", lambda m: "\\\\" + m.group(0), value.replace("\\", "\\\\\\\\"))
-
-
-def grafana(expr, selected):
-    """expr with its template variables substituted as Grafana's Prometheus datasource does for regex matchers:
-    a multi-value or include-all variable becomes its regex-escaped value, (a|b) for several, its allValue for All;
-    $__rate_interval becomes RATE_INTERVAL."""
-    variables = _variables()
-    expr = expr.replace("$__rate_interval", RATE_INTERVAL).replace("${__rate_interval}", RATE_INTERVAL)
-    for name in sorted(selected, key=len, reverse=True):
-        var, value = variables[name], selected[name]
-        if value == "$__all":
-            text = var["allValue"]
-        else:
-            escaped = [_regex_escape(v) for v in value]
-            text = escaped[0] if len(escaped) == 1 else "(%s)" % "|".join(escaped)
-        expr = expr.replace("${%s}" % name, text).replace("$%s" % name, text)
-    assert "$" not in expr.replace("$__", ""), "an unsubstituted variable in %s" % expr
-    return expr
-
-
-def _panels():
-    """(panel title, refId, expr) of every query of every panel (rows' nested panels included)."""
-    out = []
-    for panel in json.loads(DASHBOARD.read_text())["panels"]:
-        for inner in [panel] + panel.get("panels", []):
-            for target in inner.get("targets", []):
-                out.append((inner["title"], target["refId"], target["expr"]))
-    return out
-
-
-def _query(url, expr):
-    answer = _get(url + "/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
-    assert answer["status"] == "success", answer
-    return answer["data"]["result"]
 
 
 def test_the_role_writes_the_targets_of_the_pure_code_and_a_second_run_changes_nothing(scraped):
@@ -261,7 +169,7 @@ def test_prometheus_scrapes_every_engine_and_the_router_with_the_fleet_labels(sc
                                      json.dumps({k: v for k, v in target["labels"].items() if k != "instance"})))
     # vLLM's own `engine` label (the engine core's index) does not hide the fleet's: Prometheus keeps it as
     # exported_engine
-    running = _query(scraped["prometheus"], 'vllm:num_requests_running{job="narwhal-engine"}')
+    running = query(scraped["prometheus"], 'vllm:num_requests_running{job="narwhal-engine"}')
     assert sorted((s["metric"]["engine"], s["metric"]["exported_engine"]) for s in running) == [
         ("engine-1", "0"), ("engine-2", "0")]
 
@@ -270,37 +178,37 @@ def test_every_panel_query_returns_series(scraped):
     url = scraped["prometheus"]
     selected = {"fleet": [FLEET_NAME], "role": "$__all"}
     started, rows = time.time(), []
-    for title, ref, expr in _panels():
-        query = grafana(expr, selected)
+    for title, ref, expr in panels(DASHBOARD):
+        promql = grafana(DASHBOARD, expr, selected)
 
-        def answered(query=query):
-            result = _query(url, query)
+        def answered(promql=promql):
+            result = query(url, promql)
             values = [float(s["value"][1]) for s in result]
             return bool(result) and any(math.isfinite(v) for v in values), result
-        result = _until("%s (%s): a series with a value for %s" % (title, ref, query), answered)
-        rows.append((title, ref, len(result), query, [s["value"][1] for s in result][:4]))
+        result = until("%s (%s): a series with a value for %s" % (title, ref, promql), answered)
+        rows.append((title, ref, len(result), promql, [s["value"][1] for s in result][:4]))
     print("\nevery panel answered within %.1f s of the traffic (%s):" % (time.time() - started, scraped["traffic"]))
-    for title, ref, count, query, values in rows:
-        print("  %-28s %s %d series %s\n      %s" % (title, ref, count, values, query))
-    assert len(rows) == len(_panels()) >= 20
+    for title, ref, count, promql, values in rows:
+        print("  %-28s %s %d series %s\n      %s" % (title, ref, count, values, promql))
+    assert len(rows) == len(panels(DASHBOARD)) >= 20
 
 
 def test_the_template_variables_list_the_fleet_and_its_roles_and_narrow_the_panels(scraped):
     url = scraped["prometheus"]
-    variables = _variables()
-    assert variables["DS_PROMETHEUS"]["type"] == "datasource" and variables["DS_PROMETHEUS"]["query"] == "prometheus"
+    known = variables(DASHBOARD)
+    assert known["DS_PROMETHEUS"]["type"] == "datasource" and known["DS_PROMETHEUS"]["query"] == "prometheus"
     found = {}
     for name in ("fleet", "role"):
-        m = re.match(r"^label_values\((.+), (\w+)\)$", variables[name]["query"])
-        assert m and m.group(2) == name, variables[name]["query"]
-        selector = grafana(m.group(1), {"fleet": [FLEET_NAME]})
-        query = urllib.parse.urlencode({"match[]": selector})
-        found[name] = _get(url + "/api/v1/label/%s/values?%s" % (name, query))["data"]
+        m = re.match(r"^label_values\((.+), (\w+)\)$", known[name]["query"])
+        assert m and m.group(2) == name, known[name]["query"]
+        selector = grafana(DASHBOARD, m.group(1), {"fleet": [FLEET_NAME]})
+        selector_query = urllib.parse.urlencode({"match[]": selector})
+        found[name] = get(url + "/api/v1/label/%s/values?%s" % (name, selector_query))["data"]
     assert found == {"fleet": [FLEET_NAME], "role": ["decode", "prefill"]}
-    (running,) = [expr for title, _ref, expr in _panels() if title == "Running requests"]
+    (running,) = [expr for title, _ref, expr in panels(DASHBOARD) if title == "Running requests"]
 
     def engines(selected):
-        return sorted(s["metric"]["engine"] for s in _query(url, grafana(running, selected)))
+        return sorted(s["metric"]["engine"] for s in query(url, grafana(DASHBOARD, running, selected)))
     assert engines({"fleet": [FLEET_NAME], "role": ["decode"]}) == ["engine-2"]
     assert engines({"fleet": [FLEET_NAME], "role": ["prefill", "decode"]}) == ["engine-1", "engine-2"]
     assert engines({"fleet": ["fleet"], "role": "$__all"}) == []  # the regex is escaped and anchored: fleet.lab only

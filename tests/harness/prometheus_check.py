@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""The real scenario's monitoring check (extensions/molecule/real/verify_monitoring.yml): a real Prometheus over the
+targets file the monitoring stage wrote scrapes the real engines and the router; every target must be `up`, and every
+panel query of the dashboard is run (its variables substituted as Grafana does) and shown with its series count; the
+dashboard's TTFT and KV-transfer panels must return series from the real engines.
+
+    prometheus_check.py TARGETS_FILE DASHBOARD_FILE FLEET_NAME WORKDIR
+"""
+import json
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "unit" / "plugins"))
+from test_support import prometheus  # noqa: E402 - the test helpers' package, beside this checkout's tests
+
+# panels that must answer from the real engines (polled: a rate needs two scrapes)
+REQUIRED = ("Scrape targets up", "Time to first token", "NIXL bytes transferred", "Running requests")
+
+
+def main(targets_file, dashboard_file, fleet, workdir):
+    targets, dashboard, where = pathlib.Path(targets_file), pathlib.Path(dashboard_file), pathlib.Path(workdir)
+    where.mkdir(parents=True, exist_ok=True)
+    expected = sum(len(group["targets"]) for group in json.loads(targets.read_text()))
+    url, proc = prometheus.start(where, targets)
+    failed = []
+    try:
+        active = prometheus.until("every target up", lambda: prometheus.all_up(url, expected))
+        for target in sorted(active, key=lambda t: t["scrapeUrl"]):
+            labels = {k: v for k, v in target["labels"].items() if k in ("job", "engine", "router", "role", "fleet")}
+            print("up %-4s %s %s" % (target["health"] == "up", target["scrapeUrl"], json.dumps(labels, sort_keys=True)))
+        selected = {"fleet": [fleet], "role": "$__all"}
+        for title, ref, expr in prometheus.panels(dashboard):
+            promql = prometheus.grafana(dashboard, expr, selected)
+            result = prometheus.query(url, promql)
+            if title in REQUIRED and not result:
+                def answered(q=promql):
+                    found = prometheus.query(url, q)
+                    return bool(found), found
+                try:
+                    result = prometheus.until("series for %s" % title, answered, deadline_s=30)
+                except AssertionError:
+                    result = []
+            values = [s["value"][1] for s in result][:3]
+            print("panel %-30s %s %2d series %s  %s" % (title, ref, len(result), values, promql))
+            if title in REQUIRED and not result:
+                failed.append("%s (%s)" % (title, ref))
+    finally:
+        proc.terminate()
+        proc.wait(15)
+    if failed:
+        print("no series for: %s" % ", ".join(failed))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:5]))

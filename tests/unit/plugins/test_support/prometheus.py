@@ -1,0 +1,118 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A real Prometheus (Debian's `prometheus` package; scripts/bootstrap.sh installs it) for the monitoring tests and
+the real scenario's check (tests/harness/prometheus_check.py): started on a free port with its own storage over a
+file_sd targets file, polled until ready and until every target is up; and the Grafana dashboard's panel queries with
+their template variables substituted as Grafana's Prometheus datasource substitutes them."""
+import json
+import re
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+
+import yaml
+
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+RATE_INTERVAL = "1m"  # $__rate_interval: at a 1 s scrape interval, 60 samples (Grafana's floor is 4 intervals)
+DEADLINE_S = 90
+
+
+def get(url, timeout=5):
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return json.loads(resp.read().decode())
+
+
+def until(what, probe, deadline_s=DEADLINE_S):
+    """Poll probe() -> (done, value) until done; fail naming `what` and the last answer after the deadline."""
+    deadline, last = time.time() + deadline_s, None
+    while time.time() < deadline:
+        last = probe()
+        if last and last[0]:
+            return last[1]
+        time.sleep(0.25)
+    raise AssertionError("%s within %d s; last: %s" % (what, deadline_s, last and last[1]))
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(where, targets_file):
+    """-> (url, Popen) of a Prometheus scraping the file_sd targets every second."""
+    port = _free_port()
+    (where / "prometheus.yml").write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [{"job_name": "narwhal",
+                            "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "5s"}]}]}))
+    with open(where / "prometheus.log", "wb") as log:
+        proc = subprocess.Popen([PROMETHEUS, "--config.file=%s" % (where / "prometheus.yml"),
+                                 "--storage.tsdb.path=%s" % (where / "tsdb"),
+                                 "--web.listen-address=127.0.0.1:%d" % port], stdout=log, stderr=subprocess.STDOUT)
+    url = "http://127.0.0.1:%d" % port
+
+    def ready():
+        assert proc.poll() is None, (where / "prometheus.log").read_text()[-3000:]
+        try:
+            with urllib.request.urlopen(url + "/-/ready", timeout=2) as resp:
+                return resp.status == 200, resp.status
+        except OSError as exc:
+            return False, exc
+    until("Prometheus ready at %s" % url, ready)
+    return url, proc
+
+
+def all_up(url, count):
+    """(every one of `count` active targets is up, the targets or their health)."""
+    active = get(url + "/api/v1/targets?state=active")["data"]["activeTargets"]
+    done = len(active) == count and all(t["health"] == "up" for t in active)
+    health = [(t["labels"].get("engine") or t["labels"].get("router"), t["health"], t["lastError"]) for t in active]
+    return done, (active if done else health)
+
+
+def query(url, expr):
+    answer = get(url + "/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+    assert answer["status"] == "success", answer
+    return answer["data"]["result"]
+
+
+def variables(dashboard):
+    return {v["name"]: v for v in json.loads(dashboard.read_text())["templating"]["list"]}
+
+
+def regex_escape(value):
+    """Grafana's prometheusSpecialRegexEscape (public/app/plugins/datasource/prometheus): a backslash becomes four,
+    each other regex metacharacter gets two (one for the PromQL string, one for the regex)."""
+    return re.sub(r"[$^*{}\[\]'+?.()|]", lambda m: "\\\\" + m.group(0), value.replace("\\", "\\\\\\\\"))
+
+
+def grafana(dashboard, expr, selected):
+    """expr with its template variables substituted as Grafana's Prometheus datasource does for regex matchers:
+    a multi-value or include-all variable becomes its regex-escaped value, (a|b) for several, its allValue for All;
+    $__rate_interval becomes RATE_INTERVAL."""
+    known = variables(dashboard)
+    expr = expr.replace("$__rate_interval", RATE_INTERVAL).replace("${__rate_interval}", RATE_INTERVAL)
+    for name in sorted(selected, key=len, reverse=True):
+        var, value = known[name], selected[name]
+        if value == "$__all":
+            text = var["allValue"]
+        else:
+            escaped = [regex_escape(v) for v in value]
+            text = escaped[0] if len(escaped) == 1 else "(%s)" % "|".join(escaped)
+        expr = expr.replace("${%s}" % name, text).replace("$%s" % name, text)
+    assert "$" not in expr.replace("$__", ""), "an unsubstituted variable in %s" % expr
+    return expr
+
+
+def panels(dashboard):
+    """(panel title, refId, expr) of every query of every panel (rows' nested panels included)."""
+    out = []
+    for panel in json.loads(dashboard.read_text())["panels"]:
+        for inner in [panel] + panel.get("panels", []):
+            for target in inner.get("targets", []):
+                out.append((inner["title"], target["refId"], target["expr"]))
+    return out
