@@ -100,8 +100,9 @@ sys.exit(server.serve(args, args.kv_transfer_config))
 """
 
 
-def engine_process(tmp_path, name, key, *flags, version="0.33.0"):
-    """-> (url, Popen) of a stand-in engine serving the tiny model config on free loopback ports."""
+def engine_process(tmp_path, name, key, *flags, version="0.33.0", port=None):
+    """-> (url, Popen) of a stand-in engine serving the tiny model config on free loopback ports (or HTTP on
+    `port`: an engine replaced at its URL)."""
     import os
     import subprocess
     import time
@@ -112,7 +113,7 @@ def engine_process(tmp_path, name, key, *flags, version="0.33.0"):
     # the harness checkpoint's tokenizer config: its chat template lets the stand-in answer chat completions
     (model / "tokenizer_config.json").write_text((REPO / "tests" / "harness" / "models" / "tiny-llama" /
                                                   "tokenizer_config.json").read_text())
-    port = free_port()
+    port = port or free_port()
     kv = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"})
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "VLLM_"))}
     # the key by environment, as the launcher passes it (never in the process list)

@@ -140,3 +140,63 @@ def test_the_role_pins_the_version_requirements_pin():
                 if "==" in line and not line.startswith("#"))
     defaults = (REPO / "roles" / "router" / "defaults" / "main.yml").read_text()
     assert 'router_version: "%s"' % pins["vllm-router"] in defaults
+
+
+def test_an_engine_replaced_leaves_the_router_answering_through_the_others(tmp_path):
+    """A rolling replace stops one engine at a time. vllm-router 0.1.17 does not retry a P/D request on another
+    decode worker: until its health checks (HEALTH_INTERVAL_S x HEALTH_FAILURES) take the stopped engine out of its
+    healthy set, the requests it routes there fail (HTTP 500, connection refused). Once they have, with two decode
+    engines, every request is answered through the other, and the replaced engine serves again once it is back."""
+    procs, engines = {}, []
+    for n, role in ((1, "prefill"), (2, "decode"), (3, "decode")):
+        url, procs["engine-%d" % n] = engine_process(tmp_path, str(n), KEY)
+        engines.append({"engine": "engine-%d" % n, "role": role, "url": url})
+    port, metrics = free_port(), free_port()
+    site = {"NARWHAL_ROUTER_BIND": "127.0.0.1", "NARWHAL_ROUTER_PORT": port, "NARWHAL_ROUTER_METRICS_PORT": metrics,
+            "NARWHAL_ROUTER_POLICY": "round_robin", "NARWHAL_ROUTER_READY_TIMEOUT": 60}
+    config = router_config(site, fleet_workers(engines))
+    key_file = tmp_path / "api.key"
+    key_file.write_text(KEY + "\n")
+    key_file.chmod(0o600)
+    config["api_key_file"] = str(key_file)
+    args = config["args"]
+    args[args.index("--health-check-interval-secs") + 1] = "1"
+    args[args.index("--health-failure-threshold") + 1] = "2"
+    (tmp_path / "router.json").write_text(json.dumps(config))
+    url = "http://127.0.0.1:%d" % port
+    with open(tmp_path / "router.log", "wb") as log:
+        router_proc = subprocess.Popen([sys.executable, str(ENTRY), str(tmp_path / "router.json")], stdout=log,
+                                       stderr=subprocess.STDOUT)
+    body = {"model": "tiny", "prompt": "rolling replace", "max_tokens": 4}
+
+    def healthy():
+        status, answer = call(url + "/workers", KEY, timeout=2)
+        return {w["url"]: w["is_healthy"] for w in answer["workers"]} if status == 200 else {}
+
+    def wait_for(predicate):
+        deadline = time.time() + 30
+        while time.time() < deadline and not predicate():
+            time.sleep(0.2)
+        assert predicate(), healthy()
+    try:
+        wait_for(lambda: len(healthy()) == 3)
+        assert [call(url + "/v1/completions", KEY, body, timeout=20)[0] for _i in range(4)] == [200] * 4
+        procs["engine-3"].kill()
+        procs["engine-3"].wait(10)
+        wait_for(lambda: healthy().get(engines[2]["url"]) is False)
+        answers = [call(url + "/v1/completions", KEY, dict(body, prompt="while down %d" % i), timeout=30)[0]
+                   for i in range(8)]
+        assert answers == [200] * 8, (answers, (tmp_path / "router.log").read_text(errors="replace")[-2000:])
+        # the replaced engine comes back at its URL: the router serves it again
+        port3 = int(engines[2]["url"].rsplit(":", 1)[1])
+        procs["engine-3"] = engine_process(tmp_path, "3", KEY, port=port3)[1]
+        wait_for(lambda: healthy().get(engines[2]["url"]) is True)
+        answers = [call(url + "/v1/completions", KEY, dict(body, prompt="back %d" % i), timeout=30)[0]
+                   for i in range(4)]
+        assert answers == [200] * 4
+    finally:
+        router_proc.terminate()
+        router_proc.wait(10)
+        for proc in procs.values():
+            proc.kill()
+            proc.wait(10)
