@@ -22,22 +22,9 @@ description:
     (HTTP 401).
   - Read-only for the fleet; fails naming every request and engine that did not pass.
 options:
-  url:
-    description: The router's base URL as the router host reaches it.
-    type: str
-    required: true
-  engines:
-    description: The resolved fleet (the C(narwhal.deploy.fleet) lookup), each entry with C(engine), C(role) and C(url).
-    type: list
-    elements: dict
-    required: true
   model:
     description: The served model name.
     type: str
-    required: true
-  api_key_file:
-    description: The engines' API key file on the router host (mode 0600 or 0400, one line).
-    type: path
     required: true
   block_size:
     description: The engines' KV block size in tokens (the long prompt is one and a half blocks of words).
@@ -58,6 +45,7 @@ extends_documentation_fragment:
   - narwhal.deploy.attributes
   - narwhal.deploy.attributes.read_only
   - narwhal.deploy.attributes.router_host
+  - narwhal.deploy.router_access
 author:
   - narwhal.deploy contributors (@narwhal-deploy)
 """
@@ -100,6 +88,7 @@ import uuid
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.specs import ROUTER_ACCESS_SPEC
 from ansible_collections.narwhal.deploy.plugins.module_utils._router import traffic
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.client import call, metrics, read_key, stream
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import fleet_workers
@@ -164,10 +153,8 @@ def one_request(p, key, workers, endpoint, streamed, kind):
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            url=dict(type="str", required=True),
-            engines=dict(type="list", elements="dict", required=True),
+            **ROUTER_ACCESS_SPEC,
             model=dict(type="str", required=True),
-            api_key_file=dict(type="path", required=True, no_log=False),
             block_size=dict(type="int", default=16),
             max_tokens=dict(type="int", default=8, no_log=False),
             timeout=dict(type="int", default=120),

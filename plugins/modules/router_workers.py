@@ -18,19 +18,6 @@ description:
     waits for its workers (it serves only once every worker answered C(/health)).
   - Fails naming every difference (use it with C(until) to wait); read-only.
 options:
-  url:
-    description: The router's base URL as the router host reaches it.
-    type: str
-    required: true
-  engines:
-    description: The resolved fleet (the C(narwhal.deploy.fleet) lookup), each entry with C(engine), C(role) and C(url).
-    type: list
-    elements: dict
-    required: true
-  api_key_file:
-    description: The engines' API key file on the router host (mode 0600 or 0400, one line).
-    type: path
-    required: true
   timeout:
     description: Seconds per HTTP request.
     type: int
@@ -42,6 +29,7 @@ extends_documentation_fragment:
   - narwhal.deploy.attributes
   - narwhal.deploy.attributes.read_only
   - narwhal.deploy.attributes.router_host
+  - narwhal.deploy.router_access
 author:
   - narwhal.deploy contributors (@narwhal-deploy)
 """
@@ -85,6 +73,7 @@ not_answering:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.specs import ROUTER_ACCESS_SPEC
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.client import call, read_key
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import (
     fleet_workers,
@@ -96,9 +85,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            url=dict(type="str", required=True),
-            engines=dict(type="list", elements="dict", required=True),
-            api_key_file=dict(type="path", required=True, no_log=False),
+            **ROUTER_ACCESS_SPEC,
             timeout=dict(type="int", default=10),
         ),
         supports_check_mode=True,

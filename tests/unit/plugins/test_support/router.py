@@ -18,8 +18,8 @@ ENTRY = REPO / "roles" / "router" / "files" / "narwhal_router.py"
 
 
 def router_process(tmp_path, engines, key, health_interval_s=1, health_failures=2):
-    """-> {url, metrics_url, proc, log} of a router on free loopback ports, once its /workers answers (every engine
-    answered /health). The caller terminates `proc`."""
+    """-> {url, metrics_url, proc, log, key_file} of a router on free loopback ports, once its /workers answers
+    (every engine answered /health). The caller terminates `proc`."""
     port, metrics = free_port(), free_port()
     site = {"NARWHAL_ROUTER_BIND": "127.0.0.1", "NARWHAL_ROUTER_PORT": port, "NARWHAL_ROUTER_METRICS_PORT": metrics,
             "NARWHAL_ROUTER_POLICY": "round_robin", "NARWHAL_ROUTER_READY_TIMEOUT": 60}
@@ -44,4 +44,5 @@ def router_process(tmp_path, engines, key, health_interval_s=1, health_failures=
             proc.kill()
             raise AssertionError("the router did not serve: %s" % log.read_text(errors="replace")[-2000:])
         time.sleep(0.2)
-    return {"url": url, "metrics_url": "http://127.0.0.1:%d/metrics" % metrics, "proc": proc, "log": log}
+    return {"url": url, "metrics_url": "http://127.0.0.1:%d/metrics" % metrics, "proc": proc, "log": log,
+            "key_file": str(key_file)}

@@ -3,21 +3,18 @@ served in-process: the start script (roles/router/files/narwhal_router.py) keeps
 the process environment and its logs and refuses keyless clients; router_workers reports the fleet (and names an
 engine the router lost); router_traffic proves every request of its matrix."""
 import json
-import os
 import subprocess
-import sys
 import time
 
 import pytest
 from test_support.paths import REPO
-from test_support.standin import engine_process, free_port
+from test_support.router import router_process
+from test_support.standin import engine_process
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.client import call
-from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import fleet_workers, router_config
 from ansible_collections.narwhal.deploy.plugins.modules import router_traffic, router_workers
 
 KEY = "sk-narwhal-router-test-key-0123456789abcdef"
-ENTRY = REPO / "roles" / "router" / "files" / "narwhal_router.py"
 
 
 @pytest.fixture
@@ -36,33 +33,10 @@ def fleet(tmp_path):
 @pytest.fixture
 def router(fleet, tmp_path):
     engines, procs = fleet
-    port, metrics = free_port(), free_port()
-    site = {"NARWHAL_ROUTER_BIND": "127.0.0.1", "NARWHAL_ROUTER_PORT": port, "NARWHAL_ROUTER_METRICS_PORT": metrics,
-            "NARWHAL_ROUTER_POLICY": "round_robin", "NARWHAL_ROUTER_READY_TIMEOUT": 60}
-    config = router_config(site, fleet_workers(engines))
-    key_file = tmp_path / "api.key"
-    key_file.write_text(KEY + "\n")
-    key_file.chmod(0o600)
-    config["api_key_file"] = str(key_file)
-    # what the test needs sooner than a site does: a lost worker leaves the healthy set within ~2 s
-    args = config["args"]
-    args[args.index("--health-check-interval-secs") + 1] = "1"
-    args[args.index("--health-failure-threshold") + 1] = "2"
-    (tmp_path / "router.json").write_text(json.dumps(config))
-    log = open(tmp_path / "router.log", "wb")
-    env = {k: v for k, v in os.environ.items() if "KEY" not in k}
-    proc = subprocess.Popen([sys.executable, str(ENTRY), str(tmp_path / "router.json")], stdout=log,
-                            stderr=subprocess.STDOUT, env=env)
-    url = "http://127.0.0.1:%d" % port
-    deadline = time.time() + 60
-    while time.time() < deadline and call(url + "/workers", KEY, timeout=2)[0] != 200:
-        assert proc.poll() is None, (tmp_path / "router.log").read_text()
-        time.sleep(0.2)
-    yield {"url": url, "metrics": "http://127.0.0.1:%d" % metrics, "engines": engines, "procs": procs,
-           "proc": proc, "key_file": str(key_file), "log": tmp_path / "router.log"}
-    proc.terminate()
-    proc.wait(10)
-    log.close()
+    started = router_process(tmp_path, engines, KEY)
+    yield dict(started, engines=engines, procs=procs, metrics=started["metrics_url"].rsplit("/", 1)[0])
+    started["proc"].terminate()
+    started["proc"].wait(10)
 
 
 def test_the_key_is_in_no_process_list_environment_or_log(router, module_runner):
@@ -151,22 +125,8 @@ def test_an_engine_replaced_leaves_the_router_answering_through_the_others(tmp_p
     for n, role in ((1, "prefill"), (2, "decode"), (3, "decode")):
         url, procs["engine-%d" % n] = engine_process(tmp_path, str(n), KEY)
         engines.append({"engine": "engine-%d" % n, "role": role, "url": url})
-    port, metrics = free_port(), free_port()
-    site = {"NARWHAL_ROUTER_BIND": "127.0.0.1", "NARWHAL_ROUTER_PORT": port, "NARWHAL_ROUTER_METRICS_PORT": metrics,
-            "NARWHAL_ROUTER_POLICY": "round_robin", "NARWHAL_ROUTER_READY_TIMEOUT": 60}
-    config = router_config(site, fleet_workers(engines))
-    key_file = tmp_path / "api.key"
-    key_file.write_text(KEY + "\n")
-    key_file.chmod(0o600)
-    config["api_key_file"] = str(key_file)
-    args = config["args"]
-    args[args.index("--health-check-interval-secs") + 1] = "1"
-    args[args.index("--health-failure-threshold") + 1] = "2"
-    (tmp_path / "router.json").write_text(json.dumps(config))
-    url = "http://127.0.0.1:%d" % port
-    with open(tmp_path / "router.log", "wb") as log:
-        router_proc = subprocess.Popen([sys.executable, str(ENTRY), str(tmp_path / "router.json")], stdout=log,
-                                       stderr=subprocess.STDOUT)
+    started = router_process(tmp_path, engines, KEY)
+    url, router_proc = started["url"], started["proc"]
     body = {"model": "tiny", "prompt": "rolling replace", "max_tokens": 4}
 
     def healthy():
@@ -186,7 +146,7 @@ def test_an_engine_replaced_leaves_the_router_answering_through_the_others(tmp_p
         wait_for(lambda: healthy().get(engines[2]["url"]) is False)
         answers = [call(url + "/v1/completions", KEY, dict(body, prompt="while down %d" % i), timeout=30)[0]
                    for i in range(8)]
-        assert answers == [200] * 8, (answers, (tmp_path / "router.log").read_text(errors="replace")[-2000:])
+        assert answers == [200] * 8, (answers, started["log"].read_text(errors="replace")[-2000:])
         # the replaced engine comes back at its URL: the router serves it again
         port3 = int(engines[2]["url"].rsplit(":", 1)[1])
         procs["engine-3"] = engine_process(tmp_path, "3", KEY, port=port3)[1]
