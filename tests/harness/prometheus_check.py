@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
 """The real scenario's monitoring check (extensions/molecule/real/verify_monitoring.yml): a real Prometheus over the
 targets file the monitoring stage wrote scrapes the real engines and the router; every target must be `up`, and every
 panel query of the dashboard is run (its variables substituted as Grafana does) and shown with its series count; the
 dashboard's TTFT and KV-transfer panels must return series from the real engines.
 
-    prometheus_check.py TARGETS_FILE DASHBOARD_FILE FLEET_NAME WORKDIR
+    python3 prometheus_check.py TARGETS_FILE DASHBOARD_FILE FLEET_NAME WORKDIR
 """
 import json
 import pathlib
