@@ -104,10 +104,10 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api 
     NotFound,
     container_config,
 )
+from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import PLAN_HASH_LABEL
 
 VERSION_CODE = ("import importlib.metadata as m\ntry:\n    print(m.version('vllm-router'))\n"
                 "except m.PackageNotFoundError:\n    print('')\n")
-PLAN_HASH_LABEL = "org.narwhal.router.plan-hash"
 
 
 def _inspect(api, name):

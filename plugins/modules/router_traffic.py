@@ -88,9 +88,10 @@ import uuid
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.specs import ROUTER_ACCESS_SPEC
 from ansible_collections.narwhal.deploy.plugins.module_utils._router import traffic
-from ansible_collections.narwhal.deploy.plugins.module_utils._router.client import call, metrics, read_key, stream
+from ansible_collections.narwhal.deploy.plugins.module_utils._router.client import metrics, read_key, stream
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import fleet_workers
 
 
@@ -113,7 +114,7 @@ def one_request(p, key, workers, endpoint, streamed, kind):
         entry["ttft_s"] = round(first, 4) if first is not None else None
         broken = tail or None
     else:
-        status, answer = call(url, key, body, p["timeout"])
+        status, answer = call(url, key, body, timeout=p["timeout"])
         got = traffic.answer_text(endpoint, answer)
         usage = answer.get("usage") if isinstance(answer, dict) else None
         choices = answer.get("choices") if isinstance(answer, dict) else None
@@ -139,7 +140,7 @@ def one_request(p, key, workers, endpoint, streamed, kind):
     direct = {}
     for worker in workers["decode"]:
         ref = traffic.request_body(endpoint, p["model"], text, p["max_tokens"], False, salt=uuid.uuid4().hex)
-        code, answer = call(worker["url"] + traffic.ENDPOINTS[endpoint], key, ref, p["timeout"])
+        code, answer = call(worker["url"] + traffic.ENDPOINTS[endpoint], key, ref, timeout=p["timeout"])
         direct[worker["engine"]] = traffic.answer_text(endpoint, answer) if code == 200 else "HTTP %s" % code
     entry["direct"] = direct
     entry["equal"] = bool(got) and all(v == got for v in direct.values())

@@ -73,11 +73,13 @@ not_answering:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.specs import ROUTER_ACCESS_SPEC
-from ansible_collections.narwhal.deploy.plugins.module_utils._router.client import call, read_key
+from ansible_collections.narwhal.deploy.plugins.module_utils._router.client import read_key
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import (
     fleet_workers,
     report_problems,
+    worker_label,
     worker_report,
 )
 
@@ -104,7 +106,7 @@ def main():
         for worker in workers[role]:
             code, _body = call(worker["url"] + "/health", timeout=p["timeout"])
             if code != 200:
-                down.append("%s (%s %s)" % (worker["engine"], role, worker["url"]))
+                down.append(worker_label(role, worker))
     status, answer = call(url + "/workers", key, timeout=p["timeout"])
     result = dict(changed=False, answered=status == 200, workers=[], not_answering=down)
     if status != 200:

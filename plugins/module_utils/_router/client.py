@@ -1,32 +1,24 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""HTTP to the router and the engines from the router host (an I/O edge): JSON requests, Server-Sent-Event streams,
-Prometheus text, and the API key file read by the launcher's rule (_plan/role_env.py::api_key_from).
+"""HTTP to the router and the engines from the router host (an I/O edge), beside the one JSON request and key-file
+reader of _common/http.py: Server-Sent-Event streams, Prometheus text, and the router host's key file.
 Nothing here prints the key: errors carry the status and body, never the request headers."""
 
 from __future__ import annotations
 
 import json
-import os
 import time
 
 from ansible.module_utils.urls import open_url
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import host_name, read_regular
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import API_KEY_MAX_BYTES, api_key_from
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call, read_key_file
 
 __metaclass__ = type
 
 
 def read_key(path):
-    try:
-        st = os.stat(path)
-        raw = read_regular(path, API_KEY_MAX_BYTES)
-    except OSError as exc:
-        raise PlanError("cannot read the API key file %s on host %s (%s); rerun the router stage, which installs it"
-                        % (path, host_name(), exc.strerror or exc), "NARWHAL_API_KEY_FILE")
-    return api_key_from(raw, st.st_mode, path)
+    """The engines' key the router stage installed on this host (_common/http.py::read_key_file)."""
+    return read_key_file(path, "rerun the router stage, which installs it")
 
 
 def _headers(key, extra=None):
@@ -42,22 +34,8 @@ def _error(exc):
     try:
         text = exc.read().decode("utf-8", "replace")
     except Exception:  # noqa: BLE001 - no body: the exception is the answer
-        text = str(getattr(exc, "reason", None) or exc)
+        text = str(exc)
     return status, text
-
-
-def call(url, key=None, body=None, timeout=60):
-    """-> (status, parsed JSON or text); status 0 when nothing answered."""
-    try:
-        resp = open_url(url, method="POST" if body is not None else "GET", headers=_headers(key), timeout=timeout,
-                        data=json.dumps(body) if body is not None else None)
-        status, text = resp.getcode(), resp.read().decode("utf-8", "replace")
-    except Exception as exc:  # noqa: BLE001 - HTTP errors carry a status; anything else did not answer
-        status, text = _error(exc)
-    try:
-        return status, json.loads(text)
-    except (ValueError, RecursionError):
-        return status, text
 
 
 def stream(url, key, body, timeout=60):

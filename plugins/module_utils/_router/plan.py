@@ -142,6 +142,11 @@ def router_plan(site, fleet, image_id, version, entry_sha256, address=None):
     return plan
 
 
+def worker_label(role, worker):
+    """How every report names a fleet worker: engine (role URL)."""
+    return "%s (%s %s)" % (worker["engine"], role, worker["url"])
+
+
 def worker_report(answer, workers):
     """What the router's GET /workers answer says against the fleet's workers: every fleet worker seen with its
     role and healthy, nothing the fleet lacks. -> {seen, missing, unhealthy, wrong_role, extra, ok}; each list
@@ -155,7 +160,7 @@ def worker_report(answer, workers):
         for worker in workers[role]:
             expected[worker["url"]] = worker
             got = by_url.get(worker["url"])
-            label = "%s (%s %s)" % (worker["engine"], role, worker["url"])
+            label = worker_label(role, worker)
             if got is None:
                 report["missing"].append(label)
                 continue

@@ -10,19 +10,15 @@ Python 3.8 compatible (runs on engine hosts).
 
 from __future__ import annotations
 
-import json
-import os
 import time
 import uuid
 
-from ansible.module_utils.urls import open_url
-
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import read_key_file as _read_key_file
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.nixl_metrics import nixl_counters
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import host_name, read_regular
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import (
-    API_KEY_MAX_BYTES,
-    api_key_from,
     install_paths,
     parse_role_env,
 )
@@ -40,39 +36,9 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._probe.verdict impo
 __metaclass__ = type
 
 
-def call(url, key, body=None, request_id=None, timeout=120):
-    headers = {"Content-Type": "application/json"}
-    if key:
-        headers["Authorization"] = "Bearer %s" % key
-    if request_id:
-        headers["X-Request-Id"] = request_id
-    try:
-        resp = open_url(url, method="POST" if body is not None else "GET", headers=headers, timeout=timeout,
-                        data=json.dumps(body) if body is not None else None, validate_certs=True)
-        text = resp.read().decode("utf-8", "replace")
-        status = resp.getcode()
-    except Exception as exc:  # noqa: BLE001 - HTTP errors carry a status; anything else is a failed probe
-        status = getattr(exc, "code", None) or 0
-        try:
-            text = exc.read().decode("utf-8", "replace")
-        except Exception:  # noqa: BLE001
-            text = str(exc)
-    try:
-        return status, json.loads(text)
-    except (ValueError, RecursionError):
-        return status, text
-
-
 def read_key_file(path):
-    """The key in `path` by the launcher's rule (_plan/role_env.py::api_key_from); raises PlanError naming the file."""
-    try:
-        st = os.stat(path)
-        raw = read_regular(path, API_KEY_MAX_BYTES)  # a FIFO is refused by name, never waited on
-    except OSError as exc:
-        raise PlanError("cannot read the engine API key file %s on host %s (%s); install the engine there "
-                        "(playbooks/prepare.yml) or pass api_key_file / api_key"
-                        % (path, host_name(), exc.strerror or exc), "NARWHAL_API_KEY_FILE")
-    return api_key_from(raw, st.st_mode, path)
+    """The key in `path` (_common/http.py::read_key_file, the launcher's rule)."""
+    return _read_key_file(path, "install the engine there (playbooks/prepare.yml) or pass api_key_file / api_key")
 
 
 def installed_key_file(checkout, engine):

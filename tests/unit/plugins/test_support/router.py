@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._router.client import call
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import fleet_workers, router_config
 from test_support.paths import REPO
 from test_support.standin import free_port

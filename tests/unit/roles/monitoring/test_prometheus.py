@@ -25,8 +25,9 @@ from test_support.prometheus import start as start_prometheus
 from test_support.router import router_process
 from test_support.standin import engine_process
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call
 from ansible_collections.narwhal.deploy.plugins.module_utils._monitor.targets import file_sd
-from ansible_collections.narwhal.deploy.plugins.module_utils._router.client import call, stream
+from ansible_collections.narwhal.deploy.plugins.module_utils._router.client import stream
 
 DASHBOARD = REPO / "roles" / "monitoring" / "files" / "narwhal-pd-dashboard.json"
 KEY = "sk-narwhal-monitoring-test-key-0123456789"

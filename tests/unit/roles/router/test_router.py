@@ -11,7 +11,7 @@ from test_support.paths import REPO
 from test_support.router import router_process
 from test_support.standin import engine_process
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._router.client import call
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call
 from ansible_collections.narwhal.deploy.plugins.modules import router_traffic, router_workers
 
 KEY = "sk-narwhal-router-test-key-0123456789abcdef"

@@ -1,0 +1,55 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""HTTP to the engines and the routers (an I/O edge), shared by the transfer probe (_steps/transfer_probe.py) and the
+router host's modules (_router/client.py): one JSON request with the engines' Bearer key, and the key file read by
+the launcher's rule (_plan/role_env.py::api_key_from). Errors carry the status and body, never the request headers,
+so nothing here prints the key. Python 3.8 compatible (runs on engine and router hosts)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ansible.module_utils.urls import open_url
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import host_name, read_regular
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import API_KEY_MAX_BYTES, api_key_from
+
+__metaclass__ = type
+
+
+def call(url, key=None, body=None, request_id=None, timeout=120):
+    """GET (or POST `body` as JSON) -> (status, parsed JSON or text); status 0 when nothing answered."""
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = "Bearer %s" % key
+    if request_id:
+        headers["X-Request-Id"] = request_id
+    try:
+        resp = open_url(url, method="POST" if body is not None else "GET", headers=headers, timeout=timeout,
+                        data=json.dumps(body) if body is not None else None, validate_certs=True)
+        text = resp.read().decode("utf-8", "replace")
+        status = resp.getcode()
+    except Exception as exc:  # noqa: BLE001 - HTTP errors carry a status; anything else did not answer
+        status = getattr(exc, "code", None) or 0
+        try:
+            text = exc.read().decode("utf-8", "replace")
+        except Exception:  # noqa: BLE001
+            text = str(exc)
+    try:
+        return status, json.loads(text)
+    except (ValueError, RecursionError):
+        return status, text
+
+
+def read_key_file(path, fix):
+    """The key in `path` by the launcher's rule (_plan/role_env.py::api_key_from); raises PlanError naming the file
+    and ending with `fix` (how the caller's stage puts the file there)."""
+    try:
+        st = os.stat(path)
+        raw = read_regular(path, API_KEY_MAX_BYTES)  # a FIFO is refused by name, never waited on
+    except OSError as exc:
+        raise PlanError("cannot read the engine API key file %s on host %s (%s); %s"
+                        % (path, host_name(), exc.strerror or exc, fix), "NARWHAL_API_KEY_FILE")
+    return api_key_from(raw, st.st_mode, path)
