@@ -1,20 +1,24 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filters of narwhal.deploy: resolve_values (complete-value substitution), an engine's node settings and
-launcher command line, the router's plan, the Prometheus targets of the fleet, and the rows of the playbooks'
-tables."""
+launcher command line, the router's plan, the benchmark's plan, the Prometheus targets of the fleet, and the rows of
+the playbooks' tables."""
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import bench_plan as plan_bench
+from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import bench_router_plan as plan_bench_router
+from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import from_record
+from ansible_collections.narwhal.deploy.plugins.module_utils._bench.report import progress
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import redact_text, secret_values
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import engine_settings
 from ansible_collections.narwhal.deploy.plugins.module_utils._monitor.targets import file_sd, fleet_name
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import install_paths
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.subst import SubstitutionError, resolve_values
-from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import config_text, local_url
+from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import config_text, fleet_workers, local_url
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import router_plan as plan_router
 from ansible_collections.narwhal.deploy.plugins.plugin_utils._hostvars import host_inspection
 
@@ -155,6 +159,43 @@ def router_local_url(site):
     return local_url(inputs["NARWHAL_ROUTER_BIND"], inputs["NARWHAL_ROUTER_PORT"])
 
 
+def bench_plan(site, fleet, router_url, bench_router_url, stamp, record=None):
+    """Every step of one fleet benchmark run (_bench/plan.py::bench_plan) from narwhal_site and the resolved fleet:
+    the targets, the loads and each step's `vllm bench serve` arguments; `record`, the benchmark host's engine record,
+    gives the tokenizer's --trust-remote-code and the engines' --max-model-len."""
+    if not isinstance(site, dict):
+        raise AnsibleFilterError("bench_plan takes narwhal_site (a dict), not %s" % type(site).__name__)
+    inputs = site.get("site") or {}
+    model = inputs.get("NARWHAL_SERVED_MODEL_NAME") or str(inputs.get("NARWHAL_MODEL_PATH", "")).rstrip("/").rsplit(
+        "/", 1)[-1]
+    trust_remote_code, max_model_len = from_record(record)
+    try:
+        return plan_bench(inputs, fleet_workers(fleet), router_url, bench_router_url, model,
+                          inputs.get("NARWHAL_MODEL_PATH"), stamp, trust_remote_code, max_model_len)
+    except PlanError as exc:
+        raise AnsibleFilterError(str(exc))
+
+
+def bench_router_plan(record, site, fleet):
+    """The benchmark's second router (vllm-router's regular mode over the fleet's first decode engine) from the
+    fleet router's record (_bench/plan.py::bench_router_plan), with `config_text`, the bytes of its
+    bench-router.json."""
+    if not isinstance(site, dict) or not isinstance(record, dict):
+        raise AnsibleFilterError("bench_router_plan takes the router's record (runs/routers/<router>.json), "
+                                 "narwhal_site and the fleet")
+    try:
+        plan = plan_bench_router(record, site.get("site") or {}, fleet_workers(fleet))
+    except PlanError as exc:
+        raise AnsibleFilterError(str(exc))
+    plan["config_text"] = config_text(plan["config"])
+    return plan
+
+
+def bench_progress(step, result):
+    """The progress line of one finished benchmark step (_bench/report.py::progress)."""
+    return progress(step, result or {})
+
+
 def prometheus_targets(fleet, routers, fleet_file):
     """The Prometheus file_sd document of the resolved fleet and the routers' records (_monitor/targets.py::file_sd),
     every target labelled with the fleet's name (the fleet file's name without .json)."""
@@ -193,4 +234,5 @@ class FilterModule:
                 "install_paths": install_paths_filter, "node_settings": node_settings,
                 "launcher_command": launcher_command, "router_plan": router_plan,
                 "router_local_url": router_local_url, "router_status_row": router_status_row,
-                "traffic_row": traffic_row, "prometheus_targets": prometheus_targets}
+                "traffic_row": traffic_row, "prometheus_targets": prometheus_targets,
+                "bench_plan": bench_plan, "bench_router_plan": bench_router_plan, "bench_progress": bench_progress}

@@ -18,7 +18,7 @@ IFNAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
 
 
 # kind: str | int | port | choice | path | ip | bind (any IP address) | url | interface | role | args (shell words)
-# | env (KEY=VALUE words)
+# | env (KEY=VALUE words) | rate_list (request rates) | number (a positive decimal)
 INPUTS = [
     {"name": "NARWHAL_FABRIC_INTERFACE", "kind": "interface", "required": True, "example": "eth1",
      "doc": "Fabric (KV transfer) interface on every engine host. Discovery reads its global addresses; "
@@ -128,6 +128,39 @@ INPUTS = [
      "example": "/opt/narwhal-router",
      "doc": "Directory on every router host for the router's start script, its configuration and the API key "
             "(mode 0600), mounted read-only into the router container."},
+    {"name": "NARWHAL_BENCH_INPUT_LEN", "kind": "int", "default": 512, "example": 512,
+     "doc": "Prompt length in tokens of every benchmark request (vllm bench serve --random-input-len; random "
+            "tokens, fixed length). With NARWHAL_BENCH_OUTPUT_LEN it must fit the engines' --max-model-len."},
+    {"name": "NARWHAL_BENCH_OUTPUT_LEN", "kind": "int", "default": 128, "example": 128,
+     "doc": "Generated tokens of every benchmark request (--random-output-len, with --ignore-eos: exactly this "
+            "many)."},
+    {"name": "NARWHAL_BENCH_PROMPTS", "kind": "int", "default": 64, "example": 64,
+     "doc": "Requests of each benchmark step (--num-prompts): one step per request rate and target."},
+    {"name": "NARWHAL_BENCH_RATES", "kind": "rate_list", "default": "1,2,4", "example": "1,2,4",
+     "doc": "The request rates of the sweep in requests/s, comma-separated (--request-rate: Poisson arrivals; "
+            "inf sends every request at once)."},
+    {"name": "NARWHAL_BENCH_CONCURRENCY", "kind": "int", "default": 8, "example": 8,
+     "doc": "The --max-concurrency of the benchmark's closed-loop step (every request sent at once, at most this "
+            "many in flight)."},
+    {"name": "NARWHAL_BENCH_SLO_TTFT_MS", "kind": "number", "default": None, "example": None,
+     "doc": "Service-level objective for time to first token in ms: a request meeting every set SLO counts "
+            "toward goodput (vllm bench serve --goodput ttft:<ms>). Unset: not part of goodput."},
+    {"name": "NARWHAL_BENCH_SLO_TPOT_MS", "kind": "number", "default": None, "example": None,
+     "doc": "Service-level objective for time per output token in ms (--goodput tpot:<ms>)."},
+    {"name": "NARWHAL_BENCH_SLO_E2EL_MS", "kind": "number", "default": None, "example": None,
+     "doc": "Service-level objective for end-to-end latency in ms (--goodput e2el:<ms>)."},
+    {"name": "NARWHAL_BENCH_IMAGE", "kind": "image", "default": None, "example": None,
+     "doc": "Image whose `vllm bench serve` generates the load, on the benchmark host (the first host of the "
+            "inventory group benchmark, else of decode). Unset: that host's engine image from its launch record; "
+            "vLLM's images carry the load generator, so nothing new is installed."},
+    {"name": "NARWHAL_BENCH_ROUTER_PORT", "kind": "port", "default": 30001, "example": 30001,
+     "doc": "Port of the benchmark's second router on the first router host: vLLM's router in its regular mode "
+            "over one decode engine, for the router's own overhead against that engine asked directly. It runs "
+            "only while the benchmark does."},
+    {"name": "NARWHAL_BENCH_ROUTER_METRICS_PORT", "kind": "port", "default": 29001, "example": 29001,
+     "doc": "Prometheus port of the benchmark's second router (bound to loopback)."},
+    {"name": "NARWHAL_BENCH_TIMEOUT", "kind": "int", "default": 1800, "example": 1800,
+     "doc": "Seconds one benchmark step may run before it is stopped and the benchmark fails naming the step."},
     {"name": "NARWHAL_CONFIG_DIR", "kind": "path", "default": "config", "example": "config",
      "doc": "Directory of the generated deployment.env and the launch-record extracts. Relative paths "
             "in this file are relative to the checkout."},

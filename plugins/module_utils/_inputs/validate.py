@@ -94,6 +94,10 @@ def _check(spec, key, raw):
         if any(i < 0 for i in items) or len(set(items)) != len(items):
             raise InputError(key, "%r has negative or repeated GPU indices; %s" % (raw, FIX))
         return items
+    if kind == "rate_list":
+        return rate_list(key, raw, value)
+    if kind == "number":
+        return _number(key, raw, value)
     if kind == "abspath":
         parts = value.split("/")
         if not value.startswith("/") or not value.strip("/"):
@@ -152,6 +156,37 @@ def _positive(key, value):
     if number < 1:
         raise InputError(key, "must be at least 1, got %d; %s" % (number, FIX))
     return number
+
+
+NUMBER = re.compile(r"^[0-9]+(\.[0-9]+)?$")
+
+
+def _number(key, raw, value):
+    """A positive decimal (ASCII digits, an optional fraction): no sign, exponent, inf or nan."""
+    if not NUMBER.match(str(value)) or float(value) <= 0:
+        raise InputError(key, "%r is not a positive number like 250 or 12.5 (ASCII digits, one optional '.'); %s"
+                         % (raw, FIX))
+    number = float(value)
+    return int(number) if number.is_integer() else number
+
+
+def rate_list(key, raw, value):
+    """Request rates: positive numbers or `inf`, comma-separated, none twice -> a list in the given order (numbers,
+    and the string "inf")."""
+    rates, seen = [], set()
+    for item in (x.strip() for x in str(value).split(",")):
+        if item == "inf":
+            rate = "inf"
+        elif NUMBER.match(item) and float(item) > 0:
+            rate = _number(key, item, item)
+        else:
+            raise InputError(key, "%r is not a comma-separated list of request rates in requests/s like 1,2,4 "
+                                  "(positive numbers, or inf for every request at once); %s" % (raw, FIX))
+        if rate in seen:
+            raise InputError(key, "%r names the rate %s twice; %s" % (raw, rate, FIX))
+        seen.add(rate)
+        rates.append(rate)
+    return rates
 
 
 def _address(key, raw, value):
@@ -339,7 +374,9 @@ def load_inputs(values):
         if raw is None or (isinstance(raw, str) and raw.strip() == ""):
             if spec.get("required"):
                 raise InputError(key, "is required (%s); add it to .env" % spec["doc"].split(";", 1)[0].rstrip("."))
-            site[key] = spec.get("default")
+            default = spec.get("default")
+            # a list's default is written as in .env (the docs show it so) and read like a set value
+            site[key] = rate_list(key, default, default) if spec["kind"] == "rate_list" and default else default
             continue
         site[key] = _check(spec, key, raw)
     nodes = {}

@@ -131,3 +131,39 @@ def test_url_user_information_is_refused_without_repeating_it():
     err = refused_input({"NARWHAL_NODE_1_URL": "http://admin:hunter2@10.0.0.11:8000"})
     assert err.key == "NARWHAL_NODE_1_URL" and "user information" in str(err)
     assert "hunter2" not in str(err) and "admin" not in str(err)
+
+
+@pytest.mark.parametrize("raw, rates", [
+    ("1,2,4", [1, 2, 4]), (" 0.5 , 8,inf", [0.5, 8, "inf"]), ("16", [16]),
+])
+def test_benchmark_rates_are_read_in_order(raw, rates):
+    assert load_inputs(dict(MINIMAL, NARWHAL_BENCH_RATES=raw))["site"]["NARWHAL_BENCH_RATES"] == rates
+
+
+def test_benchmark_defaults_are_read_like_set_values():
+    site = load_inputs(dict(MINIMAL))["site"]
+    assert site["NARWHAL_BENCH_RATES"] == [1, 2, 4] and site["NARWHAL_BENCH_SLO_TTFT_MS"] is None
+
+
+@pytest.mark.parametrize("extra, key, words", [
+    ({"NARWHAL_BENCH_RATES": "1,,2"}, "NARWHAL_BENCH_RATES", "comma-separated list of request rates"),
+    ({"NARWHAL_BENCH_RATES": "0,1"}, "NARWHAL_BENCH_RATES", "positive numbers"),
+    ({"NARWHAL_BENCH_RATES": "-1"}, "NARWHAL_BENCH_RATES", "positive numbers"),
+    ({"NARWHAL_BENCH_RATES": "2,2.0"}, "NARWHAL_BENCH_RATES", "the rate 2 twice"),
+    ({"NARWHAL_BENCH_RATES": "1e3"}, "NARWHAL_BENCH_RATES", "like 1,2,4"),
+    ({"NARWHAL_BENCH_SLO_TTFT_MS": "nan"}, "NARWHAL_BENCH_SLO_TTFT_MS", "positive number"),
+    ({"NARWHAL_BENCH_SLO_E2EL_MS": "0"}, "NARWHAL_BENCH_SLO_E2EL_MS", "positive number"),
+    ({"NARWHAL_BENCH_SLO_TPOT_MS": "-5"}, "NARWHAL_BENCH_SLO_TPOT_MS", "positive number"),
+    ({"NARWHAL_BENCH_PROMPTS": "0"}, "NARWHAL_BENCH_PROMPTS", "at least 1"),
+    ({"NARWHAL_BENCH_ROUTER_PORT": "70000"}, "NARWHAL_BENCH_ROUTER_PORT", "out of range"),
+    ({"NARWHAL_BENCH_RATE": "1"}, "NARWHAL_BENCH_RATE", "NARWHAL_BENCH_RATES"),
+])
+def test_bad_benchmark_inputs_are_refused_by_name(extra, key, words):
+    with pytest.raises(InputError) as err:
+        load_inputs(dict(MINIMAL, **extra))
+    assert err.value.key == key and words in str(err.value)
+
+
+def test_slo_numbers_keep_their_value():
+    site = load_inputs(dict(MINIMAL, NARWHAL_BENCH_SLO_TTFT_MS="250", NARWHAL_BENCH_SLO_TPOT_MS="12.5"))["site"]
+    assert site["NARWHAL_BENCH_SLO_TTFT_MS"] == 250 and site["NARWHAL_BENCH_SLO_TPOT_MS"] == 12.5

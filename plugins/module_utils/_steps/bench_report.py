@@ -1,0 +1,131 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""bench_report, the step (plugins/modules/bench_report.py documents it; plugins/action/bench_report.py runs it in
+the controller's process): one benchmark run's figures written as one directory, runs/bench-<stamp>/ - bench.json,
+table.txt and latency.png - all of it or nothing: the files go to a hidden directory beside it, which is renamed
+into place at the end, so an interrupted run leaves no runs/bench-<stamp>/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import TARGETS
+from ansible_collections.narwhal.deploy.plugins.module_utils._bench.report import overhead, problems, row, table
+
+FILES = ("bench.json", "table.txt", "latency.png")
+
+
+def module_spec():
+    """The AnsibleModule keyword arguments of bench_report (the module and its action plugin validate with them)."""
+    return dict(
+        argument_spec=dict(
+            runs_dir=dict(type="path", required=True),
+            plan=dict(type="dict", required=True),
+            results=dict(type="dict", required=True),
+            failures=dict(type="dict", default={}),
+            context=dict(type="dict", default={}),
+        ),
+        supports_check_mode=True,
+    )
+
+
+def plotting():
+    """matplotlib's pyplot on the file-only Agg backend, or None when matplotlib is missing."""
+    try:
+        import matplotlib  # pylint: disable=import-outside-toplevel
+
+        matplotlib.use("Agg")
+        from matplotlib import pyplot  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        return None
+    return pyplot
+
+
+def plot(pyplot, rows, path, title):
+    """Latency against request rate, one line per target: TTFT and end-to-end latency (p50 solid, p99 dashed); the
+    closed-loop step at the right, after the rates."""
+    loads = []
+    for r in rows:
+        if r["load"] not in loads:
+            loads.append(r["load"])
+    figure, axes = pyplot.subplots(1, 3, figsize=(15, 4.5))
+    for ax, metric, label in ((axes[0], "ttft", "time to first token (ms)"),
+                              (axes[1], "tpot", "time per output token (ms)"),
+                              (axes[2], "e2el", "end-to-end latency (ms)")):
+        for target, name in TARGETS:
+            mine = dict((r["load"], r) for r in rows if r["target"] == target)
+            if not mine:
+                continue
+            xs = [i for i, load in enumerate(loads) if load in mine]
+            for p, style in ((50, "-"), (99, "--")):
+                ys = [mine[loads[i]].get("p%d_%s_ms" % (p, metric)) for i in xs]
+                pairs = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
+                if pairs:
+                    ax.plot([x for x, _y in pairs], [y for _x, y in pairs], style, marker="o",
+                            label="%s p%d" % (name, p))
+        ax.set_xticks(range(len(loads)))
+        ax.set_xticklabels([lo.replace("rate-", "").replace("concurrency-", "c=") for lo in loads])
+        ax.set_xlabel("request rate (req/s); c=N: max concurrency")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    axes[2].legend(fontsize=7)
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    pyplot.close(figure)
+    os.chmod(path, 0o600)
+
+
+def _write(path, data):
+    with open(path, "wb") as fh:
+        os.fchmod(fh.fileno(), 0o600)
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def bench_report(module):
+    p = module.params
+    plan, results = p["plan"], p["results"]
+    steps = plan.get("steps") or []
+    stamp = plan.get("stamp")
+    if not steps or not stamp:
+        module.fail_json(msg="bench_report: the plan has no steps or no stamp (the narwhal.deploy.bench_plan filter "
+                             "makes it)")
+    dest = os.path.join(p["runs_dir"], "bench-%s" % stamp)
+    if os.path.lexists(dest):
+        module.fail_json(msg="%s already exists: a benchmark run of this stamp is kept there; rerun the benchmark "
+                             "(a new stamp) or remove it" % dest, dest=dest)
+    rows = [row(step, results.get(step["id"]) or {}) for step in steps]
+    over = overhead(rows)
+    found = problems(steps, results, p["failures"])
+    text = table(rows, over, plan.get("slo") or {})
+    document = {"stamp": stamp, "ok": not found, "problems": found, "plan": plan, "context": p["context"],
+                "rows": rows, "overhead": over, "results": results, "failures": p["failures"]}
+    out = {"changed": True, "dest": dest, "table": text, "rows": rows, "overhead": over, "problems": found,
+           "files": [os.path.join(dest, f) for f in FILES]}
+    pyplot = plotting()
+    if pyplot is None:
+        module.fail_json(msg="matplotlib is not importable on the controller, and the benchmark's plot needs it: "
+                             "pip install -r requirements.txt (it pins matplotlib), then rerun the benchmark", **out)
+    if module.check_mode:
+        return out
+    if not os.path.isdir(p["runs_dir"]):
+        module.fail_json(msg="NARWHAL_RUNS_DIR %s is not a directory; run prepare first or create it" % p["runs_dir"])
+    tmp = tempfile.mkdtemp(prefix=".bench-%s." % stamp, dir=p["runs_dir"])
+    try:
+        _write(os.path.join(tmp, "bench.json"), (json.dumps(document, indent=2, sort_keys=True) + "\n").encode())
+        _write(os.path.join(tmp, "table.txt"), text.encode("utf-8"))
+        plot(pyplot, rows, os.path.join(tmp, "latency.png"),
+             "narwhal.deploy fleet benchmark %s: %d in / %d out tokens, %d requests per step"
+             % (stamp, plan["shape"]["input_len"], plan["shape"]["output_len"], plan["shape"]["prompts"]))
+        os.chmod(tmp, 0o700)
+        os.rename(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
