@@ -218,10 +218,10 @@ def router_status_row(status, problems_only=False):
 
 def traffic_row(entry):
     """One line per request through the router: endpoint, stream, prompt, tokens, KV evidence, equality, verdict."""
-    return "%-11s %-6s %-5s tokens %-4s kv %-34s equal %-5s %s" % (
+    return "%-11s %-6s %-5s tokens %-4s kv %-34s equal %-5s (%s) %s" % (
         entry.get("endpoint"), "stream" if entry.get("stream") else "-", entry.get("prompt"),
         entry.get("prompt_tokens") if entry.get("prompt_tokens") is not None else "-",
-        entry.get("kv") or "-", entry.get("equal"),
+        entry.get("kv") or "-", entry.get("equal"), entry.get("compared_as") or "text",
         "PASS" if entry.get("ok") else "FAIL: %s" % "; ".join(entry.get("problems") or []))
 
 

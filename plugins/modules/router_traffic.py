@@ -110,12 +110,15 @@ def one_request(p, key, workers, endpoint, streamed, kind):
     started = time.time()
     if streamed:
         status, events, first, tail = stream(url, key, body, p["timeout"])
-        got, usage, finish = traffic.stream_text(endpoint, events)
+        got, usage, finish, got_ids = traffic.stream_text(endpoint, events)
         entry["ttft_s"] = round(first, 4) if first is not None else None
         broken = tail or None
+        if not got:
+            entry["events_tail"] = events[-4:]  # what the stream carried, to read why it had no text
     else:
         status, answer = call(url, key, body, timeout=p["timeout"])
         got = traffic.answer_text(endpoint, answer)
+        got_ids = traffic.answer_tokens(answer)
         usage = answer.get("usage") if isinstance(answer, dict) else None
         choices = answer.get("choices") if isinstance(answer, dict) else None
         finish = choices[0].get("finish_reason") if choices and isinstance(choices[0], dict) else None
@@ -126,13 +129,13 @@ def one_request(p, key, workers, endpoint, streamed, kind):
     prompt_tokens, cached = traffic.usage_tokens(usage)
     evidence, grew, kv_problem = traffic.kv_evidence(
         cached, dict((e, before[e]) for e in decode), dict((e, after[e]) for e in decode))
-    entry.update(status=status, text=got, finish_reason=finish, prompt_tokens=prompt_tokens, cached_tokens=cached,
+    entry.update(status=status, text=got, token_ids=got_ids, finish_reason=finish, prompt_tokens=prompt_tokens, cached_tokens=cached,
                  kv=evidence, decode_engines=grew, served_by=traffic.served(before, after))
     problems = []
     if status != 200 or broken:
         problems.append("the router answered HTTP %s%s" % (status, ": %s" % broken if broken else ""))
-    if not got:
-        problems.append("no text in the answer")
+    if not got and not got_ids:
+        problems.append("no text and no token in the answer")
     if finish == "error":
         problems.append("finish_reason error (a failed KV load)")
     if kv_problem:
@@ -141,11 +144,14 @@ def one_request(p, key, workers, endpoint, streamed, kind):
     for worker in workers["decode"]:
         ref = traffic.request_body(endpoint, p["model"], text, p["max_tokens"], False, salt=uuid.uuid4().hex)
         code, answer = call(worker["url"] + traffic.ENDPOINTS[endpoint], key, ref, timeout=p["timeout"])
-        direct[worker["engine"]] = traffic.answer_text(endpoint, answer) if code == 200 else "HTTP %s" % code
-    entry["direct"] = direct
-    entry["equal"] = bool(got) and all(v == got for v in direct.values())
-    if got and not entry["equal"]:
-        problems.append("the router's answer %r differs from the decode engines' own %s" % (got, direct))
+        direct[worker["engine"]] = ((traffic.answer_text(endpoint, answer), traffic.answer_tokens(answer))
+                                    if code == 200 else ("HTTP %s" % code, None))
+    entry["direct"] = dict((engine, answer[0]) for engine, answer in direct.items())
+    entry["direct_token_ids"] = dict((engine, answer[1]) for engine, answer in direct.items())
+    entry["equal"], entry["compared_as"] = traffic.same_answer(got, got_ids, direct)
+    if (got or got_ids) and not entry["equal"]:
+        problems.append("the router's answer %r (tokens %s) differs from the decode engines' own %s"
+                        % (got, got_ids, direct))
     entry["problems"] = problems
     entry["ok"] = not problems
     return entry

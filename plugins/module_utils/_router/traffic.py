@@ -31,7 +31,11 @@ def prompt(unique, kind, block_size):
 
 
 def request_body(endpoint, model, text, max_tokens, stream, salt=None):
-    body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+    """One greedy request. return_token_ids (vLLM's CompletionRequest and ChatCompletionRequest) adds the generated
+    token IDs to every choice and stream chunk: the answers are compared as tokens, which a detokenizer cannot
+    hold back (an incremental detokenizer keeps a byte-level BPE piece that does not finish a UTF-8 character
+    out of a stream, while the whole answer decodes it)."""
+    body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": stream, "return_token_ids": True}
     if endpoint == "chat":
         body["messages"] = [{"role": "user", "content": text}]
     else:
@@ -48,6 +52,13 @@ def matrix():
     return [(e, s, k) for e in ("completions", "chat") for s in (False, True) for k in ("short", "long")]
 
 
+def _token_ids(choice):
+    ids = choice.get("token_ids")
+    if isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        return ids
+    return None
+
+
 def answer_text(endpoint, body):
     """The first choice's text of a non-streamed answer, or None."""
     choices = body.get("choices") if isinstance(body, dict) else None
@@ -59,9 +70,18 @@ def answer_text(endpoint, body):
     return choices[0].get("text")
 
 
+def answer_tokens(body):
+    """The first choice's generated token IDs of a non-streamed answer (return_token_ids), or None."""
+    choices = body.get("choices") if isinstance(body, dict) else None
+    if not choices or not isinstance(choices[0], dict):
+        return None
+    return _token_ids(choices[0])
+
+
 def stream_text(endpoint, events):
-    """(text, usage, finish_reason) of a stream's events: the pieces of choice 0 joined, the usage chunk's usage."""
-    pieces, usage, finish = [], None, None
+    """(text, usage, finish_reason, token IDs or None) of a stream's events: the pieces and token IDs of choice 0
+    joined, the usage chunk's usage."""
+    pieces, usage, finish, ids, with_ids = [], None, None, [], False
     for event in events:
         if not isinstance(event, dict):
             continue
@@ -73,8 +93,22 @@ def stream_text(endpoint, events):
             piece = (choice.get("delta") or {}).get("content") if endpoint == "chat" else choice.get("text")
             if isinstance(piece, str):
                 pieces.append(piece)
+            chunk_ids = _token_ids(choice)
+            if chunk_ids is not None:
+                with_ids = True
+                ids.extend(chunk_ids)
             finish = choice.get("finish_reason") or finish
-    return "".join(pieces), usage, finish
+    return "".join(pieces), usage, finish, (ids if with_ids else None)
+
+
+def same_answer(got_text, got_ids, direct):
+    """Whether the router's answer equals every decode engine's own ({engine: (text, token IDs or None)}): as token
+    IDs where both sides carry them, else as text. -> (equal, how it was compared)."""
+    if not direct or (not got_text and not got_ids):
+        return False, "text"
+    if got_ids is not None and all(ids is not None for _text, ids in direct.values()):
+        return all(ids == got_ids for _text, ids in direct.values()), "token ids"
+    return all(text == got_text for text, _ids in direct.values()), "text"
 
 
 def usage_tokens(usage):

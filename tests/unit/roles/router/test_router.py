@@ -100,6 +100,9 @@ def test_traffic_through_the_router(router, module_runner):
                                                          "timeout": 20})
     assert status == "exit", result["msg"] if status == "fail" else result
     assert len(result["requests"]) == 8 and all(r["ok"] and r["equal"] and r["kv"] for r in result["requests"])
+    # the router passes return_token_ids through in both stages: the answers are compared as tokens
+    assert {r["compared_as"] for r in result["requests"]} == {"token ids"}
+    assert all(r["token_ids"] and r["token_ids"] == r["direct_token_ids"]["engine-2"] for r in result["requests"])
     assert result["served"] == {"engine-1": 8, "engine-2": 8}
     assert result["auth"] == {"none": 401, "wrong": 401, "key": 200}
     short = [r for r in result["requests"] if r["prompt"] == "short"]

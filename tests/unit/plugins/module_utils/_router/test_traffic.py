@@ -3,11 +3,13 @@ stream texts, the KV evidence and the engines each request reached."""
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.traffic import (
     answer_text,
+    answer_tokens,
     coverage_problems,
     kv_evidence,
     matrix,
     prompt,
     request_body,
+    same_answer,
     served,
     stream_text,
     usage_tokens,
@@ -28,7 +30,7 @@ def test_short_prompts_are_under_one_block_and_long_ones_span_several():
 def test_request_bodies_are_greedy_and_ask_for_usage_when_streamed():
     chat = request_body("chat", "m", "hello", 8, True)
     assert chat["messages"] == [{"role": "user", "content": "hello"}] and chat["temperature"] == 0
-    assert chat["stream_options"] == {"include_usage": True}
+    assert chat["stream_options"] == {"include_usage": True} and chat["return_token_ids"] is True
     plain = request_body("completions", "m", "hello", 8, False, salt="s")
     assert plain["prompt"] == "hello" and plain["cache_salt"] == "s" and "stream_options" not in plain
 
@@ -41,8 +43,8 @@ def test_texts_of_answers_and_streams():
               {"choices": [{"index": 0, "delta": {"content": " a"}}]},
               {"choices": [{"index": 0, "delta": {"content": " b"}, "finish_reason": "length"}]},
               {"choices": [], "usage": {"prompt_tokens": 20, "prompt_tokens_details": {"cached_tokens": 20}}}]
-    text, usage, finish = stream_text("chat", events)
-    assert (text, finish, usage_tokens(usage)) == (" a b", "length", (20, 20))
+    text, usage, finish, ids = stream_text("chat", events)
+    assert (text, finish, usage_tokens(usage), ids) == (" a b", "length", (20, 20), None)
     two = [{"choices": [{"index": 0, "text": "x"}]}, {"choices": [{"index": 1, "text": "y"}]}]
     assert stream_text("completions", two)[0] == "x"
 
@@ -70,3 +72,26 @@ def test_served_and_coverage():
     assert coverage_problems(workers, {"engine-1": 2, "engine-2": 0}) == [
         "engine-2 served no request through the router"]
     assert coverage_problems(workers, {"engine-1": 2, "engine-2": 1}) == []
+
+
+def test_token_ids_of_answers_and_streams():
+    assert answer_tokens({"choices": [{"text": " a", "token_ids": [5, 6]}]}) == [5, 6]
+    assert answer_tokens({"choices": [{"text": " a", "token_ids": None}]}) is None
+    assert answer_tokens({"choices": [{"text": " a", "token_ids": ["5"]}]}) is None
+    assert answer_tokens({"choices": [{"text": " a", "token_ids": [True]}]}) is None
+    # a stream whose text the detokenizer held back still carries its tokens (vLLM 0.32, return_token_ids)
+    held = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+            {"choices": [{"index": 0, "delta": {"content": ""}, "token_ids": [226]}]},
+            {"choices": [{"index": 0, "delta": {"content": ""}, "token_ids": [128], "finish_reason": "length"}]}]
+    assert stream_text("chat", held)[0] == "" and stream_text("chat", held)[3] == [226, 128]
+
+
+def test_answers_compare_as_tokens_where_both_sides_carry_them():
+    direct = {"engine-2": ("\ufffd", [226, 128]), "engine-3": ("\ufffd", [226, 128])}
+    assert same_answer("", [226, 128], direct) == (True, "token ids")
+    assert same_answer("", [226, 129], direct) == (False, "token ids")
+    assert same_answer(" a", None, {"engine-2": (" a", None)}) == (True, "text")
+    assert same_answer(" a", [1], {"engine-2": (" a", None)}) == (True, "text")
+    assert same_answer(" b", None, {"engine-2": (" a", [1])}) == (False, "text")
+    assert same_answer("", None, {"engine-2": ("", None)}) == (False, "text")
+    assert same_answer(" a", [1], {}) == (False, "text")

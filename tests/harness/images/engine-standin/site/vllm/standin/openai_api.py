@@ -53,6 +53,16 @@ def generated_tokens(prompt, max_tokens):
     return [f" t{digest[(i * 4) % 60:(i * 4) % 60 + 4]}" for i in range(max(1, max_tokens))]
 
 
+def token_id(piece):
+    """The stand-in's token ID of one generated piece (" t<4 hex digits>"): the hex number (return_token_ids)."""
+    return int(piece.strip()[-4:], 16) if piece.strip()[-4:] else 0
+
+
+def prompt_token_ids(prompt):
+    """The stand-in's prompt token IDs: one per word (its tokenizer counts a word a token)."""
+    return [int(hashlib.sha256(w.encode()).hexdigest()[:4], 16) for w in (prompt.split() or [""])]
+
+
 def _text(content):
     if isinstance(content, str):
         return content
@@ -117,6 +127,7 @@ class Request:
         options = body.get("stream_options") or {}
         self.echo = kind == COMPLETION and bool(body.get("echo"))
         self.params = body.get("kv_transfer_params") or {}
+        self.return_token_ids = bool(body.get("return_token_ids"))
         self.options = options
 
     def include_usage(self, force_include_usage):

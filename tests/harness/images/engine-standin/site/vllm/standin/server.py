@@ -538,6 +538,12 @@ def make_handler(state):
                 else:
                     out = api.completion_response(answer_id, created, state.served, text, out_usage,
                                                   state.fingerprint, kv_params)
+                if req.return_token_ids:
+                    # serving_chat.py / serving_completion.py: token_ids on the choice; the prompt's IDs on the
+                    # chat response, on the completion's choice
+                    out["choices"][0]["token_ids"] = [api.token_id(t) for t in tokens]
+                    where = out if req.kind == api.CHAT else out["choices"][0]
+                    where["prompt_token_ids"] = api.prompt_token_ids(req.prompt)
                 job.finish("length")
                 return self.send(200, out)
             finally:
@@ -553,6 +559,8 @@ def make_handler(state):
             n_prompt = req.n_prompt_tokens
             if req.kind == api.CHAT:
                 first = job.first_chunk
+                if req.return_token_ids:
+                    first["prompt_token_ids"] = api.prompt_token_ids(req.prompt)
                 if continuous:
                     first["usage"] = dict(api.usage(n_prompt, 0, with_nulls=False), completion_tokens_details=None)
                 self.event(first)
@@ -563,6 +571,10 @@ def make_handler(state):
                     chunk = api.chat_chunk(answer_id, created, state.served, text, reason)
                 else:
                     chunk = api.completion_chunk(answer_id, created, state.served, text, reason)
+                if req.return_token_ids:
+                    chunk["choices"][0]["token_ids"] = [api.token_id(text)]
+                    if req.kind != api.CHAT and i == 0:
+                        chunk["choices"][0]["prompt_token_ids"] = api.prompt_token_ids(req.prompt)
                 if continuous:
                     chunk["usage"] = api.usage(n_prompt, i + 1, with_nulls=False)
                     if req.kind == api.CHAT:
