@@ -458,3 +458,26 @@ def test_metrics_count_the_engines_own_requests(engine):
     assert sample(m, "vllm:num_requests_running") == 0 and sample(m, "vllm:num_requests_waiting") == 0
     assert sample(m, "vllm:kv_cache_usage_perc") == len(state.blocks) / 4096 > 0  # the producer's held block
     assert sample(m, "vllm:nixl_bytes_transferred_count") == 0
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+def test_return_token_ids_in_the_recorded_places(engine, chat):
+    """return_token_ids (the router traffic proof compares answers as token IDs): the generated IDs on the choice
+    and on every chunk, the prompt's IDs on the chat response and its role chunk, on the completion's choice and
+    its first chunk (recorded: *.token-ids.*, README)."""
+    url, _state = engine("--chat-template", "{{ messages }}")
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    body = dict({"messages": MESSAGES} if chat else {"prompt": "the quick brown fox"}, model="tiny", max_tokens=4,
+                return_token_ids=True)
+    name = "chat" if chat else "completion"
+    status, whole = post(url, path, body)
+    assert status == 200 and shape(whole) == shape(recorded(name + ".token-ids.json"))
+    assert len(whole["choices"][0]["token_ids"]) == 4
+    chunks = streamed(url, path, body)
+    real = recorded(name + ".token-ids.stream.sse")
+    assert [shape(c) for c in chunks[:2] + chunks[-1:]] == [shape(c) for c in real[:2] + real[-1:]]
+    ids = [i for c in chunks for i in c["choices"][0].get("token_ids") or []]
+    assert ids == whole["choices"][0]["token_ids"]
+    # without it, every one of those fields stays null
+    plain = post(url, path, dict(body, return_token_ids=False))[1]
+    assert plain["choices"][0]["token_ids"] is None
