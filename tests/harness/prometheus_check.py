@@ -3,11 +3,17 @@ targets file the monitoring stage wrote scrapes the real engines and the router;
 panel query of the dashboard is run (its variables substituted as Grafana does) and shown with its series count; the
 dashboard's TTFT and KV-transfer panels must return series from the real engines.
 
-    python3 prometheus_check.py TARGETS_FILE DASHBOARD_FILE FLEET_NAME WORKDIR
+    python3 prometheus_check.py TARGETS_FILE DASHBOARD_FILE FLEET_NAME WORKDIR [ROUTER_URL KEY_FILE MODEL]
+
+With ROUTER_URL, KEY_FILE and MODEL, a client sends completions through the router (two a second) while
+Prometheus scrapes, so that the rate panels show the fleet serving rather than NaN.
 """
 import json
 import pathlib
 import sys
+import threading
+import time
+import urllib.request
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "unit" / "plugins"))
 from test_support import prometheus  # noqa: E402 - the test helpers' package, beside this checkout's tests
@@ -16,13 +22,39 @@ from test_support import prometheus  # noqa: E402 - the test helpers' package, b
 REQUIRED = ("Scrape targets up", "Time to first token", "NIXL bytes transferred", "Running requests")
 
 
-def main(targets_file, dashboard_file, fleet, workdir):
+def traffic(router_url, key_file, model, stop, answered):
+    """Completions through the router until `stop` is set; answered[status] counts the answers."""
+    key = pathlib.Path(key_file).read_text().strip()
+    n = 0
+    while not stop.is_set():
+        n += 1
+        body = json.dumps({"model": model, "prompt": "monitoring %d %s" % (n, "word " * (n % 40)), "max_tokens": 8,
+                           "temperature": 0}).encode()
+        req = urllib.request.Request(router_url.rstrip("/") + "/v1/completions", data=body, method="POST",
+                                     headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                status = resp.status
+        except Exception as exc:  # noqa: BLE001 - counted, not raised: the check reports it
+            status = getattr(exc, "code", type(exc).__name__)
+        answered[status] = answered.get(status, 0) + 1
+        stop.wait(0.5)
+
+
+def main(targets_file, dashboard_file, fleet, workdir, router_url=None, key_file=None, model=None):
     targets, dashboard, where = pathlib.Path(targets_file), pathlib.Path(dashboard_file), pathlib.Path(workdir)
     where.mkdir(parents=True, exist_ok=True)
     expected = sum(len(group["targets"]) for group in json.loads(targets.read_text()))
+    stop, answered = threading.Event(), {}
+    client = None
+    if router_url:
+        client = threading.Thread(target=traffic, args=(router_url, key_file, model, stop, answered), daemon=True)
+        client.start()
     url, proc = prometheus.start(where, targets)
     failed = []
     try:
+        if client:
+            time.sleep(20)  # a rate over [1m] needs two scrapes of the traffic
         active = prometheus.until("every target up", lambda: prometheus.all_up(url, expected))
         for target in sorted(active, key=lambda t: t["scrapeUrl"]):
             labels = {k: v for k, v in target["labels"].items() if k in ("job", "engine", "router", "role", "fleet")}
@@ -44,8 +76,14 @@ def main(targets_file, dashboard_file, fleet, workdir):
             if title in REQUIRED and not result:
                 failed.append("%s (%s)" % (title, ref))
     finally:
+        stop.set()
         proc.terminate()
         proc.wait(15)
+    if client:
+        client.join(35)
+        print("client traffic through %s while scraping: %s" % (router_url, json.dumps(answered, sort_keys=True)))
+        if set(answered) - {200}:
+            failed.append("the router did not answer every request while scraped")
     if failed:
         print("no series for: %s" % ", ".join(failed))
         return 1
@@ -53,4 +91,4 @@ def main(targets_file, dashboard_file, fleet, workdir):
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:5]))
+    sys.exit(main(*sys.argv[1:8]))
