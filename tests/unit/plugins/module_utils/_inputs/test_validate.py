@@ -167,3 +167,63 @@ def test_bad_benchmark_inputs_are_refused_by_name(extra, key, words):
 def test_slo_numbers_keep_their_value():
     site = load_inputs(dict(MINIMAL, NARWHAL_BENCH_SLO_TTFT_MS="250", NARWHAL_BENCH_SLO_TPOT_MS="12.5"))["site"]
     assert site["NARWHAL_BENCH_SLO_TTFT_MS"] == 250 and site["NARWHAL_BENCH_SLO_TPOT_MS"] == 12.5
+
+
+# ------------------------------------------------------------------------------------------------
+# image references: Docker's grammar and length limits (issue 24)
+
+FIX_WORDS = "correct it in .env (or the environment), then rerun discovery"
+
+IMAGE_KEYS = ("NARWHAL_IMAGE", "NARWHAL_NODE_2_IMAGE", "NARWHAL_ROUTER_IMAGE", "NARWHAL_BENCH_IMAGE")
+
+
+@pytest.mark.parametrize("key", IMAGE_KEYS)
+@pytest.mark.parametrize("value, words", [
+    ("a" * (1 << 20), "it is 1048576 characters long, and Docker's grammar allows at most 520"),
+    ("vllm/" + "v" * 251, "its name is 256 characters long, and Docker's limit is 255"),
+    ("vllm/vllm-openai:" + "t" * 129, "is not a Docker tag (1 to 128"),
+    ("vllm/vllm-openai:.hidden", "is not a Docker tag"),
+    ("vllm/vllm-openai:", "its tag '' is not a Docker tag"),
+    ("vllm/vllm-openai@sha256:abc", "its digest 'sha256:abc' is not sha256:"),
+    ("vllm/vllm-openai@md5:" + "a" * 32, "its digest 'md5:"),
+    ("vllm/vllm-openai@sha256:" + "AB" * 32, "lowercase hex digits"),
+    ("VLLM/vllm-openai", ""),  # an upper-case first component is a registry host for Docker: still valid
+    ("vllm/VLLM-openai:v1", "Docker refuses capital letters there"),
+    ("vllm//vllm-openai", "is not a Docker repository name"),
+    ("vllm/vllm___openai", "is not a Docker repository name"),
+    ("vllm/vllm-openai/", "is not a Docker repository name"),
+    ("registry.example:port/vllm", "is not a Docker repository name"),
+    ("-registry.example/vllm", "is not a Docker repository name"),
+    (":v0.33.0", "its name '' is not a Docker repository name"),
+])
+def test_image_references_outside_dockers_grammar_are_refused(key, value, words):
+    """Every image input (engine, per-node engine, router, benchmark) takes what the Docker Engine takes as an image
+    reference (distribution/reference) and nothing more; the refusal names the part and never repeats a megabyte."""
+    if not words:
+        load_inputs(dict(MINIMAL, **{key: value}))
+        return
+    err = refused_input({key: value})
+    assert err.key == key and "is not an image reference" in str(err) and words in str(err), str(err)
+    assert len(str(err)) < 1200 and FIX_WORDS in str(err)
+
+
+@pytest.mark.parametrize("key", IMAGE_KEYS)
+@pytest.mark.parametrize("value", [
+    "registry.example:5000/ns/img:tag@sha256:" + "ab" * 32,
+    "localhost/x",
+    "narwhal-sim/vllm-cpu:latest",
+    "vllm/vllm-openai:v0.33.0",
+    "rocm/vllm:v0.33.0_rc1",
+    "[fd00::1]:5000/vllm/vllm-openai:v0.33.0",
+    "10.0.0.5:5000/vllm__x/a.b-c--d:T_1",
+    "sha256:" + "0123456789abcdef" * 4,  # an image ID
+    "0123456789ab",  # a short image ID
+    "vllm/vllm-openai@sha512:" + "0" * 128,
+    "x/" + "y" * 253,  # a name of 255 characters
+])
+def test_image_references_docker_takes_still_pass(key, value):
+    site = load_inputs(dict(MINIMAL, **{key: value}))
+    if key.startswith("NARWHAL_NODE_"):
+        assert site["nodes"][2]["IMAGE"] == value
+    else:
+        assert site["site"][key] == value
