@@ -49,8 +49,9 @@ MANAGED_ENV = VISIBILITY_ENV + (
 DERIVED_ENV = (SSM_LAYOUT_ENV,)  # managed (no extra may set it) but carried in runtime.derived_environment
 
 
-# vLLM builds its serve options from typed config fields (vllm/engine/arg_utils.py, EngineArgs.add_cli_args): a bool
-# field becomes an argparse.BooleanOptionalAction option, which also answers to `--no-<flag>`
+# vLLM builds its serve options from typed config fields (vllm/engine/arg_utils.py, _compute_kwargs, used by
+# EngineArgs.add_cli_args): a bool field gets action=argparse.BooleanOptionalAction ("Creates --no-<name> and
+# --<name> flags"), so it also answers to `--no-<flag>`
 # (--no-trust-remote-code sets trust_remote_code to False). The `--no-` form of a managed flag is therefore the same
 # managed flag: it would cancel what the launcher or discovery derived.
 NEGATION = "--no-"
