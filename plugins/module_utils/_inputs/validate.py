@@ -126,6 +126,13 @@ def _check(spec, key, raw):
             raise InputError(key, "%r has a ',' or a '.'/'..' component; an engine-host path is mounted into the "
                                   "container (docker --mount separates options by commas) and must not leave its "
                                   "directory: write it plainly; %s" % (raw, FIX))
+        # One spelling per directory: /srv/models/x/ is /srv/models/x. Every stage takes the served model name from
+        # the last component of NARWHAL_MODEL_PATH (records, the probe's and the router's `basename`), and a trailing
+        # '/' would make that component '' for `basename` while the records strip it, so the probe would ask the
+        # engines for model "". vLLM itself would serve the --model string exactly as given when no
+        # --served-model-name is set (vllm/config/model.py, get_served_model_name: "the fallback is to use
+        # self.model"); the launcher always sets --served-model-name, so the name is the one derived here.
+        return value.rstrip("/")
     if kind == "path":
         if not value:
             raise InputError(key, "is empty; %s" % FIX)

@@ -499,6 +499,15 @@ def test_conv_ssm_model(tmp_path, dev, src, block, page):
     assert recs["engine-1"]["runtime"]["cache_plan"] == rt["cache_plan"]  # P and D agree
 
 
+def test_model_path_with_a_trailing_slash_gives_the_same_records(tmp_path, dev):
+    """Issue 24: /srv/models/x/ and /srv/models/x are one checkpoint, one served name, one record."""
+    plain = build({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path))
+    slashed = build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_MODEL_PATH": BASE["NARWHAL_MODEL_PATH"] + "/"},
+                    nv_pair(tmp_path))
+    assert json.dumps(slashed, sort_keys=True) == json.dumps(plain, sort_keys=True)
+    assert plain["engine-1"]["runtime"]["served_model_name"] == "Meta-Llama-3.1-8B"
+
+
 def test_attention_model_keeps_requested_block(tmp_path, dev):
     plain = build({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path))["engine-2"]["runtime"]
     # Llama-3.1-8B at TP 4: 2 KV heads x 128 x 2 B x 2 = 1024 B/token, 16 tokens

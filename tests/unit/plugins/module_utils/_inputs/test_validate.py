@@ -3,6 +3,8 @@
 """Input validation (plugins/module_utils/_inputs/validate.py, load_inputs): hostile and broken site inputs are
 refused by name when the inputs are read; plain values pass."""
 
+import os.path
+
 import pytest
 from test_support.inputs import BASE
 
@@ -227,3 +229,27 @@ def test_image_references_docker_takes_still_pass(key, value):
         assert site["nodes"][2]["IMAGE"] == value
     else:
         assert site["site"][key] == value
+
+
+# ------------------------------------------------------------------------------------------------
+# a trailing '/' in an engine-host path (issue 24): one spelling per directory, so the served model name that the
+# records, the probe and the router derive from NARWHAL_MODEL_PATH is one name
+
+
+@pytest.mark.parametrize("key", ["NARWHAL_MODEL_PATH", "NARWHAL_ENGINE_CHECKOUT", "NARWHAL_ROUTER_DIR"])
+@pytest.mark.parametrize("value, clean", [
+    ("/srv/models/Llama-3.1-8B/", "/srv/models/Llama-3.1-8B"),
+    ("/srv/models/Llama-3.1-8B//", "/srv/models/Llama-3.1-8B"),
+    ("/srv/models/Llama-3.1-8B", "/srv/models/Llama-3.1-8B"),
+])
+def test_engine_host_paths_lose_their_trailing_slash(key, value, clean):
+    assert load_inputs(dict(MINIMAL, **{key: value}))["site"][key] == clean
+
+
+@pytest.mark.parametrize("path", ["/srv/models/Llama-3.1-8B/", "/srv/models/Llama-3.1-8B///"])
+def test_probe_and_router_derive_the_served_name_the_records_serve(path):
+    """roles/probe/vars/main.yml and roles/router/vars/main.yml take `NARWHAL_MODEL_PATH | basename` (os.path.basename)
+    when no served name is set; _discover/records.py the last component. Both give the name the engines serve."""
+    site = load_inputs(dict(MINIMAL, NARWHAL_MODEL_PATH=path))["site"]
+    assert os.path.basename(site["NARWHAL_MODEL_PATH"]) == "Llama-3.1-8B"
+    assert site["NARWHAL_MODEL_PATH"].rstrip("/").rsplit("/", 1)[-1] == "Llama-3.1-8B"
