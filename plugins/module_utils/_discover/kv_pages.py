@@ -36,6 +36,26 @@ ATTENTION_ALIGN = 16
 MLA_ATTENTION_ALIGN = 64
 
 
+# Cache dtypes that are a layout of MLA's latent record, not an element type: vLLM lists fp8_ds_mla only in the
+# kv-cache dtypes of MLA attention backends (vllm/v1/attention/backends/mla/flashmla_sparse.py,
+# FlashMLASparseBackend.supported_kv_cache_dtypes; read at vLLM main, 2026). Every backend of plain attention
+# leaves it out, so vLLM's backend selection (AttentionBackend.validate_configuration in
+# vllm/v1/attention/backend.py) reports "kv_cache_dtype not supported" for it and the engine does not start.
+MLA_ONLY_CACHE_DTYPES = ("fp8_ds_mla",)
+
+
+def check_cache_dtype(geometry, kv_cache_dtype):
+    """Refuse a cache dtype the model's attention cannot take (ValueError saying why and the fix)."""
+    name = _dtype_name(kv_cache_dtype)
+    if name in MLA_ONLY_CACHE_DTYPES and not geometry.get("mla"):
+        raise ValueError(
+            f"the KV cache dtype {name} is the latent-cache layout of MLA attention (DeepSeek-V2/V3, Kimi-K2: a "
+            "kv_lora_rank in config.json), and vLLM offers it only to MLA attention backends (a backend of plain "
+            "attention refuses it with 'kv_cache_dtype not supported'); this model has plain attention (no "
+            "kv_lora_rank): set NARWHAL_KV_CACHE_DTYPE=auto, or fp8 for an 8-bit KV cache, then rerun discovery"
+        )
+
+
 def _cdiv(a, b):
     return -(-a // b)
 
@@ -127,6 +147,7 @@ def kv_cache_pages(geometry, tp, block_size, kv_cache_dtype, model_dtype):
     if _dtype_name(kv_cache_dtype) in (None, "auto") and _dtype_name(model_dtype) is None:
         model_dtype = "bfloat16"
         notes.append("model dtype unknown: vLLM's 'auto' resolves it to bfloat16 on current GPUs; assumed bfloat16")
+    check_cache_dtype(geometry, kv_cache_dtype)
     elem = dtype_bytes(kv_cache_dtype, model_dtype)
     mla = bool(geometry.get("mla"))
     mamba = geometry.get("mamba")

@@ -379,7 +379,10 @@ def _cache_pages(engine, site, image, model, tp, model_dtype):
         return kv_cache_pages(model["kv_geometry"], tp, site["NARWHAL_BLOCK_SIZE"], site["NARWHAL_KV_CACHE_DTYPE"],
                               model_dtype)
     except ValueError as exc:
-        raise InputError("NARWHAL_KV_CACHE_DTYPE", "the cache plan for %s failed: %s" % (engine, exc))
+        which = ", ".join(x for x in (model.get("path"), model.get("model_type") and "model_type %s"
+                                      % model["model_type"]) if x)
+        raise InputError("NARWHAL_KV_CACHE_DTYPE", "the cache plan for %s%s failed: %s"
+                         % (engine, " (%s)" % which if which else "", exc))
 
 
 def _environment(n, node_policy, site, image, sources):

@@ -43,15 +43,15 @@ class ModelConfigError(ValueError):
     """Raised for a checkpoint that cannot be described; the message names the file and the fix."""
 
 
-# Counts and sizes of the model's layers, heads and caches that the KV geometry is computed from: when present as
-# a number they must be whole and at least 1 (0 or a negative value would give a nonsensical cache plan and
-# P/D gate), qk_rope_head_dim at least 0.
+# Counts and sizes of the model's layers, heads and caches that the KV geometry is computed from: when present
+# (not null) they must be JSON numbers, whole and at least 1 (a string, 0 or a negative value would give a
+# nonsensical cache plan and P/D gate), qk_rope_head_dim at least 0.
 POSITIVE_GEOMETRY_KEYS = (
     "num_hidden_layers", "num_layers", "n_layer", "n_layers", "num_attention_heads", "n_head", "n_heads",
     "num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num", "head_dim", "attention_head_dim",
-    "kv_channels", "hidden_size", "kv_lora_rank", "linear_num_value_heads", "linear_value_head_dim",
-    "linear_num_key_heads", "linear_key_head_dim", "mamba_n_heads", "mamba_num_heads", "mamba_d_head",
-    "mamba_head_dim",
+    "kv_channels", "hidden_size", "d_model", "n_embd", "kv_lora_rank", "linear_num_value_heads",
+    "linear_value_head_dim", "linear_num_key_heads", "linear_key_head_dim", "mamba_n_heads", "mamba_num_heads",
+    "mamba_d_head", "mamba_head_dim",
 )
 
 NON_NEGATIVE_GEOMETRY_KEYS = ("qk_rope_head_dim",)
@@ -354,13 +354,25 @@ def kv_geometry(config):
 
 def check_geometry_numbers(config, file_path):
     """Refuse a layer, head or size count that is not a whole number >= 1 (>= 0 for qk_rope_head_dim), naming the
-    file and the key (top level or text_config)."""
+    file and the key (top level or text_config). A JSON string ("32"), true/false, a list or an object is no count:
+    transformers would keep it as it is and vLLM fail on it, so it is refused too. null is what save_pretrained
+    writes for an unset attribute (head_dim: null): the key then counts as absent."""
     for prefix, source in (("", config), ("text_config.", _text_config(config))):
         for key in POSITIVE_GEOMETRY_KEYS + NON_NEGATIVE_GEOMETRY_KEYS:
             value = source.get(key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                continue
             least = 0 if key in NON_NEGATIVE_GEOMETRY_KEYS else 1
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                kind = "true/false" if isinstance(value, bool) else {
+                    str: "a string", list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+                shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:60] + "..."
+                raise ModelConfigError(
+                    f"{file_path}: {prefix}{key} is {shown} ({kind}), but it counts layers, heads or elements of "
+                    f"the model and must be a JSON number, a whole number of at least {least} written without "
+                    "quotes; the checkpoint's config is damaged or hand-edited: restore config.json from the "
+                    "model's repository (or point the model path at an intact checkpoint)"
+                )
             if math.isnan(value) or value < least or (isinstance(value, float) and not value.is_integer()):
                 raise ModelConfigError(
                     f"{file_path}: {prefix}{key} is {value!r}, but it counts layers, heads or elements of the "

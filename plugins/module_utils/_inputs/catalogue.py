@@ -39,9 +39,11 @@ INPUTS = [
      "doc": "Private launch-record file written by discovery (mode 0600, git-ignored)."},
     {"name": "NARWHAL_IMAGE", "kind": "image", "required": True, "example": "vllm/vllm-openai:v0.33.0",
      "doc": "Engine image (reference or ID) on every engine host. Discovery pins its ID and package versions "
-            "into the launch records."},
+            "into the launch records. A reference follows Docker's grammar: [registry-host[:port]/]name (lowercase, "
+            "at most 255 characters), an optional :tag (at most 128) and @sha256:<hex> digest."},
     {"name": "NARWHAL_MODEL_PATH", "kind": "abspath", "required": True, "example": "/srv/models/Llama-3.1-8B-Instruct",
-     "doc": "Checkpoint directory (Hugging Face format) on every engine host, mounted read-only into the engine."},
+     "doc": "Checkpoint directory (Hugging Face format) on every engine host, mounted read-only into the engine. "
+            "A trailing '/' is dropped (the default served model name is the last component)."},
     {"name": "NARWHAL_SERVED_MODEL_NAME", "kind": "model_name", "default": None, "example": "llama-3.1-8b",
      "doc": "Model name the engines serve; default: the last component of NARWHAL_MODEL_PATH. Letters, digits and "
             ". _ - + : @ /, starting with a letter or digit, no '.' or '..' component; the engines mount the "
@@ -62,7 +64,9 @@ INPUTS = [
             "per node NARWHAL_NODE_<n>_RDMA_DEVICES."},
     {"name": "NARWHAL_KV_CACHE_DTYPE", "kind": "choice",
      "choices": ["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"],
-     "default": "auto", "example": "auto", "doc": "KV cache dtype (vLLM --kv-cache-dtype)."},
+     "default": "auto", "example": "auto",
+     "doc": "KV cache dtype (vLLM --kv-cache-dtype); fp8_ds_mla only for a model with MLA attention (DeepSeek-V2/V3, "
+            "Kimi-K2), as vLLM offers it only to MLA attention backends."},
     {"name": "NARWHAL_BLOCK_SIZE", "kind": "int", "default": 16, "example": 16,
      "doc": "Requested KV block size in tokens (vLLM --block-size); the cache plan records the size vLLM will "
             "really use (hybrid models raise it)."},
@@ -75,8 +79,8 @@ INPUTS = [
             "get consecutive, non-overlapping ranges."},
     {"name": "NARWHAL_EXTRA_ARGS", "kind": "args", "default": "", "example": "--max-model-len 8192",
      "doc": "Model-specific vLLM arguments recorded in every launch record (shell words); launcher-managed flags "
-            "(port, host, TP, kv-transfer config, served name, API key ...) are refused. Per engine: "
-            "NARWHAL_NODE_<n>_EXTRA_ARGS, recorded after these."},
+            "(port, host, TP, kv-transfer config, served name, API key ...) and their --no- forms are refused. Per "
+            "engine: NARWHAL_NODE_<n>_EXTRA_ARGS, recorded after these."},
     {"name": "NARWHAL_ENGINE_ARGS", "kind": "args", "default": "", "example": "",
      "doc": "Additional vLLM arguments of every engine (shell words; the specification's name), recorded in every "
             "launch record's runtime.extra_args after NARWHAL_EXTRA_ARGS and before NARWHAL_NODE_<n>_EXTRA_ARGS; the "

@@ -29,7 +29,27 @@ __metaclass__ = type
 # `re` with a str pattern: [0-9] is the ASCII digits only (int() would also take '8_000' and full-width digits)
 WHOLE = re.compile(r"^-?[0-9]+$")
 
-IMAGE_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$")
+# Docker's image reference grammar, as distribution/reference (reference.go, regexp.go; the parser of the Docker
+# Engine and CLI) defines it:
+#   reference        := name [ ":" tag ] [ "@" digest ]
+#   name             := [domain '/'] remote-name          at most 255 characters (NameTotalLengthMax)
+#   domain           := host [':' port-number]            host: domain-name | IPv4address | '[' IPv6address ']'
+#   domain-component := /([a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])/
+#   remote-name      := path-component ['/' path-component]*
+#   path-component   := /[a-z0-9]+/ [separator /[a-z0-9]+/]*      separator := /[_.]|__|[-]+/
+#   tag              := /[\w][\w.-]{0,127}/                 (\w: ASCII letters, digits, _)
+#   digest           := algorithm ":" hex                 (go-digest checks the hex of a registered algorithm:
+#                                                          sha256 64, sha384 96, sha512 128 lowercase digits)
+# An image ID (sha256:<64 hex>, or a prefix of its hex) parses as a name (and a tag) under the same grammar.
+IMAGE_NAME_MAX = 255
+IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_NAME = re.compile(r"^(?:(?:%s(?:\.%s)*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?/)?%s(?:/%s)*$"
+                        % (_DOMAIN_COMPONENT, _DOMAIN_COMPONENT, _PATH_COMPONENT, _PATH_COMPONENT))
+IMAGE_DIGEST_HEX = {"sha256": 64, "sha384": 96, "sha512": 128}
+# the longest reference the grammar allows: a name, ':' and a tag, '@sha512:' and its hex
+IMAGE_REF_MAX = IMAGE_NAME_MAX + 1 + 128 + len("@sha512:") + 128
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+:@/-]*$")
 
@@ -106,6 +126,13 @@ def _check(spec, key, raw):
             raise InputError(key, "%r has a ',' or a '.'/'..' component; an engine-host path is mounted into the "
                                   "container (docker --mount separates options by commas) and must not leave its "
                                   "directory: write it plainly; %s" % (raw, FIX))
+        # One spelling per directory: /srv/models/x/ is /srv/models/x. Every stage takes the served model name from
+        # the last component of NARWHAL_MODEL_PATH (records, the probe's and the router's `basename`), and a trailing
+        # '/' would make that component '' for `basename` while the records strip it, so the probe would ask the
+        # engines for model "". vLLM itself would serve the --model string exactly as given when no
+        # --served-model-name is set (vllm/config/model.py, get_served_model_name: "the fallback is to use
+        # self.model"); the launcher always sets --served-model-name, so the name is the one derived here.
+        return value.rstrip("/")
     if kind == "path":
         if not value:
             raise InputError(key, "is empty; %s" % FIX)
@@ -119,9 +146,8 @@ def _check(spec, key, raw):
         raise InputError(key, "role %r is not prefill or decode; %s" % (raw, FIX))
     if kind == "interface" and (not IFNAME.match(value) or value in (".", "..")):
         raise InputError(key, "%r is not a network interface name; %s" % (raw, FIX))
-    if kind == "image" and not IMAGE_REF.match(value):
-        raise InputError(key, "%r is not an image reference or ID (letters, digits and . _ - : / @, starting with a "
-                              "letter or digit, like vllm/vllm-openai:v0.33.0); %s" % (raw, FIX))
+    if kind == "image":
+        check_image(key, value)
     if kind == "model_name":
         check_served_name(key, value)
     if kind == "dist_list":
@@ -203,6 +229,45 @@ def _address(key, raw, value):
         raise InputError(key, "%r is an IPv4-mapped IPv6 address; write the IPv4 address %s itself (with "
                               "NARWHAL_BIND_FAMILY=ipv4); %s" % (raw, ip.ipv4_mapped, FIX))
     return str(ip)
+
+
+def _shown(value, limit=80):
+    """%r of a value, cut to `limit` characters (a refusal never repeats a megabyte)."""
+    return repr(value) if len(value) <= limit else "%r... (%d characters)" % (value[:limit], len(value))
+
+
+def check_image(key, value):
+    """Refuse what the Docker Engine would refuse as an image reference or ID (the grammar above IMAGE_NAME_MAX),
+    naming the part that breaks it: the whole length, the digest, the tag, the name's length or its form."""
+    example = "like vllm/vllm-openai:v0.33.0, registry.example:5000/ns/image:tag or an image ID sha256:<64 hex>"
+    what = "%s is not an image reference" % _shown(value)
+    if len(value) > IMAGE_REF_MAX:
+        raise InputError(key, "%s: it is %d characters long, and Docker's grammar allows at most %d (a name of up to "
+                              "%d, a tag of up to 128, a digest); give the engine image's reference or ID (%s); %s"
+                         % (what, len(value), IMAGE_REF_MAX, IMAGE_NAME_MAX, example, FIX))
+    name, at, digest = value.partition("@")
+    tag = None
+    if name.rfind(":") > name.rfind("/"):
+        name, _, tag = name.rpartition(":")
+    if at:
+        algorithm, _, hexdigits = digest.partition(":")
+        size = IMAGE_DIGEST_HEX.get(algorithm)
+        if size is None or len(hexdigits) != size or not re.match(r"^[0-9a-f]+$", hexdigits):
+            raise InputError(key, "%s: its digest %s is not sha256:, sha384: or sha512: followed by 64, 96 or 128 "
+                                  "lowercase hex digits, the digests Docker verifies; copy the digest from "
+                                  "'docker images --digests' (%s); %s" % (what, _shown(digest), example, FIX))
+    if tag is not None and not IMAGE_TAG.match(tag):
+        raise InputError(key, "%s: its tag %s is not a Docker tag (1 to 128 ASCII letters, digits, '_', '.' and "
+                              "'-', not starting with '.' or '-'); %s" % (what, _shown(tag), FIX))
+    if len(name) > IMAGE_NAME_MAX:
+        raise InputError(key, "%s: its name is %d characters long, and Docker's limit is %d; %s"
+                         % (what, len(name), IMAGE_NAME_MAX, FIX))
+    if not IMAGE_NAME.match(name):
+        case = (" (a repository path is lowercase: Docker refuses capital letters there)"
+                if IMAGE_NAME.match(name.lower()) else "")
+        raise InputError(key, "%s: its name %s is not a Docker repository name%s ([registry-host[:port]/]path, the "
+                              "path of '/'-separated components of lowercase letters and digits joined by one '.', "
+                              "one or two '_' or dashes; %s); %s" % (what, _shown(name), case, example, FIX))
 
 
 def check_served_name(key, name, derived_from=None):

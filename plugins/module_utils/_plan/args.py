@@ -49,9 +49,18 @@ MANAGED_ENV = VISIBILITY_ENV + (
 DERIVED_ENV = (SSM_LAYOUT_ENV,)  # managed (no extra may set it) but carried in runtime.derived_environment
 
 
+# vLLM builds its serve options from typed config fields (vllm/engine/arg_utils.py, _compute_kwargs, used by
+# EngineArgs.add_cli_args): a bool field gets action=argparse.BooleanOptionalAction ("Creates --no-<name> and
+# --<name> flags"), so it also answers to `--no-<flag>`
+# (--no-trust-remote-code sets trust_remote_code to False). The `--no-` form of a managed flag is therefore the same
+# managed flag: it would cancel what the launcher or discovery derived.
+NEGATION = "--no-"
+
+
 def flag_name(token):
     """The managed flag a token sets, or None. Handles --x_y, --flag=value, --flag.key (vLLM dotted JSON
-    args), -tp/-tp=2, and unambiguous argparse abbreviations of a managed flag (--tensor-parallel)."""
+    args), -tp/-tp=2, the `--no-` form of a flag (BooleanOptionalAction), and unambiguous argparse abbreviations of
+    a managed flag (--tensor-parallel, --no-trust-remote)."""
     if not isinstance(token, str) or not token.startswith("-") or token in ("-", "--"):
         return None
     head = token.split("=", 1)[0]
@@ -59,6 +68,9 @@ def flag_name(token):
         head = head.split(".", 1)[0].replace("_", "-")
         for flag in MANAGED_LONG_FLAGS:
             if head == flag or (len(head) > 3 and flag.startswith(head)):
+                return flag
+            negated = NEGATION + flag[2:]
+            if head == negated or (len(head) > len(NEGATION) and negated.startswith(head)):
                 return flag
         return None
     return MANAGED_SHORT_FLAGS.get(head.split(".", 1)[0])
@@ -78,12 +90,14 @@ def check_args(args, where, allowed=()):
         if not isinstance(token, str):
             raise PlanError("%s[%d]=%r is not a string" % (where, index, token), where)
         flag = flag_name(token)
-        if flag and flag not in allowed:
+        negated = bool(flag) and token.split("=", 1)[0].replace("_", "-").startswith(NEGATION)
+        if flag and (flag not in allowed or negated):
             how = ("is derived by discovery from the checkpoint (an auto_map in config.json or "
                    "tokenizer_config.json)" if flag in DERIVED_FLAGS else
                    "is set by the launcher from the record and the role environment")
-            raise PlanError("%s[%d]=%r overrides launcher-managed %s, which %s; remove it (change the corresponding "
-                            "NARWHAL_ input instead)" % (where, index, token, flag, how), where)
+            form = " (its --no- form: vLLM's parser generates one for every boolean option)" if negated else ""
+            raise PlanError("%s[%d]=%r overrides launcher-managed %s%s, which %s; remove it (change the corresponding "
+                            "NARWHAL_ input instead)" % (where, index, token, flag, form, how), where)
         if is_secret_flag(token):
             raise PlanError("%s[%d] sets %s, which takes a credential and would be written into the launch records, "
                             "the manifest and plan.json; remove it (the engines load the model from "

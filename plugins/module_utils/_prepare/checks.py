@@ -13,6 +13,7 @@ import json
 import re
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import REGENERATE, InputError, PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_NAME
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import (
     FLEET_SCHEMA,
     LAUNCH_CONFIG_SCHEMA,
@@ -56,9 +57,11 @@ def compatibility(records):
 
 
 def shared_hosts(records):
-    """Engines on one physical host must not overlap in GPUs, HTTP, attestation or side-channel ports."""
+    """Engines on one physical host must not overlap in GPUs, HTTP, attestation or side-channel ports, and no engine
+    may listen for NIXL's side channel on its own HTTP or attestation port."""
     by_host = {}
     for r in records.values():
+        own_ports(r)
         by_host.setdefault(r["node"].get("host_id") or r["engine"], []).append(r)
     for group in by_host.values():
         for i, a in enumerate(group):
@@ -75,6 +78,26 @@ def shared_hosts(records):
                             raise InputError("NARWHAL_NODE_<n>_%s" % _port_key(name),
                                              "%s and their %s / %s ports overlap (%d-%d and %d-%d); %s"
                                              % (both, other, name, olo, ohi, lo, hi, REGENERATE))
+
+
+def own_ports(r):
+    """One engine's side-channel range must not hold its own HTTP or attestation port: vLLM binds the NIXL side
+    channel (VLLM_NIXL_SIDE_CHANNEL_PORT, a ZMQ socket) next to the HTTP server in the same network namespace
+    (network_mode host), so one of them fails with "Address already in use" at start (vLLM issue 20965)."""
+    ports = _ports(r)
+    lo, hi = ports["side-channel"]
+    for name in ("engine", "attestation"):
+        port = ports[name][0]
+        if lo <= port <= hi:
+            m = ENGINE_NAME.match(r["engine"] or "")
+            node_key = "NARWHAL_NODE_%s_%s" % (m.group(1) if m else "<n>", _port_key(name))
+            span = "port %d" % lo if lo == hi else "ports %d-%d" % (lo, hi)
+            raise InputError("NARWHAL_SIDE_CHANNEL_PORT",
+                             "%s would listen for NIXL's side channel on %s, which holds its own %s port %d (%s); "
+                             "one engine cannot bind both: set NARWHAL_SIDE_CHANNEL_PORT (the first side-channel "
+                             "port of each host) outside the engines' HTTP and attestation ports, or move the "
+                             "engine's port with %s; %s" % (r["engine"], span, name, port, node_key, node_key,
+                                                            REGENERATE))
 
 
 def _ports(r):

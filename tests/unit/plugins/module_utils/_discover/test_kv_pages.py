@@ -94,6 +94,14 @@ def test_deepseek_v3_fp8_ds_mla():
     assert plan["page_bytes"] == 41984  # 64 * 656
 
 
+@pytest.mark.parametrize("src", [LLAMA, NEMOTRON_H, QWEN3_NEXT, "aiconf__mistralai--Mixtral-8x7B-v0.1"])
+@pytest.mark.parametrize("kv", ["fp8_ds_mla", "FP8_DS_MLA"])
+def test_fp8_ds_mla_needs_mla_attention(src, kv):
+    """vLLM lists fp8_ds_mla only among the cache dtypes of MLA attention backends (issue 24)."""
+    with pytest.raises(ValueError, match="latent-cache layout of MLA attention .* this model has plain attention"):
+        kv_cache_pages(geometry(src), 1, 16, kv, "bfloat16")
+
+
 # ------------------------------------------------------------------------------------------------
 # hybrid attention + Mamba2 (Nemotron-H-56B: intermediate 256*64 = 16384, n_groups 8, d_state 256, d_conv 4,
 # 256 Mamba heads of 64; attention 8 KV heads of 128; bfloat16 everywhere)

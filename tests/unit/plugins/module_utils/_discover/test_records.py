@@ -463,6 +463,26 @@ def test_trust_remote_code_model(tmp_path, dev, src):
     assert rt["trust_remote_code"] is True
 
 
+@pytest.mark.parametrize("src", ["aiconf__meta-llama--Meta-Llama-3.1-8B", "aiconf__Qwen--Qwen2.5-7B",
+                                 "aiconf__nvidia--Nemotron-H-56B-Base-8K", "aiconf__mistralai--Mixtral-8x7B-v0.1"])
+def test_fp8_ds_mla_cache_for_plain_attention_is_refused(tmp_path, dev, src):
+    """Issue 24: vLLM offers the fp8_ds_mla cache only to MLA attention; a plain-attention model is refused by key,
+    naming the engine and the model."""
+    mdl = model(tmp_path, src)
+    err = refused({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_KV_CACHE_DTYPE": "fp8_ds_mla"}, nv_pair(tmp_path, mdl=mdl))
+    assert err.key == "NARWHAL_KV_CACHE_DTYPE", str(err)
+    assert "the cache plan for engine-1 (%s, model_type %s) failed" % (mdl["path"], mdl["model_type"]) in str(err)
+    assert "only to MLA attention backends" in str(err) and "set NARWHAL_KV_CACHE_DTYPE=auto" in str(err)
+
+
+@pytest.mark.parametrize("src", ["helpy__DeepSeek-V3", "aiconf__moonshotai--Kimi-K2-Instruct"])
+def test_fp8_ds_mla_cache_for_mla_models_is_planned(tmp_path, dev, src):
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_KV_CACHE_DTYPE": "fp8_ds_mla"},
+                 nv_pair(tmp_path, mdl=model(tmp_path, src)))
+    rt = recs["engine-1"]["runtime"]
+    assert rt["kv_cache_dtype"] == "fp8_ds_mla" and rt["cache_plan"]["bytes_per_token_per_layer"] == 656
+
+
 # Nemotron-H-56B at TP 4: attention 2 KV heads x 128 x 2 B x (K,V) = 1024 B/token; Mamba2 state per GPU =
 # conv 3 x (16384 + 2*8*256)/4 x 2 B = 30720 + SSM 64 heads x 64 x 256 x 2 B = 2097152 -> 2127872 B, so the block
 # is raised to 16 * ceil(2127872 / (16 * 1024)) = 2080 tokens (page 2080 * 1024 B). LFM2's short-conv state fits
@@ -477,6 +497,15 @@ def test_conv_ssm_model(tmp_path, dev, src, block, page):
     assert rt["block_size"] == 16
     assert (rt["cache_plan"]["block_size"], rt["cache_plan"]["page_bytes"]) == (block, page)
     assert recs["engine-1"]["runtime"]["cache_plan"] == rt["cache_plan"]  # P and D agree
+
+
+def test_model_path_with_a_trailing_slash_gives_the_same_records(tmp_path, dev):
+    """Issue 24: /srv/models/x/ and /srv/models/x are one checkpoint, one served name, one record."""
+    plain = build({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path))
+    slashed = build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_MODEL_PATH": BASE["NARWHAL_MODEL_PATH"] + "/"},
+                    nv_pair(tmp_path))
+    assert json.dumps(slashed, sort_keys=True) == json.dumps(plain, sort_keys=True)
+    assert plain["engine-1"]["runtime"]["served_model_name"] == "Meta-Llama-3.1-8B"
 
 
 def test_attention_model_keeps_requested_block(tmp_path, dev):
@@ -707,6 +736,7 @@ def test_writer_removes_extracts_of_an_engine_no_longer_in_the_fleet(tmp_path, d
     ({"NARWHAL_NODE_1_GPU_IDS": "8,9,10,11"}, "NARWHAL_NODE_1_GPU_IDS"),
     ({"NARWHAL_GPUS_PER_ENGINE": "5"}, "NARWHAL_GPUS_PER_ENGINE"),
     ({"NARWHAL_TRANSPORT": "ucx_rdma"}, "NARWHAL_TRANSPORT"),
+    ({"NARWHAL_KV_CACHE_DTYPE": "fp8_ds_mla"}, "NARWHAL_KV_CACHE_DTYPE"),
 ])
 def test_writer_failure_leaves_everything_untouched(tmp_path, dev, run_module, extra, key):
     hosts = nv_pair(tmp_path)

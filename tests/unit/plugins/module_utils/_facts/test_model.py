@@ -527,3 +527,36 @@ def test_module_fifo_model_path(run_module, tmp_path):
     assert how == "fail"
     assert result["msg"] == (f"model path {path} is a FIFO, not a checkpoint directory; point the model path at the "
                              "checkpoint directory that holds config.json")
+
+
+@pytest.mark.parametrize("patch,where,kind", [
+    ({"num_attention_heads": "32"}, "num_attention_heads is '32'", "a string"),
+    ({"num_key_value_heads": "8"}, "num_key_value_heads is '8'", "a string"),
+    ({"num_hidden_layers": True}, "num_hidden_layers is True", "true/false"),
+    ({"head_dim": [128]}, "head_dim is [128]", "a list"),
+    ({"hidden_size": {"value": 8192}}, "hidden_size is {'value': 8192}", "an object"),
+    ({"text_config": {"num_attention_heads": "64"}}, "text_config.num_attention_heads is '64'", "a string"),
+    ({"qk_rope_head_dim": "64"}, "qk_rope_head_dim is '64'", "a string"),
+])
+def test_geometry_that_is_no_json_number_is_refused_by_field(tmp_path, patch, where, kind):
+    """Issue 24: a config.json whose sizes are strings (or true/false, lists, objects) never reaches the cache plan
+    or the P/D gate; the refusal names the file and the field."""
+    path = checkpoint(tmp_path, "YouZiSoftware__lzlv_70b_fp16_hf")
+    config = json.loads((path / "config.json").read_text())
+    config.update(patch)
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(_model.ModelConfigError) as err:
+        _checkpoint.read_checkpoint(str(path))
+    assert str(err.value).startswith("%s: %s (%s)" % (path / "config.json", where, kind)), str(err.value)
+    assert "must be a JSON number" in str(err.value) and "restore config.json" in str(err.value)
+
+
+@pytest.mark.parametrize("patch", [{"head_dim": None}, {"num_key_value_heads": 8.0}, {"text_config": None}])
+def test_geometry_null_or_integral_float_still_passes(tmp_path, patch):
+    """null is what save_pretrained writes for an unset attribute; 8.0 is a whole number."""
+    path = checkpoint(tmp_path, "YouZiSoftware__lzlv_70b_fp16_hf")
+    config = json.loads((path / "config.json").read_text())
+    config.update(patch)
+    (path / "config.json").write_text(json.dumps(config))
+    facts = _checkpoint.read_checkpoint(str(path))
+    assert facts["kv_geometry"]["num_kv_heads"] == 8

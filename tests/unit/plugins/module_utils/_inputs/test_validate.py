@@ -3,6 +3,8 @@
 """Input validation (plugins/module_utils/_inputs/validate.py, load_inputs): hostile and broken site inputs are
 refused by name when the inputs are read; plain values pass."""
 
+import os.path
+
 import pytest
 from test_support.inputs import BASE
 
@@ -167,3 +169,87 @@ def test_bad_benchmark_inputs_are_refused_by_name(extra, key, words):
 def test_slo_numbers_keep_their_value():
     site = load_inputs(dict(MINIMAL, NARWHAL_BENCH_SLO_TTFT_MS="250", NARWHAL_BENCH_SLO_TPOT_MS="12.5"))["site"]
     assert site["NARWHAL_BENCH_SLO_TTFT_MS"] == 250 and site["NARWHAL_BENCH_SLO_TPOT_MS"] == 12.5
+
+
+# ------------------------------------------------------------------------------------------------
+# image references: Docker's grammar and length limits (issue 24)
+
+FIX_WORDS = "correct it in .env (or the environment), then rerun discovery"
+
+IMAGE_KEYS = ("NARWHAL_IMAGE", "NARWHAL_NODE_2_IMAGE", "NARWHAL_ROUTER_IMAGE", "NARWHAL_BENCH_IMAGE")
+
+
+@pytest.mark.parametrize("key", IMAGE_KEYS)
+@pytest.mark.parametrize("value, words", [
+    ("a" * (1 << 20), "it is 1048576 characters long, and Docker's grammar allows at most 520"),
+    ("vllm/" + "v" * 251, "its name is 256 characters long, and Docker's limit is 255"),
+    ("vllm/vllm-openai:" + "t" * 129, "is not a Docker tag (1 to 128"),
+    ("vllm/vllm-openai:.hidden", "is not a Docker tag"),
+    ("vllm/vllm-openai:", "its tag '' is not a Docker tag"),
+    ("vllm/vllm-openai@sha256:abc", "its digest 'sha256:abc' is not sha256:"),
+    ("vllm/vllm-openai@md5:" + "a" * 32, "its digest 'md5:"),
+    ("vllm/vllm-openai@sha256:" + "AB" * 32, "lowercase hex digits"),
+    ("VLLM/vllm-openai", ""),  # an upper-case first component is a registry host for Docker: still valid
+    ("vllm/VLLM-openai:v1", "Docker refuses capital letters there"),
+    ("vllm//vllm-openai", "is not a Docker repository name"),
+    ("vllm/vllm___openai", "is not a Docker repository name"),
+    ("vllm/vllm-openai/", "is not a Docker repository name"),
+    ("registry.example:port/vllm", "is not a Docker repository name"),
+    ("-registry.example/vllm", "is not a Docker repository name"),
+    (":v0.33.0", "its name '' is not a Docker repository name"),
+])
+def test_image_references_outside_dockers_grammar_are_refused(key, value, words):
+    """Every image input (engine, per-node engine, router, benchmark) takes what the Docker Engine takes as an image
+    reference (distribution/reference) and nothing more; the refusal names the part and never repeats a megabyte."""
+    if not words:
+        load_inputs(dict(MINIMAL, **{key: value}))
+        return
+    err = refused_input({key: value})
+    assert err.key == key and "is not an image reference" in str(err) and words in str(err), str(err)
+    assert len(str(err)) < 1200 and FIX_WORDS in str(err)
+
+
+@pytest.mark.parametrize("key", IMAGE_KEYS)
+@pytest.mark.parametrize("value", [
+    "registry.example:5000/ns/img:tag@sha256:" + "ab" * 32,
+    "localhost/x",
+    "narwhal-sim/vllm-cpu:latest",
+    "vllm/vllm-openai:v0.33.0",
+    "rocm/vllm:v0.33.0_rc1",
+    "[fd00::1]:5000/vllm/vllm-openai:v0.33.0",
+    "10.0.0.5:5000/vllm__x/a.b-c--d:T_1",
+    "sha256:" + "0123456789abcdef" * 4,  # an image ID
+    "0123456789ab",  # a short image ID
+    "vllm/vllm-openai@sha512:" + "0" * 128,
+    "x/" + "y" * 253,  # a name of 255 characters
+])
+def test_image_references_docker_takes_still_pass(key, value):
+    site = load_inputs(dict(MINIMAL, **{key: value}))
+    if key.startswith("NARWHAL_NODE_"):
+        assert site["nodes"][2]["IMAGE"] == value
+    else:
+        assert site["site"][key] == value
+
+
+# ------------------------------------------------------------------------------------------------
+# a trailing '/' in an engine-host path (issue 24): one spelling per directory, so the served model name that the
+# records, the probe and the router derive from NARWHAL_MODEL_PATH is one name
+
+
+@pytest.mark.parametrize("key", ["NARWHAL_MODEL_PATH", "NARWHAL_ENGINE_CHECKOUT", "NARWHAL_ROUTER_DIR"])
+@pytest.mark.parametrize("value, clean", [
+    ("/srv/models/Llama-3.1-8B/", "/srv/models/Llama-3.1-8B"),
+    ("/srv/models/Llama-3.1-8B//", "/srv/models/Llama-3.1-8B"),
+    ("/srv/models/Llama-3.1-8B", "/srv/models/Llama-3.1-8B"),
+])
+def test_engine_host_paths_lose_their_trailing_slash(key, value, clean):
+    assert load_inputs(dict(MINIMAL, **{key: value}))["site"][key] == clean
+
+
+@pytest.mark.parametrize("path", ["/srv/models/Llama-3.1-8B/", "/srv/models/Llama-3.1-8B///"])
+def test_probe_and_router_derive_the_served_name_the_records_serve(path):
+    """roles/probe/vars/main.yml and roles/router/vars/main.yml take `NARWHAL_MODEL_PATH | basename` (os.path.basename)
+    when no served name is set; _discover/records.py the last component. Both give the name the engines serve."""
+    site = load_inputs(dict(MINIMAL, NARWHAL_MODEL_PATH=path))["site"]
+    assert os.path.basename(site["NARWHAL_MODEL_PATH"]) == "Llama-3.1-8B"
+    assert site["NARWHAL_MODEL_PATH"].rstrip("/").rsplit("/", 1)[-1] == "Llama-3.1-8B"
