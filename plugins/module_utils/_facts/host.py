@@ -42,6 +42,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._facts.model import
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.netaddr import (
     interface_addresses,
     interface_facts,
+    link_refusal,
     parse_ip_json,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.rdma import (
@@ -279,6 +280,9 @@ def read_interface(module, name, family, timeout=DEFAULT_TIMEOUT):
         module.fail_json(msg="interface %s does not exist on this host (present: %s); set "
                              "NARWHAL_FABRIC_INTERFACE (or NARWHAL_NODE_<n>_FABRIC_INTERFACE) to the fabric "
                              "interface of this host and rerun discovery" % (name, present))
+    refusal = link_refusal(name, link, "host %s" % host_name())
+    if refusal:
+        module.fail_json(msg=refusal)
     return interface_facts(name, link, addresses, family, host_id())
 
 
