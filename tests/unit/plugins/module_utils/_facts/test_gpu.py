@@ -704,14 +704,62 @@ def test_module_amd_rocm_smi_fallback(module_runner, no_host_tools):
 
 def test_module_amd_smi_preferred(module_runner, tmp_path, no_host_tools):
     doc = tmp_path / "static.json"
-    doc.write_text(json.dumps({"gpu_data": [AMD_SMI_GPU]}))
+    doc.write_text(json.dumps({"gpu_data": [dict(AMD_SMI_GPU, bus={"bdf": "0000:83:00.0"})]}))
     stubs = {"amd-smi": replay(doc, "static --json"), "rocm-smi": "exit 99\n"}
-    how, result = module_runner({"sysfs_root": str(tmp_path)}, stubs)
+    how, result = module_runner({"sysfs_root": str(AMD_SYS)}, stubs)
     assert how == "exit", result
     facts = result["ansible_facts"]["narwhal_gpus"]
     assert facts["source"] == "amd-smi static --json"
     assert facts["gpus"][0]["name"] == "AMD Instinct MI300X"
-    assert facts["gpus"][0]["devices"] == []  # no sysfs below tmp_path: a warning says so
+    assert facts["gpus"][0]["devices"] == ["/dev/dri/renderD128", "/dev/dri/card0"]
+
+
+# an AMD GPU without a render node (issue 24): ROCr would not see it in the container, so it must not be counted in
+# TP; refused naming the tool, the host, the GPU and the fix
+
+
+def _without_render(tmp_path, *bdfs):
+    """The AMD profile's sysfs with the KFD nodes and DRM entries of the GPUs at `bdfs` removed."""
+    root = tmp_path / "sys"
+    shutil.copytree(AMD_SYS, root, symlinks=True)
+    nodes = {n["pci_bus_id"]: n["node"] for n in _host.read_kfd_topology(str(AMD_SYS))}
+    drm = _host.read_drm_nodes(str(AMD_SYS))
+    for bdf in bdfs:
+        shutil.rmtree(root / "class" / "kfd" / "kfd" / "topology" / "nodes" / str(nodes[bdf]))
+        for minor in drm[bdf]["render"]:
+            shutil.rmtree(root / "class" / "drm" / f"renderD{minor}")
+    return root
+
+
+def test_render_node_refusal_names_every_gpu_without_one(tmp_path):
+    root = _without_render(tmp_path, "0000:c3:00.0", "0000:e3:00.0")
+    facts = _amd_profile_gpus(root)
+    assert [g["devices"] for g in facts["gpus"]][2:] == [["/dev/dri/card2"], ["/dev/dri/card3"]]
+    message = _host.render_node_refusal(facts, str(root), "host engine-1")
+    assert message.startswith(f"'rocm-smi' on host engine-1 lists AMD GPUs 2 (0000:c3:00.0, {MI100}), 3 "
+                              f"(0000:e3:00.0, {MI100}) without a render node: neither the KFD topology ")
+    assert "so a container given it would see fewer GPUs than the engine's tensor parallel size" in message
+    assert _host.render_node_refusal(_amd_profile_gpus(AMD_SYS), str(AMD_SYS), "host engine-1") is None
+    nothing = _host.render_node_refusal(_amd_profile_gpus(tmp_path / "none"), str(tmp_path / "none"), "host x")
+    assert "lists AMD GPUs 0 (0000:83:00.0" in nothing and "3 (0000:e3:00.0" in nothing
+
+
+@pytest.mark.parametrize("tool, stub_args, removed, expected", [
+    ("rocm-smi", "--showproductname --showbus --showuniqueid --json", ["0000:a3:00.0"],
+     f"lists AMD GPU 1 (0000:a3:00.0, {MI100}) without a render node"),
+    ("amd-smi", "static --json", None, "lists AMD GPU 0 (0000:0c:00.0, AMD Instinct MI300X) without a render node"),
+], ids=["rocm-smi-one-unbound", "amd-smi-no-sysfs"])
+def test_module_refuses_an_amd_gpu_without_render_node(module_runner, tmp_path, no_host_tools, tool, stub_args,
+                                                       removed, expected):
+    if tool == "rocm-smi":
+        source, root = AMD / "telegraf__mi100_rocm602.json", _without_render(tmp_path, *removed)
+    else:
+        source, root = tmp_path / "static.json", tmp_path / "empty-sys"
+        source.write_text(json.dumps([AMD_SMI_GPU]))
+    how, result = module_runner({"sysfs_root": str(root)}, {tool: replay(source, stub_args)})
+    assert how == "fail", result
+    assert result["msg"].startswith(f"'{tool} {stub_args}' on host {socket.gethostname()} {expected}: ")
+    assert result["msg"].endswith("and that sysfs_root is the host's /sys, then rerun discovery")
 
 
 def test_module_no_vendor_tool(module_runner, tmp_path, no_host_tools):
