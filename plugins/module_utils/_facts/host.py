@@ -404,6 +404,15 @@ def render_node_refusal(facts, sysfs_root, where):
     counted in TP while the container sees one GPU fewer. A GPU the vendor tool lists but sysfs does not map is a
     host to fix (a device the driver did not bind, a wrong sysfs_root), not a GPU to leave out of the inventory.
     """
+    owners = {}
+    for gpu in facts["gpus"]:
+        for path in gpu["devices"]:
+            if path in owners:
+                return (f"'{facts['source']}' on {where} lists AMD GPUs {owners[path]} and {gpu['index']}, and sysfs "
+                        f"below {sysfs_root} maps both to {path}; one device node cannot be two GPUs, so the tool "
+                        "and sysfs disagree: compare 'ls -l /sys/class/drm/*/device' with the tool's PCI bus ids, "
+                        "then rerun discovery")
+            owners[path] = gpu["index"]
     missing = [gpu for gpu in facts["gpus"] if not any(p.startswith("/dev/dri/renderD") for p in gpu["devices"])]
     if not missing:
         return None

@@ -48,15 +48,25 @@ def parse_ip_json(text):
                 raise ValueError("line %d is not JSON (%s)" % (number, exc)) from None
             data.extend(item if isinstance(item, list) else [item])
     links = data if isinstance(data, list) else [data]
+    names = set()
     for position, link in enumerate(links):
         if not isinstance(link, dict):
             raise ValueError("entry %d is a JSON %s, not an interface object" % (position, type(link).__name__))
         if not isinstance(link.get("ifname"), str):
             raise ValueError("entry %d has no ifname" % position)
+        if link["ifname"] in names:
+            # the kernel names each interface once: a second object would hide or replace the first one's state
+            raise ValueError("interface %s is listed twice" % link["ifname"])
+        names.add(link["ifname"])
         addr_info = link.get("addr_info")
         if addr_info is not None and (not isinstance(addr_info, list)
                                       or not all(isinstance(a, dict) for a in addr_info)):
             raise ValueError("interface %s: addr_info is not a list of address objects" % link["ifname"])
+        flags = link.get("flags")
+        if flags is not None and (not isinstance(flags, list) or not all(isinstance(f, str) for f in flags)):
+            raise ValueError("interface %s: flags is not a list of flag names" % link["ifname"])
+        if link.get("operstate") is not None and not isinstance(link["operstate"], str):
+            raise ValueError("interface %s: operstate is not a state name" % link["ifname"])
     if not links:
         raise ValueError("an empty list (every host has at least the loopback interface)")
     return links

@@ -118,7 +118,13 @@ def _ip_prints(host_tmp, text):
     ('[{"ifname": "eth1", "addr_info": "172.31.201.11"}]', "interface eth1: addr_info is not a list of address"),
     ("Object \"addr\" is unknown, try \"ip help\".", "line 1 is not JSON"),
     ("[" * 100000, "nested too deeply to read"),
-], ids=["empty", "empty-list", "null", "ints", "no-ifname", "addr-info-string", "old-iproute2", "deep"])
+    # impossible listings (issue 24): one interface twice would hide the first one's state
+    ('[{"ifname": "eth1", "operstate": "DOWN"}, {"ifname": "eth1", "operstate": "UP"}]',
+     "interface eth1 is listed twice"),
+    ('[{"ifname": "eth1", "flags": "UP,LOWER_UP"}]', "interface eth1: flags is not a list of flag names"),
+    ('[{"ifname": "eth1", "operstate": 6}]', "interface eth1: operstate is not a state name"),
+], ids=["empty", "empty-list", "null", "ints", "no-ifname", "addr-info-string", "old-iproute2", "deep", "eth1-twice",
+        "flags-string", "operstate-number"])
 def test_odd_ip_output_is_named_not_a_missing_interface(module_runner, host, tmp_path, text, cause):
     _ip_prints(tmp_path, text)
     how, result = _combined(module_runner, host)

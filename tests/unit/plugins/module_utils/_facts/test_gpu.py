@@ -744,6 +744,18 @@ def test_render_node_refusal_names_every_gpu_without_one(tmp_path):
     assert "lists AMD GPUs 0 (0000:83:00.0" in nothing and "3 (0000:e3:00.0" in nothing
 
 
+def test_render_node_refusal_of_two_gpus_on_one_node(tmp_path):
+    """A KFD topology that gives two of the tool's GPUs one render node: the tool and sysfs disagree, refused."""
+    root = tmp_path / "sys"
+    shutil.copytree(AMD_SYS, root, symlinks=True)
+    properties = root / "class" / "kfd" / "kfd" / "topology" / "nodes" / "3" / "properties"
+    properties.write_text(properties.read_text().replace("drm_render_minor 129", "drm_render_minor 128"))
+    facts = _amd_profile_gpus(root)
+    message = _host.render_node_refusal(facts, str(root), "host engine-1")
+    assert message.startswith("'rocm-smi' on host engine-1 lists AMD GPUs 0 and 1, and sysfs below ")
+    assert "maps both to /dev/dri/renderD128; one device node cannot be two GPUs" in message
+
+
 @pytest.mark.parametrize("tool, stub_args, removed, expected", [
     ("rocm-smi", "--showproductname --showbus --showuniqueid --json", ["0000:a3:00.0"],
      f"lists AMD GPU 1 (0000:a3:00.0, {MI100}) without a render node"),
