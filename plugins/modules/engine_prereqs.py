@@ -13,7 +13,8 @@ description:
   - Runs on the engine host during prepare, read-only. Checks that the Docker daemon answers (over its Engine
     API, with the Python standard library; neither this module nor the launcher needs the Docker SDK), that the
     image with the recorded ID is present, that the model path exists and is readable, that every recorded device path
-    exists, that the fabric interface exists and still carries the recorded address, and that nothing else
+    exists, that the fabric interface exists, can carry traffic (operstate UP or UNKNOWN, administratively up, no
+    C(NO-CARRIER) flag) and still carries the recorded address, and that nothing else
     listens on the engine's HTTP, attestation or side-channel ports. Sockets held by processes of this engine's
     own running container, C(narwhal-<engine>), are allowed, so a prepare of the running engine is not refused.
   - A listener on the attestation port that answers a GET of the engine's attestation URL (O(attestation_url), by
@@ -124,6 +125,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._facts.model import
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.netaddr import (
     interface_addresses,
     interface_facts,
+    link_refusal,
     parse_ip_json,
 )
 
@@ -322,6 +324,10 @@ def main():
                             % node["fabric_interface"])
         else:
             interface = interface_facts(node["fabric_interface"], link, addresses, "any", host_id())
+            refusal = link_refusal(node["fabric_interface"], link, "host %s" % host_name(),
+                                   "prepare a new run (rerun discovery first for another interface)")
+            if refusal:
+                problems.append(refusal)
             if node["address"] not in [a["address"] for a in addresses]:
                 problems.append("%s no longer carries the recorded address %s; rerun discovery"
                                 % (node["fabric_interface"], node["address"]))

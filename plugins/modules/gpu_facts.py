@@ -17,7 +17,13 @@ description:
     (C(class/drm/renderD*/device), C(class/drm/card*/device)) below O(sysfs_root).
   - A host without any of these tools reports vendor C(none) and no GPUs; that is not an error.
   - A tool that exists but fails, or prints output that cannot be read, fails the module with the command,
-    the cause on the host and the fix.
+    the cause on the host and the fix. So does output that describes no real host (an impossible inventory), such
+    as the same GPU index, PCI bus id, minor number or KFD node twice (rocm-smi C(card0) and C(card00)), a negative
+    or non-integer index, a memory size, bus id or number that is printed but is not one, more GPUs than
+    C(attached_gpus). The inventory is never made smaller or empty instead.
+  - An AMD GPU without a render node (neither the KFD topology nor the DRM class maps its PCI bus id) fails the
+    module, naming the GPU, because a container given it would see fewer GPUs than the engine's tensor parallel
+    size.
   - GPUs are identified by their host index. They are never merged by UUID (sanitised or masked captures
     carry equal UUIDs).
   - Each GPU's NUMA node and PCIe path are read below O(sysfs_root) too. Of the device nodes only NVIDIA's

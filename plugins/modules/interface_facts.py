@@ -15,6 +15,10 @@ description:
   - Usable addresses are global-scope unicast addresses only; loopback, link-local (also when labelled scope
     global), tentative, dadfailed, deprecated (preferred lifetime 0) and temporary (privacy) addresses are never
     usable.
+  - Fails, naming the interface and the host, when the interface cannot carry traffic, that is when it is
+    administratively down (no C(UP) flag), up without carrier (flag C(NO-CARRIER)) or in an operstate other than C(UP) and C(UNKNOWN)
+    (C(DOWN), C(LOWERLAYERDOWN), C(NOTPRESENT), C(TESTING), C(DORMANT)). C(UNKNOWN) is what drivers without carrier
+    reporting (loopback, tun, wireguard) show, and is usable.
   - Read-only; never reports a change.
 options:
   name:

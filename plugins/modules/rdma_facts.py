@@ -15,7 +15,9 @@ description:
     PCIe path (where that link resolves below C(devices/)), and C(class/infiniband_verbs/uverbs*/ibdev) for the
     verbs device of each HCA.
   - When C(class/infiniband) does not exist, falls back to C(ibstat), then C(ibv_devinfo); a host with none
-    of them reports no HCAs, which is not an error.
+    of them reports no HCAs, which is not an error. Their output must list each HCA once, each with its ports
+    (numbered from 1, each once, as many as the HCA states); anything else fails the module naming the tool and
+    the host, never a smaller inventory.
   - Device nodes (C(/dev/infiniband/uverbs*), C(/dev/infiniband/rdma_cm)) are those that exist below
     O(dev_root).
   - Read-only; never reports a change.

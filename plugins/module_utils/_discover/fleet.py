@@ -15,14 +15,13 @@ import re
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import engine_number
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.urls import attestation_url, engine_url
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.netaddr import USABLE_OPERSTATES
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import engine_settings
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.validate import parse_url
 
 __metaclass__ = type
 
 
-# `ip` operstates of a link that carries no traffic (UNKNOWN, e.g. of some virtual links, is not refused)
-DOWN_STATES = ("DOWN", "LOWERLAYERDOWN", "NOTPRESENT")
 
 
 # deployment.env values, as python-dotenv and a shell both read them unquoted: nothing that ends a line, quotes,
@@ -110,7 +109,10 @@ def build_fleet(inputs, engines, interfaces):
         interface = settings["fabric_interface"]
         facts = dict(interfaces.get(host) or {})
         facts["per_node"] = settings["inputs"]["fabric_interface"] != "NARWHAL_FABRIC_INTERFACE"
-        if str(facts.get("operstate") or "").upper() in DOWN_STATES:
+        # the facts modules refuse such a link on the host (_facts/netaddr.py::link_problem); this holds the same
+        # rule for the facts that reach the controller (operstate only: UP and UNKNOWN carry traffic)
+        state = str(facts.get("operstate") or "").upper()
+        if state and state not in USABLE_OPERSTATES:
             key = settings["inputs"]["fabric_interface"]
             raise InputError(key, "interface %s on host %s is down (ip reports operstate %s), so its addresses carry "
                                   "no traffic and must not go into the records; bring the link up (cable, switch "

@@ -42,6 +42,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._facts.model import
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.netaddr import (
     interface_addresses,
     interface_facts,
+    link_refusal,
     parse_ip_json,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.rdma import (
@@ -279,6 +280,9 @@ def read_interface(module, name, family, timeout=DEFAULT_TIMEOUT):
         module.fail_json(msg="interface %s does not exist on this host (present: %s); set "
                              "NARWHAL_FABRIC_INTERFACE (or NARWHAL_NODE_<n>_FABRIC_INTERFACE) to the fabric "
                              "interface of this host and rerun discovery" % (name, present))
+    refusal = link_refusal(name, link, "host %s" % host_name())
+    if refusal:
+        module.fail_json(msg=refusal)
     return interface_facts(name, link, addresses, family, host_id())
 
 
@@ -387,14 +391,43 @@ def read_gpus(module, sysfs_root, dev_root, timeout=DEFAULT_TIMEOUT):
     if parsed is None:
         return empty_facts()
     facts = amd_facts(parsed, sysfs_root, source)
-    for gpu in facts["gpus"]:
-        if not any(path.startswith("/dev/dri/renderD") for path in gpu["devices"]):
-            module.warn(
-                f"AMD GPU {gpu['index']} ({gpu['pci_bus_id']}) has no render node: neither the KFD "
-                f"topology nor the DRM class below {sysfs_root} maps its PCI bus id; a container for it "
-                "would get no GPU"
-            )
+    refusal = render_node_refusal(facts, sysfs_root, "host %s" % host_name())
+    if refusal:
+        module.fail_json(msg=refusal)
     return facts
+
+
+def render_node_refusal(facts, sysfs_root, where):
+    """The refusal of AMD facts in which a GPU has no render node (None when every GPU has one).
+
+    ROCr enumerates only the GPUs whose /dev/dri/renderD<N> the container has, so such a GPU, allocated, would be
+    counted in TP while the container sees one GPU fewer. A GPU the vendor tool lists but sysfs does not map is a
+    host to fix (a device the driver did not bind, a wrong sysfs_root), not a GPU to leave out of the inventory.
+    """
+    owners = {}
+    for gpu in facts["gpus"]:
+        for path in gpu["devices"]:
+            if path in owners:
+                return (f"'{facts['source']}' on {where} lists AMD GPUs {owners[path]} and {gpu['index']}, and sysfs "
+                        f"below {sysfs_root} maps both to {path}; one device node cannot be two GPUs, so the tool "
+                        "and sysfs disagree: compare 'ls -l /sys/class/drm/*/device' with the tool's PCI bus ids, "
+                        "then rerun discovery")
+            owners[path] = gpu["index"]
+    missing = [gpu for gpu in facts["gpus"] if not any(p.startswith("/dev/dri/renderD") for p in gpu["devices"])]
+    if not missing:
+        return None
+    listed = ", ".join(
+        "%d (%s%s)" % (gpu["index"], gpu["pci_bus_id"] or "no PCI bus id", ", " + gpu["name"] if gpu["name"] else "")
+        for gpu in missing
+    )
+    return (
+        f"'{facts['source']}' on {where} lists AMD GPU{'s' if len(missing) > 1 else ''} {listed} without a render "
+        f"node: neither the KFD topology ({os.path.join(sysfs_root, 'class/kfd/kfd/topology/nodes')}) nor the DRM "
+        f"class ({os.path.join(sysfs_root, 'class/drm')}) maps {'their' if len(missing) > 1 else 'its'} PCI bus id to "
+        "a /dev/dri/renderD<N>, so a container given it would see fewer GPUs than the engine's tensor parallel size; "
+        "check that amdgpu bound the GPU ('ls -l /sys/class/drm/renderD*/device', 'dmesg | grep -i amdgpu') and that "
+        "sysfs_root is the host's /sys, then rerun discovery"
+    )
 
 
 # ------------------------------------------------------------------------------------------------ RDMA

@@ -16,6 +16,16 @@ __metaclass__ = type
 
 REJECT_FLAGS = ("tentative", "dadfailed", "deprecated", "temporary")
 
+# Which links can carry traffic. The kernel's Documentation/networking/operstates.rst: operstate UP is "ready to
+# pass packets"; UNKNOWN means that "neither driver nor userspace has set operational state" and such an interface
+# "must be considered for user data" (loopback, tun, wireguard and other drivers without carrier reporting);
+# DOWN ("unable to transfer data on L1, f.e. ethernet is not plugged or interface is ADMIN down"), LOWERLAYERDOWN
+# (a stacked interface whose lower device is down), NOTPRESENT, TESTING and DORMANT carry no user data. `ip`
+# prints the flag NO-CARRIER for an interface that is administratively UP but not running (IFF_UP without
+# IFF_RUNNING, i.e. the kernel's netif_oper_up() is false): a cable out, a switch port down, a peer gone. So an
+# UNKNOWN interface is usable unless NO-CARRIER is flagged, and an interface without the UP flag is not.
+USABLE_OPERSTATES = ("UP", "UNKNOWN")
+
 
 def parse_ip_json(text):
     """`ip -j addr` output (one array, or one object/array per line as some tools print) -> list of interface
@@ -38,15 +48,25 @@ def parse_ip_json(text):
                 raise ValueError("line %d is not JSON (%s)" % (number, exc)) from None
             data.extend(item if isinstance(item, list) else [item])
     links = data if isinstance(data, list) else [data]
+    names = set()
     for position, link in enumerate(links):
         if not isinstance(link, dict):
             raise ValueError("entry %d is a JSON %s, not an interface object" % (position, type(link).__name__))
         if not isinstance(link.get("ifname"), str):
             raise ValueError("entry %d has no ifname" % position)
+        if link["ifname"] in names:
+            # the kernel names each interface once: a second object would hide or replace the first one's state
+            raise ValueError("interface %s is listed twice" % link["ifname"])
+        names.add(link["ifname"])
         addr_info = link.get("addr_info")
         if addr_info is not None and (not isinstance(addr_info, list)
                                       or not all(isinstance(a, dict) for a in addr_info)):
             raise ValueError("interface %s: addr_info is not a list of address objects" % link["ifname"])
+        flags = link.get("flags")
+        if flags is not None and (not isinstance(flags, list) or not all(isinstance(f, str) for f in flags)):
+            raise ValueError("interface %s: flags is not a list of flag names" % link["ifname"])
+        if link.get("operstate") is not None and not isinstance(link["operstate"], str):
+            raise ValueError("interface %s: operstate is not a state name" % link["ifname"])
     if not links:
         raise ValueError("an empty list (every host has at least the loopback interface)")
     return links
@@ -87,6 +107,39 @@ def interface_addresses(links, name):
         if link.get("ifname") == name:
             return link, [classify(a) for a in link.get("addr_info") or []]
     return None, []
+
+
+def link_problem(link):
+    """None when the interface `link` (one object of `ip -j addr`/`ip -j link`) can carry traffic, else why not,
+    in the words `ip` uses (operstates.rst, see USABLE_OPERSTATES). A field `ip` did not print is not judged."""
+    state = str(link.get("operstate") or "").upper()
+    flags = link.get("flags")
+    flags = [str(f).upper() for f in flags] if isinstance(flags, list) else None
+    said = "operstate %s" % state if state else "no operstate"
+    if flags is not None and "UP" not in flags:
+        return "it is administratively down (ip reports no UP flag, %s)" % said
+    if flags is not None and "NO-CARRIER" in flags:
+        return "it is administratively up but has no carrier (ip reports flag NO-CARRIER, %s)" % said
+    if state and state not in USABLE_OPERSTATES:
+        return "its link is not up (ip reports %s)" % said
+    return None
+
+
+def link_refusal(name, link, where, then="rerun discovery"):
+    """The refusal of interface `name` whose `link` cannot carry traffic (None when it can): `where` names the host
+    ("host engine-1"); the same words in discovery (interface_facts, engine_host_facts) and prepare
+    (engine_prereqs)."""
+    problem = link_problem(link)
+    if problem is None:
+        return None
+    if "administratively down" in problem:
+        fix = "bring it up ('ip link set %s up', and in the host's network configuration)" % name
+    else:
+        fix = ("restore its link (cable, transceiver, switch port or peer: 'ip link show %s', 'ethtool %s')"
+               % (name, name))
+    return ("'ip -j addr show' on %s: interface %s cannot carry KV: %s, so its addresses must not go into the "
+            "records; %s, or set NARWHAL_FABRIC_INTERFACE (or NARWHAL_NODE_<n>_FABRIC_INTERFACE) to an interface "
+            "whose link is up, then %s" % (where, name, problem, fix, then))
 
 
 def global_addresses(addresses, family="any"):

@@ -85,6 +85,38 @@ def _bdf(text):
     return f"{int(match.group(1), 16):04x}:{match.group(2).lower()}:{match.group(3).lower()}.{match.group(4)}"
 
 
+def _check_hcas(hcas, tool, counts):
+    """What one tool's listing of a host must hold (issue 24): each HCA named once, each with its ports, each port
+    numbered from 1 (verbs count an HCA's ports from 1) and listed once, as many ports as the tool said the HCA has
+    (`counts`: {name: stated count}). Otherwise the output is cut or garbled: an error, never fewer HCAs or ports."""
+    seen = set()
+    for hca in hcas:
+        name = hca["name"]
+        if name in seen:
+            raise RdmaParseError(f"HCA {name} is listed twice; {tool} lists each HCA once")
+        seen.add(name)
+        numbers = [p["port"] for p in hca["ports"]]
+        if not numbers:
+            raise RdmaParseError(f"HCA {name} has no port entries; {tool} lists every port of an HCA")
+        for number in numbers:
+            if number < 1:
+                raise RdmaParseError(f"HCA {name}: port {number} is not an HCA port (verbs number them from 1)")
+            if numbers.count(number) > 1:
+                raise RdmaParseError(f"HCA {name}: port {number} is listed twice")
+        stated = counts.get(name)
+        if stated is not None and stated != len(numbers):
+            raise RdmaParseError(f"HCA {name} says it has {stated} port(s) but {len(numbers)} are listed; the output "
+                                 "is cut short or garbled")
+
+
+def _count(value, what, name):
+    if value is None:
+        return None
+    if not value.isdigit():
+        raise RdmaParseError(f"HCA {name}: '{what}: {value}' is not a number of ports")
+    return int(value)
+
+
 # --------------------------------------------------------------------------------------------------
 # ibstat
 
@@ -94,6 +126,7 @@ def parse_ibstat(text):
     if text is None or not text.strip():
         return []
     hcas = []
+    counts = {}
     hca = None
     port = None
     for raw in text.splitlines():
@@ -121,10 +154,13 @@ def parse_ibstat(text):
                 hca["hca_type"] = value or None
             elif key == "Firmware version":
                 hca["fw_ver"] = value or None
+            elif key == "Number of ports":
+                counts[hca["name"]] = _count(value, key, hca["name"])
         else:
             port[key] = value
     if not hcas:
         raise RdmaParseError("no \"CA '<name>'\" lines (expected ibstat output)")
+    _check_hcas(hcas, "ibstat", counts)
     for hca in hcas:
         hca["ports"] = [
             port_entry(p["port"], p.get("State"), p.get("Physical state"), p.get("Link layer"),
@@ -153,6 +189,7 @@ def parse_ibv_devinfo(text):
     if text is None or not text.strip() or text.strip() == "No IB devices found":
         return []
     hcas = []
+    counts = {}
     hca = None
     port = None
     for raw in text.splitlines():
@@ -179,10 +216,13 @@ def parse_ibv_devinfo(text):
                 hca["board_id"] = value or None
             elif key == "vendor_part_id":
                 hca["vendor_part_id"] = value or None
+            elif key == "phys_port_cnt":
+                counts[hca["name"]] = _count(value, key, hca["name"])
         else:
             port[key] = value
     if not hcas:
         raise RdmaParseError("no 'hca_id:' lines (expected ibv_devinfo output)")
+    _check_hcas(hcas, "ibv_devinfo", counts)
     for hca in hcas:
         part = hca.pop("vendor_part_id", None)
         if hca["hca_type"] is None and part:
@@ -221,6 +261,7 @@ def parse_ibstatus(text):
             port[key] = value
     if not order:
         raise RdmaParseError("no \"Infiniband device '<name>' port N status:\" lines (expected ibstatus output)")
+    _check_hcas([hcas[name] for name in order], "ibstatus", {})
     result = []
     for name in order:
         hca = hcas[name]

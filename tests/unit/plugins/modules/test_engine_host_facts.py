@@ -118,7 +118,13 @@ def _ip_prints(host_tmp, text):
     ('[{"ifname": "eth1", "addr_info": "172.31.201.11"}]', "interface eth1: addr_info is not a list of address"),
     ("Object \"addr\" is unknown, try \"ip help\".", "line 1 is not JSON"),
     ("[" * 100000, "nested too deeply to read"),
-], ids=["empty", "empty-list", "null", "ints", "no-ifname", "addr-info-string", "old-iproute2", "deep"])
+    # impossible listings (issue 24): one interface twice would hide the first one's state
+    ('[{"ifname": "eth1", "operstate": "DOWN"}, {"ifname": "eth1", "operstate": "UP"}]',
+     "interface eth1 is listed twice"),
+    ('[{"ifname": "eth1", "flags": "UP,LOWER_UP"}]', "interface eth1: flags is not a list of flag names"),
+    ('[{"ifname": "eth1", "operstate": 6}]', "interface eth1: operstate is not a state name"),
+], ids=["empty", "empty-list", "null", "ints", "no-ifname", "addr-info-string", "old-iproute2", "deep", "eth1-twice",
+        "flags-string", "operstate-number"])
 def test_odd_ip_output_is_named_not_a_missing_interface(module_runner, host, tmp_path, text, cause):
     _ip_prints(tmp_path, text)
     how, result = _combined(module_runner, host)
@@ -165,3 +171,35 @@ def test_prereqs_name_ip_trouble_instead_of_a_missing_interface(tmp_path, script
     assert isinstance(problem, str) and needle in problem and "'ip -j addr show'" in problem
     assert socket.gethostname() in problem
     assert engine_prereqs.read_links(_PrereqModule(tmp_path / "none")).startswith("'ip' (iproute2) is not installed")
+
+
+# ------------------------------------------------------------------------------------------------
+# a fabric interface that cannot carry KV (issue 24): refused on the host, naming the tool, the host and the fix
+
+
+@pytest.mark.parametrize("operstate, flags, cause", [
+    ("DOWN", ["NO-CARRIER", "BROADCAST", "MULTICAST", "UP"],
+     "it is administratively up but has no carrier (ip reports flag NO-CARRIER, operstate DOWN)"),
+    ("LOWERLAYERDOWN", ["NO-CARRIER", "BROADCAST", "MULTICAST", "UP", "M-DOWN"],
+     "it is administratively up but has no carrier (ip reports flag NO-CARRIER, operstate LOWERLAYERDOWN)"),
+    ("DOWN", ["BROADCAST", "MULTICAST"], "it is administratively down (ip reports no UP flag, operstate DOWN)"),
+], ids=["no-carrier", "lower-layer-down", "admin-down"])
+def test_a_link_without_carrier_is_refused(module_runner, host, tmp_path, operstate, flags, cause):
+    links = json.loads(json.dumps(IP_JSON))
+    links[1].update(operstate=operstate, flags=flags)
+    _ip_prints(tmp_path, json.dumps(links))
+    how, result = _combined(module_runner, host)
+    assert (how, result) == _singles(module_runner, host)
+    assert how == "fail"
+    assert result["msg"].startswith("'ip -j addr show' on host %s: interface eth1 cannot carry KV: %s, so its "
+                                    "addresses must not go into the records; " % (socket.gethostname(), cause))
+    assert "NARWHAL_FABRIC_INTERFACE" in result["msg"]
+
+
+def test_an_unknown_operstate_without_no_carrier_is_usable(module_runner, host, tmp_path):
+    links = json.loads(json.dumps(IP_JSON))
+    links[1].update(operstate="UNKNOWN", flags=["POINTOPOINT", "NOARP", "UP", "LOWER_UP"])
+    _ip_prints(tmp_path, json.dumps(links))
+    how, result = module_runner(interface_facts.main, {"name": "eth1", "family": "ipv4"})
+    assert how == "exit", result
+    assert result["ansible_facts"]["narwhal_interface"]["global_addresses"] == ["172.31.201.11"]

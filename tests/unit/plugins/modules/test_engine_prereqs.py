@@ -214,3 +214,35 @@ def test_prepare_reads_the_interface_once_as_interface_facts_would(module_runner
     assert kind == "fail" and result["problems"] == ["eth1 no longer carries the recorded address 172.31.241.11; "
                                                      "rerun discovery"], result
     assert len(calls.read_text().split()) == 3
+
+
+# ------------------------------------------------------------------------------------------ the fabric link
+
+
+@pytest.mark.parametrize("operstate, flags, cause", [
+    ("DOWN", ["NO-CARRIER", "BROADCAST", "MULTICAST", "UP"], "has no carrier (ip reports flag NO-CARRIER"),
+    ("DORMANT", ["BROADCAST", "MULTICAST", "UP", "LOWER_UP"], "its link is not up (ip reports operstate DORMANT)"),
+], ids=["no-carrier", "dormant"])
+def test_prepare_refuses_a_fabric_link_that_went_down(module_runner, tmp_path, monkeypatch, operstate, flags, cause):
+    """A link that lost its carrier after discovery is one of prepare's named problems (no daemon needed: the
+    module collects every problem)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    links = [{"ifname": "eth1", "operstate": operstate, "flags": flags, "mtu": 9000, "addr_info": [
+        {"family": "inet", "local": "172.31.241.99", "prefixlen": 24, "scope": "global"}]}]
+    (tmp_path / "ip.json").write_text(json.dumps(links))
+    (bindir / "ip").write_text("#!/bin/sh\nexec /bin/cat %s\n" % (tmp_path / "ip.json"))
+    (bindir / "ip").chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % bindir)
+    record = json.loads(REPO.joinpath("docs", "examples", "engine-launch.example.json").read_text())["engines"][
+        "engine-1"]
+    record["runtime"].update(model_path=str(tmp_path))
+    record["node"].update(fabric_interface="eth1", address="172.31.241.99")
+    kind, result = module_runner(engine_prereqs.main, {"record": record,
+                                                       "docker_host": "unix://%s" % (tmp_path / "none.sock")})
+    assert kind == "fail"
+    refusals = [p for p in result["problems"] if "cannot carry KV" in p]
+    assert len(refusals) == 1 and cause in refusals[0], result["problems"]
+    assert refusals[0].startswith("'ip -j addr show' on host %s: interface eth1 cannot carry KV: "
+                                  % socket.gethostname())
+    assert refusals[0].endswith("then prepare a new run (rerun discovery first for another interface)")

@@ -160,6 +160,9 @@ def test_deployment_env_reads_back_as_written():
     ({"NARWHAL_NODE_1_FABRIC_INTERFACE": "eth1"},
      dict(TWO, **{"engine-1": dict(TWO["engine-1"], operstate="LOWERLAYERDOWN")}),
      "NARWHAL_NODE_1_FABRIC_INTERFACE", "operstate LOWERLAYERDOWN"),
+    # operstates.rst: DORMANT (e.g. 802.1X not yet authorised) carries no user data either (issue 24)
+    ({}, dict(TWO, **{"engine-2": dict(TWO["engine-2"], operstate="DORMANT")}), "NARWHAL_FABRIC_INTERFACE",
+     "interface eth1 on host engine-2 is down (ip reports operstate DORMANT)"),
 ])
 def test_discovery_refuses_what_only_it_can_see(extra, interfaces, key, words):
     """Class 4 at discovery: settings for engines the inventory lacks, a fabric link that is down."""

@@ -704,14 +704,74 @@ def test_module_amd_rocm_smi_fallback(module_runner, no_host_tools):
 
 def test_module_amd_smi_preferred(module_runner, tmp_path, no_host_tools):
     doc = tmp_path / "static.json"
-    doc.write_text(json.dumps({"gpu_data": [AMD_SMI_GPU]}))
+    doc.write_text(json.dumps({"gpu_data": [dict(AMD_SMI_GPU, bus={"bdf": "0000:83:00.0"})]}))
     stubs = {"amd-smi": replay(doc, "static --json"), "rocm-smi": "exit 99\n"}
-    how, result = module_runner({"sysfs_root": str(tmp_path)}, stubs)
+    how, result = module_runner({"sysfs_root": str(AMD_SYS)}, stubs)
     assert how == "exit", result
     facts = result["ansible_facts"]["narwhal_gpus"]
     assert facts["source"] == "amd-smi static --json"
     assert facts["gpus"][0]["name"] == "AMD Instinct MI300X"
-    assert facts["gpus"][0]["devices"] == []  # no sysfs below tmp_path: a warning says so
+    assert facts["gpus"][0]["devices"] == ["/dev/dri/renderD128", "/dev/dri/card0"]
+
+
+# an AMD GPU without a render node (issue 24): ROCr would not see it in the container, so it must not be counted in
+# TP; refused naming the tool, the host, the GPU and the fix
+
+
+def _without_render(tmp_path, *bdfs):
+    """The AMD profile's sysfs with the KFD nodes and DRM entries of the GPUs at `bdfs` removed."""
+    root = tmp_path / "sys"
+    shutil.copytree(AMD_SYS, root, symlinks=True)
+    nodes = {n["pci_bus_id"]: n["node"] for n in _host.read_kfd_topology(str(AMD_SYS))}
+    drm = _host.read_drm_nodes(str(AMD_SYS))
+    for bdf in bdfs:
+        shutil.rmtree(root / "class" / "kfd" / "kfd" / "topology" / "nodes" / str(nodes[bdf]))
+        for minor in drm[bdf]["render"]:
+            shutil.rmtree(root / "class" / "drm" / f"renderD{minor}")
+    return root
+
+
+def test_render_node_refusal_names_every_gpu_without_one(tmp_path):
+    root = _without_render(tmp_path, "0000:c3:00.0", "0000:e3:00.0")
+    facts = _amd_profile_gpus(root)
+    assert [g["devices"] for g in facts["gpus"]][2:] == [["/dev/dri/card2"], ["/dev/dri/card3"]]
+    message = _host.render_node_refusal(facts, str(root), "host engine-1")
+    assert message.startswith(f"'rocm-smi' on host engine-1 lists AMD GPUs 2 (0000:c3:00.0, {MI100}), 3 "
+                              f"(0000:e3:00.0, {MI100}) without a render node: neither the KFD topology ")
+    assert "so a container given it would see fewer GPUs than the engine's tensor parallel size" in message
+    assert _host.render_node_refusal(_amd_profile_gpus(AMD_SYS), str(AMD_SYS), "host engine-1") is None
+    nothing = _host.render_node_refusal(_amd_profile_gpus(tmp_path / "none"), str(tmp_path / "none"), "host x")
+    assert "lists AMD GPUs 0 (0000:83:00.0" in nothing and "3 (0000:e3:00.0" in nothing
+
+
+def test_render_node_refusal_of_two_gpus_on_one_node(tmp_path):
+    """A KFD topology that gives two of the tool's GPUs one render node: the tool and sysfs disagree, refused."""
+    root = tmp_path / "sys"
+    shutil.copytree(AMD_SYS, root, symlinks=True)
+    properties = root / "class" / "kfd" / "kfd" / "topology" / "nodes" / "3" / "properties"
+    properties.write_text(properties.read_text().replace("drm_render_minor 129", "drm_render_minor 128"))
+    facts = _amd_profile_gpus(root)
+    message = _host.render_node_refusal(facts, str(root), "host engine-1")
+    assert message.startswith("'rocm-smi' on host engine-1 lists AMD GPUs 0 and 1, and sysfs below ")
+    assert "maps both to /dev/dri/renderD128; one device node cannot be two GPUs" in message
+
+
+@pytest.mark.parametrize("tool, stub_args, removed, expected", [
+    ("rocm-smi", "--showproductname --showbus --showuniqueid --json", ["0000:a3:00.0"],
+     f"lists AMD GPU 1 (0000:a3:00.0, {MI100}) without a render node"),
+    ("amd-smi", "static --json", None, "lists AMD GPU 0 (0000:0c:00.0, AMD Instinct MI300X) without a render node"),
+], ids=["rocm-smi-one-unbound", "amd-smi-no-sysfs"])
+def test_module_refuses_an_amd_gpu_without_render_node(module_runner, tmp_path, no_host_tools, tool, stub_args,
+                                                       removed, expected):
+    if tool == "rocm-smi":
+        source, root = AMD / "telegraf__mi100_rocm602.json", _without_render(tmp_path, *removed)
+    else:
+        source, root = tmp_path / "static.json", tmp_path / "empty-sys"
+        source.write_text(json.dumps([AMD_SMI_GPU]))
+    how, result = module_runner({"sysfs_root": str(root)}, {tool: replay(source, stub_args)})
+    assert how == "fail", result
+    assert result["msg"].startswith(f"'{tool} {stub_args}' on host {socket.gethostname()} {expected}: ")
+    assert result["msg"].endswith("and that sysfs_root is the host's /sys, then rerun discovery")
 
 
 def test_module_no_vendor_tool(module_runner, tmp_path, no_host_tools):
@@ -774,7 +834,7 @@ def test_module_tool_that_hangs_is_killed_and_named(module_runner, no_host_tools
     ("nvidia-smi", "<nvidia_smi_log><gpu/></nvidia_smi_log>", "the XML nvidia-smi writes",
      "GPU 0 has neither a PCI bus id nor a minor number"),
     ("rocm-smi", "{}", "the JSON rocm-smi writes", "no cardN entries"),
-    ("rocm-smi", '{"card0": "x"}', "the JSON rocm-smi writes", "no cardN entries"),
+    ("rocm-smi", '{"card0": "x"}', "the JSON rocm-smi writes", "card0 is a JSON str, not the object of one GPU"),
     ("rocm-smi", DEEP_JSON, "the JSON rocm-smi writes", "nested too deeply"),
     ("amd-smi", "[]", "the JSON amd-smi writes", "no GPU objects"),
     ("amd-smi", '"ok"', "the JSON amd-smi writes", "expected a list of GPUs"),
@@ -796,3 +856,154 @@ def test_parse_nvidia_smi_xml_refuses_an_empty_inventory():
     with pytest.raises(_gpu.GpuParseError, match="lists no <gpu>"):
         _gpu.parse_nvidia_smi_xml("<?xml version='1.0'?><nvidia_smi_log><driver_version>535</driver_version>"
                                   "</nvidia_smi_log>")
+
+
+# ------------------------------------------------------------------------------------------------
+# impossible inventories (issue 24): an error naming what is wrong, never a smaller or different inventory
+
+MI100_CARD = json.loads((AMD / "telegraf__mi100_rocm602.json").read_text())["card0"]
+
+
+def _rocm(**cards):
+    return json.dumps(dict(cards, system={"Driver version": "6.3.6"}))
+
+
+def _card(**fields):
+    return dict(MI100_CARD, **fields)
+
+
+@pytest.mark.parametrize("text, cause", [
+    (_rocm(card0=_card(), card00=_card(**{"PCI Bus": "0000:A3:00.0"})),
+     "card0 and card00 have the same GPU index 0; one host cannot have two GPUs with one GPU index"),
+    (_rocm(card0=_card(), card1=_card()), "card0 and card1 have the same PCI bus id 0000:83:00.0"),
+    (_rocm(card0=_card(**{"Node ID": "2"}), card1=_card(**{"PCI Bus": "0000:A3:00.0", "Node ID": "2"})),
+     "card0 and card1 have the same KFD node id 2"),
+    (_rocm(card0=_card(**{"VRAM Total Memory (B)": "lots"})),
+     "card0: 'VRAM Total Memory (B)' 'lots' is not a memory size"),
+    (_rocm(card0=_card(**{"VRAM Total Memory (B)": "-34342961152"})),
+     "card0: 'VRAM Total Memory (B)' '-34342961152' is not a memory size"),
+    (_rocm(card0=_card(**{"PCI Bus": "slot 3"})), "card0: 'PCI Bus' 'slot 3' is not a PCI bus id"),
+    (_rocm(card0=_card(**{"Node ID": "one"})), "card0: 'Node ID' 'one' is not a whole number"),
+    (_rocm(card0=_card(**{"(Topology) Numa Node": "1.5"})),
+     "card0: '(Topology) Numa Node' '1.5' is not a whole number"),
+    (_rocm(card0=_card(), cardX=_card()), "key 'cardX' is not a card entry rocm-smi writes"),
+    (_rocm(card0=_card(), card1=[]), "card1 is a JSON list, not the object of one GPU"),
+    ('{"card0": %s, "card0": %s}' % (json.dumps(_card()), json.dumps(_card(**{"PCI Bus": "0000:A3:00.0"}))),
+     "the key 'card0' appears twice in one object"),
+], ids=["card0-card00", "same-bus", "same-kfd-node", "vram-text", "vram-negative", "bus-text", "node-text",
+        "numa-fraction", "card-x", "card-list", "key-twice"])
+def test_rocm_smi_impossible_inventories(text, cause):
+    with pytest.raises(_gpu.GpuParseError) as err:
+        _gpu.parse_rocm_smi_json(text)
+    assert cause in str(err.value)
+
+
+def test_rocm_smi_unknown_markers_stay_unknown():
+    gpu = _gpu.parse_rocm_smi_json(_rocm(card0=_card(**{"VRAM Total Memory (B)": "N/A", "PCI Bus": "N/A",
+                                                         "(Topology) Numa Node": "N/A"})))["gpus"][0]
+    assert (gpu["memory_mib"], gpu["pci_bus_id"], gpu["numa_node"]) == (None, None, None)
+
+
+def _amd(*entries):
+    gpus = [json.loads(json.dumps(AMD_SMI_GPU)) for _entry in entries]
+    for gpu, entry in zip(gpus, entries, strict=True):
+        gpu.update(entry)
+    return json.dumps({"gpu_data": gpus})
+
+
+@pytest.mark.parametrize("text, cause", [
+    (_amd({"gpu": -1}), "gpu -1: GPU index -1 is negative; GPU indices count from 0"),
+    (_amd({"gpu": "zero"}), "gpu \"zero\": index 'zero' is not a whole number"),
+    (_amd({"gpu": True}), "gpu true: index true is not a whole number"),
+    (_amd({"gpu": 1.5}), "gpu 1.5: index 1.5 is not a whole number"),
+    (_amd({"gpu": 0}, {"gpu": 0, "bus": {"bdf": "0000:22:00.0"}}), "gpu 0 and gpu 0 have the same GPU index 0"),
+    (_amd({"gpu": 0}, {"gpu": 1}), "gpu 0 and gpu 1 have the same PCI bus id 0000:0c:00.0"),
+    (_amd({"vram": {"type": "HBM", "size": {"value": "lots", "unit": "MB"}}}),
+     "gpu 0: vram.size 'lots MB' is not a memory size"),
+    (_amd({"vram": {"type": "HBM", "size": "192 gigs"}}), "gpu 0: vram.size '192 gigs' is not a memory size"),
+    (_amd({"vram": {"type": "HBM", "size": {"value": -196592, "unit": "MB"}}}),
+     "gpu 0: vram.size -196592 is negative"),
+    (_amd({"vram": {"type": "HBM", "size": {"value": 196592, "unit": 7}}}), "gpu 0: vram.size.unit 7 is not a unit"),
+    (_amd({"bus": {"bdf": "nope"}}), "gpu 0: bus.bdf 'nope' is not a PCI bus id"),
+    (_amd({"numa": {"node": "first"}}), "gpu 0: numa.node 'first' is not a whole number"),
+    (json.dumps([AMD_SMI_GPU, 7]), "entry 1 is a JSON int, not the object of one GPU"),
+    ((AMD / "telegraf__mi100_rocm602.json").read_text(), "the object has neither gpu_data nor a 'gpu' index (keys: "
+                                                        "card0, card1, card2, card3, system)"),
+], ids=["negative", "text-index", "bool-index", "fraction-index", "same-index", "same-bus", "vram-text",
+        "vram-string", "vram-negative", "vram-unit", "bus-text", "numa-text", "not-an-object", "rocm-smi-document"])
+def test_amd_smi_impossible_inventories(text, cause):
+    with pytest.raises(_gpu.GpuParseError) as err:
+        _gpu.parse_amd_smi_static_json(text)
+    assert cause in str(err.value)
+
+
+def _nv_gpu(bus, minor, memory="32510 MiB"):
+    return ("<gpu id=\"%s\"><pci><pci_bus_id>%s</pci_bus_id></pci><minor_number>%s</minor_number>"
+            "<fb_memory_usage><total>%s</total></fb_memory_usage></gpu>" % (bus, bus, minor, memory))
+
+
+def _nv_log(*gpus, attached=None):
+    return "<nvidia_smi_log><attached_gpus>%d</attached_gpus>%s</nvidia_smi_log>" % (
+        len(gpus) if attached is None else attached, "".join(gpus))
+
+
+@pytest.mark.parametrize("text, cause", [
+    (_nv_log(_nv_gpu("00000000:00:0D.0", 0), _nv_gpu("00000000:00:0D.0", 1)),
+     "GPU 0 and GPU 1 have the same PCI bus id 0000:00:0d.0"),
+    (_nv_log(_nv_gpu("00000000:00:0D.0", 3), _nv_gpu("00000000:00:0E.0", 3)),
+     "GPU 0 and GPU 1 have the same minor number (/dev/nvidia<N>) 3"),
+    (_nv_log(_nv_gpu("00000000:00:0D.0", "three")), "GPU 0: minor number 'three' is not a whole number"),
+    (_nv_log(_nv_gpu("00000000:00:0D.0", -1)), "GPU 0: minor number -1 is negative"),
+    (_nv_log(_nv_gpu("00000000:00:0D.0", 0, "lots")), "GPU 0: fb_memory_usage total 'lots' is not a memory size"),
+    (_nv_log(_nv_gpu("bus three", 0)), "GPU 0: pci_bus_id 'bus three' is not a PCI bus id"),
+    (_nv_log(_nv_gpu("00000000:00:0D.0", 0), _nv_gpu("00000000:00:0E.0", 1), attached=1),
+     "2 <gpu> entries but attached_gpus is 1"),
+    ("<nvidia_smi_log><attached_gpus>eight</attached_gpus>%s</nvidia_smi_log>" % _nv_gpu("00000000:00:0D.0", 0),
+     "attached_gpus 'eight' is not a whole number"),
+], ids=["same-bus", "same-minor", "minor-text", "minor-negative", "memory-text", "bus-text", "more-than-attached",
+        "attached-text"])
+def test_nvidia_smi_xml_impossible_inventories(text, cause):
+    with pytest.raises(_gpu.GpuParseError) as err:
+        _gpu.parse_nvidia_smi_xml(text)
+    assert cause in str(err.value)
+
+
+NVSMI_HEAD = "==============NVSMI LOG==============\n\nTimestamp : Mon Dec  1 10:00:00 2026\n"
+
+
+@pytest.mark.parametrize("text, cause", [
+    (NVSMI_HEAD + "\x00\x17garbage \ufffd\ufffd\nmore garbage\n",
+     "the NVSMI LOG lists no 'GPU <bus id>' section (Attached GPUs: None)"),
+    (NVSMI_HEAD + "Driver Version : 535.161.08\nAttached GPUs : 8\n%%$#@!\n",
+     "the NVSMI LOG lists no 'GPU <bus id>' section (Attached GPUs: 8)"),
+    (NVSMI_HEAD + "Attached GPUs : 1\nGPU is on fire\n", "GPU 0 has neither a PCI bus id nor a minor number"),
+    (NVSMI_HEAD + "Attached GPUs : 1\nGPU 00000000:19:00.0\n    Minor Number : x\n",
+     "GPU 0 (GPU 00000000:19:00.0): minor number 'x' is not a whole number"),
+    (NVSMI_HEAD + "Attached GPUs : 1\nGPU 00000000:19:00.0\n    Minor Number : 0\n"
+     "GPU 00000000:3B:00.0\n    Minor Number : 1\n", "2 'GPU <bus id>' entries but attached_gpus is 1"),
+    (NVSMI_HEAD + "Attached GPUs : many\n", "Attached GPUs 'many' is not a whole number"),
+], ids=["garbage-body", "attached-garbage", "gpu-garbage", "minor-text", "more-than-attached", "attached-text"])
+def test_nvidia_smi_text_impossible_inventories(text, cause):
+    with pytest.raises(_gpu.GpuParseError) as err:
+        _gpu.parse_nvidia_smi_text(text)
+    assert cause in str(err.value)
+
+
+@pytest.mark.parametrize("tool, output, cause", [
+    ("rocm-smi", _rocm(card0=_card(), card00=_card(**{"PCI Bus": "0000:A3:00.0"})),
+     "card0 and card00 have the same GPU index 0"),
+    ("amd-smi", _amd({"gpu": -1}), "GPU index -1 is negative"),
+    ("amd-smi", _amd({"vram": {"type": "HBM", "size": {"value": "lots", "unit": "MB"}}}),
+     "vram.size 'lots MB' is not a memory size"),
+    ("nvidia-smi", _nv_log(_nv_gpu("00000000:00:0D.0", 3), _nv_gpu("00000000:00:0E.0", 3)),
+     "GPU 0 and GPU 1 have the same minor number (/dev/nvidia<N>) 3"),
+], ids=["rocm-card00", "amd-negative", "amd-vram", "nvidia-same-minor"])
+def test_module_refuses_an_impossible_inventory_naming_tool_and_host(module_runner, tmp_path, no_host_tools, tool,
+                                                                     output, cause):
+    captured = tmp_path / "out.txt"
+    captured.write_text(output)
+    how, result = module_runner({"sysfs_root": str(AMD_SYS)}, {tool: f"exec /bin/cat {captured}\n"})
+    assert how == "fail", result
+    assert result["msg"].startswith(f"'{tool} ")
+    assert f"output on host {socket.gethostname()} is not " in result["msg"]
+    assert cause in result["msg"]

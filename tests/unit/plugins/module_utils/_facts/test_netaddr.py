@@ -10,6 +10,8 @@ from test_support.paths import REAL
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.netaddr import (
     global_addresses,
     interface_addresses,
+    link_problem,
+    link_refusal,
     parse_ip_json,
 )
 
@@ -50,3 +52,77 @@ def test_rejection_reasons_are_named():
     assert reasons["2003:df:174b:85e7:9132:9421:5943:ae00"] == "temporary"
     assert reasons["2003:df:174b:8579:4e20:b8ff:fea8:105f"] == "deprecated"
     assert reasons["fe80::4e20:b8ff:fea8:105f"] == "scope link"
+
+
+# ------------------------------------------------------------------------------------------------
+# links that cannot carry KV (issue 24): operstate and flags as `ip -j` prints them
+
+
+def link(capture, name):
+    found, _addresses = interface_addresses(parse_ip_json((NET / capture).read_text()), name)
+    assert found is not None
+    return found
+
+
+@pytest.mark.parametrize(
+    "capture,name,expected",
+    [
+        # up and running: an ethernet, a wlan
+        ("cloud-init__sample-ipaddrshow-json.json", "enp0s25", None),
+        ("nix_stat__ip-j-addr.json", "wlan0", None),
+        # operstate UNKNOWN: loopback and drivers without carrier reporting (wireguard, tun, tailscale) carry data
+        ("nix_stat__ip-j-addr.json", "lo", None),
+        ("netplan__ip-d-j-addr.json", "wg0", None),
+        ("netplan__ip-d-j-addr.json", "tun1", None),
+        ("nix_stat__ip-j-addr.json", "tailscale0", None),
+        # administratively up, no carrier: the cable is out
+        ("nix_stat__ip-j-addr.json", "end0",
+         "it is administratively up but has no carrier (ip reports flag NO-CARRIER, operstate DOWN)"),
+        # administratively down
+        ("cloud-init__sample-ipaddrshow-json-down.json", "eth0",
+         "it is administratively down (ip reports no UP flag, operstate DOWN)"),
+        ("netplan__ip-d-j-addr.json", "wwan0", "it is administratively down (ip reports no UP flag, operstate DOWN)"),
+    ],
+)
+def test_link_problem_of_real_captures(capture, name, expected):
+    assert link_problem(link(capture, name)) == expected
+
+
+@pytest.mark.parametrize(
+    "fields,expected",
+    [
+        # a veth of the proving ground's simulated hosts
+        ({"operstate": "UP", "flags": ["BROADCAST", "MULTICAST", "UP", "LOWER_UP"]}, None),
+        # a VLAN whose parent has no carrier (ip prints NO-CARRIER and M-DOWN)
+        ({"operstate": "LOWERLAYERDOWN", "flags": ["NO-CARRIER", "BROADCAST", "MULTICAST", "UP", "M-DOWN"]},
+         "it is administratively up but has no carrier (ip reports flag NO-CARRIER, operstate LOWERLAYERDOWN)"),
+        # UNKNOWN is usable unless NO-CARRIER is flagged
+        ({"operstate": "UNKNOWN", "flags": ["POINTOPOINT", "NOARP", "UP", "NO-CARRIER"]},
+         "it is administratively up but has no carrier (ip reports flag NO-CARRIER, operstate UNKNOWN)"),
+        # 802.1X not yet authorised, a cable test running: L1 up but no user data (operstates.rst)
+        ({"operstate": "DORMANT", "flags": ["BROADCAST", "UP", "LOWER_UP"]}, "its link is not up (ip reports "
+                                                                             "operstate DORMANT)"),
+        ({"operstate": "TESTING", "flags": ["BROADCAST", "UP", "LOWER_UP"]}, "its link is not up (ip reports "
+                                                                             "operstate TESTING)"),
+        ({"operstate": "LOWERLAYERDOWN"}, "its link is not up (ip reports operstate LOWERLAYERDOWN)"),
+        # what `ip` did not print is not judged
+        ({}, None),
+        ({"operstate": "UP"}, None),
+    ],
+    ids=["veth", "vlan-no-carrier", "unknown-no-carrier", "dormant", "testing", "no-flags", "nothing", "up-no-flags"],
+)
+def test_link_problem(fields, expected):
+    assert link_problem(dict(fields, ifname="eth1")) == expected
+
+
+def test_link_refusal_names_the_tool_the_host_and_the_fix():
+    message = link_refusal("end0", link("nix_stat__ip-j-addr.json", "end0"), "host engine-1")
+    assert message == (
+        "'ip -j addr show' on host engine-1: interface end0 cannot carry KV: it is administratively up but has no "
+        "carrier (ip reports flag NO-CARRIER, operstate DOWN), so its addresses must not go into the records; "
+        "restore its link (cable, transceiver, switch port or peer: 'ip link show end0', 'ethtool end0'), or set "
+        "NARWHAL_FABRIC_INTERFACE (or NARWHAL_NODE_<n>_FABRIC_INTERFACE) to an interface whose link is up, then "
+        "rerun discovery")
+    down = link_refusal("eth0", link("cloud-init__sample-ipaddrshow-json-down.json", "eth0"), "host engine-2")
+    assert "bring it up ('ip link set eth0 up'" in down
+    assert link_refusal("wlan0", link("nix_stat__ip-j-addr.json", "wlan0"), "host engine-1") is None

@@ -375,3 +375,50 @@ def test_module_odd_tool_output_is_named(module_runner, tmp_path, no_host_tools,
 
 def test_ibv_devinfo_without_devices_is_no_hca():
     assert _rdma.parse_ibv_devinfo("No IB devices found\n") == []
+
+
+# ------------------------------------------------------------------------------------------------
+# impossible listings (issue 24): an HCA twice, a port twice or numbered 0, fewer ports than the HCA says, an HCA
+# without ports -- an error, never fewer HCAs or ports
+
+DEVINFO = (NET / "heioy__ibv_devinfo.2xmlx4.txt").read_text()
+IBSTAT = (NET / "gpud__ibstat.47.0.h100.all.active.2.txt").read_text()
+IBSTATUS = (NET / "gpud__ibstatus.39.0.a100.all.active.0.txt").read_text()
+FIRST_CA = IBSTAT[: IBSTAT.index("CA 'mlx5_1'")]
+FIRST_HCA = DEVINFO[: DEVINFO.index("hca_id:\tmlx4_0")]
+
+
+@pytest.mark.parametrize("parser, text, cause", [
+    (_rdma.parse_ibv_devinfo, DEVINFO + FIRST_HCA, "HCA mlx4_1 is listed twice; ibv_devinfo lists each HCA once"),
+    (_rdma.parse_ibv_devinfo, FIRST_HCA.replace("port:\t2", "port:\t1"), "HCA mlx4_1: port 1 is listed twice"),
+    (_rdma.parse_ibv_devinfo, FIRST_HCA.replace("port:\t1", "port:\t0"), "HCA mlx4_1: port 0 is not an HCA port"),
+    (_rdma.parse_ibv_devinfo, FIRST_HCA[: FIRST_HCA.index("\t\tport:\t2")],
+     "HCA mlx4_1 says it has 2 port(s) but 1 are listed"),
+    (_rdma.parse_ibv_devinfo, FIRST_HCA.replace("phys_port_cnt:\t\t\t2", "phys_port_cnt:\t\t\ttwo"),
+     "HCA mlx4_1: 'phys_port_cnt: two' is not a number of ports"),
+    (_rdma.parse_ibv_devinfo, "hca_id:\tmlx5_0\n\x00\x17 garbage: yes\n",
+     "HCA mlx5_0 has no port entries; ibv_devinfo lists every port of an HCA"),
+    (_rdma.parse_ibstat, IBSTAT + FIRST_CA, "HCA mlx5_0 is listed twice; ibstat lists each HCA once"),
+    (_rdma.parse_ibstat, FIRST_CA.replace("Number of ports: 1", "Number of ports: 2"),
+     "HCA mlx5_0 says it has 2 port(s) but 1 are listed"),
+    (_rdma.parse_ibstat, FIRST_CA + FIRST_CA[FIRST_CA.index("Port 1:"):], "HCA mlx5_0: port 1 is listed twice"),
+    (_rdma.parse_ibstat, "CA 'mlx5_0'\n\tCA type: MT4129\n%%garbage%%\n", "HCA mlx5_0 has no port entries"),
+    (_rdma.parse_ibstatus, IBSTATUS + IBSTATUS[: IBSTATUS.index("\n\n") + 2],
+     "port 1 is listed twice"),
+], ids=["devinfo-hca-twice", "devinfo-port-twice", "devinfo-port-0", "devinfo-cut", "devinfo-count-word",
+        "devinfo-no-ports", "ibstat-ca-twice", "ibstat-cut", "ibstat-port-twice", "ibstat-no-ports",
+        "ibstatus-port-twice"])
+def test_impossible_hca_listings_are_refused(parser, text, cause):
+    with pytest.raises(_rdma.RdmaParseError) as err:
+        parser(text)
+    assert cause in str(err.value)
+
+
+def test_module_refuses_a_cut_ibv_devinfo_naming_tool_and_host(module_runner, tmp_path, no_host_tools):
+    captured = tmp_path / "out.txt"
+    captured.write_text(FIRST_HCA[: FIRST_HCA.index("\t\tport:\t2")])
+    how, result = module_runner({"sysfs_root": str(tmp_path)}, {"ibv_devinfo": f"exec /bin/cat {captured}\n"})
+    assert how == "fail", result
+    assert result["msg"].startswith(f"'ibv_devinfo' output on host {socket.gethostname()} is not the text "
+                                    "ibv_devinfo writes (")
+    assert "HCA mlx4_1 says it has 2 port(s) but 1 are listed; the output is cut short or garbled" in result["msg"]
