@@ -167,6 +167,8 @@ MANIFEST_SCHEMA = {
         "application": {"type": "object", "required": ["revision", "dirty"],
                         "properties": {"revision": {"type": ["string", "null"]},
                                        "dirty": {"type": ["boolean", "null"]}}},
+        "collection": {"type": "object", "required": ["name", "version", "build"],
+                       "properties": {"name": _STR, "version": _STR, "build": _STR}},
         "launcher": {"type": "object", "required": ["file", "sha256"],
                      "properties": {"sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}},
         "inputs": {"type": "object", "required": ["env_file_sha256", "fleet_sha256", "launch_config_sha256"]},

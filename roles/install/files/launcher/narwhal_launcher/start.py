@@ -271,6 +271,7 @@ def start(role_env_path, force=False, out=None, ready_timeout=None, interval=1.0
     deployment = {
         "engine": plan["engine"], "run_id": run_id, "action": action,
         "app_revision": role_env.get("NARWHAL_APP_REVISION", ""),
+        "collection": role_env.get("NARWHAL_COLLECTION", ""),
         "container_id": container_id, "container_name": plan["name"], "plan_hash": digest,
         "image_id": plan["image"], "launcher_sha256": launcher_sha256(), "group_ids": prepared.group_ids,
         "started_at": (seen.get("State") or {}).get("StartedAt", ""),
