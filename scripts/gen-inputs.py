@@ -14,13 +14,14 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.catalogue i
 TUNING = """
 ## Per-engine tuning
 
-Prefill and decode engines are usually tuned differently. `NARWHAL_EXTRA_ARGS` and `NARWHAL_ENGINE_ENV` apply
-to every engine; `NARWHAL_NODE_<n>_EXTRA_ARGS` and `NARWHAL_NODE_<n>_ENGINE_ENV` to engine-<n> only. Discovery
-records them in engine-<n>'s launch record ([launch records](launch-record.md)):
+Prefill and decode engines are usually tuned differently. `NARWHAL_EXTRA_ARGS`, `NARWHAL_ENGINE_ARGS` and
+`NARWHAL_ENGINE_ENV` apply to every engine; `NARWHAL_NODE_<n>_EXTRA_ARGS` and `NARWHAL_NODE_<n>_ENGINE_ENV` to
+engine-<n> only. Discovery records them in engine-<n>'s launch record ([launch records](launch-record.md)):
 
 - `runtime.extra_args` = the derived flags (`--trust-remote-code` for a checkpoint with an `auto_map`), then
-  `NARWHAL_EXTRA_ARGS`, then `NARWHAL_NODE_<n>_EXTRA_ARGS`. A flag given in both (site `--max-num-seqs 64`,
-  node `--max-num-seqs 8`) takes the node's value: vLLM's argument parser keeps the last occurrence.
+  `NARWHAL_EXTRA_ARGS`, then `NARWHAL_ENGINE_ARGS`, then `NARWHAL_NODE_<n>_EXTRA_ARGS`
+  (`_discover/records.py::_engine_args`). A flag given twice (site `--max-num-seqs 64`, node `--max-num-seqs 8`)
+  takes the later value: vLLM's argument parser keeps the last occurrence.
   `sources.extra_args` names each input with its words and the flags the node overrides.
 - `runtime.environment` = the image's environment, then `NARWHAL_ENGINE_ENV`, then `NARWHAL_NODE_<n>_ENGINE_ENV`;
   the node's value wins. `sources.environment` names each input with its variables.
@@ -29,9 +30,27 @@ Both are checked like the site-level inputs: launcher-managed flags and variable
 refused, the error naming the per-node key (`NARWHAL_NODE_2_EXTRA_ARGS: --port is set by the launcher ...`).
 Prepare copies the record into the run (`runs/<run-id>/<engine>/`) and the manifest records both:
 the arguments in `engines.<engine>.vllm_args`, the record with its environment by `record_sha256`.
-The role environment that prepare writes carries no `NARWHAL_ENGINE_ARGS` or `NARWHAL_ENGINE_ENV`: the launcher
-honours them in a role environment edited by hand, but nothing records them there. Tune engines through `.env`,
-where discovery records the tuning and prepare checks it (below).
+The role environment that prepare writes carries no `NARWHAL_ENGINE_ARGS` or `NARWHAL_ENGINE_ENV`, and the
+launcher refuses a role environment edited by hand to add them (it reads only the keys prepare writes,
+`_plan/role_env.py::ROLE_ENV_KEYS`). Tune engines through `.env`, where discovery records the tuning and prepare
+checks it (below).
+
+## Overrides from the shell
+
+`NARWHAL_*` inputs exported in the controller's environment override `.env`. Sourcing the generated
+`config/deployment.env` exports `NARWHAL_NODE_<n>_IP`, `_URL`, `_ATTESTATION_URL`, `_ENGINE_PORT`, `_ATTEST_PORT`,
+`_ROLE` and `_FABRIC_INTERFACE`; read as overrides, they would pin those nodes to the last discovery's values, and a
+later `NARWHAL_ENGINE_PORT` change would be ignored for them. So the inputs step (`_steps/site_inputs.py`) compares
+each such name of the environment with the current `deployment.env`:
+
+- the same value: it is generated, not an override. It is ignored (with a warning naming it), and `.env` and
+  discovery decide the value as if the shell did not hold it;
+- another value (an older `deployment.env` sourced before discovery rewrote it, or one set by hand), and not the
+  value `.env` sets: refused, naming the variable, both values and where each comes from. Unset it or open a new
+  shell; to override a node's value on purpose, set it in `.env`.
+
+Names `deployment.env` does not generate (`NARWHAL_NODE_<n>_GPU_IDS`, ...) and every name before the first
+discovery are overrides, as before. A blank value (`NARWHAL_NODE_1_URL=`) is unset wherever it is read.
 """
 
 CHANGES = """

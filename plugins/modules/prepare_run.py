@@ -86,8 +86,6 @@ attributes:
     description: Lists the files of a new run.
   idempotent:
     description: Unchanged inputs give the same run ID and change nothing.
-requirements:
-  - jsonschema on the controller
 extends_documentation_fragment:
   - narwhal.deploy.attributes
   - narwhal.deploy.attributes.writer

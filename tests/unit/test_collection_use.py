@@ -112,3 +112,21 @@ def test_every_stage_role_is_documented_and_every_playbook_opens_with_the_boiler
         assert plays[0]["ansible.builtin.import_playbook"] == "boilerplate.yml", book
         roles = [r["role"] for p in plays[1:] for r in p.get("roles", [])]
         assert "narwhal.deploy.%s" % book in roles, book
+
+
+def test_the_getting_started_text_is_true():
+    """README step 2 installs ansible-core (only requirements/controller.txt names it), and the inventory init
+    writes does not ask to be copied where it already is."""
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert "pip install -r requirements/controller.txt" in readme
+    assert "ansible-core" in (REPO / "requirements" / "controller.txt").read_text()
+    assert "ansible-core" not in "".join(line for line in (REPO / "requirements.txt").read_text().splitlines(True)
+                                         if not line.startswith("#"))
+    init = yaml.safe_load((REPO / "playbooks" / "init.yml").read_text())
+    copies = [item for play in init for task in play.get("tasks", []) for item in task.get("loop", [])
+              if isinstance(item, dict) and item.get("dest") == "inventory/hosts.yml"]
+    assert copies and copies[0]["src"].endswith("/inventories/example/hosts.yml")
+    comment = " ".join(line for line in (REPO / "inventories" / "example" / "hosts.yml").read_text().splitlines()
+                       if line.startswith("#"))
+    assert "In a project made by narwhal.deploy.init this file is already in place" in comment
+    assert not comment.startswith("# A real site's inventory: copy to")

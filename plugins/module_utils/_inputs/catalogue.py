@@ -195,9 +195,9 @@ NODE_INPUTS = [
      "doc": "Fabric interface of node <n> when it differs from NARWHAL_FABRIC_INTERFACE."},
     {"name": "EXTRA_ARGS", "kind": "args", "example": None,
      "doc": "vLLM arguments of engine-<n> only (shell words, e.g. a prefill engine's --max-num-batched-tokens), "
-            "recorded in its runtime.extra_args after the derived flags and NARWHAL_EXTRA_ARGS: a flag given in "
-            "both takes the node's value (vLLM's parser keeps the last). Launcher-managed flags are refused as in "
-            "NARWHAL_EXTRA_ARGS."},
+            "recorded in its runtime.extra_args after the derived flags, NARWHAL_EXTRA_ARGS and NARWHAL_ENGINE_ARGS: "
+            "a flag given in both takes the node's value (vLLM's parser keeps the last). Launcher-managed flags are "
+            "refused as in NARWHAL_EXTRA_ARGS."},
     {"name": "ENGINE_ENV", "kind": "env", "example": None,
      "doc": "Container environment of engine-<n> only (KEY=VALUE shell words), recorded in its "
             "runtime.environment over the image's and NARWHAL_ENGINE_ENV (the node's value wins). Launcher-managed "

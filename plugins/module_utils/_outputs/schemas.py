@@ -1,12 +1,21 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """JSON Schemas of the generated files: the fleet, the launch record (docs/architecture.md, "Allocation and transport
-fields" and "The runtime object") and the run manifest.
-Every step that writes or reads them validates against these (jsonschema on the controller).
+fields" and "The runtime object") and the run manifest, and the one validator of them (docs/architecture.md,
+"One record check").
+
+Every step that writes or reads them validates with `validation_errors`, a standard-library interpreter of the JSON
+Schema keywords these schemas use, so that the launcher on the engine host (no jsonschema there) checks a record
+exactly as discovery and prepare do. `record_errors` adds what a schema cannot say (fields that must agree with
+each other), and `check_record` turns both into one refusal naming the file and every failed field.
+tests/unit/plugins/module_utils/_outputs/test_schemas.py keeps the interpreter's verdicts equal to jsonschema's.
 """
 
 from __future__ import annotations
 
+import re
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import RERUN, PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_PATTERN
 
 __metaclass__ = type
@@ -18,6 +27,18 @@ _PORT = {"type": "integer", "minimum": 1, "maximum": 65535}
 _PATHS = {"type": "array", "items": {"type": "string", "pattern": "^/dev/"}}
 
 _COUNT = {"type": ["integer", "null"], "minimum": 1}
+
+# The value of the visibility variable (CUDA_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES) holds the record's gpu_ids
+# joined by commas, so one entry is one GPU: a container-relative index or an NVIDIA GPU UUID
+# (_discover/records.py::visibility_ids), never a list ("0,1") that would widen the visibility past the GPUs the
+# container is given.
+GPU_ID_PATTERN = ("^(0|[1-9][0-9]{0,3}|GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
+                  "[0-9a-fA-F]{12})$")
+
+# The largest KV block (tokens) a record may request. Not a vLLM rule: a bound far above any block vLLM uses
+# (hybrid models raise theirs to a few hundred or thousand tokens, in runtime.cache_plan), so that a hand-edited
+# record cannot hand vLLM an absurd size.
+MAX_BLOCK_SIZE = 65536
 
 FLEET_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -55,7 +76,7 @@ RECORD_SCHEMA = {
             "properties": {"vendor": {"enum": ["nvidia", "amd", "cpu"]}, "product": _STR,
                            "count": {"type": "integer", "minimum": 0}},
         },
-        "gpu_ids": {"type": "array", "items": _STR, "uniqueItems": True},
+        "gpu_ids": {"type": "array", "items": {"type": "string", "pattern": GPU_ID_PATTERN}, "uniqueItems": True},
         "gpu_host_indices": {"type": "array", "items": {"type": "integer", "minimum": 0}, "uniqueItems": True},
         "tensor_parallel_size": {"type": "integer", "minimum": 1},
         "gpu_visibility_env": {"enum": ["CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", None]},
@@ -95,11 +116,18 @@ RECORD_SCHEMA = {
                                       "additionalProperties": _STR, "minProperties": 2},
                 "model_dtype": {"enum": ["bfloat16", "float16"]},
                 "kv_cache_dtype": _STR,
-                "block_size": {"type": "integer", "minimum": 1},
-                "cache_plan": {"type": "object", "required": ["block_size", "page_bytes"]},
+                "platform": {"enum": ["cuda", "rocm", "cpu"]},
+                "kv_buffer_device": {"enum": ["cuda", "cpu"]},
+                "served_model_name": _STR,
+                "block_size": {"type": "integer", "minimum": 1, "maximum": MAX_BLOCK_SIZE},
+                "cache_plan": {"type": "object", "required": ["block_size", "page_bytes"],
+                               "properties": {"block_size": {"type": "integer", "minimum": 1},
+                                              "requested_block_size": {"type": "integer", "minimum": 1}}},
                 "environment": {"type": "object", "additionalProperties": {"type": "string"}},
                 "derived_environment": {"type": "object", "additionalProperties": {"type": "string"}},
                 "extra_args": {"type": "array", "items": {"type": "string"}},
+                "trust_remote_code": {"type": "boolean"},
+                "ssm_conv_state": {"type": "boolean"},
                 "model_path": {"type": "string", "pattern": "^/"},
                 "model_geometry": {
                     "type": "object",
@@ -129,18 +157,6 @@ LAUNCH_CONFIG_SCHEMA = {
 }
 
 
-def validation_errors(document, schema):
-    """-> list of 'path: message' strings (empty when valid). Needs jsonschema."""
-    import jsonschema
-
-    validator = jsonschema.Draft202012Validator(schema)
-    out = []
-    for err in sorted(validator.iter_errors(document), key=lambda e: list(e.absolute_path)):
-        path = "/".join(str(p) for p in err.absolute_path) or "(top)"
-        out.append("%s: %s" % (path, err.message))
-    return out
-
-
 MANIFEST_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "narwhal.deploy prepared run manifest",
@@ -151,6 +167,8 @@ MANIFEST_SCHEMA = {
         "application": {"type": "object", "required": ["revision", "dirty"],
                         "properties": {"revision": {"type": ["string", "null"]},
                                        "dirty": {"type": ["boolean", "null"]}}},
+        "collection": {"type": "object", "required": ["name", "version", "build"],
+                       "properties": {"name": _STR, "version": _STR, "build": _STR}},
         "launcher": {"type": "object", "required": ["file", "sha256"],
                      "properties": {"sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}},
         "inputs": {"type": "object", "required": ["env_file_sha256", "fleet_sha256", "launch_config_sha256"]},
@@ -167,3 +185,202 @@ MANIFEST_SCHEMA = {
         },
     },
 }
+
+
+# ------------------------------------------------------------------------------------------------ the validator
+
+_TYPES = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),  # 16.0 is no block size: stricter
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+}
+
+# Keywords that only annotate; every other keyword a schema here uses must be one _errors knows (a unit test walks
+# the schemas), so a new keyword cannot be ignored silently.
+ANNOTATIONS = ("$schema", "title", "description")
+
+KEYWORDS = ANNOTATIONS + (
+    "type", "enum", "const", "required", "properties", "patternProperties", "additionalProperties", "minProperties",
+    "items", "minItems", "maxItems", "uniqueItems", "pattern", "minLength", "minimum", "maximum", "allOf", "if",
+    "then")
+
+
+def _search(pattern, value):
+    """JSON Schema's pattern (ECMA-262, unanchored): a final `$` is the end of the string, not the place before a
+    final newline (Python's `$`), so "engine-1\\n" does not pass as an engine name."""
+    if pattern.endswith("$") and not pattern.endswith("\\$"):
+        pattern = pattern[:-1] + "\\Z"
+    return re.search(pattern, value) is not None
+
+
+def _equal(a, b):
+    """JSON equality: true is not 1, 1 is 1.0."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return sorted(a) == sorted(b) and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_equal(a[i], b[i]) for i in range(len(a)))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    return type(a) is type(b) and a == b
+
+
+def _errors(value, schema, path, out):
+    """Append (path, message) for every way `value` breaks `schema` (the keywords of KEYWORDS)."""
+    for keyword in schema:
+        if keyword not in KEYWORDS:
+            raise ValueError("schema keyword %s is not one validation_errors knows" % keyword)
+    kinds = schema.get("type")
+    if kinds is not None:
+        names = kinds if isinstance(kinds, list) else [kinds]
+        if not any(_TYPES[k](value) for k in names):
+            out.append((path, "%r is not of type %s" % (value, ", ".join(repr(k) for k in names))))
+            return
+    if "enum" in schema and not any(_equal(value, e) for e in schema["enum"]):
+        out.append((path, "%r is not one of %r" % (value, schema["enum"])))
+    if "const" in schema and not _equal(value, schema["const"]):
+        out.append((path, "%r was expected" % (schema["const"],)))
+    if isinstance(value, dict):
+        for key in schema.get("required", ()):
+            if key not in value:
+                out.append((path, "%r is a required property" % key))
+        if len(value) < schema.get("minProperties", 0):
+            out.append((path, "%r does not have enough properties" % (value,)))
+        properties, patterns = schema.get("properties", {}), schema.get("patternProperties", {})
+        for key in sorted(value):
+            matched = key in properties
+            if matched:
+                _errors(value[key], properties[key], path + [key], out)
+            for pattern, sub in sorted(patterns.items()):
+                if _search(pattern, key):
+                    matched = True
+                    _errors(value[key], sub, path + [key], out)
+            extra = schema.get("additionalProperties", True)
+            if not matched and extra is False:
+                out.append((path, "Additional properties are not allowed (%r was unexpected)" % key))
+            elif not matched and isinstance(extra, dict):
+                _errors(value[key], extra, path + [key], out)
+    if isinstance(value, list):
+        if "items" in schema:
+            for index, item in enumerate(value):
+                _errors(item, schema["items"], path + [index], out)
+        if len(value) < schema.get("minItems", 0):
+            out.append((path, "%r is too short" % (value,)))
+        if "maxItems" in schema and len(value) > schema["maxItems"]:
+            out.append((path, "%r is too long" % (value,)))
+        if schema.get("uniqueItems") and any(_equal(a, b) for i, a in enumerate(value) for b in value[i + 1:]):
+            out.append((path, "%r has non-unique elements" % (value,)))
+    if isinstance(value, str):
+        if "pattern" in schema and not _search(schema["pattern"], value):
+            out.append((path, "%r does not match %r" % (value, schema["pattern"])))
+        if len(value) < schema.get("minLength", 0):
+            out.append((path, "%r is too short" % value))
+    if _TYPES["number"](value):
+        if "minimum" in schema and value < schema["minimum"]:
+            out.append((path, "%r is less than the minimum of %r" % (value, schema["minimum"])))
+        if "maximum" in schema and value > schema["maximum"]:
+            out.append((path, "%r is greater than the maximum of %r" % (value, schema["maximum"])))
+    for sub in schema.get("allOf", ()):
+        _errors(value, sub, path, out)
+    if "if" in schema:
+        probe = []
+        _errors(value, schema["if"], path, probe)
+        if not probe and "then" in schema:
+            _errors(value, schema["then"], path, out)
+
+
+def _pairs(document, schema):
+    out = []
+    _errors(document, schema, [], out)
+    return sorted(out, key=lambda e: [str(p) for p in e[0]])
+
+
+def validation_errors(document, schema):
+    """-> list of 'path: message' strings (empty when valid); path parts joined by '/' ('(top)' for the document)."""
+    return ["%s: %s" % ("/".join(str(p) for p in path) or "(top)", message)
+            for path, message in _pairs(document, schema)]
+
+
+def _field(path):
+    """runtime.block_size, gpu_ids[0]: how the planner's refusals name a record field."""
+    text = ""
+    for part in path:
+        text += "[%d]" % part if isinstance(part, int) else ("." if text else "") + part
+    return text or "(the record)"
+
+
+def _semantic_errors(record):
+    """(field, message) for what RECORD_SCHEMA cannot say: fields that must agree with each other, as discovery
+    writes them (_discover/records.py::build_record). Run only on a record that passes the schema."""
+    out = []
+    vendor, runtime = record["accelerator"]["vendor"], record["runtime"]
+    gpu_ids, host_indices = record["gpu_ids"], record.get("gpu_host_indices")
+    tp = record["tensor_parallel_size"]
+    if host_indices is not None and len(host_indices) != len(gpu_ids):
+        out.append(("gpu_host_indices", "%r has %d entries but gpu_ids has %d: one host index per GPU"
+                    % (host_indices, len(host_indices), len(gpu_ids))))
+    if record["accelerator"]["count"] != len(gpu_ids):
+        out.append(("accelerator.count", "%d is not the number of gpu_ids (%d)"
+                    % (record["accelerator"]["count"], len(gpu_ids))))
+    if gpu_ids and tp != len(gpu_ids):
+        out.append(("tensor_parallel_size", "%d is not the number of gpu_ids (%d): vLLM runs one rank per GPU"
+                    % (tp, len(gpu_ids))))
+    if vendor in ("nvidia", "amd") and not gpu_ids:
+        out.append(("gpu_ids", "is empty, but accelerator.vendor is %s" % vendor))
+    if vendor == "cpu" and gpu_ids:
+        out.append(("gpu_ids", "%r names GPUs, but accelerator.vendor is cpu" % (gpu_ids,)))
+    relative = [g for g in gpu_ids if g.isdigit()]
+    if relative and len(relative) != len(gpu_ids):
+        out.append(("gpu_ids", "%r mixes container-relative indices and GPU UUIDs" % (gpu_ids,)))
+    elif relative and sorted(int(g) for g in relative) != list(range(len(gpu_ids))):
+        out.append(("gpu_ids", "%r: container-relative indices must be 0..%d, the container sees only its %d GPU(s)"
+                    % (gpu_ids, len(gpu_ids) - 1, len(gpu_ids))))
+    if vendor == "amd" and len(relative) != len(gpu_ids):
+        out.append(("gpu_ids", "%r: ROCR_VISIBLE_DEVICES takes container-relative indices here" % (gpu_ids,)))
+    block, plan = runtime["block_size"], runtime["cache_plan"]
+    requested = plan.get("requested_block_size", block)
+    if requested != block:
+        out.append(("runtime.block_size", "%d is not the block size the cache plan was made for "
+                    "(runtime.cache_plan.requested_block_size=%r)" % (block, requested)))
+    if plan["block_size"] < block:
+        out.append(("runtime.cache_plan.block_size", "%d is smaller than the requested runtime.block_size %d"
+                    % (plan["block_size"], block)))
+    ports = record["node"].get("side_channel_ports")
+    port = record["node"]["side_channel_port"]
+    if ports is not None and (not isinstance(ports, list) or len(ports) != 2 or ports[0] != port
+                              or not all(isinstance(p, int) and not isinstance(p, bool) for p in ports)
+                              or not port <= ports[1] <= 65535):
+        out.append(("node.side_channel_ports", "%r must be [first, last] with first = node.side_channel_port %d"
+                    % (ports, port)))
+    return out
+
+
+def record_errors(record):
+    """-> [(field, message)] of one launch record: RECORD_SCHEMA, then (when the schema holds) the fields that must
+    agree with each other. Empty when the record is one discovery could have written."""
+    errors = [(_field(path), message) for path, message in _pairs(record, RECORD_SCHEMA)]
+    return errors or _semantic_errors(record)
+
+
+def check_record(record, where):
+    """Refuse (PlanError, key = the first failed field) a record that record_errors faults, naming `where` (the
+    file) and every failed field. Discovery, prepare and the launcher all call this before planning."""
+    errors = record_errors(record)
+    if errors:
+        raise PlanError("launch record %s: %s; the launcher plans only what discovery writes: %s"
+                        % (where, "; ".join("field %s: %s" % e for e in errors[:8]), RERUN), errors[0][0])
+    return record
+
+
+def launch_config_errors(document):
+    """-> 'path: message' strings of a launch config: LAUNCH_CONFIG_SCHEMA, then record_errors of each record."""
+    errors = validation_errors(document, LAUNCH_CONFIG_SCHEMA)
+    if errors:
+        return errors
+    return ["engines/%s/%s: %s" % (engine, field, message) for engine, record in sorted(document["engines"].items())
+            for field, message in record_errors(record)]

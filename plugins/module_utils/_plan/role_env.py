@@ -15,7 +15,7 @@ __metaclass__ = type
 ROLE_ENV_KEYS = ("NARWHAL_ENGINE", "NARWHAL_RECORD", "NARWHAL_MODEL_MOUNT", "NARWHAL_SERVED_MODEL_NAME",
                  "NARWHAL_BIND_FAMILY", "NARWHAL_HTTP_PORT", "NARWHAL_ADVERTISED_ADDRESS", "NARWHAL_SIDE_CHANNEL_PORT",
                  "NARWHAL_FABRIC_INTERFACE", "NARWHAL_API_KEY_FILE", "NARWHAL_RUN_ID", "NARWHAL_RUN_DIR",
-                 "NARWHAL_APP_REVISION")
+                 "NARWHAL_APP_REVISION", "NARWHAL_COLLECTION")
 
 
 # ----------------------------------------------------------------------------------------- role environment

@@ -16,8 +16,8 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors impo
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_NAME
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import (
     FLEET_SCHEMA,
-    LAUNCH_CONFIG_SCHEMA,
     MANIFEST_SCHEMA,
+    launch_config_errors,
     validation_errors,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan import role_env as _role_env
@@ -41,7 +41,7 @@ def check_documents(fleet, launch_config, site):
     if errors:
         raise InputError("NARWHAL_FLEET", "%s fails the fleet schema (%s); %s"
                          % (site["NARWHAL_FLEET"], "; ".join(errors[:5]), REGENERATE))
-    errors = validation_errors(launch_config, LAUNCH_CONFIG_SCHEMA)
+    errors = launch_config_errors(launch_config)
     if errors:
         raise InputError("NARWHAL_LAUNCH_CONFIG", "%s fails the launch-record schema (%s); %s"
                          % (site["NARWHAL_LAUNCH_CONFIG"], "; ".join(errors[:5]), REGENERATE))
@@ -231,7 +231,7 @@ def past_run(from_run, run_dir, manifest, launcher, records, role_envs, engines)
             raise InputError("from_run", "the role environment of %s in %s differs from its manifest (%s): it was "
                                          "changed after prepare; %s" % (engine, where, ", ".join(changed), RELAUNCH))
     launch = {"version": 1, "engines": dict((e, records[e]) for e in manifest["engines"])}
-    errors = validation_errors(launch, LAUNCH_CONFIG_SCHEMA)
+    errors = launch_config_errors(launch)
     if errors:
         raise InputError("from_run", "the records of %s fail the launch-record schema of this narwhal.deploy (%s); "
                                      "%s" % (where, "; ".join(errors[:5]), RELAUNCH))

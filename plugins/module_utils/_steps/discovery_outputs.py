@@ -28,7 +28,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._discover.records i
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.paths import check_paths, git_ignore_checker
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import (
     FLEET_SCHEMA,
-    LAUNCH_CONFIG_SCHEMA,
+    launch_config_errors,
     validation_errors,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.writer import OutputError, OutputSet
@@ -149,7 +149,7 @@ def discovery_outputs(module):
     remove = []
     if records is not None:
         document, extracts = records
-        errors += ["launch record %s" % e for e in validation_errors(document, LAUNCH_CONFIG_SCHEMA)]
+        errors += ["launch record %s" % e for e in launch_config_errors(document)]
         index_path = os.path.join(config_dir, SOURCES_FILE)
         index = {"launch_config": launch_path, "files": {}, "engines": {}}
         for name, content in sorted(extracts.items()):

@@ -147,6 +147,31 @@ def revision(module, root):
     return out.strip(), bool(status.strip()) if rc2 == 0 else None
 
 
+def collection_identity(module, collection):
+    """{name, version, build} of the narwhal.deploy that prepares the run. Installed (ansible-galaxy): from its
+    MANIFEST.json, the build being the sha256 of its FILES.json (the checksums of every file of that build). A
+    checkout: galaxy.yml's version, the build being the checkout's git commit (-dirty with changes)."""
+    manifest = os.path.join(collection, "MANIFEST.json")
+    try:
+        if os.path.isfile(manifest):
+            info = json.loads(read_regular(manifest).decode("utf-8"))
+            about = info["collection_info"]
+            files = (info.get("file_manifest_file") or {}).get("chksum_sha256")
+            return {"name": "%s.%s" % (about["namespace"], about["name"]), "version": str(about["version"]),
+                    "build": "FILES.json sha256:%s" % files if files else "MANIFEST.json without a FILES.json checksum"}
+        import yaml
+
+        galaxy = yaml.safe_load(read_regular(os.path.join(collection, "galaxy.yml")).decode("utf-8"))
+        about = {"name": "%s.%s" % (galaxy["namespace"], galaxy["name"]), "version": str(galaxy["version"])}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InputError("collection", "cannot read the version of the collection at %s (MANIFEST.json or galaxy.yml: "
+                                       "%s); reinstall narwhal.deploy" % (collection, exc))
+    rev, dirty = revision(module, collection)
+    about["build"] = ("git %s%s" % (rev, "-dirty" if dirty else "") if rev else
+                      "source tree (no MANIFEST.json, not a git checkout)")
+    return about
+
+
 def current_records(module, p, root, site, engines, paths):
     """(records, launcher bytes, inputs digests) from the current fleet and launch config (discovery's output,
     checked against the current .env policy) and the launcher built from the collection."""
@@ -255,6 +280,7 @@ def prepare_run(module):
         rid = run_id(engines, records, draft, launcher_sha, inputs_sha)
         derived = dict((e, derive(records[e], checkout, rid)) for e in engines)
         check_key_file(paths["api_key_file"])
+        collection = collection_identity(module, p["collection"])
         result = {"changed": False, "run_id": rid, "records": dict((e, records[e]) for e in engines),
                   "derived": derived, "launcher_sha256": launcher_sha}
         if p["stage"] == "validate":
@@ -269,11 +295,13 @@ def prepare_run(module):
     for e in engines:
         # The launcher records it in deployment.json with the container ID and its own digest.
         derived[e]["role_env"]["NARWHAL_APP_REVISION"] = "%s%s" % (rev or "unknown", "-dirty" if dirty else "")
+        derived[e]["role_env"]["NARWHAL_COLLECTION"] = "%(name)s %(version)s (%(build)s)" % collection
     runs_dir = paths["runs_dir"]
     run_dir = os.path.join(runs_dir, rid)
     manifest = {
         "run_id": rid,
         "application": {"revision": rev, "dirty": dirty},
+        "collection": collection,
         "launcher": {"file": "launch_engine.pyz", "sha256": launcher_sha},
         "inputs": (dict(earlier["inputs"]) if p["from_run"] else
                    dict(inputs_sha, env_file=p["site"].get("env_file"), fleet=site["NARWHAL_FLEET"],

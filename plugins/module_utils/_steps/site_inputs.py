@@ -22,6 +22,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.dotenv impo
     decode_dotenv,
     literal_expansions,
     parse_dotenv,
+    read_dotenv,
     read_dotenv_bytes,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import resolve_engines
@@ -57,6 +58,30 @@ def module_spec():
     )
 
 
+def generated_echoes(process, dotenv, generated, generated_path):
+    """Values of the controller's environment that discovery itself generated (docs/inputs.md, "Overrides from
+    the shell"). A shell that sourced config/deployment.env holds NARWHAL_NODE_<n>_IP/_URL/_ENGINE_PORT/...; read
+    as overrides, they would pin those nodes to the last discovery's values. -> (names to drop: equal to the
+    current deployment.env, so generated; .env's own value, if any, applies). A name deployment.env generates
+    whose environment value differs from it and from .env is refused, naming where it came from (pure)."""
+    echoes = []
+    for key in sorted(process):
+        value = process[key]
+        if key not in generated or not value.strip():
+            continue
+        if value == generated[key]:
+            echoes.append(key)
+            continue
+        if value == dotenv.get(key):
+            continue  # the shell repeats .env: nothing comes from the shell
+        raise InputError(key, "%s=%s comes from the controller's environment (exported, or a sourced file), not from "
+                              ".env, and %s, which the last discovery generated, holds %s=%s: a sourced deployment.env "
+                              "feeds old generated values back as overrides, which would pin this node. Unset it "
+                              "(unset %s, or open a new shell) and rerun; to override it on purpose, set it in .env"
+                         % (key, value, generated_path, key, generated[key], key))
+    return echoes
+
+
 def site_inputs(module):
     if DOTENV_IMPORT_ERROR:
         module.fail_json(msg=missing_required_lib("python-dotenv"), exception=DOTENV_IMPORT_ERROR)
@@ -74,12 +99,13 @@ def site_inputs(module):
     # values of secret-looking names of .env and of the controller's environment: hidden wherever they are pasted
     secrets = secret_values(parsed, os.environ if module.params["use_process_env"] else {})
     values = {k: v for k, v in parsed.items() if k.startswith("NARWHAL_")}
+    process = {}
     if module.params["use_process_env"]:
         for key, value in os.environ.items():
             if not key.startswith("NARWHAL_"):
                 continue
             if is_input_name(key):
-                values[key] = value
+                values[key] = process[key] = value
             else:  # the project's tool variables and others: not inputs (a near miss of an input is warned about)
                 warning = unknown_name_warning(key)
                 if warning:
@@ -95,6 +121,23 @@ def site_inputs(module):
         if root:
             paths = check_paths(root, inputs["site"], env_file=path,
                                 ignored=git_ignore_checker(module, root), resolve=os.path.realpath)
+            generated_path = os.path.join(paths["config_dir"], DEPLOYMENT_ENV)
+            try:
+                generated = read_dotenv(generated_path) if process and os.path.isfile(generated_path) else {}
+            except DotenvError:
+                generated = {}  # discovery rewrites it; nothing generated to recognise
+            echoes = generated_echoes(process, parsed, generated, generated_path)
+            if echoes:
+                module.warn("%s in the controller's environment equal%s what the last discovery generated in %s (a "
+                            "sourced deployment.env): read as generated values, not as overrides, so they follow .env "
+                            "(unset them to silence this)" % (", ".join(echoes), "s" if len(echoes) == 1 else "",
+                                                               generated_path))
+                for key in echoes:
+                    if parsed.get(key) is None:
+                        values.pop(key)
+                    else:
+                        values[key] = parsed[key]
+                inputs = load_inputs(values)
     except InputError as exc:
         module.fail_json(msg=redact_text("invalid site input in %s: %s" % (path, exc), secrets), input=exc.key)
     # every engine's per-node overrides applied once (the roles read them with the filter node_settings)

@@ -205,3 +205,64 @@ def test_env_example_loads_unchanged_through_site_inputs(site_module, tmp_path):
     assert site["paths"]["fleet"] == str(project / "config" / "fleet.json")
     assert site["paths"]["runs_dir"] == str(project / "runs")
     assert sorted(site["nodes"]) == ["1", "2"] and {n["ROLE"] for n in site["nodes"].values()} == {"prefill", "decode"}
+
+
+# a sourced config/deployment.env in the operator's shell (issue 24): generated values are not overrides
+
+GENERATED = {"NARWHAL_NODE_1_IP": "10.0.0.11", "NARWHAL_NODE_1_URL": "http://10.0.0.11:8000",
+             "NARWHAL_NODE_1_ENGINE_PORT": "8000", "NARWHAL_NODE_1_ROLE": "prefill"}
+
+
+@pytest.mark.parametrize("process,dotenv,echoes", [
+    (GENERATED, {}, sorted(GENERATED)),  # the whole file sourced: every value is generated
+    ({"NARWHAL_NODE_1_URL": "http://10.0.0.11:8000", "NARWHAL_NODE_1_GPU_IDS": "0,1"}, {},
+     ["NARWHAL_NODE_1_URL"]),  # GPU_IDS is not generated: an override as before
+    ({"NARWHAL_NODE_1_URL": "http://10.0.0.99:8000"}, {"NARWHAL_NODE_1_URL": "http://10.0.0.99:8000"}, []),
+    ({"NARWHAL_NODE_1_URL": ""}, {}, []),  # blank: unset
+])
+def test_generated_echoes_are_recognised(process, dotenv, echoes):
+    from ansible_collections.narwhal.deploy.plugins.module_utils._steps.site_inputs import generated_echoes
+
+    assert generated_echoes(process, dotenv, GENERATED, "config/deployment.env") == echoes
+
+
+@pytest.mark.parametrize("key,value", [("NARWHAL_NODE_1_ENGINE_PORT", "7000"),
+                                       ("NARWHAL_NODE_1_URL", "http://10.0.0.11:7000")])
+def test_a_generated_name_with_another_value_in_the_shell_is_refused_by_origin(key, value):
+    from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
+    from ansible_collections.narwhal.deploy.plugins.module_utils._steps.site_inputs import generated_echoes
+
+    with pytest.raises(InputError) as err:
+        generated_echoes({key: value}, {}, GENERATED, "/p/config/deployment.env")
+    assert err.value.key == key
+    assert str(err.value).startswith("%s: %s=%s comes from the controller's environment (exported, or a sourced "
+                                     "file), not from .env, and /p/config/deployment.env, which the last discovery "
+                                     "generated, holds %s=%s" % (key, key, value, key, GENERATED[key]))
+
+
+@pytest.mark.skipif(GIT is None, reason="needs git")
+def test_a_sourced_deployment_env_does_not_pin_the_engine_port(site_module, tmp_path, monkeypatch):
+    """The shell sourced deployment.env (port 8000), then .env changed NARWHAL_ENGINE_PORT: the new port applies
+    to every node; once discovery has written the new deployment.env, the stale shell value is refused by origin."""
+    from ansible.module_utils import _internal
+    from ansible.module_utils.common import warnings
+
+    monkeypatch.setattr(warnings, "_global_warnings", {})
+    monkeypatch.setattr(_internal, "is_controller", False)
+    root = git_checkout(tmp_path / "checkout")
+    (root / "config").mkdir()
+    deployment = root / "config" / "deployment.env"
+    deployment.write_text("".join("%s=%s\n" % kv for kv in GENERATED.items()))
+    for key, value in GENERATED.items():
+        monkeypatch.setenv(key, value)
+    status, result = site_module(ENV_TEXT + "NARWHAL_ENGINE_PORT=9000\n", root=root, process_env=True)
+    assert status == "exit", result
+    site = result["ansible_facts"]["narwhal_site"]
+    assert site["site"]["NARWHAL_ENGINE_PORT"] == 9000
+    assert "ENGINE_PORT" not in site["nodes"]["1"] and "URL" not in site["nodes"]["1"]
+    assert any("read as generated values, not as overrides" in w for w in warnings.get_warning_messages())
+    # discovery rewrote deployment.env for port 9000; the shell still holds 8000
+    deployment.write_text(deployment.read_text().replace("8000", "9000"))
+    status, result = site_module(ENV_TEXT + "NARWHAL_ENGINE_PORT=9000\n", root=root, process_env=True)
+    assert status == "fail" and result["input"] == "NARWHAL_NODE_1_ENGINE_PORT"
+    assert "NARWHAL_NODE_1_ENGINE_PORT=8000 comes from the controller's environment" in result["msg"]

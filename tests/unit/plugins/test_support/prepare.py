@@ -97,6 +97,7 @@ def make_checkout(tmp_path, launch):
     for name in PLANNER_FILES:
         (collection / "plugins" / "module_utils" / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / "plugins" / "module_utils" / name, collection / "plugins" / "module_utils" / name)
+    shutil.copy(REPO / "galaxy.yml", collection / "galaxy.yml")  # its version (prepare records it)
     return tmp_path
 
 

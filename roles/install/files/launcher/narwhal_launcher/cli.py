@@ -9,10 +9,11 @@
                                                  (prints `unchanged`), or replace it rolling: the old container
                                                  is stopped and renamed narwhal-<engine>-previous, the new one
                                                  must answer /health and a /version equal to checked.json's
-                                                 within S seconds (default: the role env's
-                                                 NARWHAL_ENGINE_READY_TIMEOUT, else 300; its exit is seen at
-                                                 once), writing version-probe.json. Ready: -previous is removed,
-                                                 deployment.json written, stdout `started|replaced <name> <id>`.
+                                                 within S seconds (default 300; the launch stage passes
+                                                 the site's NARWHAL_ENGINE_READY_TIMEOUT, default 900; its
+                                                 exit is seen at once), writing version-probe.json.
+                                                 Ready: -previous is removed, deployment.json written,
+                                                 stdout `started|replaced <name> <id>`.
                                                  Not ready: the new container is stopped and kept as
                                                  narwhal-<engine>-failed, the previous one renamed back and
                                                  started, rollback.json written, exit 2 with one message
@@ -69,8 +70,8 @@ def main(argv=None):
                         "see)")
     parser.add_argument("--timeout", type=float, default=300.0, help="probe-version: seconds to wait for /health")
     parser.add_argument("--ready-timeout", type=float, help="start: seconds a new container gets to answer /health "
-                        "and /version before start rolls back (default: the role env's NARWHAL_ENGINE_READY_TIMEOUT, "
-                        "else 300)")
+                        "and /version before start rolls back (default 300; the launch stage passes the site's "
+                        "NARWHAL_ENGINE_READY_TIMEOUT, default 900)")
     parser.add_argument("--address", help="probe-version, status: the engine's address (default: the role env's "
                         "NARWHAL_ADVERTISED_ADDRESS)")
     args = parser.parse_args(argv)

@@ -19,6 +19,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api 
     NotFound,
     Timeout,
 )
+from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import check_record
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import (
     ENGINE_LABEL,
     container_spec,
@@ -82,7 +83,8 @@ def load_record(path):
         raise LaunchError("NARWHAL_RECORD %s is not JSON (%s); rerun discovery and install" % (path, exc))
     if not isinstance(record, dict):
         raise LaunchError("NARWHAL_RECORD %s: expected one engine record object" % path)
-    return record
+    # every field the planner uses, checked as discovery and prepare check it (one validator) before planning
+    return check_record(record, "%s (NARWHAL_RECORD)" % path)
 
 
 def read_api_key(path):

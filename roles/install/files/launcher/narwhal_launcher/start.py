@@ -40,20 +40,18 @@ from narwhal_launcher.health import NotReadyError, container_logs, probe_url, wa
 from narwhal_launcher.image_check import checked_sha256, image_check
 
 STOP_TIMEOUT = 30  # seconds vLLM gets to shut down (SIGTERM) before a replaced container is killed
-DEFAULT_READY_TIMEOUT = 300.0  # seconds a new container gets to become ready (the site's default)
+DEFAULT_READY_TIMEOUT = 300.0  # seconds a new container gets to become ready when run by hand without --ready-timeout
 LOG_LINES = 20  # the failed container's last log lines in the rollback message and rollback.json
 ROLLBACK_FILE = "rollback.json"
 
 
 def ready_timeout_from(role_env, given=None):
-    """The seconds a new container gets to become ready: --ready-timeout, else the role env's
-    NARWHAL_ENGINE_READY_TIMEOUT when it carries one, else DEFAULT_READY_TIMEOUT."""
-    if given is not None:
-        where, value = "--ready-timeout", given
-    elif role_env.get("NARWHAL_ENGINE_READY_TIMEOUT"):
-        where, value = "role env NARWHAL_ENGINE_READY_TIMEOUT", role_env["NARWHAL_ENGINE_READY_TIMEOUT"]
-    else:
+    """The seconds a new container gets to become ready: --ready-timeout, else DEFAULT_READY_TIMEOUT. The role
+    environment carries no timeout (_plan/role_env.py::ROLE_ENV_KEYS): the launch stage passes the site's
+    NARWHAL_ENGINE_READY_TIMEOUT as --ready-timeout (roles/launch/tasks/main.yml)."""
+    if given is None:
         return DEFAULT_READY_TIMEOUT
+    where, value = "--ready-timeout", given
     try:
         seconds = float(value)
     except (TypeError, ValueError):
@@ -271,6 +269,7 @@ def start(role_env_path, force=False, out=None, ready_timeout=None, interval=1.0
     deployment = {
         "engine": plan["engine"], "run_id": run_id, "action": action,
         "app_revision": role_env.get("NARWHAL_APP_REVISION", ""),
+        "collection": role_env.get("NARWHAL_COLLECTION", ""),
         "container_id": container_id, "container_name": plan["name"], "plan_hash": digest,
         "image_id": plan["image"], "launcher_sha256": launcher_sha256(), "group_ids": prepared.group_ids,
         "started_at": (seen.get("State") or {}).get("StartedAt", ""),

@@ -645,6 +645,18 @@ def resolve_pointer(document, pointer):
     return document
 
 
+def test_discovery_refuses_a_block_size_the_launcher_would_refuse(tmp_path, dev, run_module):
+    """Discovery checks its document with the launcher's record check: a block size the launcher refuses is never
+    written."""
+    root = tmp_path / "checkout"
+    root.mkdir()
+    status, result = run_module(module_args(root, nv_pair(tmp_path), {"NARWHAL_BLOCK_SIZE": str(2 ** 40)}))
+    assert status == "fail"
+    assert "launch record engines/engine-1/runtime/block_size: 1099511627776 is greater than the maximum of 65536" \
+        in result["msg"] and "nothing was written" in result["msg"]
+    assert not (root / "config").exists() or not any((root / "config").iterdir())
+
+
 def test_writer_end_to_end(tmp_path, dev, run_module):
     root = tmp_path / "checkout"
     root.mkdir()

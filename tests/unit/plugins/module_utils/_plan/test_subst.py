@@ -11,6 +11,9 @@ import sys
 import pytest
 from test_support.paths import REPO
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover.fleet import build_fleet, render_env
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.netaddr import interface_addresses
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.validate import load_inputs
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.subst import (
     SubstitutionError,
     layered_env,
@@ -24,7 +27,7 @@ ENV = {"NARWHAL_NODE_1_URL": "http://10.0.0.11:8000", "EMPTY": ""}
     "data,expected",
     [
         ({"url": "${NARWHAL_NODE_1_URL}"}, {"url": "http://10.0.0.11:8000"}),
-        ([{"a": ["${EMPTY}", 3, None]}], [{"a": ["", 3, None]}]),
+        ([{"a": ["x", 3, None]}], [{"a": ["x", 3, None]}]),
         ({"plain": "$HOME and {braces}"}, {"plain": "$HOME and {braces}"}),
     ],
 )
@@ -39,6 +42,7 @@ def test_complete_values_resolve(data, expected):
         ({"url": "${NARWHAL_NODE_1_URL}/v1"}, "not a complete"),
         ({"url": "${ NARWHAL_NODE_1_URL }"}, "not a complete"),
         ({"url": "${UNSET_NAME}"}, "${UNSET_NAME} is not set"),
+        ({"url": "${EMPTY}"}, "${EMPTY} is not set (its value is blank, which counts as unset)"),
         ({"x": ["${1BAD}"]}, "$.x[0]"),
     ],
 )
@@ -66,3 +70,64 @@ def test_fleet_cli_prints_resolved_fleet_and_fails_on_unset(tmp_path):
     (tmp_path / "deployment.env").write_text("")
     bad = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     assert bad.returncode == 1 and "${NARWHAL_NODE_1_URL} is not set" in bad.stderr
+
+
+# ------------------------------------------------------------- a blank value is unset, for every resolver
+
+DERIVED = "http://10.0.0.11:8000"
+
+
+@pytest.mark.parametrize("blank", ["", " ", "\t"])
+def test_a_blank_value_hides_nothing_below_it(blank):
+    """.env's NARWHAL_NODE_1_URL= is unset for discovery (it writes the derived URL to deployment.env), so it is
+    unset for the resolver too: the derived URL is used, not an empty one."""
+    env = layered_env({"NARWHAL_NODE_2_URL": blank}, {"NARWHAL_NODE_1_URL": blank},
+                      {"NARWHAL_NODE_1_URL": DERIVED, "NARWHAL_NODE_2_URL": "http://10.0.0.12:8000"})
+    assert resolve_values(["${NARWHAL_NODE_1_URL}", "${NARWHAL_NODE_2_URL}"], env) == [
+        DERIVED, "http://10.0.0.12:8000"]
+    with pytest.raises(SubstitutionError, match=r"\$\{NARWHAL_NODE_3_URL\} is not set"):
+        resolve_values("${NARWHAL_NODE_3_URL}", layered_env({}, {"NARWHAL_NODE_3_URL": blank}, {}))
+
+
+def _blank_url_site(tmp_path):
+    """A site whose .env sets NARWHAL_NODE_1_URL= (blank), and the deployment.env and fleet discovery writes for it."""
+    values = {"NARWHAL_FABRIC_INTERFACE": "eth1", "NARWHAL_NODE_1_ROLE": "prefill", "NARWHAL_NODE_2_ROLE": "decode",
+              "NARWHAL_IMAGE": "vllm/vllm-openai:v0.33.0", "NARWHAL_MODEL_PATH": "/srv/models/m",
+              "NARWHAL_NODE_1_URL": ""}
+    (tmp_path / ".env").write_text("".join("%s=%s\n" % kv for kv in values.items()))
+    info = lambda a: {"addresses": interface_addresses([{"ifname": "eth1", "addr_info": [  # noqa: E731
+        {"family": "inet", "local": a, "prefixlen": 24, "scope": "global", "preferred_life_time": 4294967295}]}],
+        "eth1")[1], "host_id": None}
+    plan = build_fleet(load_inputs(values), ["engine-1", "engine-2"],
+                       {"engine-1": info("10.0.0.11"), "engine-2": info("10.0.0.12")})
+    (tmp_path / "deployment.env").write_text(render_env(plan["deployment_env"], ["generated"]))
+    (tmp_path / "fleet.json").write_text(json.dumps(plan["fleet"]))
+    return dict(plan["deployment_env"])["NARWHAL_NODE_1_URL"]
+
+
+def test_blank_url_in_dotenv_resolves_to_the_derived_url_in_narwhal_fleet(tmp_path):
+    derived = _blank_url_site(tmp_path)
+    assert derived == DERIVED  # discovery: blank is unset, the URL is derived
+    cmd = [sys.executable, str(REPO / "scripts" / "narwhal-fleet"), "--fleet", str(tmp_path / "fleet.json"),
+           "--env-file", str(tmp_path / ".env"), "--deployment-env", str(tmp_path / "deployment.env")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NARWHAL_")}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
+    assert json.loads(out.stdout)[0]["url"] == derived
+    env["NARWHAL_NODE_1_URL"] = ""  # exported blank in the shell: unset as well
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
+    assert json.loads(out.stdout)[0]["url"] == derived
+
+
+def test_blank_url_in_dotenv_resolves_to_the_derived_url_in_the_fleet_lookup(tmp_path, monkeypatch):
+    derived = _blank_url_site(tmp_path)
+    from ansible_collections.narwhal.deploy.plugins.lookup.fleet import LookupModule
+
+    for key in [k for k in os.environ if k.startswith("NARWHAL_")]:
+        monkeypatch.delenv(key)
+    lookup = LookupModule()
+    # the options as the plugin loader would set them from the call's keywords (no loader in a unit test)
+    monkeypatch.setattr(lookup, "set_options", lambda var_options=None, direct=None: setattr(lookup, "_given", direct))
+    monkeypatch.setattr(lookup, "get_option", lambda name: lookup._given[name])
+    fleet = lookup.run([str(tmp_path / "fleet.json")], variables={}, env_file=str(tmp_path / ".env"),
+                       deployment_env=str(tmp_path / "deployment.env"))[0]
+    assert [f["url"] for f in fleet] == [derived, "http://10.0.0.12:8000"]

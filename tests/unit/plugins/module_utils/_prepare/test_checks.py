@@ -353,6 +353,21 @@ def test_check_documents_fleet_schema(launch):
     assert err.value.key == "NARWHAL_FLEET" and "fleet schema" in str(err.value)
 
 
+@pytest.mark.parametrize("edit,shown", [
+    (lambda r: r["runtime"].update(block_size=-16), "engines/engine-2/runtime/block_size: -16 is less than"),
+    (lambda r: r.update(gpu_ids=["0,1", "1"]), "engines/engine-2/gpu_ids/0: '0,1' does not match"),
+    (lambda r: r.update(gpu_ids=["0", "3"]), "engines/engine-2/gpu_ids: ['0', '3']: container-relative indices"),
+    (lambda r: r["runtime"].update(block_size=64), "engines/engine-2/runtime.block_size: 64 is not the block size "
+                                                   "the cache plan was made for"),
+])
+def test_check_documents_runs_the_launchers_record_check(launch, edit, shown):
+    """Prepare refuses a hand-edited launch config with the check the launcher runs (_outputs/schemas.py)."""
+    edit(launch["engines"]["engine-2"])
+    with pytest.raises(InputError) as err:
+        check_documents(fleet_for(launch["engines"]), launch, SITE)
+    assert err.value.key == "NARWHAL_LAUNCH_CONFIG" and shown in str(err.value), str(err.value)
+
+
 def test_check_documents_bad_transport(launch):
     launch["engines"]["engine-1"]["transfer"]["transport"] = "tcp"
     with pytest.raises(InputError) as err:

@@ -11,9 +11,12 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import stat
+import subprocess
 
 import pytest
+from test_support.paths import REPO
 from test_support.prepare import (
     API_KEY,
     CHECKOUT,
@@ -517,3 +520,64 @@ def test_check_mode_relaunch_creates_nothing(root, run_module, earlier, stage):
     assert result["run_id"] != earlier["run_id"] and tree(root) == before
     if stage == "write":
         assert result["changed"] is True and result["manifest"]["relaunched_from"] == earlier["run_id"]
+
+
+# ------------------------------------------------------------------ which narwhal.deploy prepared the run
+
+class _GitModule:
+    """What collection_identity asks of its module: where git is, and how to fail."""
+
+    def get_bin_path(self, name):
+        return shutil.which(name)
+
+    def fail_json(self, **kwargs):
+        raise AssertionError(kwargs)
+
+
+def test_collection_identity_of_an_installed_collection(tmp_path):
+    """ansible-galaxy's MANIFEST.json: its version, and the sha256 of FILES.json as the build."""
+    (tmp_path / "MANIFEST.json").write_text(json.dumps({
+        "collection_info": {"namespace": "narwhal", "name": "deploy", "version": "0.1.0"},
+        "file_manifest_file": {"name": "FILES.json", "ftype": "file", "chksum_type": "sha256",
+                               "chksum_sha256": "ab" * 32, "format": 1}, "format": 1}))
+    (tmp_path / "galaxy.yml").write_text("namespace: other\nname: thing\nversion: 9.9.9\n")  # MANIFEST.json wins
+    assert _prepare_run_step.collection_identity(_GitModule(), str(tmp_path)) == {
+        "name": "narwhal.deploy", "version": "0.1.0", "build": "FILES.json sha256:" + "ab" * 32}
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_collection_identity_of_a_checkout(tmp_path):
+    shutil.copy(REPO / "galaxy.yml", tmp_path / "galaxy.yml")
+    assert _prepare_run_step.collection_identity(_GitModule(), str(tmp_path)) == {
+        "name": "narwhal.deploy", "version": "0.1.0", "build": "source tree (no MANIFEST.json, not a git checkout)"}
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    subprocess.run(git + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "galaxy.yml"], check=True)
+    subprocess.run(git + ["commit", "-qm", "c"], check=True)
+    head = subprocess.run(git + ["rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    assert _prepare_run_step.collection_identity(_GitModule(), str(tmp_path))["build"] == "git %s" % head
+    (tmp_path / "galaxy.yml").write_text((tmp_path / "galaxy.yml").read_text() + "# changed\n")
+    assert _prepare_run_step.collection_identity(_GitModule(), str(tmp_path))["build"] == "git %s-dirty" % head
+
+
+def test_collection_identity_refuses_a_collection_without_a_version(tmp_path):
+    with pytest.raises(InputError) as err:
+        _prepare_run_step.collection_identity(_GitModule(), str(tmp_path))
+    assert err.value.key == "collection" and "cannot read the version of the collection at %s" % tmp_path \
+        in str(err.value)
+
+
+def test_the_run_records_the_collection_and_keeps_the_application_revision(root, run_module, pd_launch):
+    """A project made by init has no git: the application revision stays null/unknown as before, and the run now
+    names the collection's version and build (manifest, role environment, hence the launcher's deployment.json)."""
+    status, result = run_module(prep_args(root, "write", good_hosts()))
+    assert status == "exit", result
+    manifest = json.loads((root / "runs" / result["run_id"] / "manifest.json").read_text())
+    assert manifest["application"] == {"revision": None, "dirty": None}
+    assert manifest["collection"] == {"name": "narwhal.deploy", "version": "0.1.0",
+                                      "build": "source tree (no MANIFEST.json, not a git checkout)"}
+    for engine in ("engine-1", "engine-2"):
+        role_env = manifest["engines"][engine]["role_env"]
+        assert role_env["NARWHAL_APP_REVISION"] == "unknown"
+        assert role_env["NARWHAL_COLLECTION"] == (
+            "narwhal.deploy 0.1.0 (source tree (no MANIFEST.json, not a git checkout))")

@@ -8,6 +8,9 @@ import uuid
 
 import pytest
 from test_support.launcher import MODULES, SECRET, free_port, host_address, le, patch_planner, record, write_inputs
+from test_support.paths import REPO
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.catalogue import INPUTS
 
 # ------------------------------------------------------------------------------------------ /proc/net/tcp
 
@@ -208,12 +211,29 @@ def test_served_port_and_ready_timeout():
     assert le.served_port({"Config": {"Cmd": ["serve", "--port=9001"]}}, 8000) == 9001
     assert le.served_port({"Config": {"Cmd": None}}, 8000) == 8000
     assert le.ready_timeout_from({}) == 300.0
-    assert le.ready_timeout_from({"NARWHAL_ENGINE_READY_TIMEOUT": "900"}) == 900.0
-    assert le.ready_timeout_from({"NARWHAL_ENGINE_READY_TIMEOUT": "900"}, 20) == 20.0
+    assert le.ready_timeout_from({}, 20) == 20.0
     with pytest.raises(le.LaunchError, match=r"--ready-timeout=0 must be a number of seconds"):
         le.ready_timeout_from({}, 0)
-    with pytest.raises(le.LaunchError, match=r"role env NARWHAL_ENGINE_READY_TIMEOUT='soon' must be"):
-        le.ready_timeout_from({"NARWHAL_ENGINE_READY_TIMEOUT": "soon"})
+
+
+def test_the_ready_timeout_help_is_true():
+    """--help: 300 s by hand, the site's NARWHAL_ENGINE_READY_TIMEOUT (default 900) from the launch stage; a role
+    environment cannot carry a timeout (the launcher refuses the key)."""
+    import io
+    from contextlib import redirect_stdout
+
+    out = io.StringIO()
+    with redirect_stdout(out), pytest.raises(SystemExit):
+        le.main(["--help"])
+    text = " ".join(out.getvalue().split())
+    assert "(default 300; the launch stage passes the site's NARWHAL_ENGINE_READY_TIMEOUT, default 900)" in text
+    assert le.DEFAULT_READY_TIMEOUT == 300.0
+    launch = (REPO / "roles" / "launch" / "tasks" / "main.yml").read_text()
+    assert "start --ready-timeout {{ narwhal_site.site.NARWHAL_ENGINE_READY_TIMEOUT }}" in launch
+    catalogue = {spec["name"]: spec for spec in INPUTS}
+    assert catalogue["NARWHAL_ENGINE_READY_TIMEOUT"]["default"] == 900
+    with pytest.raises(le.LaunchError, match="NARWHAL_ENGINE_READY_TIMEOUT is not a key the launcher reads"):
+        le.parse_role_env("NARWHAL_ENGINE_READY_TIMEOUT=900\n", "engine.env")
 
 
 def test_status_refuses_an_unreadable_role_env_with_exit_2(tmp_path, capsys):

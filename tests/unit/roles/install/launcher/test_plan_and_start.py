@@ -24,6 +24,8 @@ from test_support.launcher import (
     zipapp,
 )
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import GPU_ID_PATTERN
+
 KV_033 = '{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_load_failure_policy":"fail",' \
          '"kv_connector_extra_config":{"backends":["UCX"]}}'
 KV_011 = '{"kv_connector":"NixlConnector","kv_role":"kv_both","kv_connector_extra_config":{"backends":["UCX"]}}'
@@ -375,6 +377,54 @@ def test_cli_errors_exit_2(tmp_path):
     assert le.main(["--role-env", str(env_path), "plan"]) == 2
 
 
+# Hand edits of the installed record: the launcher runs discovery's record check (_outputs/schemas.py::check_record)
+# before it plans, so each is refused naming the record file and the field, and nothing is written.
+HAND_EDITS = [
+    ("engine-2", lambda r: r["runtime"].update(block_size=-16), "field runtime.block_size: -16 is less than the "
+                                                                "minimum of 1"),
+    ("engine-2", lambda r: r["runtime"].update(block_size=0), "field runtime.block_size: 0 is less than"),
+    ("engine-2", lambda r: r["runtime"].update(block_size=10 ** 12), "field runtime.block_size: 1000000000000 is "
+                                                                     "greater than the maximum of 65536"),
+    ("engine-2", lambda r: r.update(gpu_ids=["0,1", "1"]), "field gpu_ids[0]: '0,1' does not match"),
+    ("engine-2", lambda r: r.update(gpu_ids=["0", "1 "]), "field gpu_ids[1]: '1 ' does not match"),
+    ("engine-2", lambda r: r.update(gpu_ids=["-1", "0"]), "field gpu_ids[0]: '-1' does not match"),
+    ("engine-2", lambda r: r.update(gpu_ids=["1", "1"]), "field gpu_ids: ['1', '1'] has non-unique elements"),
+    ("engine-2", lambda r: r.update(gpu_ids=[0, 1]), "field gpu_ids[0]: 0 is not of type 'string'"),
+    ("engine-2", lambda r: r.update(tensor_parallel_size="2"), "field tensor_parallel_size: '2' is not of type"),
+    ("engine-2", lambda r: r["runtime"].pop("block_size"), "field runtime: 'block_size' is a required property"),
+    ("engine-1", lambda r: r.pop("gpu_ids"), "field (the record): 'gpu_ids' is a required property"),
+    ("engine-1", lambda r: r["gpu_ids"].__setitem__(1, "0,1"), "field gpu_ids[1]: '0,1' does not match"),
+]
+
+
+@pytest.mark.parametrize("engine,edit,message", HAND_EDITS, ids=[m.split(":")[0] + str(i)
+                                                                 for i, (_e, _f, m) in enumerate(HAND_EDITS)])
+def test_launcher_refuses_a_hand_edited_record_by_field_and_file(tmp_path, capsys, engine, edit, message):
+    rec = record(engine)
+    edit(rec)
+    env_path, env = write_inputs(tmp_path, rec)
+    for action in ("plan", "start", "preview", "check"):
+        assert le.main(["--role-env", str(env_path), action]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("launch_engine: error: launch record %s (NARWHAL_RECORD): " % env["NARWHAL_RECORD"])
+        assert message in err, err
+    assert not (pathlib.Path(env["NARWHAL_RUN_DIR"]) / "plan.json").exists()
+
+
+def test_the_zipapp_carries_the_record_check(tmp_path):
+    rec = record("engine-2")
+    rec["runtime"]["block_size"] = -16
+    rec["gpu_ids"] = ["0,1", "1"]
+    env_path, env = write_inputs(tmp_path, rec)
+    proc = subprocess.run([sys.executable, "-I", "-S", str(zipapp(tmp_path)), "--role-env", str(env_path), "plan"],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr == (
+        "launch_engine: error: launch record %s (NARWHAL_RECORD): field gpu_ids[0]: '0,1' does not match %r; "
+        "field runtime.block_size: -16 is less than the minimum of 1; the launcher plans only what discovery writes: "
+        "rerun discovery\n" % (env["NARWHAL_RECORD"], GPU_ID_PATTERN))
+
+
 def test_start_refuses_missing_host_inputs(tmp_path):
     env_path, env = write_inputs(tmp_path, record("engine-2"))
     rec = record("engine-2")
@@ -383,7 +433,9 @@ def test_start_refuses_missing_host_inputs(tmp_path):
     with pytest.raises(le.LaunchError, match="device /dev/narwhal-missing-kfd .* is not on this host"):
         le.start(str(env_path))
     assert (pathlib.Path(env["NARWHAL_RUN_DIR"]) / "plan.json").exists()  # the plan is recorded first
-    rec["accelerator_devices"], rec["transfer"]["devices"] = [], []
+    rec["accelerator_devices"] = []  # no device to miss: TCP (an RDMA record without devices is refused earlier)
+    rec["transfer"].update(transport="ucx_tcp", net_devices=["eth1"], devices=[],
+                           ucx_tls=le.ucx_tls("ucx_tcp", "rocm", "cuda"))
     rec["runtime"]["model_path"] = str(tmp_path / "no-model")
     pathlib.Path(env["NARWHAL_RECORD"]).write_text(json.dumps(rec))
     with pytest.raises(le.LaunchError, match="runtime.model_path .* is not a directory"):
