@@ -54,7 +54,7 @@ def main(targets_file, dashboard_file, fleet, workdir, router_url=None, key_file
     failed = []
     try:
         if client:
-            time.sleep(20)  # a rate over [1m] needs two scrapes of the traffic
+            time.sleep(8)  # a rate over [1m] needs two scrapes (1 s apart) of the traffic
         active = prometheus.until("every target up", lambda: prometheus.all_up(url, expected))
         for target in sorted(active, key=lambda t: t["scrapeUrl"]):
             labels = {k: v for k, v in target["labels"].items() if k in ("job", "engine", "router", "role", "fleet")}
