@@ -22,8 +22,6 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.validate im
 __metaclass__ = type
 
 
-
-
 # deployment.env values, as python-dotenv and a shell both read them unquoted: nothing that ends a line, quotes,
 # comments (#), expands ($, `), escapes (\) or splits words
 ENV_VALUE = re.compile(r"^[A-Za-z0-9._:/\[\]@%+,=~-]*$")

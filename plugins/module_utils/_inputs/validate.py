@@ -248,9 +248,9 @@ def check_image(key, value):
     name, at, digest = value.partition("@")
     tag = None
     if name.rfind(":") > name.rfind("/"):
-        name, _, tag = name.rpartition(":")
+        name, _colon, tag = name.rpartition(":")
     if at:
-        algorithm, _, hexdigits = digest.partition(":")
+        algorithm, _colon, hexdigits = digest.partition(":")
         size = IMAGE_DIGEST_HEX.get(algorithm)
         if size is None or len(hexdigits) != size or not re.match(r"^[0-9a-f]+$", hexdigits):
             raise InputError(key, "%s: its digest %s is not sha256:, sha384: or sha512: followed by 64, 96 or 128 "

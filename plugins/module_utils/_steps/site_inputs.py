@@ -130,8 +130,8 @@ def site_inputs(module):
             if echoes:
                 module.warn("%s in the controller's environment equal%s what the last discovery generated in %s (a "
                             "sourced deployment.env): read as generated values, not as overrides, so they follow .env "
-                            "(unset them to silence this)" % (", ".join(echoes), "s" if len(echoes) == 1 else "",
-                                                               generated_path))
+                            "(unset them to silence this)"
+                            % (", ".join(echoes), "s" if len(echoes) == 1 else "", generated_path))
                 for key in echoes:
                     if parsed.get(key) is None:
                         values.pop(key)

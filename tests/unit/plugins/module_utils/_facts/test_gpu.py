@@ -899,8 +899,8 @@ def test_rocm_smi_impossible_inventories(text, cause):
 
 
 def test_rocm_smi_unknown_markers_stay_unknown():
-    gpu = _gpu.parse_rocm_smi_json(_rocm(card0=_card(**{"VRAM Total Memory (B)": "N/A", "PCI Bus": "N/A",
-                                                         "(Topology) Numa Node": "N/A"})))["gpus"][0]
+    unknown = {"VRAM Total Memory (B)": "N/A", "PCI Bus": "N/A", "(Topology) Numa Node": "N/A"}
+    gpu = _gpu.parse_rocm_smi_json(_rocm(card0=_card(**unknown)))["gpus"][0]
     assert (gpu["memory_mib"], gpu["pci_bus_id"], gpu["numa_node"]) == (None, None, None)
 
 
@@ -927,8 +927,8 @@ def _amd(*entries):
     (_amd({"bus": {"bdf": "nope"}}), "gpu 0: bus.bdf 'nope' is not a PCI bus id"),
     (_amd({"numa": {"node": "first"}}), "gpu 0: numa.node 'first' is not a whole number"),
     (json.dumps([AMD_SMI_GPU, 7]), "entry 1 is a JSON int, not the object of one GPU"),
-    ((AMD / "telegraf__mi100_rocm602.json").read_text(), "the object has neither gpu_data nor a 'gpu' index (keys: "
-                                                        "card0, card1, card2, card3, system)"),
+    ((AMD / "telegraf__mi100_rocm602.json").read_text(),
+     "the object has neither gpu_data nor a 'gpu' index (keys: card0, card1, card2, card3, system)"),
 ], ids=["negative", "text-index", "bool-index", "fraction-index", "same-index", "same-bus", "vram-text",
         "vram-string", "vram-negative", "vram-unit", "bus-text", "numa-text", "not-an-object", "rocm-smi-document"])
 def test_amd_smi_impossible_inventories(text, cause):

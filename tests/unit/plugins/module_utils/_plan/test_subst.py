@@ -95,9 +95,10 @@ def _blank_url_site(tmp_path):
               "NARWHAL_IMAGE": "vllm/vllm-openai:v0.33.0", "NARWHAL_MODEL_PATH": "/srv/models/m",
               "NARWHAL_NODE_1_URL": ""}
     (tmp_path / ".env").write_text("".join("%s=%s\n" % kv for kv in values.items()))
-    info = lambda a: {"addresses": interface_addresses([{"ifname": "eth1", "addr_info": [  # noqa: E731
-        {"family": "inet", "local": a, "prefixlen": 24, "scope": "global", "preferred_life_time": 4294967295}]}],
-        "eth1")[1], "host_id": None}
+    def info(a):
+        return {"addresses": interface_addresses([{"ifname": "eth1", "addr_info": [
+            {"family": "inet", "local": a, "prefixlen": 24, "scope": "global", "preferred_life_time": 4294967295}]}],
+            "eth1")[1], "host_id": None}
     plan = build_fleet(load_inputs(values), ["engine-1", "engine-2"],
                        {"engine-1": info("10.0.0.11"), "engine-2": info("10.0.0.12")})
     (tmp_path / "deployment.env").write_text(render_env(plan["deployment_env"], ["generated"]))
