@@ -95,6 +95,7 @@ def _blank_url_site(tmp_path):
               "NARWHAL_IMAGE": "vllm/vllm-openai:v0.33.0", "NARWHAL_MODEL_PATH": "/srv/models/m",
               "NARWHAL_NODE_1_URL": ""}
     (tmp_path / ".env").write_text("".join("%s=%s\n" % kv for kv in values.items()))
+
     def info(a):
         return {"addresses": interface_addresses([{"ifname": "eth1", "addr_info": [
             {"family": "inet", "local": a, "prefixlen": 24, "scope": "global", "preferred_life_time": 4294967295}]}],
