@@ -40,14 +40,18 @@ checks it (below).
 `NARWHAL_*` inputs exported in the controller's environment override `.env`. Sourcing the generated
 `config/deployment.env` exports `NARWHAL_NODE_<n>_IP`, `_URL`, `_ATTESTATION_URL`, `_ENGINE_PORT`, `_ATTEST_PORT`,
 `_ROLE` and `_FABRIC_INTERFACE`; read as overrides, they would pin those nodes to the last discovery's values, and a
-later `NARWHAL_ENGINE_PORT` change would be ignored for them. So the inputs step (`_steps/site_inputs.py`) compares
-each such name of the environment with the current `deployment.env`:
+later `NARWHAL_ENGINE_PORT` change would be ignored for them. So the inputs step (`_steps/site_inputs.py`) looks
+for nodes whose every generated name the environment holds (what sourcing the file leaves behind), and compares
+each of those with the current `deployment.env`:
 
 - the same value: it is generated, not an override. It is ignored (with a warning naming it), and `.env` and
   discovery decide the value as if the shell did not hold it;
-- another value (an older `deployment.env` sourced before discovery rewrote it, or one set by hand), and not the
-  value `.env` sets: refused, naming the variable, both values and where each comes from. Unset it or open a new
-  shell; to override a node's value on purpose, set it in `.env`.
+- another value (an older `deployment.env` sourced before discovery rewrote it), and not the value `.env` sets:
+  refused, naming the variable, both values and where each comes from. Unset it or open a new shell; to override
+  a node's value on purpose, set it in `.env` or export only the names you mean.
+
+A node the environment names only in part (`NARWHAL_NODE_2_IP=... ansible-playbook ...`, the seed's explicit
+address) is an override on purpose, as before.
 
 Names `deployment.env` does not generate (`NARWHAL_NODE_<n>_GPU_IDS`, ...) and every name before the first
 discovery are overrides, as before. A blank value (`NARWHAL_NODE_1_URL=`) is unset wherever it is read.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 
 from ansible.module_utils.basic import missing_required_lib
 
@@ -60,15 +61,25 @@ def module_spec():
 
 def generated_echoes(process, dotenv, generated, generated_path):
     """Values of the controller's environment that discovery itself generated (docs/inputs.md, "Overrides from
-    the shell"). A shell that sourced config/deployment.env holds NARWHAL_NODE_<n>_IP/_URL/_ENGINE_PORT/...; read
-    as overrides, they would pin those nodes to the last discovery's values. -> (names to drop: equal to the
-    current deployment.env, so generated; .env's own value, if any, applies). A name deployment.env generates
-    whose environment value differs from it and from .env is refused, naming where it came from (pure)."""
+    the shell"). A shell that sourced config/deployment.env holds every NARWHAL_NODE_<n>_IP/_URL/_ENGINE_PORT/...
+    that file holds for a node; read as overrides, they would pin those nodes to the last discovery's values.
+    A node counts as sourced when the environment holds every name deployment.env generates for it: then a value
+    equal to deployment.env's is generated (dropped: .env's own value, if any, applies), and one that differs
+    from it and from .env is refused, naming where it came from. A node the environment names only in part is
+    overridden on purpose (the seed's "Set NARWHAL_NODE_<n>_IP explicitly ..."): its values stay overrides, as
+    before. -> names to drop (pure)."""
+    by_node = {}
+    for key in generated:
+        match = re.match(r"^NARWHAL_NODE_(\d+)_", key)
+        if match:
+            by_node.setdefault(match.group(1), set()).add(key)
+    sourced = set()
+    for keys in by_node.values():
+        if all(process.get(key, "").strip() for key in keys):
+            sourced |= keys
     echoes = []
-    for key in sorted(process):
+    for key in sorted(sourced):
         value = process[key]
-        if key not in generated or not value.strip():
-            continue
         if value == generated[key]:
             echoes.append(key)
             continue

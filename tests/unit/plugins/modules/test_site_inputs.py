@@ -215,8 +215,11 @@ GENERATED = {"NARWHAL_NODE_1_IP": "10.0.0.11", "NARWHAL_NODE_1_URL": "http://10.
 
 @pytest.mark.parametrize("process,dotenv,echoes", [
     (GENERATED, {}, sorted(GENERATED)),  # the whole file sourced: every value is generated
-    ({"NARWHAL_NODE_1_URL": "http://10.0.0.11:8000", "NARWHAL_NODE_1_GPU_IDS": "0,1"}, {},
-     ["NARWHAL_NODE_1_URL"]),  # GPU_IDS is not generated: an override as before
+    (dict(GENERATED, NARWHAL_NODE_1_GPU_IDS="0,1"), {},
+     sorted(GENERATED)),  # GPU_IDS is not generated: an override as before
+    # a node named only in part: overridden on purpose, even where a value equals the generated one
+    ({"NARWHAL_NODE_1_URL": "http://10.0.0.11:8000", "NARWHAL_NODE_1_GPU_IDS": "0,1"}, {}, []),
+    ({"NARWHAL_NODE_1_IP": "10.0.0.99", "NARWHAL_NODE_1_URL": "http://10.0.0.99:9000"}, {}, []),
     ({"NARWHAL_NODE_1_URL": "http://10.0.0.99:8000"}, {"NARWHAL_NODE_1_URL": "http://10.0.0.99:8000"}, []),
     ({"NARWHAL_NODE_1_URL": ""}, {}, []),  # blank: unset
 ])
@@ -233,7 +236,7 @@ def test_a_generated_name_with_another_value_in_the_shell_is_refused_by_origin(k
     from ansible_collections.narwhal.deploy.plugins.module_utils._steps.site_inputs import generated_echoes
 
     with pytest.raises(InputError) as err:
-        generated_echoes({key: value}, {}, GENERATED, "/p/config/deployment.env")
+        generated_echoes(dict(GENERATED, **{key: value}), {}, GENERATED, "/p/config/deployment.env")
     assert err.value.key == key
     assert str(err.value).startswith("%s: %s=%s comes from the controller's environment (exported, or a sourced "
                                      "file), not from .env, and /p/config/deployment.env, which the last discovery "
