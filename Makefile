@@ -40,5 +40,6 @@ bench: bootstrap      ## discovery/launch cost vs N on simulated hosts -> bench/
 bench-down:           ## remove the benchmark's simulated site (after an interrupted run or --keep)
 	bench/bench.py --down
 
-docs:                 ## regenerate .env.example and docs/inputs.md from the input description
+docs:                 ## regenerate .env.example, docs/inputs.md and the example launch config
 	$(VENV)/bin/python scripts/gen-inputs.py
+	$(VENV)/bin/python scripts/gen-example-record.py

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from ansible.module_utils.common import warnings
 from test_support.paths import REPO
-from test_support.prepare import API_KEY, EXAMPLE, compatible, inspection, make_checkout, prep_args
+from test_support.prepare import API_KEY, HAND_LAUNCH, compatible, inspection, make_checkout, prep_args
 from test_support.records import module_args, nv_pair, snapshot
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._steps.transfer_probe import module_spec as probe_spec
@@ -192,13 +192,13 @@ def test_discovery_outputs_action_reads_the_engines_facts_from_hostvars(tmp_path
 
 @pytest.fixture
 def checkout(tmp_path):
-    return make_checkout(tmp_path / "checkout", compatible(copy.deepcopy(EXAMPLE)))
+    return make_checkout(tmp_path / "checkout", compatible(copy.deepcopy(HAND_LAUNCH)))
 
 
 def current_facts(image_id=None):
     """What the prepare role leaves on each engine: narwhal_gpus, narwhal_interface and prepare_prereqs."""
     facts = {}
-    for engine, record in compatible(copy.deepcopy(EXAMPLE))["engines"].items():
+    for engine, record in compatible(copy.deepcopy(HAND_LAUNCH))["engines"].items():
         now = inspection(record)
         facts[engine] = {"narwhal_gpus": now["gpus"], "narwhal_interface": now["interface"],
                          "prepare_prereqs": {"changed": False, "image_id": image_id or now["image_id"]}}
@@ -206,7 +206,7 @@ def current_facts(image_id=None):
 
 
 def test_prepare_run_action_check_mode_writes_nothing_then_writes_the_modules_run(tmp_path, checkout, module_runner):
-    good = dict((e, inspection(r)) for e, r in compatible(copy.deepcopy(EXAMPLE))["engines"].items())
+    good = dict((e, inspection(r)) for e, r in compatible(copy.deepcopy(HAND_LAUNCH))["engines"].items())
     status, module = module_runner(prepare_run.main, prep_args(checkout, "write", good, check=True))
     assert status == "exit" and module["changed"] is True, module
     assert not (checkout / "runs").exists()
@@ -237,11 +237,11 @@ def test_prepare_run_action_refuses_a_stale_host_from_hostvars_like_the_module(t
     rc, out, result = play.run([step_task("prepare_run", task_args, ignore_errors=True)])
     assert result["failed"] is True, out
     hosts = dict((e, dict(inspection(r), image_id=stale_id))
-                 for e, r in compatible(copy.deepcopy(EXAMPLE))["engines"].items())
+                 for e, r in compatible(copy.deepcopy(HAND_LAUNCH))["engines"].items())
     status, module = module_runner(prepare_run.main, prep_args(checkout, "write", hosts))
     assert status == "fail"
     assert result["msg"] == module["msg"] and result["input"] == module["input"] == "engine-1"
-    image = EXAMPLE["engines"]["engine-1"]["runtime"]["image"]
+    image = HAND_LAUNCH["engines"]["engine-1"]["runtime"]["image"]
     assert "image %s is %s on the host" % (image, stale_id) in result["msg"]
     assert not (checkout / "runs").exists()
 

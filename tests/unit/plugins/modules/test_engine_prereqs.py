@@ -10,7 +10,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from test_support.paths import REPO
+from test_support.paths import HAND_LAUNCH_CONFIG
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.urls import attestation_url
 from ansible_collections.narwhal.deploy.plugins.module_utils._docker import engine_api as _engine_api
@@ -144,10 +144,9 @@ def _standin_id():
 
 def _docker_problems(module_runner, tmp_path, image_id, docker_host="unix:///var/run/docker.sock"):
     """The module's Docker problems (the daemon, the image) for an engine-1 record of `image_id`."""
-    example = json.loads(REPO.joinpath(
-        "docs", "examples", "engine-launch.example.json").read_text())["engines"]["engine-1"]
-    example["runtime"].update(image_id=image_id, model_path=str(tmp_path))
-    kind, result = module_runner(engine_prereqs.main, {"record": example, "docker_host": docker_host})
+    record = json.loads(HAND_LAUNCH_CONFIG.read_text())["engines"]["engine-1"]
+    record["runtime"].update(image_id=image_id, model_path=str(tmp_path))
+    kind, result = module_runner(engine_prereqs.main, {"record": record, "docker_host": docker_host})
     return [p for p in result.get("problems", []) if "Docker" in p], result
 
 
@@ -195,8 +194,7 @@ def test_prepare_reads_the_interface_once_as_interface_facts_would(module_runner
     monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % bindir)
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
-    record = json.loads(REPO.joinpath("docs", "examples", "engine-launch.example.json").read_text())["engines"][
-        "engine-1"]
+    record = json.loads(HAND_LAUNCH_CONFIG.read_text())["engines"]["engine-1"]
     engine_port, attest_port, side_port = _free_ports(3)
     record["runtime"].update(image_id=_standin_id(), model_path=str(tmp_path / "model"))
     record["accelerator_devices"] = []
@@ -234,8 +232,7 @@ def test_prepare_refuses_a_fabric_link_that_went_down(module_runner, tmp_path, m
     (bindir / "ip").write_text("#!/bin/sh\nexec /bin/cat %s\n" % (tmp_path / "ip.json"))
     (bindir / "ip").chmod(0o755)
     monkeypatch.setenv("PATH", "%s:/usr/bin:/bin" % bindir)
-    record = json.loads(REPO.joinpath("docs", "examples", "engine-launch.example.json").read_text())["engines"][
-        "engine-1"]
+    record = json.loads(HAND_LAUNCH_CONFIG.read_text())["engines"]["engine-1"]
     record["runtime"].update(model_path=str(tmp_path))
     record["node"].update(fabric_interface="eth1", address="172.31.241.99")
     kind, result = module_runner(engine_prereqs.main, {"record": record,

@@ -1,16 +1,15 @@
 """Shared by the launcher tests: the launcher's parts (roles/install/files/launcher, imported from the source
-tree) and the planner, gathered in one namespace `le`; the example records and a role environment; `zipapp`
-builds the real artefact the way prepare does."""
+tree) and the planner, gathered in one namespace `le`; the hand-shaped records (tests/fixtures/hand-shaped) and a
+role environment; `zipapp` builds the real artefact the way prepare does."""
 import copy
 import json
 import socket
 import sys
 import types
 
-from test_support.paths import REPO
+from test_support.paths import HAND_LAUNCH_CONFIG, REPO
 
 LAUNCHER_DIR = REPO / "roles" / "install" / "files" / "launcher"
-EXAMPLE = REPO / "docs" / "examples" / "engine-launch.example.json"
 SECRET = "s3cr3t-Key-0123456789abcdef"
 
 sys.path.insert(0, str(LAUNCHER_DIR))
@@ -47,7 +46,7 @@ def zipapp(tmp_path):
 
 
 def record(name="engine-1"):
-    return copy.deepcopy(json.loads(EXAMPLE.read_text())["engines"][name])
+    return copy.deepcopy(json.loads(HAND_LAUNCH_CONFIG.read_text())["engines"][name])
 
 
 def role_env(engine="engine-1", **overrides):

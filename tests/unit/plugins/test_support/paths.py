@@ -11,5 +11,7 @@ import pathlib
 REPO = pathlib.Path(__file__).resolve().parents[4]  # tests/unit/plugins/test_support -> the checkout
 REAL = REPO / "tests" / "fixtures" / "real"  # recorded outputs of real tools and real configs
 RECORDED = REPO / "tests" / "fixtures" / "recorded"  # real engines' answers recorded on this project's machine
+# the launch config shaped by hand for the tests (not discovery's output: tests/fixtures/hand-shaped/README.md)
+HAND_LAUNCH_CONFIG = REPO / "tests" / "fixtures" / "hand-shaped" / "launch-config.nvidia-tcp.amd-rdma.json"
 PROFILES = REPO / "tests" / "harness" / "profiles"  # the simulated hosts' trees
 STANDIN_SITE = REPO / "tests" / "harness" / "images" / "engine-standin" / "site"  # the stand-in engine's Python

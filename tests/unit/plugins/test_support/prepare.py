@@ -1,6 +1,6 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""What prepare's tests build: the example launch config (docs/examples/engine-launch.example.json)
+"""What prepare's tests build: the hand-shaped launch config (tests/fixtures/hand-shaped, HAND_LAUNCH_CONFIG)
 and its P/D-compatible variant, a host inspection matching a record, a checkout as discovery leaves it, and
 prepare_run's arguments."""
 
@@ -15,9 +15,9 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy im
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.paths import POLICY_FILE, SOURCES_FILE
 from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.launcher import PLANNER_FILES
 from ansible_collections.narwhal.deploy.plugins.module_utils._steps import discovery_outputs as _discovery_outputs
-from test_support.paths import REPO
+from test_support.paths import HAND_LAUNCH_CONFIG, REPO
 
-EXAMPLE = json.loads((REPO / "docs" / "examples" / "engine-launch.example.json").read_text())
+HAND_LAUNCH = json.loads(HAND_LAUNCH_CONFIG.read_text())
 CHECKOUT = "/srv/narwhal"
 API_KEY = "sk-narwhal-very-secret-key-0123456789"
 
@@ -36,8 +36,8 @@ def inspection(record):
 
 
 def compatible(launch):
-    """The example made a pair that vLLM's NIXL handshake accepts. As discovered, its NVIDIA prefill (8x V100S,
-    TP 8) and AMD decode (TP 2) fail it: their default attention backends differ (cuda FLASH_ATTN, rocm
+    """The hand-shaped launch config made a pair that vLLM's NIXL handshake accepts. As shaped, its NVIDIA prefill
+    (8x V100S, TP 8) and AMD decode (TP 2) fail it: their default attention backends differ (cuda FLASH_ATTN, rocm
     ROCM_AITER_UNIFIED_ATTN), and TP 8 replicates tiny-llama's 2 KV heads. So both pin TRITON_ATTN, which both
     platforms have, and engine-1 keeps 2 of its GPUs."""
     one = launch["engines"]["engine-1"]
@@ -113,4 +113,4 @@ def prep_args(root, stage="validate", hosts=None, engines=("engine-1", "engine-2
 
 
 def good_hosts():
-    return dict((e, inspection(r)) for e, r in compatible(copy.deepcopy(EXAMPLE))["engines"].items())
+    return dict((e, inspection(r)) for e, r in compatible(copy.deepcopy(HAND_LAUNCH))["engines"].items())

@@ -1,14 +1,15 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The launch config schema (plugins/module_utils/_outputs/schemas.py) accepts the example record, and
-docs/launch-record.md documents every field; the one record check (check_record) refuses hand edits by field, and
+"""The launch config schema (plugins/module_utils/_outputs/schemas.py) accepts the docs' example (discovery's output,
+scripts/gen-example-record.py) and the hand-shaped records of the tests, and docs/launch-record.md documents every
+field; the one record check (check_record) refuses hand edits by field, and
 its standard-library validator agrees with jsonschema."""
 
 import copy
 import json
 
 import pytest
-from test_support.paths import REPO
+from test_support.paths import HAND_LAUNCH_CONFIG, REPO
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import (
@@ -24,26 +25,34 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas im
 )
 
 
-def test_example_record_validates_and_every_field_is_documented():
-
+def test_the_docs_example_validates_and_every_field_is_documented():
     example = json.loads((REPO / "docs" / "examples" / "engine-launch.example.json").read_text())
     assert validation_errors(example, LAUNCH_CONFIG_SCHEMA) == []
-    transports = sorted(r["transfer"]["transport"] for r in example["engines"].values())
-    vendors = sorted(r["accelerator"]["vendor"] for r in example["engines"].values())
-    assert transports == ["ucx_rdma", "ucx_tcp"] and vendors == ["amd", "nvidia"]
     doc = (REPO / "docs" / "launch-record.md").read_text()
     record = example["engines"]["engine-1"]
     runtime = ["runtime." + k for k in record["runtime"] if k not in ("trust_remote_code", "ssm_conv_state")]
     undocumented = [f for f in list(record) + runtime if f not in ("engine", "iid", "role", "runtime")
                     and "`%s`" % f not in doc]
+    # the sources row of the table names every reason and every file pointer discovery writes
+    sources = next(line for line in doc.splitlines() if line.startswith("| `sources` |"))
+    undocumented += ["sources." + k for k in record["sources"] if "`%s`" % k not in sources]
     assert undocumented == []
+
+
+def test_the_hand_shaped_records_validate():
+    """The tests' hand-shaped pair (tests/fixtures/hand-shaped: NVIDIA ucx_tcp prefill, AMD ucx_rdma decode) is one
+    the record check accepts, so the tests that start from it start from a valid record."""
+    hand = json.loads(HAND_LAUNCH_CONFIG.read_text())
+    assert launch_config_errors(hand) == []
+    transports = sorted(r["transfer"]["transport"] for r in hand["engines"].values())
+    vendors = sorted(r["accelerator"]["vendor"] for r in hand["engines"].values())
+    assert transports == ["ucx_rdma", "ucx_tcp"] and vendors == ["amd", "nvidia"]
 
 
 # ------------------------------------------------------------------------------ the one validator of records
 
-def _example_record(name="engine-1"):
-    return copy.deepcopy(json.loads((REPO / "docs" / "examples" / "engine-launch.example.json").read_text())
-                         ["engines"][name])
+def _hand_record(name="engine-1"):
+    return copy.deepcopy(json.loads(HAND_LAUNCH_CONFIG.read_text())["engines"][name])
 
 
 def _set(record, dotted, value):
@@ -96,7 +105,7 @@ HOSTILE = [
 
 @pytest.mark.parametrize("dotted,value,field", HOSTILE, ids=["%s=%r" % (h[0], h[1]) for h in HOSTILE])
 def test_record_check_refuses_hand_edits_by_field(dotted, value, field):
-    record = _set(_example_record("engine-2"), dotted, value)  # AMD, two GPUs, gpu_ids 0 and 1
+    record = _set(_hand_record("engine-2"), dotted, value)  # AMD, two GPUs, gpu_ids 0 and 1
     errors = record_errors(record)
     assert errors and errors[0][0] == field, errors
     with pytest.raises(PlanError) as info:
@@ -107,18 +116,18 @@ def test_record_check_refuses_hand_edits_by_field(dotted, value, field):
 
 
 def test_record_check_refuses_a_uuid_list_on_nvidia():
-    record = _example_record("engine-1")
+    record = _hand_record("engine-1")
     record["gpu_ids"][0] = record["gpu_ids"][0] + "," + record["gpu_ids"][1]
     assert record_errors(record)[0][0] == "gpu_ids[0]"
-    record = _example_record("engine-1")
+    record = _hand_record("engine-1")
     record["gpu_ids"][1] = "1"
     assert record_errors(record) == [("gpu_ids", "%r mixes container-relative indices and GPU UUIDs"
                                       % (record["gpu_ids"],))]
 
 
-def test_record_check_passes_the_example_records():
+def test_record_check_passes_the_hand_shaped_records():
     for name in ("engine-1", "engine-2"):
-        assert record_errors(_example_record(name)) == []
+        assert record_errors(_hand_record(name)) == []
 
 
 def _keywords(schema):
@@ -148,7 +157,7 @@ def test_the_validator_agrees_with_jsonschema(dotted, value, field):
     """The standard-library validator and jsonschema find the same failing paths, except where it is stricter on
     purpose: 16.0 is no integer and a pattern's final $ is the end of the string (ECMA-262)."""
     jsonschema = pytest.importorskip("jsonschema")
-    record = _set(_example_record("engine-2"), dotted, value)
+    record = _set(_hand_record("engine-2"), dotted, value)
     ours = sorted(set(e.split(": ", 1)[0] for e in validation_errors(record, RECORD_SCHEMA)))
     theirs = sorted(set("/".join(str(p) for p in e.absolute_path) or "(top)"
                         for e in jsonschema.Draft202012Validator(RECORD_SCHEMA).iter_errors(record)))
@@ -159,7 +168,7 @@ def test_the_validator_agrees_with_jsonschema(dotted, value, field):
 
 
 def test_launch_config_errors_name_engine_and_field():
-    document = json.loads((REPO / "docs" / "examples" / "engine-launch.example.json").read_text())
+    document = json.loads(HAND_LAUNCH_CONFIG.read_text())
     assert launch_config_errors(document) == []
     document["engines"]["engine-2"]["gpu_ids"] = ["0,1", "1"]
     assert launch_config_errors(document)[0].startswith("engines/engine-2/gpu_ids/0: '0,1' does not match")

@@ -23,7 +23,7 @@ import time
 
 import pytest
 from ansible.module_utils import basic
-from test_support.prepare import EXAMPLE, compatible, good_hosts, make_checkout, prep_args
+from test_support.prepare import HAND_LAUNCH, compatible, good_hosts, make_checkout, prep_args
 from test_support.records import module_args, nv_pair
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs import writer as _writer
@@ -379,7 +379,7 @@ def test_random_kills_of_a_swap_loop(tmp_path, no_sync):
 def test_prepare_killed_before_every_file_operation(tmp_path, module_runner, warnings, no_sync, previous):
     """prepare writing a run (none before: the run directory appears complete or not at all; a changed one: two
     files, in two directories, swapped through the journal), SIGKILLed before each of its file operations."""
-    root = make_checkout(tmp_path / "checkout", compatible(copy.deepcopy(EXAMPLE)))
+    root = make_checkout(tmp_path / "checkout", compatible(copy.deepcopy(HAND_LAUNCH)))
     args = prep_args(root, "write", good_hosts())
 
     def run():
@@ -525,7 +525,7 @@ def test_concurrent_discoveries_started_together_leave_one_consistent_set(tmp_pa
 
 @pytest.mark.parametrize("wait", [True, False])
 def test_two_concurrent_prepares_of_one_run(tmp_path, module_runner, monkeypatch, wait):
-    root = make_checkout(tmp_path / "checkout", compatible(copy.deepcopy(EXAMPLE)))
+    root = make_checkout(tmp_path / "checkout", compatible(copy.deepcopy(HAND_LAUNCH)))
     args = prep_args(root, "write", good_hosts())
 
     def run():
@@ -620,7 +620,7 @@ def test_discovery_on_a_read_only_file_system(tmp_path, module_runner, monkeypat
 
 
 def test_prepare_on_a_full_disk_creates_no_run(tmp_path, module_runner, monkeypatch):
-    root = make_checkout(tmp_path / "checkout", compatible(copy.deepcopy(EXAMPLE)))
+    root = make_checkout(tmp_path / "checkout", compatible(copy.deepcopy(HAND_LAUNCH)))
     args = prep_args(root, "write", good_hosts())
     rid = module_runner(prepare_run.main, prep_args(root))[1]["run_id"]
     failing_writes(monkeypatch, errno.ENOSPC, ".run/")
@@ -633,7 +633,7 @@ def test_prepare_on_a_full_disk_creates_no_run(tmp_path, module_runner, monkeypa
 
 
 def test_prepare_denied_on_an_existing_run_keeps_its_files(tmp_path, module_runner, monkeypatch):
-    root = make_checkout(tmp_path / "checkout", compatible(copy.deepcopy(EXAMPLE)))
+    root = make_checkout(tmp_path / "checkout", compatible(copy.deepcopy(HAND_LAUNCH)))
     args = prep_args(root, "write", good_hosts())
     run_dir = module_runner(prepare_run.main, copy.deepcopy(args))[1]["run_dir"]
     (root / "runs" / os.path.basename(run_dir) / "manifest.json").write_text("{}\n")
@@ -689,7 +689,7 @@ def test_check_mode_compares_with_the_set_the_recovery_leaves_and_changes_nothin
 def test_prepare_completes_an_interrupted_discovery_first(tmp_path, module_runner, warnings):
     """prepare reads the fleet and the records under discovery's lock: in check mode it refuses a torn set by name,
     otherwise it completes discovery's write first."""
-    root = make_checkout(tmp_path / "checkout", compatible(copy.deepcopy(EXAMPLE)))
+    root = make_checkout(tmp_path / "checkout", compatible(copy.deepcopy(HAND_LAUNCH)))
     config = root / "config"
     files = {str(config / "fleet.json"): (json.dumps(json.loads((config / "fleet.json").read_text())) + "\n", 0o600),
              str(config / "engine-launch.local.json"): ((config / "engine-launch.local.json").read_text() + "\n",

@@ -6,7 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from test_support.launcher import EXAMPLE, write_inputs, zipapp
+from test_support.launcher import write_inputs, zipapp
+from test_support.paths import HAND_LAUNCH_CONFIG, REPO
 from test_support.records import amd, build, host, image, model, nv_pair, rdma_pair
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts import gpu as _gpu
@@ -16,7 +17,9 @@ CHECKOUT = "/opt/narwhal"
 
 
 def _records(tmp_path):
-    yield "example", json.loads(EXAMPLE.read_text())["engines"]
+    yield "hand-shaped", json.loads(HAND_LAUNCH_CONFIG.read_text())["engines"]
+    # the docs' example: discovery's records of the proving ground's default site (scripts/gen-example-record.py)
+    yield "docs-example", json.loads((REPO / "docs" / "examples" / "engine-launch.example.json").read_text())["engines"]
     yield "nvidia-tcp", build({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path))
     yield "nvidia-rdma", build({"NARWHAL_GPUS_PER_ENGINE": "2", "NARWHAL_TRANSPORT": "ucx_rdma"},
                                rdma_pair(tmp_path))

@@ -2,8 +2,9 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The P/D gate predicts vLLM's NIXL handshake (plugins/module_utils/_prepare/gate.py): each factor of
 compute_nixl_compatibility_hash and each check of _validate_remote_agent_handshake refuses a pair by name with
-both values, compatible pairs pass; records come from the example (test_support/prepare.py) and from the real
-fact producers (test_support/records.py). The stand-in engine's copy of the checks agrees with the gate."""
+both values, compatible pairs pass; records come from the hand-shaped launch config (test_support/prepare.py) and
+from the real fact producers (test_support/records.py). The stand-in engine's copy of the checks agrees with the
+gate."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import importlib.util
 
 import pytest
 from test_support.paths import STANDIN_SITE
-from test_support.prepare import EXAMPLE, compatible
+from test_support.prepare import HAND_LAUNCH, compatible
 from test_support.records import ROCM_DISTS, ROCM_ENV, amd, build, host, image, nvidia
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import REGENERATE, InputError
@@ -34,15 +35,15 @@ standin = _standin()
 
 
 @pytest.fixture
-def example():
-    """The example's NVIDIA prefill and AMD decode as discovery wrote them."""
-    return copy.deepcopy(EXAMPLE)["engines"]
+def hand_shaped():
+    """The hand-shaped NVIDIA prefill and AMD decode (tests/fixtures/hand-shaped)."""
+    return copy.deepcopy(HAND_LAUNCH)["engines"]
 
 
 @pytest.fixture
 def pair():
-    """The example made compatible (test_support.prepare.compatible: TRITON_ATTN on both, TP 2 and 2)."""
-    return compatible(copy.deepcopy(EXAMPLE))["engines"]
+    """The hand-shaped pair made compatible (test_support.prepare.compatible: TRITON_ATTN on both, TP 2 and 2)."""
+    return compatible(copy.deepcopy(HAND_LAUNCH))["engines"]
 
 
 def refusal(records):
@@ -55,8 +56,8 @@ def refusal(records):
 # the factors of one engine
 
 
-def test_factors_of_the_example_engines(example):
-    one, two = _gate.factors(example["engine-1"]), _gate.factors(example["engine-2"])
+def test_factors_of_the_hand_shaped_engines(hand_shaped):
+    one, two = _gate.factors(hand_shaped["engine-1"]), _gate.factors(hand_shaped["engine-2"])
     assert one["attention_backend"] == {"label": "attention backend", "value": "FLASH_ATTN",
                                         "input": "NARWHAL_EXTRA_ARGS", "source": "cuda default"}
     assert two["attention_backend"]["value"] == "ROCM_AITER_UNIFIED_ATTN"
@@ -99,8 +100,8 @@ def test_a_record_without_geometry_is_refused(pair):
 # NVIDIA prefill + AMD decode
 
 
-def test_nvidia_prefill_amd_decode_is_refused_by_the_attention_backend(example):
-    err = refusal(example)
+def test_nvidia_prefill_amd_decode_is_refused_by_the_attention_backend(hand_shaped):
+    err = refusal(hand_shaped)
     assert err.key == "NARWHAL_EXTRA_ARGS"
     assert str(err) == (
         "NARWHAL_EXTRA_ARGS: engine-1 (prefill) and engine-2 (decode) would fail vLLM's NIXL handshake: attention "
@@ -214,9 +215,9 @@ def test_what_vllm_does_not_compare_passes(pair, change):
     assert _gate.check_pairs(pair) is None
 
 
-def test_two_prefills_are_not_compared(example):
-    example["engine-2"]["role"] = "prefill"
-    assert _gate.check_pairs(example) is None
+def test_two_prefills_are_not_compared(hand_shaped):
+    hand_shaped["engine-2"]["role"] = "prefill"
+    assert _gate.check_pairs(hand_shaped) is None
 
 
 # ------------------------------------------------------------------------------------------------
