@@ -137,6 +137,16 @@ def after_launch(fleet, launched, peers):
     return {"replaced_prefill": prefills, "restart": restart, "why": why, "kept": kept, "pairs": pairs}
 
 
+def describe(plan, check=False):
+    """The lines launch shows: each decode the rule looked at and why, then the pairs it probes again."""
+    would = "would " if check else ""
+    lines = ["%s: %srestart - %s" % (e, would, plan["why"][e]) for e in plan["restart"]]
+    lines += ["%s: no restart - %s" % (e, plan["kept"][e]) for e in plan["kept"]]
+    if plan["pairs"]:
+        lines.append("%sprobe again: %s" % (would, ", ".join("%s -> %s" % tuple(p) for p in plan["pairs"])))
+    return lines
+
+
 def restart_refusal(plan, mode, play_hosts):
     """The message that ends the launch, or None: with mode `tell` the operator restarts the decodes the plan
     names; with `auto` only those outside this play (a --limit) are left to them."""
