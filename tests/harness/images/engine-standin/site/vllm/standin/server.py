@@ -17,6 +17,12 @@ Replays the HTTP surface and P/D flow of vLLM with NixlConnector (docs/architect
   handshakes included, as vLLM 0.33 counts them), and the scheduler, token and latency families of vLLM's
   PrometheusStatLogger from the stand-in's own requests: TTFT is request receipt -> first token produced (after
   the KV load), inter-token latency the gaps between its tokens, e2e receipt -> finish.
+The producer's KV lease (vLLM >= 0.22, kv_lease_duration): with the stand-in knob NARWHAL_STANDIN_EXPIRE_KV_LEASES=1
+in its environment, every lease expires as soon as the producer holds the blocks. As in vLLM 0.32
+(nixl/base_worker.py::_reap_expired_send_leases, nixl/pull_worker.py), the producer logs the expiry and counts
+vllm:nixl_num_kv_expired_reqs; a consumer that reads the blocks afterwards still gets them (freed blocks stay in
+the producer's prefix cache) and answers HTTP 200, while the producer logs an ERROR and counts
+vllm:nixl_num_notifications_after_expiry (vLLM issues 25562, 52234). Only the producer's /metrics shows it.
 The "KV" is a deterministic function of the prompt, so the consumer checks what it received; so is the answer
 (temperature and seed are accepted and change nothing).
 With --enable-prompt-tokens-details the answer carries usage.prompt_tokens_details.cached_tokens, the request's
@@ -142,6 +148,8 @@ class State:
         self.block_size = args.block_size or 16
         self.compat_hash, self.meta = agent_metadata(args, model_config or {}, self.engine_id)
         self.blocks = OrderedDict()
+        self.expired = set()  # block IDs whose lease expired (still readable: the prefix cache keeps them)
+        self.expire_leases = os.environ.get("NARWHAL_STANDIN_EXPIRE_KV_LEASES", "0") not in ("", "0")
         self.next_block = 0
         self.lock = threading.Lock()
         self.max_model_len = derived_max_model_len(args, model_config or {})
@@ -227,7 +235,8 @@ def fetch_blocks(state, params):
         reader = sock.makefile("rb")
         nixl_handshake(state, sock, reader, params)
         sock.sendall(json.dumps({"engine_id": params.get("remote_engine_id"),
-                                 "block_ids": params.get("remote_block_ids")}).encode() + b"\n")
+                                 "block_ids": params.get("remote_block_ids"),
+                                 "request_id": params.get("remote_request_id")}).encode() + b"\n")
         header = reader.read(9)
         if not header.startswith(b"OK"):
             raise OSError("remote side refused the block read: " + header.decode(errors="replace"))
@@ -282,6 +291,12 @@ class SideChannel(socketserver.StreamRequestHandler):
                 return
             with state.lock:
                 parts = [state.blocks[b] for b in req["block_ids"]]
+                late = any(b in state.expired for b in req["block_ids"])
+                if late:
+                    state.metrics.notifications_after_expiry += 1
+            if late:
+                print("ERROR Potentially invalid KV blocks for unrecognized request %s were retrieved by a decode "
+                      "worker. They may have expired." % req.get("request_id"), flush=True)
             data = b"".join(parts)
             self.wfile.write(b"OK" + len(data).to_bytes(7, "big") + data)
         except (KeyError, ValueError, TypeError):
@@ -475,7 +490,13 @@ def make_handler(state):
                     ids.append(state.next_block)
                     state.next_block += 1
                 while len(state.blocks) > BLOCK_CAPACITY:
-                    state.blocks.popitem(last=False)
+                    state.expired.discard(state.blocks.popitem(last=False)[0])
+                if state.expire_leases:
+                    state.expired.update(ids)
+                    state.metrics.kv_expired_reqs += 1
+            if state.expire_leases:
+                print("WARNING Releasing expired KV blocks for request %s which were retrieved by 0 remote worker(s) "
+                      "before lease expired." % rid, flush=True)
             params = {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": ids,
                       "remote_engine_id": state.engine_id, "remote_request_id": rid,
                       "remote_host": state.side_host, "remote_port": state.side_port,

@@ -1,0 +1,161 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""After a launch (pure): the NIXL peers of the engines it started or replaced (docs/architecture.md, "The NIXL
+lifecycle of a replaced engine").
+
+A replaced prefill comes back with a new NIXL agent (vLLM draws a new engine_id at every start; the planner never
+pins one). Whether the decode engines that talked to the old one must be restarted is decided here, from the
+versions their launch records pin (PEER_RESTART_RULE), and which prefill/decode pairs to probe again.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.versions import release_tuple
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import kv_transfer_config
+
+__metaclass__ = type
+
+# The connectors that pull KV (the decode reads from the prefill): vLLM's NixlConnector is NixlPullConnector
+# (nixl/connector.py), and only the pull worker releases a replaced peer (nixl/base_worker.py: both
+# _track_remote_engine_replacement and the cleanup return early unless the transfer mode is "pull").
+PULL_CONNECTORS = ("NixlConnector", "NixlPullConnector")
+
+# A prefill's replacement needs no restart of the decode engines that talked to it only when every row holds for
+# the decode's image (the decode's process holds the old peer's state and would crash on it). Otherwise restart
+# them. (package, first good release, what that release fixes, what happens before it)
+PEER_RESTART_RULE = (
+    ("nixl", (1, 5, 0),
+     "the UCX backend checks the endpoint before it unpacks a remote key (ai-dynamo/nixl PR #1987, issue #1986; "
+     "absent from NIXL 1.4.0 and 1.4.1)",
+     "the decode may segfault in loadRemoteMD at its first handshake with the replacement (vLLM issue #49238)"),
+    ("vllm", (0, 31, 0),
+     "the decode releases a replaced pull-mode peer's NIXL state once it has shaken hands with the new one (vLLM "
+     "PR #50047, issue #49238)",
+     "the dead peer's NIXL agent, handles and UCX endpoints stay cached until engine_ttl (3600 s; never where the "
+     "release has no engine_ttl)"),
+)
+
+LAUNCHED = ("start", "replace")
+
+
+def _release(text):
+    return ".".join(str(n) for n in text)
+
+
+def decode_restart(vllm_version, nixl_version, connector):
+    """-> (restart, why): whether a decode engine of this vLLM, NIXL and connector must be restarted after a prefill
+    it talked to was replaced (PEER_RESTART_RULE), and why, in a sentence that cites the rule."""
+    versions = {"vllm": vllm_version, "nixl": nixl_version}
+    if connector not in PULL_CONNECTORS:
+        return True, ("its connector %s is not a pull connector (%s): only the pull worker releases a replaced peer "
+                      "(vLLM PR #50047)" % (connector or "unknown", ", ".join(PULL_CONNECTORS)))
+    held = []
+    for package, first, fixed, before in PEER_RESTART_RULE:
+        name = "NIXL" if package == "nixl" else "vLLM"
+        version = versions[package]
+        if not version:
+            return True, "the version of its %s is not recorded, so the rule cannot clear it" % name
+        if release_tuple(version) < first:
+            return True, "its %s %s is older than %s, where %s: before it, %s" % (
+                name, version, _release(first), fixed, before)
+        held.append("%s %s >= %s" % (name, version, _release(first)))
+    return False, "%s with %s: the decode releases the replaced peer itself (NIXL PR #1987, vLLM PR #50047)" % (
+        " and ".join(held), connector)
+
+
+def peer_facts(record):
+    """What the rule reads from an engine's launch record: runtime.vllm_version, the version of its NIXL
+    distribution (runtime.expected_packages[runtime.nixl_distribution], what the image check confirms in the image)
+    and the connector the planner writes into --kv-transfer-config (_plan/container.py::kv_transfer_config)."""
+    runtime = (record or {}).get("runtime") or {}
+    packages = runtime.get("expected_packages") or {}
+    nixl = runtime.get("nixl_distribution")
+    try:
+        connector = kv_transfer_config(record or {})["kv_connector"]
+    except PlanError:
+        connector = None
+    return {"vllm": runtime.get("vllm_version"), "nixl_distribution": nixl,
+            "nixl": packages.get(nixl) if nixl else None, "connector": connector}
+
+
+def probe_pairs(fleet, engines=None):
+    """Every [producer, consumer] pair of the fleet (a list of {engine, role}, in its order): each prefill with each
+    decode, then each decode with each prefill (kv_both); with `engines`, only the pairs one of them is in."""
+    prefill = [e["engine"] for e in fleet if e.get("role") == "prefill"]
+    decode = [e["engine"] for e in fleet if e.get("role") == "decode"]
+    pairs = [[p, d] for p in prefill for d in decode] + [[d, p] for d in decode for p in prefill]
+    if engines is None:
+        return pairs
+    wanted = set(engines)
+    return [pair for pair in pairs if wanted & set(pair)]
+
+
+def _may_hold(decode, prefill, launched):
+    """Whether `decode` may hold the NIXL state of `prefill`'s previous container: it kept running through the
+    launch, or (both replaced) it started before the prefill's new container. An unknown time counts as before."""
+    mine, theirs = launched.get(decode) or {}, launched.get(prefill) or {}
+    if mine.get("action") not in LAUNCHED:
+        return True
+    if theirs.get("action") != "replace":
+        return False  # a prefill that had no container when this launch began: a new decode never saw the old one
+    first, second = mine.get("started_at"), theirs.get("started_at")
+    return not (first and second and first > second)
+
+
+def after_launch(fleet, launched, peers):
+    """What follows a launch: the decodes to restart and the pairs to probe again.
+
+    `fleet`: [{engine, role}] in fleet order; `launched`: {engine: {action (start, replace, unchanged), started_at
+    (the container's start, ISO 8601 UTC, or None)}} of the engines this launch acted on (an engine absent kept
+    running); `peers`: {engine: peer_facts}.
+    -> {"replaced_prefill", "restart", "why", "kept", "pairs"}: the prefills started or replaced, the decodes to
+    restart in fleet order with the rule's reason each (why) or the reason none is needed (kept), and the
+    [producer, consumer] pairs to probe: every pair of a replaced or restarted engine, and every pair of a started
+    engine with one that kept running (a fleet started from nothing is the probe stage's job, an unchanged one
+    probes nothing)."""
+    roles = dict((e["engine"], e.get("role")) for e in fleet)
+    action = dict((engine, (launched.get(engine) or {}).get("action")) for engine in roles)
+    prefills = [e for e in roles if roles[e] == "prefill" and action[e] in LAUNCHED]
+    restart, why, kept = [], {}, {}
+    for decode in [e for e in roles if roles[e] == "decode"]:
+        talked = [p for p in prefills if _may_hold(decode, p, launched)]
+        if not talked:
+            continue
+        facts = peers.get(decode) or {}
+        needed, reason = decode_restart(facts.get("vllm"), facts.get("nixl"), facts.get("connector"))
+        text = "it talked to %s, replaced by this launch; %s" % (", ".join(talked), reason)
+        if needed:
+            restart.append(decode)
+            why[decode] = text
+        else:
+            kept[decode] = text
+    fresh = set(e for e in roles if action[e] == "replace") | set(restart)
+    started = set(e for e in roles if action[e] == "start")
+    pairs = [pair for pair in probe_pairs(fleet)
+             if fresh & set(pair) or (pair[0] in started) != (pair[1] in started)]
+    return {"replaced_prefill": prefills, "restart": restart, "why": why, "kept": kept, "pairs": pairs}
+
+
+def describe(plan, check=False):
+    """The lines launch shows: each decode the rule looked at and why, then the pairs it probes again."""
+    would = "would " if check else ""
+    lines = ["%s: %srestart - %s" % (e, would, plan["why"][e]) for e in plan["restart"]]
+    lines += ["%s: no restart - %s" % (e, plan["kept"][e]) for e in plan["kept"]]
+    if plan["pairs"]:
+        lines.append("%sprobe again: %s" % (would, ", ".join("%s -> %s" % tuple(p) for p in plan["pairs"])))
+    return lines
+
+
+def restart_refusal(plan, mode, play_hosts):
+    """The message that ends the launch, or None: with mode `tell` the operator restarts the decodes the plan
+    names; with `auto` only those outside this play (a --limit) are left to them."""
+    left = list(plan["restart"]) if mode == "tell" else [e for e in plan["restart"] if e not in play_hosts]
+    if not left:
+        return None
+    reasons = "; ".join("%s: %s" % (e, plan["why"][e]) for e in left)
+    how = ("narwhal_decode_restart=tell" if mode == "tell" else
+           "they are outside this play (--limit), so launch cannot restart them")
+    return ("launch replaced prefill %s, and decode %s must be restarted before it serves again (%s). %s. Restart "
+            "them one at a time: ansible-playbook narwhal.deploy.launch -e narwhal_launch_restart=%s"
+            % (", ".join(plan["replaced_prefill"]), ", ".join(left), how, reasons, ",".join(left)))
