@@ -27,7 +27,7 @@ description:
     its notes instead of failing.
   - The producer's C(/metrics) is read before and after as well. Its KV lease counters
     C(vllm:nixl_num_kv_expired_reqs) and C(vllm:nixl_num_notifications_after_expiry) must not grow, because a read of
-    blocks whose lease expired still answers HTTP 200 on the consumer (vLLM issues 25562 and 52234): a pair whose
+    blocks whose lease expired still answers HTTP 200 on the consumer (vLLM issues 25562 and 52234); so a pair whose
     producer counted an expiry fails, naming the counter. A producer without these counters is a note.
   - A pure HTTP client that reads nothing of the controller's, so it can run where the fabric is, e.g. delegated
     to the consumer's engine host when the management workstation cannot reach the engines. The API key comes
@@ -127,9 +127,10 @@ RETURN = r"""
 results:
   description:
     - One entry per pair with producer, consumer, request_id, ok, reasons, the consumer's counters before and
-      after, the producer's lease counters (C(producer_before), C(producer_after)), bytes moved, latency (producer request to consumer answer; prefill_s and decode_s split it), the
-      consumer's output and whether it equals the local recomputation (null when not compared), remote_host and
-      remote_port (the producer's side channel).
+      after, the producer's lease counters (C(producer_before), C(producer_after)), bytes moved, latency
+      (producer request to consumer answer; prefill_s and decode_s split it), the consumer's output and whether
+      it equals the local recomputation (null when not compared), remote_host and remote_port (the producer's side
+      channel).
     - C(evidence) is how KV was proven for this pair's request, C(request), C(counters) or null (failed);
       C(cached_tokens) and C(prompt_tokens) are the consumer's usage for the request (C(cached_tokens) null without
       C(--enable-prompt-tokens-details)); C(concurrent_traffic) is true when the counters moved more than one

@@ -82,7 +82,7 @@ def launched(**actions):
     """engine_1="replace@10" -> {"engine-1": {"action": "replace", "started_at": "...10Z"}}"""
     out = {}
     for name, text in actions.items():
-        action, _, at = text.partition("@")
+        action, _at, at = text.partition("@")
         out[name.replace("_", "-")] = {"action": action, "started_at": "2026-12-03T08:00:%sZ" % at if at else None}
     return out
 
