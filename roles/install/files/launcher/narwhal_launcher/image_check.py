@@ -163,11 +163,21 @@ def decide_check(report, spec, image_id, digest):
                         % (spec["mount"], spec["trust_remote_code"], error("tokenizer")))
     checks.append("tokenizer")
     if spec["ssm_conv_state"]:
-        entry = report.get("ssm_layout_known") or {}
-        if not (entry.get("ok") and entry.get("value") is True):
-            failures.append("launch record runtime.ssm_conv_state is true but the image's vLLM does not know %s "
-                            "(vllm.envs.environment_variables; needs vLLM >= 0.22): use a newer image"
-                            % SSM_LAYOUT_ENV + (" (%s)" % entry["error"] if entry.get("error") else ""))
+        # the seed: the image check "checks the pinned image's convolutional-state layout for SSM models": the
+        # image must accept the plan's DS and resolve the layout its Mamba layers use to DS (in_image.py::ssm_layout)
+        entry = report.get("ssm_layout") or {}
+        value = entry.get("value") if isinstance(entry.get("value"), dict) else {}
+        if not entry.get("ok"):
+            failures.append("launch record runtime.ssm_conv_state is true but the image's vLLM does not accept "
+                            "%s=DS under the plan's environment (%s): use an image whose vLLM knows the DS layout "
+                            "(vLLM >= 0.22)" % (SSM_LAYOUT_ENV, " ".join(str(entry.get("error", "no result")).split())))
+        elif value.get("layout") != "DS":
+            failures.append("launch record runtime.ssm_conv_state is true but the image resolves the SSM "
+                            "convolutional-state layout to %r (%s, %s=%r), not DS: the plan's "
+                            "runtime.derived_environment must carry %s=DS (rerun discovery), and the image must "
+                            "honour it"
+                            % (value.get("layout"), value.get("resolver"), SSM_LAYOUT_ENV, value.get("env"),
+                               SSM_LAYOUT_ENV))
         checks.append("ssm_conv_state_layout")
     if failures:
         raise LaunchError("image check failed: " + "; ".join(failures))

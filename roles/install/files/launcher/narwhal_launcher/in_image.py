@@ -118,9 +118,21 @@ def tokenizer(spec):
     return type(AutoTokenizer.from_pretrained(spec["mount"], trust_remote_code=spec["trust_remote_code"])).__name__
 
 
-def ssm_layout_known(spec):
+def ssm_layout(spec):
+    """The SSM convolutional-state layout this image resolves under the plan's environment (the check container
+    runs with it): vLLM's own reading of the variable (vllm/envs.py: env_with_choices("VLLM_SSM_CONV_STATE_LAYOUT",
+    None, ["SD", "DS"]) raises on a value outside the choices), then the layout the Mamba layers take from it
+    (vllm/model_executor/layers/mamba/mamba_utils.py: get_conv_state_layout, "SD" when unset), where the image has
+    that function."""
     import vllm.envs
-    return spec["ssm_env"] in vllm.envs.environment_variables
+    if spec["ssm_env"] not in vllm.envs.environment_variables:
+        raise LookupError("vllm.envs does not know %s" % spec["ssm_env"])
+    value = vllm.envs.environment_variables[spec["ssm_env"]]()
+    try:
+        from vllm.model_executor.layers.mamba.mamba_utils import get_conv_state_layout
+    except ImportError:
+        return {"env": value, "layout": value, "resolver": "vllm.envs"}
+    return {"env": value, "layout": get_conv_state_layout(), "resolver": "mamba_utils.get_conv_state_layout"}
 
 
 def main(argv):
@@ -139,7 +151,7 @@ def main(argv):
     out["auto_map"] = auto_map(spec["mount"])
     out["tokenizer"] = attempt(lambda: tokenizer(spec))
     if spec["ssm_conv_state"]:
-        out["ssm_layout_known"] = attempt(lambda: ssm_layout_known(spec))
+        out["ssm_layout"] = attempt(lambda: ssm_layout(spec))
     sys.stdout.write("\n" + spec["marker"] + json.dumps(out, sort_keys=True) + "\n")
 
 

@@ -117,10 +117,20 @@ def test_decide_trust_remote_code_reverse_and_ssm():
     report = good_report(auto_map={"tokenizer_config.json": {"present": True, "auto_map": True}})
     assert le.decide_check(report, spec, "sha256:abc", "f" * 64)["trust_remote_code"] is True
     spec = _spec(ssm_conv_state=True)
-    with pytest.raises(le.LaunchError, match=r"runtime.ssm_conv_state is true but the image's vLLM does not know "
-                                             r"VLLM_SSM_CONV_STATE_LAYOUT"):
-        le.decide_check(good_report(ssm_layout_known={"ok": True, "value": False}), spec, "sha256:abc", "f" * 64)
-    doc = le.decide_check(good_report(ssm_layout_known={"ok": True, "value": True}), spec, "sha256:abc", "f" * 64)
+    with pytest.raises(le.LaunchError, match=r"runtime.ssm_conv_state is true but the image's vLLM does not "
+                                             r"accept VLLM_SSM_CONV_STATE_LAYOUT=DS under the plan's environment "
+                                             r"\(LookupError"):
+        le.decide_check(good_report(ssm_layout={"ok": False, "error": "LookupError: vllm.envs does not know it"}),
+                        spec, "sha256:abc", "f" * 64)
+    with pytest.raises(le.LaunchError, match=r"the image resolves the SSM convolutional-state layout to 'SD' "
+                                             r"\(mamba_utils.get_conv_state_layout, VLLM_SSM_CONV_STATE_LAYOUT=None\)"):
+        sd = {"env": None, "layout": "SD", "resolver": "mamba_utils.get_conv_state_layout"}
+        le.decide_check(good_report(ssm_layout={"ok": True, "value": sd}), spec, "sha256:abc", "f" * 64)
+    with pytest.raises(le.LaunchError, match=r"does not accept VLLM_SSM_CONV_STATE_LAYOUT=DS"):
+        le.decide_check(good_report(), spec, "sha256:abc", "f" * 64)  # no result at all
+    doc = le.decide_check(good_report(ssm_layout={"ok": True, "value": {"env": "DS", "layout": "DS",
+                                                                        "resolver": "vllm.envs"}}),
+                          spec, "sha256:abc", "f" * 64)
     assert doc["checks"][-1] == "ssm_conv_state_layout"
 
 

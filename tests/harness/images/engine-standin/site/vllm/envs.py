@@ -1,5 +1,20 @@
 """Stand-in of vllm.envs: the environment variables this vLLM version knows."""
+import os
+
 from vllm.version import __version_tuple__
+
+
+def env_with_choices(env_name, default, choices):
+    """vllm/envs.py (0.32): the variable's value, `default` when unset, ValueError when outside `choices`."""
+    def _get_validated_env():
+        value = os.getenv(env_name)
+        if value is None:
+            return default
+        if value not in choices:
+            raise ValueError(f"Invalid value '{value}' for {env_name}. Valid options: {choices}.")
+        return value
+    return _get_validated_env
+
 
 environment_variables = {
     "VLLM_NIXL_SIDE_CHANNEL_HOST": lambda: "localhost",
@@ -7,4 +22,12 @@ environment_variables = {
     "VLLM_API_KEY": lambda: None,
 }
 if __version_tuple__ >= (0, 22, 0):
-    environment_variables["VLLM_SSM_CONV_STATE_LAYOUT"] = lambda: "SD"
+    # vllm/envs.py (0.32): env_with_choices("VLLM_SSM_CONV_STATE_LAYOUT", None, ["SD", "DS"])
+    environment_variables["VLLM_SSM_CONV_STATE_LAYOUT"] = env_with_choices("VLLM_SSM_CONV_STATE_LAYOUT", None,
+                                                                           ["SD", "DS"])
+
+
+def __getattr__(name):
+    if name in environment_variables:
+        return environment_variables[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
