@@ -28,10 +28,10 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes impor
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.args import (
     LEASE_INPUT,
     MANAGED_ENV,
-    lease_like,
-    lease_names,
     VISIBILITY_BY_VENDOR,
     check_args,
+    lease_like,
+    lease_names,
     parse_env_words,
     split_args,
 )
@@ -416,7 +416,8 @@ def _environment(n, node_policy, site, image, sources):
 
 def _lifecycle(engine, site, vllm_version, sources):
     """-> {runtime fields}: the KV lease (runtime.kv_lease_seconds, only when NARWHAL_KV_LEASE_SECONDS is set) and
-    the drain of a stop (runtime.shutdown_timeout: NARWHAL_SHUTDOWN_TIMEOUT, else 30 s from vLLM 0.18, nothing before)."""
+    the drain of a stop (runtime.shutdown_timeout: NARWHAL_SHUTDOWN_TIMEOUT, else 30 s from vLLM 0.18, nothing
+    before)."""
     release = release_tuple(vllm_version)
     fields = {}
     lease = site.get(LEASE_INPUT)
