@@ -142,8 +142,9 @@ def kv_lease_read(spec):
             if not fname.endswith(".py") or not os.path.relpath(path, root).startswith("nixl"):
                 continue
             with open(path, encoding="utf-8", errors="replace") as fh:
-                if any(q in fh.read() for q in quoted):
-                    found.append(os.path.relpath(path, root))
+                text = fh.read()
+            if any(q in text for q in quoted):
+                found.append(os.path.relpath(path, root))
     return sorted(found)
 
 
