@@ -27,6 +27,8 @@ MANAGED_LONG_FLAGS = (
     "--config", "--uds", "--kv-events-config", "--trust-remote-code", "--shutdown-timeout",
 )
 
+FLAG_INPUTS = {"--shutdown-timeout": "NARWHAL_SHUTDOWN_TIMEOUT"}  # managed flags one input owns
+
 MANAGED_SHORT_FLAGS = {"-tp": "--tensor-parallel-size", "-dp": "--data-parallel-size",
                        "-pp": "--pipeline-parallel-size"}
 
@@ -143,8 +145,10 @@ def check_args(args, where, allowed=()):
                    "tokenizer_config.json)" if flag in DERIVED_FLAGS else
                    "is set by the launcher from the record and the role environment")
             form = " (its --no- form: vLLM's parser generates one for every boolean option)" if negated else ""
-            raise PlanError("%s[%d]=%r overrides launcher-managed %s%s, which %s; remove it (change the corresponding "
-                            "NARWHAL_ input instead)" % (where, index, token, flag, form, how), where)
+            fix = "set %s instead" % FLAG_INPUTS[flag] if flag in FLAG_INPUTS else \
+                "change the corresponding NARWHAL_ input instead"
+            raise PlanError("%s[%d]=%r overrides launcher-managed %s%s, which %s; remove it (%s)"
+                            % (where, index, token, flag, form, how, fix), where)
         if is_secret_flag(token):
             raise PlanError("%s[%d] sets %s, which takes a credential and would be written into the launch records, "
                             "the manifest and plan.json; remove it (the engines load the model from "

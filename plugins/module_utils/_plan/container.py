@@ -159,7 +159,8 @@ SHUTDOWN_TIMEOUT_MAX = 3600  # seconds; NARWHAL_SHUTDOWN_TIMEOUT is 0..SHUTDOWN_
 
 # The lease vLLM applies when nothing sets it: 30 s from 0.22 (get_from_extra_config("kv_lease_duration", 30),
 # 0.22.0 nixl/scheduler.py:72-76, 0.32.0 nixl/base_scheduler.py:82-88); 480 s up to 0.21 (0.21.0 vllm/envs.py:205,
-# 1472-1474: VLLM_NIXL_ABORT_REQUEST_TIMEOUT, "480"; 120 before vLLM PR 25897 of 2025-09-29, in 0.11).
+# 1472-1474: VLLM_NIXL_ABORT_REQUEST_TIMEOUT, "480"); 120 before vLLM PR 25897 of 2025-09-29 (taken here as from
+# 0.11; the release that first had 480 was not checked).
 def default_lease(release):
     if tuple(release)[:2] >= LEASE_KEY_VERSION:
         return 30

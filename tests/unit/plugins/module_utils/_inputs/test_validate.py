@@ -272,7 +272,9 @@ def test_probe_and_router_derive_the_served_name_the_records_serve(path):
     ({"NARWHAL_ENGINE_ARGS": "--kv-transfer-config.kv_connector_extra_config.kv_lease_duration=60"},
      "NARWHAL_ENGINE_ARGS", "the KV lease, by hand"),
     # the drain has one owner too
-    ({"NARWHAL_EXTRA_ARGS": "--shutdown-timeout 60"}, "NARWHAL_EXTRA_ARGS", "launcher-managed --shutdown-timeout"),
+    ({"NARWHAL_EXTRA_ARGS": "--shutdown-timeout 60"}, "NARWHAL_EXTRA_ARGS",
+     "launcher-managed --shutdown-timeout, which is set by the launcher from the record and the role environment; "
+     "remove it (set NARWHAL_SHUTDOWN_TIMEOUT instead)"),
 ])
 def test_the_lease_and_the_drain_are_checked_and_owned_by_their_inputs(extra, key, words):
     err = refused_input(extra)
