@@ -26,13 +26,24 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._discover.kv_pages 
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.model import record_geometry
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import node_settings
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.args import (
+    LEASE_INPUT,
     MANAGED_ENV,
     VISIBILITY_BY_VENDOR,
     check_args,
+    lease_like,
+    lease_names,
     parse_env_words,
     split_args,
 )
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import container_spec, ucx_tls
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import (
+    DEFAULT_SHUTDOWN_TIMEOUT,
+    SHUTDOWN_FLAG,
+    SHUTDOWN_FLAG_VERSION,
+    container_spec,
+    default_lease,
+    stop_grace,
+    ucx_tls,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import role_environment
 
 __metaclass__ = type
@@ -229,11 +240,11 @@ def check_extra_args(key, words):
         raise InputError(key, str(exc))
 
 
-def site_environment(text, key="NARWHAL_ENGINE_ENV"):
+def site_environment(text, key="NARWHAL_ENGINE_ENV", release=None):
     """NARWHAL_ENGINE_ENV -> {name: value}; launcher-managed and secret-looking names refused (the planner's
-    rule, naming `key`)."""
+    rule, naming `key`; `release`: the image's vLLM, for the KV lease's name)."""
     try:
-        return parse_env_words(text, key)
+        return parse_env_words(text, key, release)
     except PlanError as exc:
         raise InputError(key, str(exc))
 
@@ -387,11 +398,12 @@ def _cache_pages(engine, site, image, model, tp, model_dtype):
 
 def _environment(n, node_policy, site, image, sources):
     """The record's runtime.environment: the image's runtime variables, then NARWHAL_ENGINE_ENV, then the node's."""
+    release = release_tuple(image["distributions"]["vllm"])
     environment = dict((k, v) for k, v in sorted((image.get("env") or {}).items())
-                       if not is_secret_name(k) and k not in MANAGED_ENV)
-    site_env = site_environment(site.get("NARWHAL_ENGINE_ENV"))
+                       if not is_secret_name(k) and k not in MANAGED_ENV and not lease_like(k))
+    site_env = site_environment(site.get("NARWHAL_ENGINE_ENV"), release=release)
     node_key = "NARWHAL_NODE_%d_ENGINE_ENV" % n
-    node_env = site_environment(node_policy.get("ENGINE_ENV"), node_key)
+    node_env = site_environment(node_policy.get("ENGINE_ENV"), node_key, release)
     environment.update(site_env)
     environment.update(node_env)  # the node's value wins
     over = sorted(set(site_env) & set(node_env))
@@ -400,6 +412,38 @@ def _environment(n, node_policy, site, image, sources):
         " + %s (%s%s)" % (node_key, ", ".join(sorted(node_env)),
                           "; over the site's %s" % ", ".join(over) if over else "") if node_env else "")
     return environment
+
+
+def _lifecycle(engine, site, vllm_version, sources):
+    """-> {runtime fields}: the KV lease (runtime.kv_lease_seconds, only when NARWHAL_KV_LEASE_SECONDS is set) and
+    the drain of a stop (runtime.shutdown_timeout: NARWHAL_SHUTDOWN_TIMEOUT, else 30 s from vLLM 0.18, nothing
+    before)."""
+    release = release_tuple(vllm_version)
+    fields = {}
+    lease = site.get(LEASE_INPUT)
+    if lease is not None:
+        name, place = lease_names(release)
+        fields["kv_lease_seconds"] = lease
+        sources["kv_lease"] = "%s=%d: %s in %s (vLLM %s; its default is %d s)" % (
+            LEASE_INPUT, lease, name, place, vllm_version, default_lease(release))
+    drain = site.get("NARWHAL_SHUTDOWN_TIMEOUT")
+    if release[:2] < SHUTDOWN_FLAG_VERSION:
+        if drain is not None:
+            raise InputError("NARWHAL_SHUTDOWN_TIMEOUT", "is %d but the image's vLLM %s on %s has no %s (vLLM's "
+                                                         "graceful drain exists from 0.18); unset it or use an image "
+                                                         "with vLLM >= 0.18"
+                             % (drain, vllm_version, engine, SHUTDOWN_FLAG))
+        sources["shutdown"] = ("NARWHAL_SHUTDOWN_TIMEOUT unset and vLLM %s has no %s (from 0.18): not written; a stop "
+                               "gives %d s before SIGKILL" % (vllm_version, SHUTDOWN_FLAG, stop_grace([])))
+        return fields
+    how = "NARWHAL_SHUTDOWN_TIMEOUT=%d" % drain if drain is not None else \
+        "NARWHAL_SHUTDOWN_TIMEOUT unset: %d" % DEFAULT_SHUTDOWN_TIMEOUT
+    drain = DEFAULT_SHUTDOWN_TIMEOUT if drain is None else drain
+    fields["shutdown_timeout"] = drain
+    sources["shutdown"] = "%s (%s %d: %s); a stop gives %d s before SIGKILL" % (
+        how, SHUTDOWN_FLAG, drain, "abort in-flight requests" if drain == 0 else "drain in-flight requests",
+        stop_grace([SHUTDOWN_FLAG, str(drain)]))
+    return fields
 
 
 def build_record(node, site, node_policy, host, image, model, fleet_entry, taken, side_port):
@@ -423,6 +467,7 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
     if model.get("ssm_conv_state"):
         derived_env["VLLM_SSM_CONV_STATE_LAYOUT"] = "DS"
     vllm_version = image["distributions"]["vllm"]
+    lifecycle = _lifecycle(engine, site, vllm_version, sources)
     span = 1 if release_tuple(vllm_version) >= (0, 14, 0) else tp
     served = site.get("NARWHAL_SERVED_MODEL_NAME") or site["NARWHAL_MODEL_PATH"].rstrip("/").rsplit("/", 1)[-1]
     record = {
@@ -465,6 +510,7 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
         },
         "sources": dict(sources, visibility=reason_vis),
     }
+    record["runtime"].update(lifecycle)
     # Refuse now what the launcher would refuse at start: the same planner, on a provisional role environment.
     # (The launcher's record check, _outputs/schemas.py::check_record, runs on the finished document in
     # _steps/discovery_outputs.py, once `sources` is complete.)

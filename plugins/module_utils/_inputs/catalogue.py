@@ -18,7 +18,8 @@ IFNAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
 
 
 # kind: str | int | port | choice | path | ip | bind (any IP address) | url | interface | role | args (shell words)
-# | env (KEY=VALUE words) | rate_list (request rates) | number (a positive decimal)
+# | env (KEY=VALUE words) | rate_list (request rates) | number (a positive decimal) | seconds (whole seconds from
+# "min" to "max")
 INPUTS = [
     {"name": "NARWHAL_FABRIC_INTERFACE", "kind": "interface", "required": True, "example": "eth1",
      "doc": "Fabric (KV transfer) interface on every engine host. Discovery reads its global addresses; "
@@ -74,6 +75,22 @@ INPUTS = [
      "example": "fail",
      "doc": "What a decode engine does when loading transferred KV fails (vLLM >= 0.14 kv_load_failure_policy): "
             "fail the request with finish reason error, or recompute the prompt locally (slower, silent)."},
+    {"name": "NARWHAL_KV_LEASE_SECONDS", "kind": "seconds", "min": 1, "max": 86400, "default": None,
+     "example": None,
+     "doc": "How long a prefill engine keeps the KV of a finished prefill for a decode engine that has not read it "
+            "yet, in seconds, on every engine. The planner writes the name the image's vLLM reads: "
+            "kv_connector_extra_config.kv_lease_duration of --kv-transfer-config from vLLM 0.22, the variable "
+            "VLLM_NIXL_ABORT_REQUEST_TIMEOUT up to 0.21, and the image check confirms the image's vLLM reads that "
+            "name. Unset: nothing is written and vLLM's default applies (30 s from 0.22, 480 s up to 0.21). Either "
+            "name set by hand (NARWHAL_ENGINE_ENV, extra arguments) is refused. A decode that reads after the lease "
+            "ran out still answers HTTP 200 (vLLM issue 25562): only the prefill's logs and counters show it."},
+    {"name": "NARWHAL_SHUTDOWN_TIMEOUT", "kind": "seconds", "min": 0, "max": 3600, "default": None, "example": 30,
+     "doc": "Seconds an engine gets on stop to finish its in-flight requests (vllm serve --shutdown-timeout, vLLM "
+            ">= 0.18; 0 aborts them). Unset: 30 on vLLM >= 0.18 (a prefill's default KV lease from vLLM 0.22 is 30 s, "
+            "so its drain covers the KV a decode still has to read), nothing on older images, for which a set value "
+            "is refused. Stop and replace give the container this + 5 (VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS) + 10 "
+            "seconds after SIGTERM before it is killed. A prefill whose drain is shorter than its KV lease gets a "
+            "warning at discovery."},
     {"name": "NARWHAL_SIDE_CHANNEL_PORT", "kind": "port", "default": 5600, "example": 5600,
      "doc": "First NIXL side-channel port on each host (VLLM_NIXL_SIDE_CHANNEL_PORT); engines sharing a host "
             "get consecutive, non-overlapping ranges."},

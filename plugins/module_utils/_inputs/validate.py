@@ -101,6 +101,11 @@ def _check(spec, key, raw):
         if not 1 <= number <= 65535:
             raise InputError(key, "port %d is out of range 1-65535; %s" % (number, FIX))
         return number
+    if kind == "seconds":
+        number = _whole(key, value)
+        if not spec["min"] <= number <= spec["max"]:
+            raise InputError(key, "%d seconds is out of range %d-%d; %s" % (number, spec["min"], spec["max"], FIX))
+        return number
     if kind == "count_or_all":
         if value == "all":
             return value

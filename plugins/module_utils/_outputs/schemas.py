@@ -128,6 +128,8 @@ RECORD_SCHEMA = {
                 "extra_args": {"type": "array", "items": {"type": "string"}},
                 "trust_remote_code": {"type": "boolean"},
                 "ssm_conv_state": {"type": "boolean"},
+                "kv_lease_seconds": {"type": "integer", "minimum": 1, "maximum": 86400},
+                "shutdown_timeout": {"type": "integer", "minimum": 0, "maximum": 3600},
                 "model_path": {"type": "string", "pattern": "^/"},
                 "model_geometry": {
                     "type": "object",

@@ -24,8 +24,10 @@ __metaclass__ = type
 MANAGED_LONG_FLAGS = (
     "--port", "--host", "--tensor-parallel-size", "--kv-transfer-config", "--api-key", "--served-model-name",
     "--model", "--dtype", "--kv-cache-dtype", "--block-size", "--data-parallel-size", "--pipeline-parallel-size",
-    "--config", "--uds", "--kv-events-config", "--trust-remote-code",
+    "--config", "--uds", "--kv-events-config", "--trust-remote-code", "--shutdown-timeout",
 )
+
+FLAG_INPUTS = {"--shutdown-timeout": "NARWHAL_SHUTDOWN_TIMEOUT"}  # managed flags one input owns
 
 MANAGED_SHORT_FLAGS = {"-tp": "--tensor-parallel-size", "-dp": "--data-parallel-size",
                        "-pp": "--pipeline-parallel-size"}
@@ -47,6 +49,51 @@ MANAGED_ENV = VISIBILITY_ENV + (
 )
 
 DERIVED_ENV = (SSM_LAYOUT_ENV,)  # managed (no extra may set it) but carried in runtime.derived_environment
+
+
+# The KV lease: how long a prefill keeps KV blocks a decode has not read yet. One input owns it
+# (NARWHAL_KV_LEASE_SECONDS) and the planner writes the name the image's vLLM reads (_plan/container.py::kv_lease):
+# - vLLM <= 0.21: the environment variable VLLM_NIXL_ABORT_REQUEST_TIMEOUT (vLLM 0.21.0 vllm/envs.py:205,1472-1474,
+#   read by nixl/scheduler.py:555-566), default 480 s;
+# - vLLM >= 0.22: kv_connector_extra_config.kv_lease_duration of --kv-transfer-config (vLLM 0.22.0
+#   nixl/scheduler.py:72-76, 0.32.0 nixl/base_scheduler.py:82-88), default 30 s; the variable is gone from envs.py
+#   (0.32.0 only logs "Unknown vLLM environment variable detected", platforms/interface.py:1446-1459).
+# vLLM reads kv_connector_extra_config with .get(key, default) (config/kv_transfer.py): a misspelt or wrong-version
+# key is silently ignored, so a lease set by hand is refused by name, with the name the version reads.
+LEASE_ENV = "VLLM_NIXL_ABORT_REQUEST_TIMEOUT"
+LEASE_EXTRA_KEY = "kv_lease_duration"
+LEASE_INPUT = "NARWHAL_KV_LEASE_SECONDS"
+LEASE_KEY_VERSION = (0, 22)  # the first vLLM that reads kv_lease_duration (and no longer the variable)
+
+
+def lease_like(name):
+    """Whether a variable name or flag sets the KV lease by hand: the variable of vLLM <= 0.21, or anything spelt
+    like the extra-config key of vLLM >= 0.22 (kv_lease_duration, --kv-lease-duration, VLLM_KV_LEASE_DURATION)."""
+    word = str(name).split("=", 1)[0].lstrip("-").replace("-", "_").upper()
+    return word == LEASE_ENV or "KV_LEASE" in word or ("ABORT_REQUEST_TIMEOUT" in word and "NIXL" in word)
+
+
+def lease_names(release):
+    """(the name, where it goes) of the KV lease for a vLLM (major, minor, patch), as the planner writes it."""
+    if tuple(release)[:2] >= LEASE_KEY_VERSION:
+        return "kv_connector_extra_config.%s" % LEASE_EXTRA_KEY, "--kv-transfer-config"
+    return LEASE_ENV, "the environment"
+
+
+def lease_refusal(where, name, release=None):
+    """The message for a KV lease set by hand (`name`, a variable or flag) in `where`; `release`: the image's vLLM
+    (major, minor, patch) when known."""
+    name = name.split("=", 1)[0]
+    if release is None:
+        right = ("vLLM <= 0.21 reads the environment variable %s, vLLM >= 0.22 reads kv_connector_extra_config.%s "
+                 "of --kv-transfer-config, and each ignores the other name" % (LEASE_ENV, LEASE_EXTRA_KEY))
+    else:
+        right_name, place = lease_names(release)
+        right = "the image's vLLM %s reads the KV lease from %s (%s)%s" % (
+            ".".join(str(p) for p in tuple(release)[:3]), right_name, place,
+            "" if right_name == name else ", and would ignore %s" % name)
+    return ("%s sets %s, the KV lease, by hand; %s: set %s=<seconds> instead, and the planner writes the name the "
+            "image's vLLM reads" % (where, name, right, LEASE_INPUT))
 
 
 # vLLM builds its serve options from typed config fields (vllm/engine/arg_utils.py, _compute_kwargs, used by
@@ -91,13 +138,17 @@ def check_args(args, where, allowed=()):
             raise PlanError("%s[%d]=%r is not a string" % (where, index, token), where)
         flag = flag_name(token)
         negated = bool(flag) and token.split("=", 1)[0].replace("_", "-").startswith(NEGATION)
+        if lease_like(token) and token.startswith("--"):
+            raise PlanError(lease_refusal("%s[%d]" % (where, index), token), where)
         if flag and (flag not in allowed or negated):
             how = ("is derived by discovery from the checkpoint (an auto_map in config.json or "
                    "tokenizer_config.json)" if flag in DERIVED_FLAGS else
                    "is set by the launcher from the record and the role environment")
             form = " (its --no- form: vLLM's parser generates one for every boolean option)" if negated else ""
-            raise PlanError("%s[%d]=%r overrides launcher-managed %s%s, which %s; remove it (change the corresponding "
-                            "NARWHAL_ input instead)" % (where, index, token, flag, form, how), where)
+            fix = "set %s instead" % FLAG_INPUTS[flag] if flag in FLAG_INPUTS else \
+                "change the corresponding NARWHAL_ input instead"
+            raise PlanError("%s[%d]=%r overrides launcher-managed %s%s, which %s; remove it (%s)"
+                            % (where, index, token, flag, form, how, fix), where)
         if is_secret_flag(token):
             raise PlanError("%s[%d] sets %s, which takes a credential and would be written into the launch records, "
                             "the manifest and plan.json; remove it (the engines load the model from "
@@ -106,14 +157,17 @@ def check_args(args, where, allowed=()):
     return list(args)
 
 
-def check_env(env, where, allowed=()):
-    """Refuse launcher-managed, secret-looking and malformed variables in an environment mapping."""
+def check_env(env, where, allowed=(), release=None):
+    """Refuse launcher-managed, secret-looking and malformed variables in an environment mapping (`release`: the
+    image's vLLM (major, minor, patch) when known, for the KV lease's name)."""
     if not isinstance(env, dict):
         raise PlanError("%s must be a mapping of variables; %s" % (where, RERUN), where)
     for name, value in env.items():
         if not isinstance(name, str) or not ENV_NAME.match(name) or not isinstance(value, str) \
                 or "\x00" in value:
             raise PlanError("%s entry %r must be a NAME=string variable" % (where, name), where)
+        if lease_like(name):
+            raise PlanError(lease_refusal(where, name, release), where)
         if name in MANAGED_ENV and name not in allowed:
             raise PlanError("%s sets %s, which is launcher-managed (the launcher sets it from the record and the role "
                             "environment); remove it (change the corresponding NARWHAL_ input instead)"
@@ -124,7 +178,7 @@ def check_env(env, where, allowed=()):
     return dict(env)
 
 
-def parse_env_words(text, where):
+def parse_env_words(text, where, release=None):
     """KEY=VALUE shell words (NARWHAL_ENGINE_ENV) -> {KEY: VALUE}, checked like a record environment."""
     result = {}
     for entry in split_args(text, where):
@@ -134,4 +188,4 @@ def parse_env_words(text, where):
         if key in result:
             raise PlanError("%s sets %s twice" % (where, key), where)
         result[key] = value
-    return check_env(result, where)
+    return check_env(result, where, release=release)

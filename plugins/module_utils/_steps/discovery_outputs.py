@@ -32,6 +32,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas im
     validation_errors,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.writer import OutputError, OutputSet
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import drain_warning
 
 __metaclass__ = type
 
@@ -179,6 +180,10 @@ def discovery_outputs(module):
         module.fail_json(msg="discovery: %s" % exc, path=exc.path)
     for note in outputs.notes:
         module.warn(note)
+    for _engine, record in sorted((records[0] if records else {"engines": {}})["engines"].items()):
+        warning = drain_warning(record)  # a prefill whose stop would end before its KV lease
+        if warning:
+            module.warn(warning)
     result = {"changed": bool(changes), "table": plan["table"],
               "files": dict((path, any(c[0] == path for c in changes)) for path in files)}
     if module._diff:

@@ -55,6 +55,13 @@ for d in ("distributed", "distributed/kv_transfer", "distributed/kv_transfer/kv_
           "distributed/kv_transfer/kv_connector/v1"):
     open(os.path.join(SITE, "vllm", d, "__init__.py"), "a").close()
 connector = "from vllm.standin.nixl_connector import NixlConnector  # noqa: F401\n"
+if release(vllm_version) >= (0, 22, 0):
+    # vLLM >= 0.22 reads the KV lease from the connector's extra config, in its own source (0.22.0
+    # nixl/scheduler.py:72-76 get_from_extra_config("kv_lease_duration", 30); 0.32.0 nixl/base_scheduler.py:82-88);
+    # the launcher's image check looks for that name there (in_image.py::kv_lease_read)
+    connector += ("from vllm.standin.nixl_connector import lease_seconds\n\n\n"
+                  "def kv_lease_duration(kv_transfer_config):\n"
+                  "    return lease_seconds(kv_transfer_config, \"kv_lease_duration\", 30)\n")
 if release(vllm_version) >= (0, 28, 0):
     os.makedirs(os.path.join(v1, "nixl"), exist_ok=True)
     with open(os.path.join(v1, "nixl", "__init__.py"), "w", encoding="utf-8") as fh:

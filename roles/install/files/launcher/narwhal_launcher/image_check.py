@@ -12,8 +12,8 @@ import time
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import API_KEY_ENV
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.versions import version_tuple
 from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import EngineAPIError, NotFound
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.args import SSM_LAYOUT_ENV
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import ENGINE_LABEL, record_field
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.args import LEASE_EXTRA_KEY, SSM_LAYOUT_ENV
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import ENGINE_LABEL, kv_lease, record_field
 from narwhal_launcher.common import (
     LaunchError,
     check_host,
@@ -73,7 +73,7 @@ def check_spec(plan, record):
                               "rerun discovery" % (name, version))
     vllm_version = record_field(record, "runtime.vllm_version", str, allow_empty=False)
     platform = record_field(record, "runtime.platform", str)
-    return {
+    spec = {
         "packages": sorted(packages),
         "expected_packages": dict(packages),
         "vllm_version": vllm_version,
@@ -87,6 +87,12 @@ def check_spec(plan, record):
         "ssm_env": SSM_LAYOUT_ENV,
         "marker": CHECK_MARKER,
     }
+    lease = kv_lease(record)
+    if lease is not None:
+        # the name the planner wrote must be one the image's vLLM reads (vLLM ignores a wrong one silently):
+        # kv_lease_duration read in the connector's source (>= 0.22), or the variable in vllm.envs (<= 0.21)
+        spec["kv_lease"] = {"name": lease[0], "where": "extra_config" if lease[0] == LEASE_EXTRA_KEY else "env"}
+    return spec
 
 
 def decide_check(report, spec, image_id, digest):
@@ -179,6 +185,17 @@ def decide_check(report, spec, image_id, digest):
                             % (value.get("layout"), value.get("resolver"), SSM_LAYOUT_ENV, value.get("env"),
                                SSM_LAYOUT_ENV))
         checks.append("ssm_conv_state_layout")
+    if spec.get("kv_lease"):
+        lease, entry = spec["kv_lease"], report.get("kv_lease_read") or {}
+        if not (entry.get("ok") and entry.get("value")):
+            where = ("the NixlConnector module %s does not read kv_connector_extra_config key %s"
+                     % (spec["connector_module"], lease["name"]) if lease["where"] == "extra_config" else
+                     "the image's vllm.envs.environment_variables has no %s" % lease["name"])
+            failures.append("NARWHAL_KV_LEASE_SECONDS is written as %s for runtime.vllm_version=%s, but %s%s, so the "
+                            "lease would be ignored; rerun discovery so runtime.vllm_version matches the image, or "
+                            "unset NARWHAL_KV_LEASE_SECONDS" % (lease["name"], spec["vllm_version"], where,
+                                                                " (%s)" % entry["error"] if entry.get("error") else ""))
+        checks.append("kv_lease_name")
     if failures:
         raise LaunchError("image check failed: " + "; ".join(failures))
     return {

@@ -135,6 +135,31 @@ def ssm_layout(spec):
     return {"env": value, "layout": get_conv_state_layout(), "resolver": "mamba_utils.get_conv_state_layout"}
 
 
+def kv_lease_read(spec):
+    """Where the image's vLLM reads the KV lease name the plan wrote: for the connector's extra-config key, the
+    NixlConnector source files that name it (the module, or the files of its package, and the nixl* files beside
+    it); for the variable, whether vllm.envs knows it. -> a list of files, or True/False."""
+    lease = spec["kv_lease"]
+    if lease["where"] == "env":
+        import vllm.envs
+        return lease["name"] in vllm.envs.environment_variables
+    module = importlib.import_module(spec["connector_module"])
+    top = os.path.dirname(os.path.abspath(module.__file__))
+    root = os.path.dirname(top) if hasattr(module, "__path__") else top
+    quoted = ('"%s"' % lease["name"], "'%s'" % lease["name"])
+    found = []
+    for folder, _dirs, files in os.walk(root):
+        for fname in sorted(files):
+            path = os.path.join(folder, fname)
+            if not fname.endswith(".py") or not os.path.relpath(path, root).startswith("nixl"):
+                continue
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
+            if any(q in text for q in quoted):
+                found.append(os.path.relpath(path, root))
+    return sorted(found)
+
+
 def main(argv):
     spec = json.loads(argv[1])
     out = {"python": sys.version.split()[0], "packages": {}}
@@ -152,6 +177,8 @@ def main(argv):
     out["tokenizer"] = attempt(lambda: tokenizer(spec))
     if spec["ssm_conv_state"]:
         out["ssm_layout"] = attempt(lambda: ssm_layout(spec))
+    if spec.get("kv_lease"):
+        out["kv_lease_read"] = attempt(lambda: kv_lease_read(spec))
     sys.stdout.write("\n" + spec["marker"] + json.dumps(out, sort_keys=True) + "\n")
 
 

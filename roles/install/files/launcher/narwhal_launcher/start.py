@@ -18,6 +18,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container imp
     RUN_ID_LABEL,
     create_labels,
     plan_hash,
+    stop_grace,
 )
 from narwhal_launcher.common import (
     FAILED_SUFFIX,
@@ -39,7 +40,7 @@ from narwhal_launcher.common import (
 from narwhal_launcher.health import NotReadyError, container_logs, probe_url, wait_health, wait_ready
 from narwhal_launcher.image_check import checked_sha256, image_check
 
-STOP_TIMEOUT = 30  # seconds vLLM gets to shut down (SIGTERM) before a replaced container is killed
+STOP_TIMEOUT = 30  # seconds a container started without --shutdown-timeout gets after SIGTERM (container_grace)
 DEFAULT_READY_TIMEOUT = 300.0  # seconds a new container gets to become ready when run by hand without --ready-timeout
 LOG_LINES = 20  # the failed container's last log lines in the rollback message and rollback.json
 ROLLBACK_FILE = "rollback.json"
@@ -72,6 +73,25 @@ def served_port(attrs, default):
         if isinstance(token, str) and token.startswith("--port=") and token[7:].isdigit():
             return int(token[7:])
     return default
+
+
+def container_grace(attrs):
+    """The seconds between SIGTERM and SIGKILL when this container is stopped: from its own command line and
+    environment (its --shutdown-timeout N + VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS + a margin, _plan/container.py::
+    stop_grace), so a container keeps the drain it was started with whatever plan is installed now; STOP_TIMEOUT for
+    one started without the flag (read at call time)."""
+    config = attrs.get("Config") or {}
+    command = list(config.get("Cmd") or [])
+    environment = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
+    if "--shutdown-timeout" not in command and not any(str(w).startswith("--shutdown-timeout=") for w in command):
+        return STOP_TIMEOUT
+    return stop_grace(command, environment)
+
+
+def plan_grace(plan):
+    """The grace of a container created from `plan` (container_grace of what it will run)."""
+    return container_grace({"Config": {"Cmd": plan["command"],
+                                       "Env": ["%s=%s" % kv for kv in plan["environment"].items()]}})
 
 
 def log_excerpt(tail, lines=LOG_LINES, limit=2000):
@@ -142,7 +162,7 @@ def set_aside(api, found, plan):
     if older is not None:
         _remove(api, older["Id"], name + PREVIOUS_SUFFIX)
     previous = Previous(existing, container_state(existing) in ("running", "restarting"))
-    api.stop(existing["Id"], timeout=STOP_TIMEOUT)  # a stopped container: a no-op (304)
+    api.stop(existing["Id"], timeout=container_grace(api.container(existing["Id"])))  # stopped: a no-op (304)
     api.rename(existing["Id"], name + PREVIOUS_SUFFIX)
     return previous
 
@@ -156,7 +176,7 @@ def roll_back(api, plan, role_env, new_id, previous, cause, tail, timeout, inter
               "run_id": role_env.get("NARWHAL_RUN_ID", ""), "id": new_id, "kept": False}
     if new_id is not None:
         try:
-            api.stop(new_id, timeout=STOP_TIMEOUT)
+            api.stop(new_id, timeout=plan_grace(plan))
             older = our_container(api, failed["name"], engine)
             if older is not None:
                 _remove(api, older["Id"], failed["name"], notes)

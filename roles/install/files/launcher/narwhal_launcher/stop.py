@@ -1,4 +1,6 @@
-"""`stop`: stop and remove the engine's container and its -previous/-failed companions. Only containers whose
+"""`stop`: stop and remove the engine's container and its -previous/-failed companions. Each gets SIGTERM and the
+grace its own command line asks for (start.container_grace: --shutdown-timeout + worker teardown + a margin), so
+vLLM drains its in-flight requests before the container is killed. Only containers whose
 engine label names this engine are touched; a container of one of those names that is not ours is refused
 before anything is stopped. Idempotent: nothing there prints `absent`."""
 import sys
@@ -26,7 +28,8 @@ def stop(role_env_path, out=None):
         if container is None:
             continue
         try:
-            api.stop(container["Id"], timeout=_start.STOP_TIMEOUT)  # start's grace period, read at call time
+            # SIGTERM, then the container's own drain (--shutdown-timeout) + worker teardown + a margin before SIGKILL
+            api.stop(container["Id"], timeout=_start.container_grace(api.container(container["Id"])))
             api.remove(container["Id"], force=True)
         except NotFound:
             continue  # gone meanwhile: what stop wants

@@ -621,7 +621,8 @@ def test_build_record_alone_lacks_the_file_sources(tmp_path, dev):
     record, span = build_record(plan["nodes"][0], inputs["site"], {}, h, h["image"], h["model"], plan["fleet"][0],
                                 {}, 5600)
     assert span == 1
-    assert sorted(record["sources"]) == ["allocation", "environment", "extra_args", "transfer", "ucx_tls", "visibility"]
+    assert sorted(record["sources"]) == ["allocation", "environment", "extra_args", "shutdown", "transfer", "ucx_tls",
+                                      "visibility"]
     assert any("sources" in e for e in validation_errors(record, RECORD_SCHEMA))
 
 
@@ -1095,3 +1096,103 @@ def test_credential_flags_in_extra_args_are_refused_without_their_value(tmp_path
     assert info.value.key == key
     assert "sets %s, which takes a credential" % flag in str(info.value)
     assert "hf_operatorToken" not in str(info.value)
+
+
+# ------------------------------------------------------------------------------------------------
+# the KV lease and the drain of a stop (NARWHAL_KV_LEASE_SECONDS, NARWHAL_SHUTDOWN_TIMEOUT)
+
+def _cpu_pair(tmp_path, version):
+    cpu = host(_gpu.empty_facts("none"), tmp_path, img=image({"vllm": version + "+cpu", "nixl": "0.7.1"},
+                                                             ["PATH=/usr/bin"], "vllm/vllm-openai-cpu:v" + version))
+    return {"engine-1": cpu, "engine-2": cpu}
+
+
+@pytest.mark.parametrize("version,name", [
+    ("0.21.0", "VLLM_NIXL_ABORT_REQUEST_TIMEOUT in the environment (vLLM 0.21.0+cpu; its default is 480 s)"),
+    ("0.22.0", "kv_connector_extra_config.kv_lease_duration in --kv-transfer-config (vLLM 0.22.0+cpu; its default is "
+               "30 s)"),
+    ("0.32.0", "kv_connector_extra_config.kv_lease_duration in --kv-transfer-config"),
+])
+def test_the_lease_is_recorded_with_the_name_of_the_images_vllm(tmp_path, version, name):
+    recs = build({"NARWHAL_BLOCK_SIZE": "64", "NARWHAL_KV_LEASE_SECONDS": "120"}, _cpu_pair(tmp_path, version),
+                 shared=False)
+    for record in recs.values():  # every engine, prefill and decode alike
+        assert record["runtime"]["kv_lease_seconds"] == 120
+        assert record["sources"]["kv_lease"].startswith("NARWHAL_KV_LEASE_SECONDS=120: ")
+        assert name in record["sources"]["kv_lease"]
+
+
+def test_without_the_inputs_only_the_drains_default_is_recorded(tmp_path, dev):
+    record = build({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path))["engine-1"]
+    assert "kv_lease_seconds" not in record["runtime"] and "kv_lease" not in record["sources"]
+    assert record["runtime"]["shutdown_timeout"] == 30
+    assert record["sources"]["shutdown"] == ("NARWHAL_SHUTDOWN_TIMEOUT unset: 30 (--shutdown-timeout 30: drain "
+                                             "in-flight requests); a stop gives 45 s before SIGKILL")
+
+
+@pytest.mark.parametrize("value,recorded,words", [
+    ("0", 0, "NARWHAL_SHUTDOWN_TIMEOUT=0 (--shutdown-timeout 0: abort in-flight requests); a stop gives 15 s"),
+    ("300", 300, "NARWHAL_SHUTDOWN_TIMEOUT=300 (--shutdown-timeout 300: drain in-flight requests); a stop gives 315 s"),
+])
+def test_the_drain_is_recorded(tmp_path, dev, value, recorded, words):
+    record = build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_SHUTDOWN_TIMEOUT": value}, nv_pair(tmp_path))["engine-2"]
+    assert record["runtime"]["shutdown_timeout"] == recorded
+    assert record["sources"]["shutdown"].startswith(words)
+
+
+def test_an_image_older_than_0_18_gets_no_drain_and_refuses_a_set_one(tmp_path):
+    recs = build({"NARWHAL_BLOCK_SIZE": "64"}, _cpu_pair(tmp_path, "0.14.0"), shared=False)
+    assert "shutdown_timeout" not in recs["engine-1"]["runtime"]
+    assert "has no --shutdown-timeout (from 0.18): not written" in recs["engine-1"]["sources"]["shutdown"]
+    err = refused({"NARWHAL_BLOCK_SIZE": "64", "NARWHAL_SHUTDOWN_TIMEOUT": "30"}, _cpu_pair(tmp_path, "0.17.1"),
+                  shared=False)
+    assert err.key == "NARWHAL_SHUTDOWN_TIMEOUT"
+    assert str(err).startswith("NARWHAL_SHUTDOWN_TIMEOUT: is 30 but the image's vLLM 0.17.1+cpu on engine-1 has no "
+                               "--shutdown-timeout (vLLM's graceful drain exists from 0.18)")
+
+
+@pytest.mark.parametrize("version,env,key,words", [
+    ("0.32.0", {"NARWHAL_ENGINE_ENV": "VLLM_NIXL_ABORT_REQUEST_TIMEOUT=60"}, "NARWHAL_ENGINE_ENV",
+     "the image's vLLM 0.32.0 reads the KV lease from kv_connector_extra_config.kv_lease_duration "
+     "(--kv-transfer-config), and would ignore VLLM_NIXL_ABORT_REQUEST_TIMEOUT"),
+    ("0.22.0", {"NARWHAL_NODE_2_ENGINE_ENV": "VLLM_NIXL_ABORT_REQUEST_TIMEOUT=60"}, "NARWHAL_NODE_2_ENGINE_ENV",
+     "reads the KV lease from kv_connector_extra_config.kv_lease_duration"),
+    ("0.21.0", {"NARWHAL_ENGINE_ENV": "VLLM_NIXL_ABORT_REQUEST_TIMEOUT=60"}, "NARWHAL_ENGINE_ENV",
+     "the image's vLLM 0.21.0 reads the KV lease from VLLM_NIXL_ABORT_REQUEST_TIMEOUT (the environment): set "
+     "NARWHAL_KV_LEASE_SECONDS=<seconds> instead"),
+])
+def test_the_lease_set_by_hand_is_refused_with_the_name_the_image_reads(tmp_path, version, env, key, words):
+    from ansible_collections.narwhal.deploy.plugins.module_utils._discover import records as _records
+
+    # the input stage refuses it without the version (test_validate.py); the record stage names the version's name
+    with pytest.raises(InputError) as err:
+        _records.site_environment(list(env.values())[0], key, release=tuple(int(p) for p in version.split(".")))
+    assert err.value.key == key and words in str(err.value)
+    # discovery refuses the site with it at the first stage, before it knows the image (both names there)
+    whole = refused(dict(env, NARWHAL_BLOCK_SIZE="64"), _cpu_pair(tmp_path, version), shared=False)
+    assert whole.key == key
+    assert "vLLM <= 0.21 reads the environment variable VLLM_NIXL_ABORT_REQUEST_TIMEOUT" in str(whole)
+
+
+def test_discovery_warns_of_a_prefill_that_stops_before_its_lease(tmp_path, dev, run_module, monkeypatch):
+    from ansible.module_utils import basic
+
+    seen = []
+    monkeypatch.setattr(basic.AnsibleModule, "warn", lambda self, warning: seen.append(warning))
+    root = tmp_path / "checkout"
+    root.mkdir()
+    status, result = run_module(module_args(root, nv_pair(tmp_path), {"NARWHAL_SHUTDOWN_TIMEOUT": "10"}))
+    assert status == "exit", result
+    warnings = [w for w in seen if "KV lease" in w]
+    assert warnings == ["engine-1 (prefill): NARWHAL_SHUTDOWN_TIMEOUT=10 is shorter than its KV lease of 30 s "
+                        "(vLLM's default): a stop may end the drain before every decode has read the KV it was "
+                        "promised, and such a decode request fails; set NARWHAL_SHUTDOWN_TIMEOUT >= 30 or a shorter "
+                        "NARWHAL_KV_LEASE_SECONDS"]
+
+
+def test_prepare_names_the_new_inputs_when_the_records_predate_them(tmp_path, dev):
+    inputs = load_inputs(dict(BASE, NARWHAL_GPUS_PER_ENGINE="4", NARWHAL_KV_LEASE_SECONDS="60"))
+    recorded = {"site": {k: v for k, v in inputs["site"].items()
+                         if k not in ("NARWHAL_KV_LEASE_SECONDS", "NARWHAL_SHUTDOWN_TIMEOUT")}, "nodes": {}}
+    changed = [key for key, _before, _after in policy_changes(recorded, inputs)]
+    assert "NARWHAL_KV_LEASE_SECONDS" in changed and "NARWHAL_SHUTDOWN_TIMEOUT" in changed

@@ -253,3 +253,40 @@ def test_probe_and_router_derive_the_served_name_the_records_serve(path):
     site = load_inputs(dict(MINIMAL, NARWHAL_MODEL_PATH=path))["site"]
     assert os.path.basename(site["NARWHAL_MODEL_PATH"]) == "Llama-3.1-8B"
     assert site["NARWHAL_MODEL_PATH"].rstrip("/").rsplit("/", 1)[-1] == "Llama-3.1-8B"
+
+
+@pytest.mark.parametrize("extra,key,words", [
+    ({"NARWHAL_KV_LEASE_SECONDS": "0"}, "NARWHAL_KV_LEASE_SECONDS", "0 seconds is out of range 1-86400"),
+    ({"NARWHAL_KV_LEASE_SECONDS": "86401"}, "NARWHAL_KV_LEASE_SECONDS", "out of range 1-86400"),
+    ({"NARWHAL_KV_LEASE_SECONDS": "30s"}, "NARWHAL_KV_LEASE_SECONDS", "is not a whole number"),
+    ({"NARWHAL_SHUTDOWN_TIMEOUT": "-1"}, "NARWHAL_SHUTDOWN_TIMEOUT", "-1 seconds is out of range 0-3600"),
+    ({"NARWHAL_SHUTDOWN_TIMEOUT": "3601"}, "NARWHAL_SHUTDOWN_TIMEOUT", "out of range 0-3600"),
+    ({"NARWHAL_SHUTDOWN_TIMEOUT": "1.5"}, "NARWHAL_SHUTDOWN_TIMEOUT", "is not a whole number"),
+    # the lease by hand, in either version's name: refused at the first stage, naming both names and the input
+    ({"NARWHAL_ENGINE_ENV": "VLLM_NIXL_ABORT_REQUEST_TIMEOUT=60"}, "NARWHAL_ENGINE_ENV",
+     "sets VLLM_NIXL_ABORT_REQUEST_TIMEOUT, the KV lease, by hand; vLLM <= 0.21 reads the environment variable "
+     "VLLM_NIXL_ABORT_REQUEST_TIMEOUT, vLLM >= 0.22 reads kv_connector_extra_config.kv_lease_duration"),
+    ({"NARWHAL_NODE_1_ENGINE_ENV": "KV_LEASE_DURATION=60"}, "NARWHAL_NODE_1_ENGINE_ENV",
+     "set NARWHAL_KV_LEASE_SECONDS=<seconds> instead"),
+    ({"NARWHAL_EXTRA_ARGS": "--kv-lease-duration 60"}, "NARWHAL_EXTRA_ARGS", "sets --kv-lease-duration, the KV lease"),
+    ({"NARWHAL_ENGINE_ARGS": "--kv-transfer-config.kv_connector_extra_config.kv_lease_duration=60"},
+     "NARWHAL_ENGINE_ARGS", "the KV lease, by hand"),
+    # the drain has one owner too
+    ({"NARWHAL_EXTRA_ARGS": "--shutdown-timeout 60"}, "NARWHAL_EXTRA_ARGS",
+     "launcher-managed --shutdown-timeout, which is set by the launcher from the record and the role environment; "
+     "remove it (set NARWHAL_SHUTDOWN_TIMEOUT instead)"),
+])
+def test_the_lease_and_the_drain_are_checked_and_owned_by_their_inputs(extra, key, words):
+    err = refused_input(extra)
+    assert err.key == key
+    assert words in str(err)
+
+
+@pytest.mark.parametrize("extra,values", [
+    ({}, (None, None)),
+    ({"NARWHAL_KV_LEASE_SECONDS": "1", "NARWHAL_SHUTDOWN_TIMEOUT": "0"}, (1, 0)),
+    ({"NARWHAL_KV_LEASE_SECONDS": "600", "NARWHAL_SHUTDOWN_TIMEOUT": "3600"}, (600, 3600)),
+])
+def test_the_lease_and_the_drain_pass(extra, values):
+    site = load_inputs(dict(BASE, **extra))["site"]
+    assert (site["NARWHAL_KV_LEASE_SECONDS"], site["NARWHAL_SHUTDOWN_TIMEOUT"]) == values

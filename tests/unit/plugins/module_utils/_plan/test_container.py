@@ -89,3 +89,114 @@ def test_hand_broken_records_refused_by_the_planner(broken, words):
             rec[key] = value
     with pytest.raises(le.LaunchError, match=words):
         le.build_plan(role_env(), rec)
+
+
+# ------------------------------------------------------------------------------ KV lease and graceful stop
+
+def _lease_records(tmp_path):
+    yield "lease-0.33", build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_KV_LEASE_SECONDS": "90",
+                               "NARWHAL_SHUTDOWN_TIMEOUT": "120"}, nv_pair(tmp_path))
+    old = host(_gpu.empty_facts("none"), tmp_path, img=image({"vllm": "0.21.0+cpu", "nixl": "0.7.1"}, ["PATH=/usr/bin"],
+                                                             "vllm/vllm-openai-cpu:v0.21.0"))
+    yield "lease-0.21", build({"NARWHAL_BLOCK_SIZE": "64", "NARWHAL_KV_LEASE_SECONDS": "600",
+                               "NARWHAL_SHUTDOWN_TIMEOUT": "0"}, {"engine-1": old, "engine-2": old}, shared=False)
+
+
+def test_the_lease_takes_the_name_of_the_images_vllm_and_the_manifest_equals_the_launchers_plan(tmp_path):
+    root = tmp_path / "dev"
+    root.mkdir()
+    for name in ("nvidiactl", "nvidia-uvm"):
+        (root / name).write_text("")
+    launcher = zipapp(tmp_path)
+    seen = {}
+    for name, records in _lease_records(tmp_path):
+        for engine, record in sorted(records.items()):
+            derived = derive(record, CHECKOUT, "run-0123456789ab")
+            where = tmp_path / name / engine
+            where.mkdir(parents=True)
+            env_path, env = write_inputs(where, record)
+            role_env = dict(derived["role_env"], NARWHAL_RECORD=env["NARWHAL_RECORD"],
+                            NARWHAL_API_KEY_FILE=env["NARWHAL_API_KEY_FILE"], NARWHAL_RUN_DIR=env["NARWHAL_RUN_DIR"])
+            env_path.write_text("".join("%s=%s\n" % kv for kv in sorted(role_env.items())))
+            proc = subprocess.run([sys.executable, "-I", "-S", str(launcher), "--role-env", str(env_path), "plan"],
+                                  capture_output=True, text=True, check=False)
+            assert proc.returncode == 0, (name, engine, proc.stderr)
+            host_plan = json.loads((where / "runs" / "r1" / "plan.json").read_text())
+            assert host_plan["plan_hash"] == derived["plan_hash"], (name, engine)
+            assert host_plan["plan"] == derived["container"], (name, engine)
+            seen[name] = host_plan["plan"]
+    new, old = seen["lease-0.33"], seen["lease-0.21"]
+    config = json.loads(new["command"][new["command"].index("--kv-transfer-config") + 1])
+    assert config["kv_connector_extra_config"] == {"backends": ["UCX"], "kv_lease_duration": 90}
+    assert "VLLM_NIXL_ABORT_REQUEST_TIMEOUT" not in new["environment"]
+    assert new["command"][new["command"].index("--shutdown-timeout") + 1] == "120"
+    config = json.loads(old["command"][old["command"].index("--kv-transfer-config") + 1])
+    assert config["kv_connector_extra_config"] == {"backends": ["UCX"]}
+    assert old["environment"]["VLLM_NIXL_ABORT_REQUEST_TIMEOUT"] == "600"
+    assert old["command"][old["command"].index("--shutdown-timeout") + 1] == "0"
+
+
+def test_without_the_lease_input_nothing_of_it_is_written_and_the_drain_defaults_to_30(tmp_path):
+    record = build({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path))["engine-1"]
+    plan = derive(record, CHECKOUT, "run-0123456789ab")["container"]
+    assert "kv_lease_seconds" not in record["runtime"]
+    assert json.loads(plan["command"][plan["command"].index("--kv-transfer-config") + 1]) == {
+        "kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_load_failure_policy": "fail",
+        "kv_connector_extra_config": {"backends": ["UCX"]}}
+    assert not [k for k in plan["environment"] if "ABORT_REQUEST_TIMEOUT" in k]
+    # the one intended change for a site that sets neither input: the drain's default after --block-size
+    assert plan["command"][-4:] == ["--block-size", "16", "--shutdown-timeout", "30"]
+
+
+@pytest.mark.parametrize("runtime,words", [
+    ({"environment": {"VLLM_NIXL_ABORT_REQUEST_TIMEOUT": "60"}},
+     "launch record runtime.environment sets VLLM_NIXL_ABORT_REQUEST_TIMEOUT, the KV lease, by hand; the image's "
+     "vLLM 0.33.0 reads the KV lease from kv_connector_extra_config.kv_lease_duration"),
+    ({"environment": {"VLLM_KV_LEASE_DURATION": "60"}}, "sets VLLM_KV_LEASE_DURATION, the KV lease, by hand"),
+    ({"extra_args": ["--kv-transfer-config.kv_connector_extra_config.kv_lease_duration=60"]},
+     "the KV lease, by hand"),
+    ({"extra_args": ["--shutdown-timeout", "5"]}, "overrides launcher-managed --shutdown-timeout"),
+    ({"kv_lease_seconds": 0}, "runtime.kv_lease_seconds=0 must be a whole number of seconds from 1 to 86400"),
+    ({"shutdown_timeout": -1}, "runtime.shutdown_timeout=-1 must be a whole number of seconds from 0 to 3600"),
+    ({"shutdown_timeout": 30, "vllm_version": "0.17.1", "expected_packages": {"vllm": "0.17.1", "nixl": "0.7.1"}},
+     "runtime.shutdown_timeout=30 but the image's vLLM 0.17.1 has no --shutdown-timeout"),
+])
+def test_a_hand_set_lease_or_drain_is_refused_by_the_planner(runtime, words):
+    from test_support.launcher import le, record, role_env
+
+    rec = record("engine-1")
+    rec["runtime"].update(runtime)
+    with pytest.raises(le.LaunchError, match=words.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        le.build_plan(role_env(), rec)
+
+
+@pytest.mark.parametrize("command,environment,grace", [
+    (["serve", "/m", "--shutdown-timeout", "30"], {}, 45),
+    (["serve", "/m", "--shutdown-timeout=0"], {}, 15),
+    (["serve", "/m", "--shutdown-timeout", "120"], {"VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "20"}, 150),
+    (["serve", "/m"], {}, 30),  # started before the input: the grace every stop gave
+])
+def test_stop_grace_is_the_drain_plus_worker_teardown_plus_a_margin(command, environment, grace):
+    from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import stop_grace
+
+    assert stop_grace(command, environment) == grace
+
+
+@pytest.mark.parametrize("role,runtime,warned", [
+    ("prefill", {"shutdown_timeout": 10}, "NARWHAL_SHUTDOWN_TIMEOUT=10 is shorter than its KV lease of 30 s"),
+    ("prefill", {"shutdown_timeout": 60, "kv_lease_seconds": 90}, "shorter than its KV lease of 90 s"),
+    ("prefill", {"shutdown_timeout": 30}, None),
+    ("prefill", {"shutdown_timeout": 10, "kv_lease_seconds": 5}, None),
+    ("decode", {"shutdown_timeout": 0}, None),
+    ("prefill", {"shutdown_timeout": 30, "vllm_version": "0.21.0"}, "shorter than its KV lease of 480 s"),
+])
+def test_a_prefill_whose_drain_is_shorter_than_its_lease_is_warned(role, runtime, warned):
+    from test_support.launcher import record
+
+    from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import drain_warning
+
+    rec = record("engine-1")
+    rec["role"] = role
+    rec["runtime"].update(runtime)
+    warning = drain_warning(rec)
+    assert (warning is None) if warned is None else (warned in warning)

@@ -588,3 +588,94 @@ def test_standin_refuses_gpu_kv_without_the_gpu_memory_transport(standin_vllm):
     assert server.register_kv_memory(None, {"UCX_TLS": "tcp"}) is None
     sys.modules["vllm.standin.nixl_module"] = _types.SimpleNamespace(NIXL_API="nixl_rocm._api")
     assert "lacks rocm_copy" in server.register_kv_memory(gpu_kv, {"UCX_TLS": "tcp,cuda_copy"})
+
+
+# ------------------------------------------------------------------------------ the KV lease's name in the image
+
+def _lease_record(version, lease=90):
+    rec = record()
+    rec["runtime"].update(vllm_version=version, kv_lease_seconds=lease,
+                          expected_packages=dict(rec["runtime"]["expected_packages"], vllm=version))
+    return rec
+
+
+@pytest.mark.parametrize("version,lease", [
+    ("0.33.0", {"name": "kv_lease_duration", "where": "extra_config"}),
+    ("0.22.0", {"name": "kv_lease_duration", "where": "extra_config"}),
+    ("0.21.0", {"name": "VLLM_NIXL_ABORT_REQUEST_TIMEOUT", "where": "env"}),
+])
+def test_check_spec_asks_for_the_lease_name_the_plan_wrote(version, lease):
+    assert _spec(_lease_record(version))["kv_lease"] == lease
+    assert "kv_lease" not in _spec()  # no lease input: the check is what it was
+
+
+@pytest.mark.parametrize("entry,passes", [
+    ({"ok": True, "value": ["nixl/scheduler.py", "nixl/worker.py"]}, True),
+    ({"ok": True, "value": True}, True),
+    ({"ok": True, "value": []}, False),
+    ({"ok": True, "value": False}, False),
+    ({"ok": False, "error": "ModuleNotFoundError: No module named 'vllm.envs'"}, False),
+])
+def test_decide_confirms_the_lease_name(entry, passes):
+    spec = _spec(_lease_record("0.33.0"))
+    report = good_report(kv_lease_read=entry)
+    if passes:
+        assert "kv_lease_name" in le.decide_check(report, spec, "sha256:" + "a" * 64, "d" * 64)["checks"]
+        return
+    with pytest.raises(le.LaunchError) as err:
+        le.decide_check(report, spec, "sha256:" + "a" * 64, "d" * 64)
+    assert ("NARWHAL_KV_LEASE_SECONDS is written as kv_lease_duration for runtime.vllm_version=0.33.0, but the "
+            "NixlConnector module vllm.distributed.kv_transfer.kv_connector.v1.nixl does not read "
+            "kv_connector_extra_config key kv_lease_duration") in str(err.value)
+
+
+def test_decide_names_the_missing_lease_variable():
+    spec = _spec(_lease_record("0.21.0"))
+    with pytest.raises(le.LaunchError, match="the image's vllm.envs.environment_variables has no "
+                                             "VLLM_NIXL_ABORT_REQUEST_TIMEOUT, so the lease would be ignored"):
+        le.decide_check(good_report(kv_lease_read={"ok": True, "value": False}, packages={"vllm": "0.21.0",
+                                                                                          "nixl": "1.5.1"},
+                                    vllm_api_version={"ok": True, "value": "0.21.0"}),
+                        spec, "sha256:" + "a" * 64, "d" * 64)
+
+
+@pytest.mark.parametrize("layout,files", [
+    # vLLM >= 0.28 (and 0.21/0.22, read in the wheels): the package v1/nixl, the key in its scheduler and worker
+    ({"nixl/__init__.py": "", "nixl/scheduler.py": 'x = c.get_from_extra_config(\n    "kv_lease_duration", 30)\n',
+      "nixl/worker.py": "lease = extra.get('kv_lease_duration', 30)\n", "lmcache_connector.py": '"kv_lease_duration"'},
+     ["nixl/scheduler.py", "nixl/worker.py"]),
+    # a module nixl_connector.py that does not name the key (vLLM <= 0.21 read VLLM_NIXL_ABORT_REQUEST_TIMEOUT)
+    ({"nixl_connector.py": "TIMEOUT = 'VLLM_NIXL_ABORT_REQUEST_TIMEOUT'  # kv_lease_duration only in a comment\n"},
+     []),
+])
+def test_in_image_finds_the_lease_key_in_the_connector_source(tmp_path, monkeypatch, layout, files):
+    root = tmp_path / "site" / ("fakevllm_%s" % uuid.uuid4().hex[:8])
+    v1 = root / "v1"
+    for name, text in dict(layout, **{"__init__.py": ""}).items():
+        (v1 / name).parent.mkdir(parents=True, exist_ok=True)
+        (v1 / name).write_text(text)
+    (root / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    module = "%s.v1.%s" % (root.name, "nixl" if "nixl/__init__.py" in layout else "nixl_connector")
+    spec = {"connector_module": module, "kv_lease": {"name": "kv_lease_duration", "where": "extra_config"}}
+    assert MODULES["in_image"].kv_lease_read(spec) == files
+
+
+@pytest.mark.parametrize("version,known", [("0.21.0", True), ("0.22.0", False)])
+def test_in_image_asks_vllm_envs_for_the_lease_variable(monkeypatch, version, known):
+    from test_support import standin as _standin
+
+    with _standin.loaded(version, monkeypatch):
+        spec = {"kv_lease": {"name": "VLLM_NIXL_ABORT_REQUEST_TIMEOUT", "where": "env"}}
+        assert MODULES["in_image"].kv_lease_read(spec) is known
+
+
+@pytest.mark.parametrize("attrs,grace", [
+    ({"Config": {"Cmd": ["serve", "/m", "--shutdown-timeout", "30"], "Env": ["PATH=/usr/bin"]}}, 45),
+    ({"Config": {"Cmd": ["serve", "/m", "--shutdown-timeout", "60"],
+                 "Env": ["VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS=20"]}}, 90),
+    ({"Config": {"Cmd": ["serve", "/m"], "Env": []}}, 30),
+    ({}, 30),  # a summary without Config: the grace every stop gave
+])
+def test_a_stop_gives_the_container_its_own_drain(attrs, grace):
+    assert MODULES["start"].container_grace(attrs) == grace

@@ -25,6 +25,12 @@ if __version_tuple__ >= (0, 22, 0):
     # vllm/envs.py (0.32): env_with_choices("VLLM_SSM_CONV_STATE_LAYOUT", None, ["SD", "DS"])
     environment_variables["VLLM_SSM_CONV_STATE_LAYOUT"] = env_with_choices("VLLM_SSM_CONV_STATE_LAYOUT", None,
                                                                            ["SD", "DS"])
+else:
+    # the KV lease of a prefill up to 0.21 (vLLM 0.21.0 vllm/envs.py:205,1472-1474, default "480"); from 0.22 it is
+    # kv_connector_extra_config.kv_lease_duration and the variable is gone from envs.py (0.22.0-0.32.0: no match)
+    environment_variables["VLLM_NIXL_ABORT_REQUEST_TIMEOUT"] = lambda: 480
+# the worker processes' exit window after a drain (vLLM 0.32.0 vllm/envs.py:253,1875-1878, default 5)
+environment_variables["VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"] = lambda: 5
 
 
 def __getattr__(name):

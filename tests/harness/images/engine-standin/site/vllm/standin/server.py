@@ -23,6 +23,10 @@ in its environment, every lease expires as soon as the producer holds the blocks
 vllm:nixl_num_kv_expired_reqs; a consumer that reads the blocks afterwards still gets them (freed blocks stay in
 the producer's prefix cache) and answers HTTP 200, while the producer logs an ERROR and counts
 vllm:nixl_num_notifications_after_expiry (vLLM issues 25562, 52234). Only the producer's /metrics shows it.
+SIGTERM (docker stop) drains as vLLM 0.32 does with --shutdown-timeout N (drain below): the in-flight requests
+finish within N seconds, what is left is aborted (finish reason abort), new requests are refused, then the server
+exits; N = 0 (vLLM's default) aborts at once. The header X-Narwhal-Standin-Token-Seconds (a stand-in test hook)
+slows generation so that a test can keep a request in flight.
 The "KV" is a deterministic function of the prompt, so the consumer checks what it received; so is the answer
 (temperature and seed are accepted and change nothing).
 With --enable-prompt-tokens-details the answer carries usage.prompt_tokens_details.cached_tokens, the request's
@@ -33,6 +37,7 @@ import copy
 import hashlib
 import json
 import os
+import signal
 import socket
 import socketserver
 import sys
@@ -49,6 +54,11 @@ from vllm.version import __version__
 BYTES_PER_TOKEN = 256
 BLOCK_CAPACITY = 4096  # KV blocks a producer holds for its consumers (the oldest are dropped beyond)
 DEFAULT_MAX_MODEL_LEN = 2048  # vllm/config/model.py: the default when the model's config names no length
+
+# A test hook of the stand-in alone (real vLLM ignores unknown headers): seconds to wait before each generated token,
+# so that a test can keep a request in flight (a stop's drain). At most TOKEN_DELAY_MAX.
+TOKEN_DELAY_HEADER = "X-Narwhal-Standin-Token-Seconds"
+TOKEN_DELAY_MAX = 1.0
 
 
 def release(version):
@@ -158,6 +168,9 @@ class State:
             getattr(args, "fingerprint_mode", "full"), getattr(args, "fingerprint_value", None), __version__,
             args.tensor_parallel_size, self.compat_hash)
         self.metrics = prom.EngineMetrics(self.max_model_len)
+        self.inflight = 0  # requests being answered (the drain waits for them)
+        self.draining = False  # SIGTERM received: new requests are refused
+        self.abort = threading.Event()  # the drain ended (or --shutdown-timeout 0): in-flight requests stop
 
     def metrics_snapshot(self):
         """-> (a copy of the counters, KV cache usage: the share of the block capacity this producer holds)."""
@@ -450,12 +463,25 @@ def make_handler(state):
                                                                                   "assistant"))
             except openai_api.BadRequestError as exc:
                 return self.send(400, openai_api.error_body(exc.message, param=exc.param))
+            with state.lock:
+                if state.draining:
+                    refused = True
+                else:
+                    refused, state.inflight = False, state.inflight + 1
+            if refused:
+                # vLLM 0.32 answers a request that arrives during shutdown with an abort output (v1/engine/core.py:
+                # 1708-1717); the HTTP status a client then sees was not verified against the real engine
+                return self.send(503, openai_api.error_body("The engine is shutting down", "ServiceUnavailableError",
+                                                            503))
             job = Job(state, req, arrival)
             try:
                 return self.complete(req, job)
             except StreamClosedError:
                 job.finish("abort")
                 return None
+            finally:
+                with state.lock:
+                    state.inflight -= 1
 
         def load_kv(self, req, rid, payload):
             """The consumer's KV load: None, or the error that fails the request (counted as vLLM counts it)."""
@@ -547,10 +573,14 @@ def make_handler(state):
                     tokens[0] = req.prompt + tokens[0]
                 details = prompt_details(state.args, cached)
                 if req.stream:
-                    self.stream(req, job, answer_id, created, tokens, details)
-                    return job.finish("length")
-                for _token in tokens:
+                    return job.finish(self.stream(req, job, answer_id, created, tokens, details))
+                for index, _token in enumerate(tokens):
+                    if self.pause_token():
+                        tokens, reason = tokens[:index], "abort"
+                        break
                     job.token()
+                else:
+                    reason = "length"
                 out_usage = api.usage(n_tokens, len(tokens), api.prompt_tokens_details(req.kind, details))
                 text = "".join(tokens)
                 if req.kind == api.CHAT:
@@ -565,7 +595,8 @@ def make_handler(state):
                     out["choices"][0]["token_ids"] = [api.token_id(t) for t in tokens]
                     where = out if req.kind == api.CHAT else out["choices"][0]
                     where["prompt_token_ids"] = api.prompt_token_ids(req.prompt)
-                job.finish("length")
+                out["choices"][0]["finish_reason"] = reason  # "abort": the drain ran out (EngineCore aborts)
+                job.finish(reason)
                 return self.send(200, out)
             finally:
                 if running:
@@ -585,9 +616,12 @@ def make_handler(state):
                 if continuous:
                     first["usage"] = dict(api.usage(n_prompt, 0, with_nulls=False), completion_tokens_details=None)
                 self.event(first)
+            finished = "length"
             for i, text in enumerate(tokens):
                 last = i == len(tokens) - 1
                 reason = "length" if last else None
+                if self.pause_token():
+                    finished, text, reason, last = "abort", "", "abort", True
                 if req.kind == api.CHAT:
                     chunk = api.chat_chunk(answer_id, created, state.served, text, reason)
                 else:
@@ -602,13 +636,28 @@ def make_handler(state):
                         chunk["usage"]["completion_tokens_details"] = None
                 if last and not include_usage and state.fingerprint is not None:
                     chunk["system_fingerprint"] = state.fingerprint
-                job.token()
+                if finished != "abort":
+                    job.token()
                 self.event(chunk)
+                if last:
+                    break
             if include_usage:
-                usage = api.usage(n_prompt, len(tokens), api.prompt_tokens_details(req.kind, details),
+                usage = api.usage(n_prompt, len(job.token_times), api.prompt_tokens_details(req.kind, details),
                                   with_nulls=False)
                 self.event(api.usage_chunk(req.kind, answer_id, created, state.served, usage, state.fingerprint))
             self.end_stream()
+            return finished
+
+        def pause_token(self):
+            """Before each generated token: wait the test hook's delay (TOKEN_DELAY_HEADER); True when the request
+            is to stop here (the drain ran out, or --shutdown-timeout 0: EngineCore aborts in-flight requests)."""
+            try:
+                delay = min(max(float(self.headers.get(TOKEN_DELAY_HEADER) or 0), 0.0), TOKEN_DELAY_MAX)
+            except ValueError:
+                delay = 0.0
+            if delay:
+                state.abort.wait(delay)
+            return state.abort.is_set()
 
     return Handler
 
@@ -649,6 +698,34 @@ def max_model_len_error(max_model_len, model_config):
             "with extreme caution. If the model uses relative position encoding (RoPE), positions exceeding "
             "derived_max_model_len lead to nan. If the model uses absolute position encoding, positions exceeding "
             "derived_max_model_len will cause a CUDA array out-of-bounds error.")
+
+
+def drain(state, httpd, timeout, clock=time.monotonic):
+    """What SIGTERM starts (vLLM 0.32.0 entrypoints/launchers/launcher.py:257-289, v1/engine/core.py:1625-1664): the
+    API server stops the engine client in mode drain (timeout > 0) or abort (0); EngineCore keeps serving the
+    in-flight requests until none is left or `timeout` seconds passed, aborts what is left, then the HTTP server
+    stops. New requests are refused meanwhile."""
+    mode = "abort" if timeout == 0 else "drain"
+    print(f"INFO [shutdown] API server: stopping engine client mode={mode} timeout={timeout}s", flush=True)
+    print(f"INFO [shutdown] EngineCore: start mode={mode} timeout={timeout}s", flush=True)
+    with state.lock:
+        state.draining = True
+        count = state.inflight
+    if count:
+        what = "aborting in-flight requests count=%d" % count if timeout == 0 else \
+            "draining in-flight requests count=%d timeout=%ds" % (count, timeout)
+        print(f"INFO [shutdown] EngineCore: {what}", flush=True)
+    if timeout == 0:
+        state.abort.set()
+    deadline = clock() + timeout
+    while state.inflight and clock() < deadline:
+        time.sleep(0.05)
+    state.abort.set()  # what the drain did not finish is aborted
+    grace = clock() + 2
+    while state.inflight and clock() < grace:
+        time.sleep(0.05)
+    print("INFO [shutdown] EngineCore: request processing complete; starting resource teardown", flush=True)
+    httpd.shutdown()
 
 
 def serve(args, kv):
@@ -698,5 +775,17 @@ def serve(args, kv):
     httpd = http_cls((host, args.port), make_handler(state))
     print(f"INFO vLLM API server version {__version__} (narwhal.deploy stand-in)", flush=True)
     print(f"INFO Uvicorn running on http://{host}:{args.port}", flush=True)
+    timeout = getattr(args, "shutdown_timeout", 0) or 0
+
+    stopping = []
+
+    def on_signal(signum, frame):
+        if not stopping:  # a second SIGTERM does not start a second drain
+            stopping.append(signum)
+            threading.Thread(target=drain, args=(state, httpd, timeout), daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     httpd.serve_forever()
+    print("INFO [shutdown] API server: engine client stopped", flush=True)
     return 0

@@ -88,8 +88,23 @@ class SwitchAction(argparse.Action):
         setattr(namespace, self.dest, not (option_string or "").startswith("--no-"))
 
 
+# Flags of the 0.32.0 table that older vLLM releases do not have, with the first release that has them: their parser
+# refuses them as unrecognized arguments. --shutdown-timeout: vLLM PRs 34730/36666, from 0.18.0 (llm-d issue 927;
+# present in the 0.21.0 wheel, engine/arg_utils.py:1472).
+ADDED_IN = {"--shutdown-timeout": (0, 18, 0)}
+
+
+def known_in(flag, version=None):
+    """Whether the stand-in's claimed vLLM version has `flag` (an entry of the table)."""
+    if version is None:
+        from vllm.version import __version_tuple__ as version
+    return all(tuple(version)[:3] >= ADDED_IN.get(option, (0,)) for option in flag["options"])
+
+
 def add_flags(parser, table):
     for flag in table["flags"]:
+        if not known_in(flag):
+            continue
         # argparse tells SUPPRESS by identity; the JSON table holds an equal string
         kwargs = {"default": argparse.SUPPRESS if flag["default"] == argparse.SUPPRESS else flag["default"]}
         if not flag["takes_value"]:
