@@ -255,11 +255,11 @@ def drain_warning(record):
     lease = effective_lease(record)
     if drain >= lease:
         return None
+    source = "NARWHAL_KV_LEASE_SECONDS" if kv_lease(record) else "vLLM's default"
     return ("%s (prefill): NARWHAL_SHUTDOWN_TIMEOUT=%d is shorter than its KV lease of %d s (%s): a stop may end the "
             "drain before every decode has read the KV it was promised, and such a decode request fails; set "
-            "NARWHAL_SHUTDOWN_TIMEOUT >= %d or a shorter %s" % (record.get("engine"), drain, lease,
-                                                               "NARWHAL_KV_LEASE_SECONDS" if kv_lease(record)
-                                                               else "vLLM's default", lease, LEASE_INPUT))
+            "NARWHAL_SHUTDOWN_TIMEOUT >= %d or a shorter %s"
+            % (record.get("engine"), drain, lease, source, lease, LEASE_INPUT))
 
 
 def kv_transfer_config(record):

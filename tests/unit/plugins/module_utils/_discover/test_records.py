@@ -621,8 +621,8 @@ def test_build_record_alone_lacks_the_file_sources(tmp_path, dev):
     record, span = build_record(plan["nodes"][0], inputs["site"], {}, h, h["image"], h["model"], plan["fleet"][0],
                                 {}, 5600)
     assert span == 1
-    assert sorted(record["sources"]) == ["allocation", "environment", "extra_args", "shutdown", "transfer", "ucx_tls",
-                                      "visibility"]
+    assert sorted(record["sources"]) == ["allocation", "environment", "extra_args", "shutdown", "transfer",
+                                         "ucx_tls", "visibility"]
     assert any("sources" in e for e in validation_errors(record, RECORD_SCHEMA))
 
 
