@@ -40,21 +40,21 @@ def _records(tmp_path):
                            {"engine-1": amd_host, "engine-2": amd_host})
 
 
-def test_manifest_equals_the_launchers_plan_for_every_record(tmp_path):
+def _host_plans(tmp_path, sites):
+    """(site, engine, prepare's derivation, the launcher's plan.json) for every record of `sites`: the launcher
+    zipapp plans each from the role environment prepare writes (run paths aside)."""
     # the device nodes the records name (as the dev fixture of _discover/test_records.py makes them)
     root = tmp_path / "dev"
     root.mkdir()
     for name in ("nvidiactl", "nvidia-uvm"):
         (root / name).write_text("")
     launcher = zipapp(tmp_path)
-    compared = 0
-    for name, records in _records(tmp_path):
+    for name, records in sites:
         for engine, record in sorted(records.items()):
             derived = derive(record, CHECKOUT, "run-0123456789ab")
             where = tmp_path / name / engine
             where.mkdir(parents=True)
             env_path, env = write_inputs(where, record)
-            # the launcher is given the role environment prepare writes (run paths aside)
             role_env = dict(derived["role_env"], NARWHAL_RECORD=env["NARWHAL_RECORD"],
                             NARWHAL_API_KEY_FILE=env["NARWHAL_API_KEY_FILE"], NARWHAL_RUN_DIR=env["NARWHAL_RUN_DIR"])
             env_path.write_text("".join("%s=%s\n" % kv for kv in sorted(role_env.items())))
@@ -64,9 +64,15 @@ def test_manifest_equals_the_launchers_plan_for_every_record(tmp_path):
             host_plan = json.loads((where / "runs" / "r1" / "plan.json").read_text())
             assert host_plan["plan_hash"] == derived["plan_hash"], (name, engine)
             assert host_plan["plan"] == derived["container"], (name, engine)
-            assert host_plan["plan"]["environment"] == derived["environment"], (name, engine)
-            assert host_plan["plan"]["command"][2:] == derived["vllm_args"], (name, engine)
-            compared += 1
+            yield name, engine, derived, host_plan
+
+
+def test_manifest_equals_the_launchers_plan_for_every_record(tmp_path):
+    compared = 0
+    for name, engine, derived, host_plan in _host_plans(tmp_path, _records(tmp_path)):
+        assert host_plan["plan"]["environment"] == derived["environment"], (name, engine)
+        assert host_plan["plan"]["command"][2:] == derived["vllm_args"], (name, engine)
+        compared += 1
     assert compared >= 16
 
 
@@ -103,28 +109,8 @@ def _lease_records(tmp_path):
 
 
 def test_the_lease_takes_the_name_of_the_images_vllm_and_the_manifest_equals_the_launchers_plan(tmp_path):
-    root = tmp_path / "dev"
-    root.mkdir()
-    for name in ("nvidiactl", "nvidia-uvm"):
-        (root / name).write_text("")
-    launcher = zipapp(tmp_path)
-    seen = {}
-    for name, records in _lease_records(tmp_path):
-        for engine, record in sorted(records.items()):
-            derived = derive(record, CHECKOUT, "run-0123456789ab")
-            where = tmp_path / name / engine
-            where.mkdir(parents=True)
-            env_path, env = write_inputs(where, record)
-            role_env = dict(derived["role_env"], NARWHAL_RECORD=env["NARWHAL_RECORD"],
-                            NARWHAL_API_KEY_FILE=env["NARWHAL_API_KEY_FILE"], NARWHAL_RUN_DIR=env["NARWHAL_RUN_DIR"])
-            env_path.write_text("".join("%s=%s\n" % kv for kv in sorted(role_env.items())))
-            proc = subprocess.run([sys.executable, "-I", "-S", str(launcher), "--role-env", str(env_path), "plan"],
-                                  capture_output=True, text=True, check=False)
-            assert proc.returncode == 0, (name, engine, proc.stderr)
-            host_plan = json.loads((where / "runs" / "r1" / "plan.json").read_text())
-            assert host_plan["plan_hash"] == derived["plan_hash"], (name, engine)
-            assert host_plan["plan"] == derived["container"], (name, engine)
-            seen[name] = host_plan["plan"]
+    seen = dict((name, host_plan["plan"]) for name, _engine, _derived, host_plan
+                in _host_plans(tmp_path, _lease_records(tmp_path)))
     new, old = seen["lease-0.33"], seen["lease-0.21"]
     config = json.loads(new["command"][new["command"].index("--kv-transfer-config") + 1])
     assert config["kv_connector_extra_config"] == {"backends": ["UCX"], "kv_lease_duration": 90}
