@@ -13,10 +13,14 @@ description:
   - Sends the router completions and chat completions, streamed and not, for a prompt shorter than one KV block and
     one of one and a half blocks (one round is 8 requests; more rounds until every engine could have served one), each
     prompt starting with a fresh ID so that no prefix cache holds it.
-  - A request passes when the router answered 200 with text and no C(error) finish reason, when KV moved for it
-    (the decode answer's C(usage.prompt_tokens_details.cached_tokens), else the growth of a decode engine's NIXL
-    transfer count, with no failed transfer), and when, with greedy sampling, its text equals the text every decode
-    engine answers when asked the same prompt directly (with a fresh C(cache_salt), so computed from the prompt).
+  - A request passes when the router answered 200 with text or tokens and no C(error) finish reason, when KV moved
+    for it (the decode answer's C(usage.prompt_tokens_details.cached_tokens), else the growth of a decode engine's
+    NIXL transfer count, with no failed transfer), and when, with greedy sampling, its answer equals what every
+    decode engine answers when asked the same prompt directly (with a fresh C(cache_salt), so computed from the
+    prompt).
+  - Every request asks for C(return_token_ids), and answers are compared as token IDs where both sides carry them
+    (C(compared_as) in each result), else as text - a token that does not finish a UTF-8 character decodes to no
+    text in a stream.
   - Every prefill and every decode engine of the fleet must have finished at least one of these requests (their own
     C(vllm:request_success) counters), and the router must refuse a client without the key and one with a wrong key
     (HTTP 401).
@@ -64,9 +68,10 @@ RETURN = r"""
 requests:
   description:
     - One entry per request - C(endpoint) (completions or chat), C(stream), C(prompt) (short or long),
-      C(prompt_tokens), C(cached_tokens), C(status), C(text), C(ttft_s) (streams), C(kv) (the evidence),
-      C(decode_engines) (whose NIXL transfers grew), C(served_by) (engines whose finished requests grew),
-      C(direct) (each decode engine's own answer), C(equal), C(ok) and C(problems).
+      C(prompt_tokens), C(cached_tokens), C(status), C(text), C(token_ids), C(ttft_s) (streams), C(kv) (the
+      evidence), C(decode_engines) (whose NIXL transfers grew), C(served_by) (engines whose finished requests
+      grew), C(direct) and C(direct_token_ids) (each decode engine's own answer), C(equal), C(compared_as)
+      (token ids or text), C(ok) and C(problems); a stream without text also C(events_tail), its last events.
   returned: always
   type: list
   elements: dict
