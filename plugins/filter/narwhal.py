@@ -12,9 +12,11 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import 
 from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import bench_router_plan as plan_bench_router
 from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import from_record
 from ansible_collections.narwhal.deploy.plugins.module_utils._bench.report import progress
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError, PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import NODE_VAR
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import inventory_engines as engines_of_hosts
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import redact_text, secret_values
-from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import engine_settings
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import check_role_groups, engine_settings
 from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers import (
     after_launch,
     describe,
@@ -38,6 +40,32 @@ def resolve_values_filter(data, env):
         return resolve_values(data, env)
     except SubstitutionError as exc:
         raise AnsibleFilterError(redact_text(str(exc), secret_values(env))) from None
+
+
+def inventory_engines(groups, hostvars, site=None):
+    """{inventory host: engine-<n>} for the hosts of group engines: the host variable narwhal_node, or the host's
+    name engine-<n> (_common/names.py::inventory_engines); with `site` (narwhal_site), an inventory group prefill or
+    decode that contradicts .env's roles is refused (_inputs/nodes.py::check_role_groups)."""
+    if not isinstance(groups, dict):
+        raise AnsibleFilterError("inventory_engines takes the inventory's groups (a dict), not %s"
+                                 % type(groups).__name__)
+    hosts = []
+    for host in groups.get("engines") or []:
+        found = hostvars[host] if host in hostvars else {}
+        hosts.append((host, found.get(NODE_VAR)))
+    try:
+        engines = engines_of_hosts(hosts)
+        if site:
+            roles = dict((host, engine_settings(site, engine).get("role")) for host, engine in engines.items())
+            check_role_groups(engines, roles, groups)
+    except InputError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+    return engines
+
+
+def engine_of(hostvars):
+    """The engine an inventory host runs: narwhal_engine as the opening play sets it, else the host's name."""
+    return hostvars.get("narwhal_engine") or hostvars.get("inventory_hostname")
 
 
 def table_row(row):
@@ -82,16 +110,19 @@ def status_row(status):
     if container.get("restart_count"):
         state = "%s/%sr" % (state, container["restart_count"])
     nixl = status.get("nixl") or {}
-    return "%-10s %-8s %-9s %-12s %-14s %-7s %-9s %-13s %s" % (
-        status.get("engine"), status.get("role") or "-", state, _short(container.get("id")),
+    return "%-10s %-20s %-8s %-9s %-12s %-14s %-7s %-9s %-13s %s" % (
+        status.get("engine"), status.get("inventory_host") or status.get("engine"), status.get("role") or "-", state, _short(container.get("id")),
         _short(status.get("plan_hash_running")), "ok" if (status.get("health") or {}).get("ok") else "FAIL",
         (status.get("version") or {}).get("served") or "-", _count(nixl.get("bytes_transferred", "-")),
         "; ".join(status.get("problems") or []) or "; ".join(["serving as recorded"] + (status.get("notes") or [])))
 
 
 def status_problems(status):
-    """`<engine>: <problem>; <problem>` for an engine that does not serve as recorded."""
-    return "%s: %s" % (status.get("engine"), "; ".join(status.get("problems") or ["not serving as recorded"]))
+    """`<engine>: <problem>; <problem>` for an engine that does not serve as recorded (`<engine> (<inventory host>)`
+    when the host has a name of its own)."""
+    engine, host = status.get("engine"), status.get("inventory_host")
+    name = "%s (%s)" % (engine, host) if host and host != engine else engine
+    return "%s: %s" % (name, "; ".join(status.get("problems") or ["not serving as recorded"]))
 
 
 SUMMARY_FACTS = ("prepare_summary", "launch_summary", "probe_summary", "stop_summary")
@@ -103,16 +134,17 @@ def summary_entry(hostvars, urls=None):
     done = {}
     for stage in SUMMARY_FACTS:
         done.update(hostvars.get(stage) or {})
-    engine = hostvars.get("inventory_hostname")
+    engine = engine_of(hostvars)
     role = node_settings(hostvars.get("narwhal_site") or {}, engine)["role"]
-    return {"engine": engine, "host": hostvars.get("ansible_host") or engine, "role": role,
+    return {"engine": engine, "inventory_host": hostvars.get("inventory_hostname") or engine,
+            "host": hostvars.get("ansible_host") or hostvars.get("inventory_hostname") or engine, "role": role,
             "url": (urls or {}).get(engine), "run_id": done.get("run_id"), "container_id": done.get("container_id"),
             "action": done.get("action"), "vllm_version": done.get("vllm_version"), "probe": done.get("probe")}
 
 
 def summary_row(entry):
-    return "%-10s %-16s %-8s %-34s %-12s %-10s %-8s %s" % (
-        entry.get("engine"), entry.get("host"), entry.get("role") or "-", entry.get("url") or "-",
+    return "%-10s %-20s %-8s %-34s %-12s %-10s %-8s %s" % (
+        entry.get("engine"), entry.get("inventory_host") or entry.get("host"), entry.get("role") or "-", entry.get("url") or "-",
         _short(entry.get("container_id")), entry.get("action") or "-", entry.get("vllm_version") or "-",
         entry.get("probe") or "-")
 
@@ -256,7 +288,7 @@ def launch_peers(hosts, fleet, records=None, mode="auto", check=False):
                                  "names, tell names them and fails)" % (mode, ", ".join(DECODE_RESTART_MODES)))
     launched, peers, play = {}, {}, []
     for hostvars in hosts:
-        engine = hostvars.get("inventory_hostname")
+        engine = engine_of(hostvars)
         play.append(engine)
         if hostvars.get("launch_action"):
             launched[engine] = {"action": hostvars["launch_action"], "started_at": hostvars.get("launch_started_at")}
@@ -277,6 +309,7 @@ class FilterModule:
                 "status_row": status_row, "status_problems": status_problems,
                 "summary_entry": summary_entry, "summary_row": summary_row,
                 "install_paths": install_paths_filter, "node_settings": node_settings,
+                "inventory_engines": inventory_engines,
                 "launcher_command": launcher_command, "router_plan": router_plan,
                 "router_local_url": router_local_url, "router_status_row": router_status_row,
                 "traffic_row": traffic_row, "prometheus_targets": prometheus_targets,

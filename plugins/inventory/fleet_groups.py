@@ -8,9 +8,13 @@ name: fleet_groups
 short_description: Groups prefill and decode from the fleet roles in the site's .env
 version_added: 0.1.0
 description:
-  - Adds every engine host of the inventory (named C(engine-<n>)) to the group of its C(NARWHAL_NODE_<n>_ROLE)
+  - Adds every engine host of the inventory (group C(engines)) to the group of its C(NARWHAL_NODE_<n>_ROLE)
     in the site's C(.env) (C(prefill) or C(decode)), so C(--limit decode) works and plays can target C(prefill). The C(.env)
     stays the single source of the roles written into the launch records.
+  - An engine host is node C(<n>) of C(.env) by its host variable C(narwhal_node) (set where the inventory defines the
+    host), or by its name C(engine-<n>).
+  - An inventory group C(prefill) or C(decode) of the operator's own that holds an engine host C(.env) gives another
+    role is refused by name, as are two hosts with one node.
   - Works like C(ansible.builtin.constructed) - put this file after the inventory that defines the hosts (in an
     inventory directory, sources are read in name order - C(hosts.yml) before C(narwhal.yml)).
   - C(NARWHAL_NODE_<n>_ROLE) of the controller's environment overrides the file, as the site inputs do.
@@ -45,33 +49,47 @@ import re
 
 from ansible.errors import AnsibleParserError
 from ansible.plugins.inventory import BaseInventoryPlugin
+from ansible.vars.plugins import get_vars_from_inventory_sources
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_NAME
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import NODE_VAR, inventory_engines
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.dotenv import DotenvError, read_dotenv
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import ROLE_GROUPS as ROLES
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import check_role_groups
 
-ROLES = ("prefill", "decode")
 
-
-def fleet_roles(hosts, values):
-    """Pure: {host: role} for the engine hosts whose NARWHAL_NODE_<n>_ROLE in `values` is prefill or decode,
-    and the list of (host, problem) for the others."""
+def fleet_roles(engines, values, groups=None):
+    """Pure: {host: role} for the engine hosts ({inventory host: engine-<n>}) whose NARWHAL_NODE_<n>_ROLE in
+    `values` is prefill or decode, and the list of (host, problem) for the others. Raises InputError when one of
+    the inventory's own groups prefill/decode (`groups`: {group: hosts}) holds an engine host of another role."""
     roles, problems = {}, []
-    for host in hosts:
-        match = ENGINE_NAME.match(host)
-        if not match:
-            continue
-        key = "NARWHAL_NODE_%s_ROLE" % match.group(1)
+    for host in sorted(engines):
+        key = "NARWHAL_NODE_%s_ROLE" % engines[host].split("-")[1]
         role = (values.get(key) or "").strip()
         if role in ROLES:
             roles[host] = role
         else:
             problems.append((host, "%s is %s; set %s=prefill or decode in .env"
                              % (key, repr(role) if role else "not set", key)))
+    check_role_groups(engines, roles, groups)
     return roles, problems
 
 
 class InventoryModule(BaseInventoryPlugin):
     NAME = "narwhal.deploy.fleet_groups"
+
+    def _node_of(self, name):
+        """The host's narwhal_node: from the inventory that defines it, else from its host_vars/ (the vars plugins,
+        as ansible.builtin.constructed reads them with use_vars_plugins)."""
+        host = self.inventory.get_host(name)
+        node = host.get_vars().get(NODE_VAR)
+        if node is None:
+            try:
+                found = get_vars_from_inventory_sources(self.loader, self.inventory.processed_sources, [host], "all")
+            except AttributeError:  # an inventory without processed_sources (older ansible-core)
+                found = {}
+            node = found.get(NODE_VAR)
+        return node
 
     def verify_file(self, path):
         return super().verify_file(path) and path.endswith(("narwhal.yml", "narwhal.yaml"))
@@ -90,7 +108,13 @@ class InventoryModule(BaseInventoryPlugin):
             raise AnsibleParserError("narwhal.deploy.fleet_groups (%s): %s; set env_file in that file or "
                                      "NARWHAL_ENV_FILE" % (path, exc))
         values.update((k, v) for k, v in os.environ.items() if re.match(r"^NARWHAL_NODE_[0-9]+_ROLE$", k))
-        roles, problems = fleet_roles(sorted(self.inventory.hosts), values)
+        groups = dict((name, [h.name for h in group.get_hosts()]) for name, group in self.inventory.groups.items()
+                      if name in ("engines",) + ROLES)
+        try:
+            engines = inventory_engines((host, self._node_of(host)) for host in groups.get("engines", []))
+            roles, problems = fleet_roles(engines, values, groups)
+        except InputError as exc:
+            raise AnsibleParserError("narwhal.deploy.fleet_groups (%s): %s" % (path, exc))
         if problems and self.get_option("strict"):
             raise AnsibleParserError("narwhal.deploy.fleet_groups: " + "; ".join(
                 "%s: %s" % p for p in problems))

@@ -5,7 +5,9 @@
 The action plugins of discovery_outputs and prepare_run call discovery_facts / prepare_facts with the task's
 arguments and task_vars['hostvars']: an argument the task gives wins, so the modules' options stay usable directly.
 Every value read is a public name: the facts the fact modules set (narwhal_*) and the prepare role's documented
-register prepare_prereqs. Pure: `hostvars` is any mapping of engine name to a mapping of its variables.
+register prepare_prereqs. Pure: `hostvars` is any mapping of inventory host name to a mapping of its variables, and
+`hosts` ({inventory host: engine-<n>}, the fact narwhal_engines of the opening play) says which host runs which
+engine; without it an engine's host is the host of its name.
 """
 
 from __future__ import annotations
@@ -40,19 +42,21 @@ def current_inspection(hostvars):
             "image_id": prereqs.get("image_id")}
 
 
-def _engines(args, hostvars):
-    """(engine, its host variables) for the task's `engines`; None when `engines` is not a list (the argument
+def _engines(args, hostvars, hosts=None):
+    """(engine, its host's variables) for the task's `engines`; None when `engines` is not a list (the argument
     validation names that)."""
     engines = args.get("engines")
     if not isinstance(engines, list):
         return None
-    return [(e, hostvars[e] if e in hostvars else {}) for e in engines]
+    inventory = dict((engine, host) for host, engine in (hosts or {}).items())
+    found = [inventory.get(e, e) for e in engines]
+    return [(e, hostvars[h] if h in hostvars else {}) for e, h in zip(engines, found)]
 
 
-def discovery_facts(args, hostvars):
+def discovery_facts(args, hostvars, hosts=None):
     """discovery_outputs' arguments with `interfaces` and `hosts` read from the engines' host variables where the
     task does not give them."""
-    engines = _engines(args, hostvars)
+    engines = _engines(args, hostvars, hosts)
     if engines is None:
         return args
     args = dict(args)
@@ -63,10 +67,10 @@ def discovery_facts(args, hostvars):
     return args
 
 
-def prepare_facts(args, hostvars):
+def prepare_facts(args, hostvars, hosts=None):
     """prepare_run's arguments with the write stage's `hosts` read from the engines' host variables where the task
     does not give it."""
-    engines = _engines(args, hostvars)
+    engines = _engines(args, hostvars, hosts)
     if engines is None or "hosts" in args or args.get("stage") != "write":
         return args
     return dict(args, hosts=dict((e, current_inspection(found)) for e, found in engines))

@@ -39,26 +39,73 @@ def test_project_dir_first_candidate_with_a_dotenv():
 
 def test_fleet_roles_from_dotenv_values():
     roles, problems = fleet_roles(
-        ["engine-1", "engine-2", "engine-3", "gpu-a", "engine-10"],
+        {"engine-1": "engine-1", "engine-2": "engine-2", "engine-3": "engine-3", "gpu-a.dc1": "engine-4",
+         "engine-10": "engine-10"},
         {"NARWHAL_NODE_1_ROLE": "prefill", "NARWHAL_NODE_2_ROLE": "decode", "NARWHAL_NODE_3_ROLE": "router",
-         "NARWHAL_NODE_10_ROLE": " decode "})
-    assert roles == {"engine-1": "prefill", "engine-2": "decode", "engine-10": "decode"}
+         "NARWHAL_NODE_4_ROLE": "prefill", "NARWHAL_NODE_10_ROLE": " decode "})
+    assert roles == {"engine-1": "prefill", "engine-2": "decode", "engine-10": "decode", "gpu-a.dc1": "prefill"}
     assert problems == [("engine-3", "NARWHAL_NODE_3_ROLE is 'router'; set NARWHAL_NODE_3_ROLE=prefill or decode "
                                      "in .env")]
 
 
-def _inventory(tmp_path, env_text, extra_env=None):
-    (tmp_path / "inventory").mkdir()
+def _inventory(tmp_path, env_text, extra_env=None, hosts=None, groups=None, host_vars=None, check=True):
+    """ansible-inventory --list over hosts.yml and the fleet_groups plugin (a failing source fails the run)."""
+    inventory = tmp_path / "inventory"
+    (inventory / "host_vars").mkdir(parents=True)
     (tmp_path / ".env").write_text(env_text)
-    (tmp_path / "inventory" / "hosts.yml").write_text(yaml.safe_dump(
-        {"engines": {"hosts": {"engine-1": {}, "engine-2": {}, "engine-3": {}}}}))
-    (tmp_path / "inventory" / "narwhal.yml").write_text("plugin: narwhal.deploy.fleet_groups\n")
+    doc = {"engines": {"hosts": hosts or {"engine-1": {}, "engine-2": {}, "engine-3": {}}}}
+    doc.update(groups or {})
+    (inventory / "hosts.yml").write_text(yaml.safe_dump(doc))
+    for host, found in (host_vars or {}).items():
+        (inventory / "host_vars" / ("%s.yml" % host)).write_text(yaml.safe_dump(found))
+    (inventory / "narwhal.yml").write_text("plugin: narwhal.deploy.fleet_groups\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("NARWHAL_")}
-    env.update(ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"), **(extra_env or {}))
-    out = subprocess.run([str(pathlib.Path(sys.executable).parent / "ansible-inventory"), "-i",
-                          str(tmp_path / "inventory"), "--list"], capture_output=True, text=True, env=env,
-                         cwd=tmp_path, check=True)
+    env.update(ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"), ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED="true",
+               **(extra_env or {}))
+    out = subprocess.run([str(pathlib.Path(sys.executable).parent / "ansible-inventory"), "-i", str(inventory),
+                          "--list"], capture_output=True, text=True, env=env, cwd=tmp_path, check=False)
+    if not check:
+        return out
+    assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
+
+
+ROLES_ENV = "NARWHAL_NODE_1_ROLE=prefill\nNARWHAL_NODE_2_ROLE=decode\nNARWHAL_NODE_3_ROLE=decode\n"
+
+
+def test_inventory_plugin_groups_hosts_of_any_name_by_narwhal_node(tmp_path):
+    """Operators keep their host names: narwhal_node ties a host to node <n> of .env, in hosts.yml or host_vars/;
+    engine-<n> names keep working without it."""
+    doc = _inventory(tmp_path, ROLES_ENV, hosts={"gpu-a17.dc1.example": {"narwhal_node": 1},
+                                                 "gpu-b03.dc1.example": {}, "engine-3": {}},
+                     host_vars={"gpu-b03.dc1.example": {"narwhal_node": 2}})
+    assert doc["prefill"]["hosts"] == ["gpu-a17.dc1.example"]
+    assert sorted(doc["decode"]["hosts"]) == ["engine-3", "gpu-b03.dc1.example"]
+
+
+def test_inventory_plugin_refuses_by_name(tmp_path):
+    cases = [
+        ({"gpu-a17": {}}, None, "inventory host gpu-a17 is in group engines but has no host variable narwhal_node"),
+        ({"gpu-a17": {"narwhal_node": 1}, "gpu-b03": {"narwhal_node": "1"}}, None,
+         "inventory hosts gpu-a17 and gpu-b03 are both engine-1"),
+        ({"gpu-a17": {"narwhal_node": 0}}, None, "gpu-a17 has narwhal_node: 0, which is not a node number"),
+        ({"engine-3": {"narwhal_node": 2}}, None, "a host named engine-<n> is node <n>: set narwhal_node: 3"),
+        ({"gpu-a17": {"narwhal_node": 1}, "gpu-b03": {"narwhal_node": 2}},
+         {"decode": {"hosts": {"gpu-a17": {}}}},
+         "NARWHAL_NODE_1_ROLE: inventory host gpu-a17 (engine-1) is in the inventory's group decode, but .env has "
+         "NARWHAL_NODE_1_ROLE=prefill"),
+    ]
+    for n, (hosts, groups, message) in enumerate(cases):
+        here = tmp_path / str(n)
+        here.mkdir()
+        out = _inventory(here, ROLES_ENV, hosts=hosts, groups=groups, check=False)
+        assert out.returncode != 0, (hosts, out.stdout)
+        assert message in " ".join(out.stderr.split()), (message, out.stderr)
+    # the operator's own groups agreeing with .env are fine
+    (tmp_path / "ok").mkdir()
+    doc = _inventory(tmp_path / "ok", ROLES_ENV, hosts={"gpu-a17": {"narwhal_node": 1}, "gpu-b03": {"narwhal_node": 2}},
+                     groups={"decode": {"hosts": {"gpu-b03": {}}}})
+    assert doc["decode"]["hosts"] == ["gpu-b03"] and doc["prefill"]["hosts"] == ["gpu-a17"]
 
 
 def test_inventory_plugin_groups_the_engines_by_role(tmp_path):
@@ -81,11 +128,16 @@ def test_status_rows_and_problems():
                "plan_hash_running": "sha256:feedfacecafe0000", "health": {"ok": True},
                "version": {"served": "0.33.0"}, "nixl": {"bytes_transferred": 4096}}
     row = status_row(healthy)
-    assert row.split()[:6] == ["engine-1", "prefill", "running/1r", "0123456789ab", "feedfacecafe", "ok"]
+    assert row.split()[:7] == ["engine-1", "engine-1", "prefill", "running/1r", "0123456789ab", "feedfacecafe", "ok"]
     assert row.endswith("serving as recorded")
     down = {"engine": "engine-2", "problems": ["container narwhal-engine-2 is exited (code 137)"]}
-    assert status_row(down).split()[:4] == ["engine-2", "-", "absent", "-"]
+    assert status_row(down).split()[:5] == ["engine-2", "engine-2", "-", "absent", "-"]
     assert status_problems(down) == "engine-2: container narwhal-engine-2 is exited (code 137)"
+    # an inventory host of the operator's own name is shown next to the engine
+    named = dict(down, inventory_host="gpu-b03.dc1.example")
+    assert status_row(named).split()[:3] == ["engine-2", "gpu-b03.dc1.example", "-"]
+    assert status_problems(named) == ("engine-2 (gpu-b03.dc1.example): container narwhal-engine-2 is exited "
+                                      "(code 137)")
 
 
 def test_summary_entry_and_row():
@@ -95,11 +147,16 @@ def test_summary_entry_and_row():
                                    "action": "replaced", "vllm_version": "0.33.0"},
                 "probe_summary": {"probe": "PASS (2/2 pairs)"}}
     entry = summary_entry(hostvars, {"engine-2": "http://10.1.0.2:8000"})
-    assert entry == {"engine": "engine-2", "host": "10.0.0.2", "role": "decode", "url": "http://10.1.0.2:8000",
-                     "run_id": "run-0123456789ab", "container_id": "abcdef0123456789", "action": "replaced",
-                     "vllm_version": "0.33.0", "probe": "PASS (2/2 pairs)"}
-    assert summary_row(entry).split()[:7] == ["engine-2", "10.0.0.2", "decode", "http://10.1.0.2:8000",
+    assert entry == {"engine": "engine-2", "inventory_host": "engine-2", "host": "10.0.0.2", "role": "decode",
+                     "url": "http://10.1.0.2:8000", "run_id": "run-0123456789ab", "container_id": "abcdef0123456789",
+                     "action": "replaced", "vllm_version": "0.33.0", "probe": "PASS (2/2 pairs)"}
+    assert summary_row(entry).split()[:7] == ["engine-2", "engine-2", "decode", "http://10.1.0.2:8000",
                                               "abcdef012345", "replaced", "0.33.0"]
+    # a host of the operator's own name: narwhal_engine (set by the opening play) is its engine
+    named = summary_entry(dict(hostvars, inventory_hostname="gpu-b03.dc1.example", narwhal_engine="engine-2"),
+                          {"engine-2": "http://10.1.0.2:8000"})
+    assert (named["engine"], named["inventory_host"], named["role"], named["url"]) == (
+        "engine-2", "gpu-b03.dc1.example", "decode", "http://10.1.0.2:8000")
 
 
 def test_every_stage_role_is_documented_and_every_playbook_opens_with_the_boilerplate():

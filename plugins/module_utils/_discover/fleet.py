@@ -91,9 +91,10 @@ def build_fleet(inputs, engines, interfaces):
         if n not in numbers and inputs["nodes"][n]:
             names = ["NARWHAL_NODE_%d_%s" % (n, k) for k in sorted(inputs["nodes"][n])]
             key = "NARWHAL_NODE_%d_ROLE" % n if "ROLE" in inputs["nodes"][n] else names[0]
-            raise InputError(key, "is set but the inventory has no engine-%d in group engines (it has %s), so %s "
-                                  "would configure nothing; add the host to group engines or remove %s from .env"
-                             % (n, ", ".join(numbers[m] for m in sorted(numbers)) or "none", ", ".join(names),
+            raise InputError(key, "is set but no host of the inventory's group engines is engine-%d (a host with "
+                                  "narwhal_node: %d, or named engine-%d; the group has %s), so %s would configure "
+                                  "nothing; add the host to group engines or remove %s from .env"
+                             % (n, n, n, ", ".join(numbers[m] for m in sorted(numbers)) or "none", ", ".join(names),
                                 "it" if len(names) == 1 else "them"))
     nodes = []
     for n in sorted(numbers):

@@ -9,6 +9,7 @@ engine_settings / node_settings, so an override is applied in this file only.
 
 from __future__ import annotations
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_NAME
 
 __metaclass__ = type
@@ -74,3 +75,23 @@ def engine_settings(inputs, engine):
     nodes = inputs.get("nodes") or {}
     node = (nodes.get(n) or nodes.get(str(n))) if n is not None else None
     return node_settings(inputs.get("site"), node, n)
+
+
+ROLE_GROUPS = ("prefill", "decode")
+
+
+def check_role_groups(engines, roles, groups):
+    """Refuses an inventory whose own group prefill or decode holds an engine host that .env gives another role (or
+    none): `.env` is the one source of the roles (NARWHAL_NODE_<n>_ROLE). `engines` is {inventory host: engine-<n>},
+    `roles` {inventory host: its role in .env, or None}, `groups` the inventory's {group: [hosts]}."""
+    for group in ROLE_GROUPS:
+        for host in (groups or {}).get(group) or []:
+            if host not in engines or roles.get(host) == group:
+                continue
+            key = "NARWHAL_NODE_%s_ROLE" % engines[host].split("-")[1]
+            has = "%s=%s" % (key, roles[host]) if roles.get(host) else "no role for it (%s is not set)" % key
+            raise InputError(key, "inventory host %s (%s) is in the inventory's group %s, but .env has %s; .env is the "
+                                  "one source of the roles: remove the host from group %s in the inventory (the "
+                                  "narwhal.deploy.fleet_groups inventory plugin and every playbook's opening add the "
+                                  "engines to prefill and decode from .env), or correct %s"
+                             % (host, engines[host], group, has, group, key))

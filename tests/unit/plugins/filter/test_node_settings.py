@@ -199,3 +199,29 @@ def test_launcher_command_takes_the_sites_checkout():
     narwhal_site = site(dict(BASE, NARWHAL_ENGINE_CHECKOUT="/srv/engines/narwhal"))
     assert launcher_command(narwhal_site, "engine-1")["argv"][1:] == [
         "/srv/engines/narwhal/bin/launch_engine.pyz", "--role-env", "/srv/engines/narwhal/config/engine-1.env"]
+
+
+# ------------------------------------------------------------------------------------- inventory hosts of any name
+
+def test_inventory_engines_ties_hosts_to_their_nodes_and_keeps_env_the_source_of_roles():
+    narwhal_site = site(BASE)
+    hostvars = {"gpu-a17.dc1.example": {"narwhal_node": 1}, "gpu-b03.dc1.example": {"narwhal_node": "2"},
+                "router-1": {}}
+    groups = {"engines": ["gpu-a17.dc1.example", "gpu-b03.dc1.example"], "routers": ["router-1"],
+              "decode": ["gpu-b03.dc1.example"]}
+    inventory_engines = FilterModule().filters()["inventory_engines"]
+    assert inventory_engines(groups, hostvars, narwhal_site) == {"gpu-a17.dc1.example": "engine-1",
+                                                                 "gpu-b03.dc1.example": "engine-2"}
+    with pytest.raises(AnsibleFilterError) as err:
+        inventory_engines(dict(groups, prefill=["gpu-b03.dc1.example"]), hostvars, narwhal_site)
+    assert str(err.value).startswith("NARWHAL_NODE_2_ROLE: inventory host gpu-b03.dc1.example (engine-2) is in the "
+                                     "inventory's group prefill, but .env has NARWHAL_NODE_2_ROLE=decode")
+    with pytest.raises(AnsibleFilterError) as err:
+        inventory_engines(dict(groups, engines=groups["engines"] + ["gpu-c11"]), hostvars, narwhal_site)
+    assert "inventory host gpu-c11 is in group engines but has no host variable narwhal_node" in str(err.value)
+    # a node .env gives no role, put in an inventory group of its own
+    hostvars["gpu-c11"] = {"narwhal_node": 3}
+    with pytest.raises(AnsibleFilterError) as err:
+        inventory_engines(dict(groups, engines=groups["engines"] + ["gpu-c11"], decode=["gpu-c11"]), hostvars,
+                          narwhal_site)
+    assert "gpu-c11 (engine-3) is in the inventory's group decode, but .env has no role for it" in str(err.value)

@@ -152,7 +152,8 @@ def test_deployment_env_reads_back_as_written():
 
 @pytest.mark.parametrize("extra,interfaces,key,words", [
     ({"NARWHAL_NODE_3_IP": "10.0.0.13"}, None, "NARWHAL_NODE_3_IP",
-     "the inventory has no engine-3 in group engines (it has engine-1, engine-2)"),
+     "no host of the inventory's group engines is engine-3 (a host with narwhal_node: 3, or named engine-3; "
+     "the group has engine-1, engine-2)"),
     ({"NARWHAL_NODE_5_GPU_IDS": "0", "NARWHAL_NODE_5_EXTRA_ARGS": "--max-num-seqs 8"}, None,
      "NARWHAL_NODE_5_EXTRA_ARGS", "NARWHAL_NODE_5_EXTRA_ARGS, NARWHAL_NODE_5_GPU_IDS would configure nothing"),
     ({}, dict(TWO, **{"engine-2": dict(TWO["engine-2"], operstate="DOWN")}), "NARWHAL_FABRIC_INTERFACE",

@@ -1033,7 +1033,7 @@ def test_writer_asks_git_inside_a_repository(tmp_path, dev, run_module):
     (lambda a: a["interfaces"]["engine-2"].update(operstate="DOWN"), "NARWHAL_FABRIC_INTERFACE",
      "interface eth1 on host engine-2 is down"),
     (lambda a: a["site"]["nodes"].update({"3": {"IP": "10.0.0.13"}}), "NARWHAL_NODE_3_IP",
-     "the inventory has no engine-3"),
+     "no host of the inventory's group engines is engine-3"),
 ])
 def test_writer_refuses_injection_and_unchecked_values(tmp_path, dev, run_module, change, key, words):
     """Classes 1 and 4 at the writer: nothing written, the previous set byte for byte intact."""
