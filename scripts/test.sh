@@ -58,24 +58,29 @@ installed() {  # the built tarball installed into a fresh path; the demo site's 
 }
 
 installed_day_two() {  # in the project directory, with the installed collection only (errexit is off here)
+  # The demo's engine hosts have names of their own (gpu-a17.dc1.example is engine-1, gpu-b03.dc1.example engine-2,
+  # by narwhal_node): -l takes the inventory name and the role; the tables show the engine next to the host.
   export ANSIBLE_COLLECTIONS_PATH=$PWD/collections
   unset NARWHAL_ENV_FILE
-  local fail=0 step
+  local fail=0 step a=gpu-a17.dc1.example b=gpu-b03.dc1.example
   step() { echo "+ $*" >&2; "$@" || { echo "installed: FAILED: $*" >&2; fail=1; }; }
   step play site --tags probe probe.log
   step grep -q "engine-1 -> engine-2: PASS" probe.log
   step not grep -q "narwhal.deploy.discover : Plan the fleet" probe.log  # (argument validation is tagged always)
   step play status -l decode status.log
-  step grep -q "engine-2 " status.log
+  step grep -Eq "engine-2 +$b +decode +running" status.log
   step not grep -q "engine-1 " status.log
+  step play status -l "$a" status1.log
+  step grep -Eq "engine-1 +$a +prefill +running" status1.log
+  step not grep -q "engine-2 " status1.log
   step play stop -l decode stop1.log
-  step grep -Eq "engine-2 +: ok=[0-9]+ +changed=[1-9]" stop1.log
+  step grep -Eq "$b +: ok=[0-9]+ +changed=[1-9]" stop1.log
   step not play status status2.log
-  step grep -q "engine-2: " status2.log
+  step grep -q "engine-2 ($b): " status2.log
   step play stop -e narwhal_teardown=true stop2.log
   step play stop -e narwhal_teardown=true stop3.log
-  step grep -Eq "engine-1 +: ok=[0-9]+ +changed=0 " stop3.log
-  step grep -Eq "engine-2 +: ok=[0-9]+ +changed=0 " stop3.log
+  step grep -Eq "$a +: ok=[0-9]+ +changed=0 " stop3.log
+  step grep -Eq "$b +: ok=[0-9]+ +changed=0 " stop3.log
   return "$fail"
 }
 

@@ -68,9 +68,11 @@ def engine_of(hostvars):
     return hostvars.get("narwhal_engine") or hostvars.get("inventory_hostname")
 
 
-def table_row(row):
-    return "%-10s %-8s %-26s %-34s %-48s %s" % (row["engine"], row["interface"], row["address"], row["url"],
-                                                row["attestation_url"], row["role"])
+def table_row(row, hosts=None):
+    """One engine of discovery's table; `hosts` ({engine: inventory host}) adds the inventory host."""
+    return "%-10s %-20s %-8s %-26s %-34s %-48s %s" % (
+        row["engine"], (hosts or {}).get(row["engine"]) or row["engine"], row["interface"], row["address"], row["url"],
+        row["attestation_url"], row["role"])
 
 
 def inspection(hostvars):
