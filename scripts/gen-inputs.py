@@ -114,6 +114,34 @@ written; these would otherwise pass silently or end up in generated files:
 """
 
 
+INVENTORY = """## The inventory
+
+Every engine is one host of the inventory's group `engines`, and node `<n>` of `.env` (`NARWHAL_NODE_<n>_*`) is
+the engine `engine-<n>`: its name in `.env`, the records, the fleet, the runs and the container
+(`narwhal-engine-<n>`). The inventory host keeps the operator's own name; the host variable `narwhal_node: <n>` (a
+positive integer, in the inventory file or `host_vars/`) ties it to node `<n>`. A host named `engine-<n>` is node
+`<n>` without it.
+
+```yaml
+engines:
+  hosts:
+    gpu-a17.dc1.example: {narwhal_node: 1}
+    gpu-b03.dc1.example: {narwhal_node: 2}
+    engine-3: {}                        # node 3 by its name
+```
+
+`-l gpu-a17.dc1.example`, `-l prefill` and `-l decode` select engines; every table shows the engine next to its
+inventory host. `.env` stays the one source of the roles: the `narwhal.deploy.fleet_groups` inventory plugin and
+every playbook's opening add each engine to `prefill` or `decode` from `NARWHAL_NODE_<n>_ROLE`, and an inventory
+group `prefill`/`decode` of the operator's own that holds an engine of the other role (or none) is refused naming
+the host, its engine and the key. Refused as well, naming the host: an engine host with neither `narwhal_node` nor
+an `engine-<n>` name, a `narwhal_node` that is not a positive integer, a host named `engine-<n>` whose
+`narwhal_node` is another number, and two hosts with one node. Two engines on one machine stay possible: two
+inventory hosts with the same `ansible_host`, each with its node, ports and GPUs.
+
+"""
+
+
 def env_example():
     out = ["# narwhal.deploy site inputs. Copy to .env (git-ignored) and fill in.",
            "# Generated from plugins/module_utils/_inputs/catalogue.py by scripts/gen-inputs.py; docs/inputs.md",
@@ -128,7 +156,8 @@ def env_example():
         out.append("# (%s)" % extra)
         out.append("%s=%s" % (spec["name"], "" if spec["example"] is None else spec["example"]))  # empty: unset
         out.append("")
-    out.append("# Per engine: engine-<n> in the inventory is node <n>. The two-engine minimum:")
+    out.append("# Per engine: node <n> is the inventory host with narwhal_node: <n> (or named engine-<n>). The "
+               "two-engine minimum:")
     for spec in NODE_INPUTS:
         out.append("# NARWHAL_NODE_<n>_%s: %s" % (spec["name"], spec["doc"]))
         example = spec.get("example")
@@ -158,8 +187,9 @@ def docs():
         default = ("required" if spec.get("required") else "(unset)" if spec.get("default") is None
                    else "`%s`" % spec.get("default"))
         out.append("| `%s` | %s | %s | %s |" % (spec["name"], kind, default, spec["doc"]))
-    out += ["", "## Per node", "", "`<n>` is the number of the inventory host `engine-<n>`.", "",
-            "| variable | kind | meaning |", "|---|---|---|"]
+    out += [""] + INVENTORY.splitlines()
+    out += ["## Per node", "", "`<n>` is the node number: the inventory host with `narwhal_node: <n>`, or the host "
+            "named `engine-<n>`.", "", "| variable | kind | meaning |", "|---|---|---|"]
     for spec in NODE_INPUTS:
         out.append("| `NARWHAL_NODE_<n>_%s` | %s | %s |" % (spec["name"], spec["kind"], spec["doc"]))
     out += RULES.splitlines()

@@ -113,7 +113,8 @@ def status_row(status):
         state = "%s/%sr" % (state, container["restart_count"])
     nixl = status.get("nixl") or {}
     return "%-10s %-20s %-8s %-9s %-12s %-14s %-7s %-9s %-13s %s" % (
-        status.get("engine"), status.get("inventory_host") or status.get("engine"), status.get("role") or "-", state, _short(container.get("id")),
+        status.get("engine"), status.get("inventory_host") or status.get("engine"), status.get("role") or "-",
+        state, _short(container.get("id")),
         _short(status.get("plan_hash_running")), "ok" if (status.get("health") or {}).get("ok") else "FAIL",
         (status.get("version") or {}).get("served") or "-", _count(nixl.get("bytes_transferred", "-")),
         "; ".join(status.get("problems") or []) or "; ".join(["serving as recorded"] + (status.get("notes") or [])))
@@ -146,7 +147,8 @@ def summary_entry(hostvars, urls=None):
 
 def summary_row(entry):
     return "%-10s %-20s %-8s %-34s %-12s %-10s %-8s %s" % (
-        entry.get("engine"), entry.get("inventory_host") or entry.get("host"), entry.get("role") or "-", entry.get("url") or "-",
+        entry.get("engine"), entry.get("inventory_host") or entry.get("host"), entry.get("role") or "-",
+        entry.get("url") or "-",
         _short(entry.get("container_id")), entry.get("action") or "-", entry.get("vllm_version") or "-",
         entry.get("probe") or "-")
 
