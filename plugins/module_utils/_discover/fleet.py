@@ -102,8 +102,8 @@ def build_fleet(inputs, engines, interfaces):
         node = inputs["nodes"].get(n, {})
         if not node.get("ROLE"):
             raise InputError("NARWHAL_NODE_%d_ROLE" % n,
-                             "inventory host %s has no fleet role; set NARWHAL_NODE_%d_ROLE=prefill or decode"
-                             % (host, n))
+                             "%s (an engine host of the inventory) has no fleet role; set NARWHAL_NODE_%d_ROLE=prefill "
+                             "or decode" % (host, n))
         settings = engine_settings(inputs, host)  # the node's overrides, resolved once (_inputs/nodes.py)
         interface = settings["fabric_interface"]
         facts = dict(interfaces.get(host) or {})
