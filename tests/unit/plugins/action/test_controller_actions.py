@@ -324,3 +324,18 @@ def test_hostvars_fill_only_what_the_task_does_not_give():
     assert __hostvars.prepare_facts({"engines": ["engine-1"], "stage": "write"}, hostvars)["hosts"] == {
         "engine-1": {"gpus": {"vendor": "nvidia"}, "interface": {"name": "eth1"}, "image_id": "sha256:x"}}
     assert "hosts" not in __hostvars.prepare_facts({"engines": ["engine-1"], "stage": "validate"}, hostvars)
+
+
+def test_hostvars_of_an_engine_are_its_inventory_hosts():
+    """Engine hosts of the operator's own names: narwhal_engines ({inventory host: engine-<n>}, the opening play's
+    fact) says whose variables are an engine's; an engine-<n> host without a mapping is its own."""
+    hostvars = {"gpu-a17.dc1.example": {"narwhal_interface": {"name": "ib0"}, "narwhal_gpus": {"vendor": "amd"},
+                                        "prepare_prereqs": {"image_id": "sha256:a"}},
+                "engine-1": {"narwhal_interface": {"name": "wrong"}},
+                "engine-2": {"narwhal_interface": {"name": "eth1"}}}
+    hosts = {"gpu-a17.dc1.example": "engine-1", "engine-2": "engine-2"}
+    args = __hostvars.discovery_facts({"engines": ["engine-1", "engine-2"]}, hostvars, hosts)
+    assert args["interfaces"] == {"engine-1": {"name": "ib0"}, "engine-2": {"name": "eth1"}}
+    assert args["hosts"]["engine-1"]["gpus"] == {"vendor": "amd"}
+    assert __hostvars.prepare_facts({"engines": ["engine-1"], "stage": "write"}, hostvars, hosts)["hosts"] == {
+        "engine-1": {"gpus": {"vendor": "amd"}, "interface": {"name": "ib0"}, "image_id": "sha256:a"}}
