@@ -40,6 +40,7 @@ bench: bootstrap      ## discovery/launch cost vs N on simulated hosts -> bench/
 bench-down:           ## remove the benchmark's simulated site (after an interrupted run or --keep)
 	bench/bench.py --down
 
-docs:                 ## regenerate .env.example, docs/inputs.md and the example launch config
+docs:                 ## regenerate .env.example, docs/inputs.md, the example launch config and the shapes
 	$(VENV)/bin/python scripts/gen-inputs.py
 	$(VENV)/bin/python scripts/gen-example-record.py
+	$(VENV)/bin/python scripts/gen-shapes.py

@@ -1,0 +1,306 @@
+#!/usr/bin/env python3
+"""Plan the shapes operators deploy (docs/shapes.md): for each directory docs/examples/shapes/<shape>/, the launch
+config discovery writes and the containers prepare derives, from the shape's inputs, with the collection's own code.
+
+A shape directory holds the operator's inputs:
+- site.env: the .env of the shape;
+- hosts.yml: the inventory: group engines, each host under the operator's own name with narwhal_node: <n> (two
+  engines on one machine are two inventory hosts with the same ansible_host), and the variables only this generator
+  reads (sim_*, which the collection ignores): per host the proving-ground hardware profile (sim_profile:
+  tests/harness/profiles/<profile>) and fabric address (sim_fabric_ipv4), for the group the fabric subnet
+  (sim_fabric_subnet4) and the model config (sim_model_config: a file of tests/fixtures/real/models, placed as the
+  checkpoint's config.json in a temporary directory for read_checkpoint).
+Each machine (ansible_host) is read as engine_host_facts reads a simulated host of its profile (the readers of
+scripts/proving_ground.py, shared with scripts/gen-example-record.py: GPUs, RDMA, the stand-in image); its
+node.host_id is the value host_id() returns on a machine named ansible_host without a machine-id, so inventory hosts
+of one machine share it.
+
+Next to the inputs it writes:
+- engine-launch.json: discovery's launch config (build_fleet, collect_records, launch_config_errors), dumped as
+  discovery dumps it;
+- commands.txt: for each engine the container the launcher starts, as `docker run` reads it (prepare's derive():
+  the role environment and the one planner, container_spec, then docker_run_argv; the API key redacted), the
+  `vllm serve` command inside it, then the verdicts of prepare's P/D handshake gate (_prepare/gate.py::check_pairs)
+  with the factors it compared, and of its shared-host check (_prepare/checks.py::shared_hosts).
+
+A shape directory with a file PENDING is not planned (the file says what it waits for). `--check` exits 1 when a
+generated file is out of date; `--shapes DIR` plans the shapes below DIR instead. A unit test regenerates every shape
+and compares (tests/unit/scripts/test_gen_shapes.py).
+"""
+
+import os
+import pathlib
+import shlex
+import shutil
+import sys
+import tempfile
+
+import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # proving_ground, also when loaded by a test
+
+import proving_ground as pg  # noqa: E402  pylint: disable=wrong-import-position
+from proving_ground import REAL, ROOT, SiteError  # noqa: E402  pylint: disable=wrong-import-position
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import (  # noqa: E402
+    NODE_VAR,
+    inventory_engines,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.checkpoint import read_checkpoint  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.dotenv import read_dotenv  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import engine_settings  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.validate import load_inputs  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import docker_run_argv  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.checks import (  # noqa: E402
+    derive,
+    shared_hosts,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.gate import (  # noqa: E402
+    EQUAL,
+    check_pairs,
+    factors,
+    pair_problem,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._steps.discovery_outputs import dump  # noqa: E402
+
+SHAPES = ROOT / "docs" / "examples" / "shapes"
+MODELS = REAL / "models"
+PENDING = "PENDING"
+LAUNCH_CONFIG = "engine-launch.json"
+COMMANDS = "commands.txt"
+# prepare's run ID is a hash of the prepared run (records, derived containers, launcher); the container does not
+# depend on it (it names the run directory of the role environment only)
+RUN_ID = "run-000000000000"
+
+
+def shape_dirs(root=SHAPES):
+    """The shape directories below root (those with a site.env), by name."""
+    return sorted(p for p in pathlib.Path(root).iterdir() if (p / "site.env").is_file())
+
+
+def pending(directory):
+    """Why the shape is not planned yet (its PENDING file), or None."""
+    path = pathlib.Path(directory) / PENDING
+    return path.read_text().strip() if path.exists() else None
+
+
+def inventory(directory):
+    """-> (group vars, [(inventory host, its variables)]) of the group engines of the shape's hosts.yml."""
+    data = yaml.safe_load((pathlib.Path(directory) / "hosts.yml").read_text()) or {}
+    group = data.get("engines") or {}
+    hosts = group.get("hosts") or {}
+    if not hosts:
+        raise SiteError("%s/hosts.yml has no hosts in group engines" % directory)
+    return dict(group.get("vars") or {}), [(name, dict(hvars or {})) for name, hvars in hosts.items()]
+
+
+def _need(where, variables, key):
+    if variables.get(key) in (None, ""):
+        raise SiteError("%s has no %s" % (where, key))
+    return variables[key]
+
+
+def checkpoint(tmp, model_path, config_name):
+    """narwhal_model of a checkpoint holding the real model config `config_name` (tests/fixtures/real/models) as its
+    config.json, and the model's tokenizer config next to it where the fixtures have one."""
+    source = MODELS / config_name
+    if not source.is_file():
+        raise SiteError("sim_model_config %s is not a file of %s" % (config_name, MODELS))
+    directory = pathlib.Path(tmp) / "models" / os.path.basename(model_path.rstrip("/"))
+    directory.mkdir(parents=True)
+    shutil.copyfile(str(source), str(directory / "config.json"))
+    tokenizer = MODELS / config_name.replace("__config.json", "__tokenizer_config.json")
+    if config_name.endswith("__config.json") and tokenizer.is_file():
+        shutil.copyfile(str(tokenizer), str(directory / "tokenizer_config.json"))
+    return read_checkpoint(str(directory))
+
+
+def plan(directory):
+    """The shape planned: {"inputs", "engines": {inventory host: engine}, "machines": {engine: ansible_host},
+    "document": the launch config, "derived": {engine: derive()}}."""
+    directory = pathlib.Path(directory)
+    inputs = load_inputs(read_dotenv(str(directory / "site.env")))
+    site = inputs["site"]
+    group_vars, hosts = inventory(directory)
+    names = inventory_engines([(name, hvars.get(NODE_VAR)) for name, hvars in hosts])
+    requested = pg.requested_packages(site)
+    facts, interfaces, machines = {}, {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        model = checkpoint(tmp, site["NARWHAL_MODEL_PATH"], _need("hosts.yml engines vars", group_vars,
+                                                                  "sim_model_config"))
+        for name, hvars in hosts:
+            engine = names[name]
+            where = "hosts.yml host %s" % name
+            machine = _need(where, hvars, "ansible_host")
+            settings = engine_settings(inputs, engine)
+            address = ("inet", _need(where, hvars, "sim_fabric_ipv4"),
+                       _need("hosts.yml engines vars", group_vars, "sim_fabric_subnet4"))
+            interfaces[engine] = pg.interface(settings["fabric_interface"], [address], machine)
+            facts[engine] = pg.host_facts(_need(where, hvars, "sim_profile"), pathlib.Path(tmp) / "dev" / machine,
+                                          settings["image"], requested, model)
+            machines[engine] = machine
+    document, _fleet = pg.launch_config(inputs, sorted(names.values(), key=_node), interfaces, facts)
+    derived = dict((engine, derive(record, site["NARWHAL_ENGINE_CHECKOUT"], RUN_ID))
+                   for engine, record in document["engines"].items())
+    return {"inputs": inputs, "engines": names, "machines": machines, "document": document, "derived": derived}
+
+
+def _node(engine):
+    return int(engine.rsplit("-", 1)[1])
+
+
+def shell_lines(argv, indent="    "):
+    """A command as shell lines joined by backslash-newline: a new line at each option (a word starting with -)
+    except docker's -d, so each option stands on its line with its value."""
+    lines = [[]]
+    for word in argv:
+        if word.startswith("-") and word != "-d" and lines[-1]:
+            lines.append([])
+        lines[-1].append(shlex.quote(word))
+    return (" \\\n" + indent).join(" ".join(line) for line in lines)
+
+
+def gate_verdict(records):
+    """The P/D gate over the fleet, as lines: each prefill/decode pair with what vLLM's handshake compares, then the
+    verdict of check_pairs (passes, or its refusal)."""
+    lines = []
+    facts = dict((engine, factors(record)) for engine, record in records.items())
+    prefill = sorted((e for e, r in records.items() if r["role"] == "prefill"), key=_node)
+    decode = sorted((e for e, r in records.items() if r["role"] == "decode"), key=_node)
+    first = facts[prefill[0]]
+    lines.append("Compared for equality on every prefill/decode pair (vLLM's NIXL compatibility hash and handshake):")
+    for name in EQUAL:
+        values = sorted(set(_show(facts[e][name]["value"]) for e in prefill + decode))
+        shown = values[0] if len(values) == 1 else "differs: " + " / ".join(values)
+        lines.append("  %-40s %s" % (first[name]["label"] + ":", shown))
+    for p in prefill:
+        for d in decode:
+            tp_p, tp_d = records[p]["tensor_parallel_size"], records[d]["tensor_parallel_size"]
+            problem = pair_problem(records[p], records[d], facts[p], facts[d])
+            lines.append("%s (prefill, TP %d) x %s (decode, TP %d): %s" % (
+                p, tp_p, d, tp_d, "handshake predicted to succeed" if problem is None else
+                "refused by %s: %s" % problem))
+            if problem is None and tp_p != tp_d:
+                lines += ["  " + line for line in tp_mapping(records[p], records[d], facts[p])]
+    try:
+        check_pairs(records)
+        lines.append("Verdict: passes (check_pairs: every prefill/decode pair would complete vLLM's NIXL handshake)")
+    except InputError as exc:
+        lines.append("Verdict: refused: %s" % exc)
+    return lines
+
+
+def _show(value):
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def tp_mapping(producer, consumer, facts):
+    """How vLLM maps an unequal TP pair that the gate accepted, in its own terms (TransferTopology), as lines."""
+    tp_p, tp_c = producer["tensor_parallel_size"], consumer["tensor_parallel_size"]
+    heads = facts["num_kv_heads"]["value"]
+    small, large = min(tp_p, tp_c), max(tp_p, tp_c)
+    lines = ["unequal TP: %d divides %d (tp_ratio %d)" % (small, large, large // small)]
+    if facts["use_mla"]["value"]:
+        lines.append("MLA: the latent KV is replicated on every rank, each rank reads it from one remote rank")
+        return lines
+    per_rank = (heads // small, small, heads // large, large, small, large // small)
+    lines += ["the larger TP %d is at most the %d KV heads: no rank holds a replicated head" % (large, heads),
+              "KV heads per rank: %d on the TP-%d engine, %d on the TP-%d engine; each rank of the TP-%d engine "
+              "holds the heads of %d ranks of the other" % per_rank,
+              "KV cache layout %s (head-contiguous), so a rank's heads are one contiguous slice of the remote block"
+              % facts["kv_cache_layout"]["value"],
+              "block size %s on both (the consumer's must be a multiple of the producer's, both ways under kv_both)"
+              % facts["block_size"]["value"]]
+    return lines
+
+
+def shared_host_verdict(records, machines):
+    """Prepare's shared-host check over the fleet, with each machine's engines, as lines."""
+    lines = []
+    by_machine = {}
+    for engine in sorted(records, key=_node):
+        by_machine.setdefault(machines[engine], []).append(engine)
+    for machine, engines in sorted(by_machine.items()):
+        lines.append("%s (host_id %s):" % (machine, records[engines[0]]["node"]["host_id"]))
+        for engine in engines:
+            node = records[engine]["node"]
+            low, high = node["side_channel_ports"]
+            lines.append("  %s: GPUs %s, HTTP %d, attestation %d, side channel %s" % (
+                engine, ",".join(str(i) for i in records[engine]["gpu_host_indices"]), node["engine_port"],
+                node["attest_port"], str(low) if low == high else "%d-%d" % (low, high)))
+    try:
+        shared_hosts(records)
+        lines.append("Verdict: passes (shared_hosts: no two engines of one machine share a GPU or a port)")
+    except InputError as exc:
+        lines.append("Verdict: refused: %s" % exc)
+    return lines
+
+
+def commands(shape, planned):
+    """commands.txt of a planned shape."""
+    records = planned["document"]["engines"]
+    hosts = dict((engine, host) for host, engine in planned["engines"].items())
+    out = ["# The containers of the shape %s, generated by scripts/gen-shapes.py from site.env and hosts.yml" % shape,
+           "# (do not edit): what prepare derives for each engine (_prepare/checks.py::derive: the role environment",
+           "# and the one planner, _plan/container.py::container_spec) as `docker run` reads it (docker_run_argv);",
+           "# the launcher starts exactly that. The API key is redacted; the run ID is a placeholder (%s)." % RUN_ID,
+           ""]
+    for engine in sorted(records, key=_node):
+        record, derived = records[engine], planned["derived"][engine]
+        out.append("## %s (%s) on %s (machine %s)" % (engine, record["role"], hosts[engine],
+                                                      planned["machines"][engine]))
+        out.append(shell_lines(docker_run_argv(derived["container"])))
+        out.append("# inside the container:")
+        out.append(" ".join(shlex.quote(w) for w in derived["container"]["entrypoint"] + derived["container"]
+                            ["command"]))
+        out.append("")
+    out.append("## The P/D handshake gate (prepare: _prepare/gate.py::check_pairs)")
+    out += gate_verdict(records)
+    out.append("")
+    out.append("## Shared hosts (prepare: _prepare/checks.py::shared_hosts)")
+    out += shared_host_verdict(records, planned["machines"])
+    return "\n".join(out) + "\n"
+
+
+def generate(directory):
+    """{file name: text} of the generated files of one shape."""
+    directory = pathlib.Path(directory)
+    planned = plan(directory)
+    return {LAUNCH_CONFIG: dump(planned["document"]), COMMANDS: commands(directory.name, planned)}
+
+
+def main():
+    argv = sys.argv[1:]
+    root = pathlib.Path(argv[argv.index("--shapes") + 1]) if "--shapes" in argv else SHAPES
+    stale = []
+    for directory in shape_dirs(root):
+        why = pending(directory)
+        if why is not None:
+            print("%s: not planned (%s: %s)" % (directory.name, PENDING, why.splitlines()[0] if why else "pending"),
+                  file=sys.stderr)
+            continue
+        try:
+            files = generate(directory)
+        except (SiteError, InputError) as exc:
+            print("cannot plan the shape %s: %s" % (directory, exc), file=sys.stderr)
+            return 2
+        for name, text in sorted(files.items()):
+            path = directory / name
+            if "--check" in argv:
+                if not path.exists() or path.read_text() != text:
+                    stale.append(path)
+            else:
+                path.write_text(text)
+    if stale:
+        print("out of date: %s; run scripts/gen-shapes.py to regenerate" % ", ".join(str(p) for p in stale))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
