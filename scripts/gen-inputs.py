@@ -114,6 +114,11 @@ written; these would otherwise pass silently or end up in generated files:
 """
 
 
+def _shown(value):
+    """A default as .env spells it (a bool as true/false)."""
+    return str(value).lower() if isinstance(value, bool) else value
+
+
 def env_example():
     out = ["# narwhal.deploy site inputs. Copy to .env (git-ignored) and fill in.",
            "# Generated from plugins/module_utils/_inputs/catalogue.py by scripts/gen-inputs.py; docs/inputs.md",
@@ -122,7 +127,7 @@ def env_example():
     for spec in INPUTS:
         out.append("# %s" % spec["doc"])
         extra = ("required" if spec.get("required") else
-                 "optional" if spec.get("default") is None else "default: %s" % spec.get("default"))
+                 "optional" if spec.get("default") is None else "default: %s" % _shown(spec.get("default")))
         if spec.get("choices"):
             extra += "; one of %s" % ", ".join(spec["choices"])
         out.append("# (%s)" % extra)
@@ -156,7 +161,7 @@ def docs():
     for spec in INPUTS:
         kind = spec["kind"] + (" (%s)" % "/".join(spec["choices"]) if spec.get("choices") else "")
         default = ("required" if spec.get("required") else "(unset)" if spec.get("default") is None
-                   else "`%s`" % spec.get("default"))
+                   else "`%s`" % _shown(spec.get("default")))
         out.append("| `%s` | %s | %s | %s |" % (spec["name"], kind, default, spec["doc"]))
     out += ["", "## Per node", "", "`<n>` is the number of the inventory host `engine-<n>`.", "",
             "| variable | kind | meaning |", "|---|---|---|"]
