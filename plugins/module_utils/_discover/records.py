@@ -308,11 +308,18 @@ def _allocation(engine, n, node_policy, site, host, image, image_key, taken, sou
         gpu_ids, reason_vis = visibility_ids(vendor, gpus, gpus_facts.get("gpus", []))
     for g in gpus:
         taken[g["index"]] = engine
-    tp = site.get("NARWHAL_TP_SIZE") or max(1, len(gpus))
-    if gpus and tp != len(gpus):
-        raise InputError("NARWHAL_TP_SIZE", "is %d but %s has %d GPU(s); TP must equal the engine's GPU count: "
-                                            "change NARWHAL_TP_SIZE or NARWHAL_GPUS_PER_ENGINE"
-                         % (tp, engine, len(gpus)))
+    settings = node_settings(site, node_policy, n)
+    dp, dp_key = settings.get("data_parallel_size") or 1, settings["inputs"]["data_parallel_size"]
+    if gpus and not site.get("NARWHAL_TP_SIZE") and len(gpus) % dp:
+        raise InputError(dp_key, "is %d but %s has %d GPU(s), which %d data-parallel ranks cannot share equally "
+                                 "(an engine's GPU count must equal TP x DP); change %s, NARWHAL_GPUS_PER_ENGINE or "
+                                 "NARWHAL_NODE_%d_GPU_IDS" % (dp, engine, len(gpus), dp, dp_key, n))
+    tp = site.get("NARWHAL_TP_SIZE") or max(1, len(gpus) // dp)
+    if gpus and tp * dp != len(gpus):
+        raise InputError("NARWHAL_TP_SIZE", "is %d but %s has %d GPU(s)%s; an engine's GPU count must equal TP x DP: "
+                                            "change NARWHAL_TP_SIZE or NARWHAL_GPUS_PER_ENGINE%s"
+                         % (tp, engine, len(gpus), " and %s is %d" % (dp_key, dp) if dp > 1 else "",
+                            " or %s" % dp_key if dp > 1 else ""))
     accelerator_devices = []
     if vendor == "amd":
         accelerator_devices = list(gpus_facts.get("devices") or ["/dev/kfd"])
@@ -446,6 +453,38 @@ def _lifecycle(engine, site, vllm_version, sources):
     return fields
 
 
+def _parallelism(engine, n, node_policy, site, model, tp, gpus, sources):
+    """-> (DP, EP) of one engine from NARWHAL_DATA_PARALLEL_SIZE / NARWHAL_ENABLE_EXPERT_PARALLEL (or the node's),
+    EP refused for a dense checkpoint; `sources["parallelism"]` only when either is set, so the records of engines
+    without them stay as they were."""
+    settings = node_settings(site, node_policy, n)
+    dp, ep = settings.get("data_parallel_size") or 1, bool(settings.get("enable_expert_parallel"))
+    dp_key, ep_key = settings["inputs"]["data_parallel_size"], settings["inputs"]["enable_expert_parallel"]
+    experts = model.get("num_experts") or 0
+    if ep and not experts:
+        raise InputError(ep_key, "is true but %s serves %s, a dense model (its config.json has no n_routed_experts, "
+                                 "num_local_experts, num_experts or moe_num_experts): expert parallelism shards MoE "
+                                 "experts only; set %s=false%s"
+                         % (engine, model.get("path") or "the checkpoint", ep_key,
+                            " (and NARWHAL_NODE_%d_ENABLE_EXPERT_PARALLEL=false if the site sets it)" % n
+                            if ep_key == "NARWHAL_ENABLE_EXPERT_PARALLEL" else ""))
+    if dp > 1 or ep:
+        ranks = "%s=%d: %d data-parallel rank(s) of TP %d%s" % (
+            dp_key, dp, dp, tp, " (%d GPUs: rank r on the r-th %d of gpu_ids)" % (len(gpus), tp) if gpus else "")
+        sources["parallelism"] = ranks + ("; %s=true: expert parallelism over the %d routed experts of the "
+                                          "checkpoint" % (ep_key, experts) if ep else "")
+    return dp, ep
+
+
+def side_channel_span(vllm_version, dp, tp):
+    """How many consecutive side-channel ports an engine of `dp` ranks of TP `tp` listens on from
+    VLLM_NIXL_SIDE_CHANNEL_PORT: from vLLM 0.14 one per DP rank (base + data_parallel_index, the global DP rank:
+    0.32.0 nixl/base_scheduler.py:77-80, config/parallel.py:1029, v1/engine/core.py:1472); up to 0.11 one per
+    worker (base + dp_rank * tp_size + tp_rank: vLLM PR 24249's nixl_connector_usage.md, the scheduler's
+    base + data_parallel_rank * tensor_parallel_size)."""
+    return dp if release_tuple(vllm_version) >= (0, 14, 0) else dp * tp
+
+
 def build_record(node, site, node_policy, host, image, model, fleet_entry, taken, side_port):
     """One engine's launch record. `host` = {"gpus": narwhal_gpus, "rdma": narwhal_rdma}; `taken` = GPUs of
     engines already placed on this physical host (mutated). The refusals come in this order: allocation,
@@ -459,6 +498,7 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
     transfer, kv_buffer_device = _transfer(engine, n, node, node_policy, site, host, gpus, platform, image_key,
                                            sources)
     expected, nixl = _packages(engine, site, image, image_key)
+    dp, ep = _parallelism(engine, n, node_policy, site, model, tp, gpus, sources)
     model_dtype = _model_dtype(site, model)
     pages = _cache_pages(engine, site, image, model, tp, model_dtype)
     extra_args, sources["extra_args"] = _engine_args(n, node_policy, site, model)
@@ -468,7 +508,7 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
         derived_env["VLLM_SSM_CONV_STATE_LAYOUT"] = "DS"
     vllm_version = image["distributions"]["vllm"]
     lifecycle = _lifecycle(engine, site, vllm_version, sources)
-    span = 1 if release_tuple(vllm_version) >= (0, 14, 0) else tp
+    span = side_channel_span(vllm_version, dp, tp)
     served = site.get("NARWHAL_SERVED_MODEL_NAME") or site["NARWHAL_MODEL_PATH"].rstrip("/").rsplit("/", 1)[-1]
     record = {
         "engine": engine,
@@ -511,6 +551,12 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
         "sources": dict(sources, visibility=reason_vis),
     }
     record["runtime"].update(lifecycle)
+    if dp > 1 or ep:
+        # only then, and in this place (after tensor_parallel_size), so that other records stay byte for byte
+        extra = ([("data_parallel_size", dp)] if dp > 1 else []) + ([("enable_expert_parallel", True)] if ep else [])
+        items = list(record.items())
+        at = [k for k, _v in items].index("tensor_parallel_size") + 1
+        record = dict(items[:at] + extra + items[at:])
     # Refuse now what the launcher would refuse at start: the same planner, on a provisional role environment.
     # (The launcher's record check, _outputs/schemas.py::check_record, runs on the finished document in
     # _steps/discovery_outputs.py, once `sources` is complete.)

@@ -382,6 +382,31 @@ def check_geometry_numbers(config, file_path):
                 )
 
 
+# The keys vLLM reads the expert count from, in its order (vLLM 0.32.0
+# transformers_utils/model_arch_config_convertor.py:189-205, get_num_experts: num_experts (Jamba, Qwen-MoE),
+# moe_num_experts (Dbrx), n_routed_experts (DeepSeek-V2/V3, Kimi-K2), num_local_experts (Mixtral); a list takes its
+# first entry; else the largest n_routed_experts of the "moe" block_configs, lines 168-187). ModelConfig.is_moe is
+# "more than 0 experts" (config/model.py:2276-2277).
+EXPERT_KEYS = ("num_experts", "moe_num_experts", "n_routed_experts", "num_local_experts")
+
+
+def num_experts(config):
+    """The routed experts of the text model as vLLM counts them (EXPERT_KEYS); 0 for a dense model."""
+    merged = _merged(config if isinstance(config, dict) else {})
+    for key in EXPERT_KEYS:
+        value = merged.get(key)
+        if isinstance(value, list) and value:
+            value = value[0]
+        value = _int(value)
+        if value:
+            return max(0, value)
+    largest = 0
+    for block in merged.get("block_configs") or []:
+        if isinstance(block, dict) and block.get("block_type") == "moe":
+            largest = max(largest, _int(block.get("n_routed_experts")) or 0)
+    return largest
+
+
 def record_geometry(geometry):
     """The part of :func:`kv_geometry` a launch record keeps (``runtime.model_geometry``) for the P/D gate, named
     as vLLM's ModelConfig reports it to ``compute_nixl_compatibility_hash``: total KV heads, head size (MLA: the
@@ -421,7 +446,7 @@ def model_facts(path, config_bytes, config, tokenizer_config, tokenizer_files, c
     architectures = config.get("architectures") or _text_config(config).get("architectures") or []
     if isinstance(architectures, str):
         architectures = [architectures]
-    return {
+    facts = {
         "path": path,
         "dtype": find_dtype(config),
         "model_type": config.get("model_type") or _text_config(config).get("model_type"),
@@ -434,3 +459,9 @@ def model_facts(path, config_bytes, config, tokenizer_config, tokenizer_files, c
         "tokenizer_files": sorted(tokenizer_files),
         "kv_geometry": kv_geometry(config),
     }
+    experts = num_experts(config)
+    if experts:
+        # only for a MoE checkpoint, so that the facts (and discovery's inspection extract) of a dense one stay as
+        # they were before expert parallelism was an input
+        facts["num_experts"] = experts
+    return facts

@@ -17,9 +17,9 @@ NODE_KEY = re.compile(r"^NARWHAL_NODE_([1-9][0-9]*)_([A-Z_]+)$")
 IFNAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
 
 
-# kind: str | int | port | choice | path | ip | bind (any IP address) | url | interface | role | args (shell words)
-# | env (KEY=VALUE words) | rate_list (request rates) | number (a positive decimal) | seconds (whole seconds from
-# "min" to "max")
+# kind: str | int | bool (true/false) | port | choice | path | ip | bind (any IP address) | url | interface | role
+# | args (shell words) | env (KEY=VALUE words) | rate_list (request rates) | number (a positive decimal)
+# | seconds (whole seconds from "min" to "max")
 INPUTS = [
     {"name": "NARWHAL_FABRIC_INTERFACE", "kind": "interface", "required": True, "example": "eth1",
      "doc": "Fabric (KV transfer) interface on every engine host. Discovery reads its global addresses; "
@@ -56,7 +56,18 @@ INPUTS = [
      "doc": "GPUs each engine gets (the lowest free indices of its host), or all; per node "
             "NARWHAL_NODE_<n>_GPU_IDS picks explicit host indices."},
     {"name": "NARWHAL_TP_SIZE", "kind": "int", "default": None, "example": None,
-     "doc": "Tensor-parallel size; default: the number of GPUs of the engine. Must equal that number."},
+     "doc": "Tensor-parallel size; default: the number of GPUs of the engine divided by its data-parallel size. "
+            "An engine's GPU count must equal TP x DP."},
+    {"name": "NARWHAL_DATA_PARALLEL_SIZE", "kind": "int", "default": 1, "example": 1,
+     "doc": "Data-parallel ranks of every engine (vllm serve --data-parallel-size): one engine container runs DP "
+            "ranks of TP GPUs each behind one HTTP port, so it gets DP x TP GPUs, and NIXL listens on one "
+            "side-channel port per rank (VLLM_NIXL_SIDE_CHANNEL_PORT + rank from vLLM 0.14). Per node: "
+            "NARWHAL_NODE_<n>_DATA_PARALLEL_SIZE. 1 writes nothing."},
+    {"name": "NARWHAL_ENABLE_EXPERT_PARALLEL", "kind": "bool", "default": False, "example": "false",
+     "doc": "Expert parallelism for the MoE layers of every engine (vllm serve --enable-expert-parallel: experts "
+            "sharded over the engine's DP x TP GPUs instead of tensor-parallel). Only for a MoE checkpoint (its "
+            "config has n_routed_experts, num_local_experts, num_experts or moe_num_experts): a dense model is "
+            "refused. true or false; per node: NARWHAL_NODE_<n>_ENABLE_EXPERT_PARALLEL."},
     {"name": "NARWHAL_TRANSPORT", "kind": "choice", "choices": ["ucx_tcp", "ucx_rdma"], "default": "ucx_tcp",
      "example": "ucx_tcp", "doc": "KV transfer transport of NixlConnector: UCX over TCP or over RDMA."},
     {"name": "NARWHAL_RDMA_DEVICES", "kind": "str", "default": "auto", "example": "auto",
@@ -205,7 +216,11 @@ NODE_INPUTS = [
      "doc": "Engine image of engine-<n> when it differs from NARWHAL_IMAGE (e.g. a ROCm image on an AMD host)."},
     {"name": "GPU_IDS", "kind": "int_list", "example": None,
      "doc": "Explicit host GPU indices of engine-<n> (comma-separated, distinct), instead of "
-            "NARWHAL_GPUS_PER_ENGINE; as many as NARWHAL_TP_SIZE when that is set."},
+            "NARWHAL_GPUS_PER_ENGINE; as many as NARWHAL_TP_SIZE x the engine's data-parallel size when TP is set."},
+    {"name": "DATA_PARALLEL_SIZE", "kind": "int", "example": None,
+     "doc": "Data-parallel ranks of engine-<n>, instead of NARWHAL_DATA_PARALLEL_SIZE."},
+    {"name": "ENABLE_EXPERT_PARALLEL", "kind": "bool", "example": None,
+     "doc": "Expert parallelism of engine-<n> (true or false), instead of NARWHAL_ENABLE_EXPERT_PARALLEL."},
     {"name": "RDMA_DEVICES", "kind": "str", "example": None,
      "doc": "HCA:port list of engine-<n> for ucx_rdma, instead of NARWHAL_RDMA_DEVICES."},
     {"name": "FABRIC_INTERFACE", "kind": "interface", "example": None,

@@ -22,6 +22,8 @@ OVERRIDES = (
     ("attest_port", "ATTEST_PORT", "NARWHAL_ATTEST_PORT"),
     ("image", "IMAGE", "NARWHAL_IMAGE"),
     ("rdma_devices", "RDMA_DEVICES", "NARWHAL_RDMA_DEVICES"),
+    ("data_parallel_size", "DATA_PARALLEL_SIZE", "NARWHAL_DATA_PARALLEL_SIZE"),
+    ("enable_expert_parallel", "ENABLE_EXPERT_PARALLEL", "NARWHAL_ENABLE_EXPERT_PARALLEL"),
 )
 
 # (setting, node input) of the inputs that exist per node only (None when unset); the URLs' defaults need the
@@ -43,7 +45,7 @@ def node_settings(site, node, n):
     settings = {"engine": "engine-%d" % n if n is not None else None, "node": n}
     sources = {}
     for name, node_key, site_key in OVERRIDES:
-        if node.get(node_key):
+        if node.get(node_key) not in (None, ""):  # a node's false (ENABLE_EXPERT_PARALLEL) overrides too
             settings[name], sources[name] = node[node_key], "NARWHAL_NODE_%d_%s" % (n, node_key)
         else:
             settings[name], sources[name] = site.get(site_key), site_key

@@ -96,6 +96,8 @@ def _check(spec, key, raw):
     value = raw.strip() if isinstance(raw, str) else raw
     if kind == "int":
         return _positive(key, value)
+    if kind == "bool":
+        return _bool(key, value)
     if kind == "port":
         number = _whole(key, value)
         if not 1 <= number <= 65535:
@@ -180,6 +182,18 @@ def _check(spec, key, raw):
         except PlanError as exc:
             raise InputError(key, "%s; %s" % (exc, FIX))
     return value
+
+
+BOOL_WORDS = {"true": True, "false": False}
+
+
+def _bool(key, value):
+    if isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word not in BOOL_WORDS:
+        raise InputError(key, "%r is not true or false; %s" % (value, FIX))
+    return BOOL_WORDS[word]
 
 
 def _positive(key, value):
@@ -479,13 +493,36 @@ def _cross_check(site, nodes):
                                  "reached on that family); set an %s address or change NARWHAL_BIND_FAMILY; %s"
                                  % (node["IP"], version, family, family, FIX))
         ids = node.get("GPU_IDS")
-        if ids and tp and len(ids) != tp:
+        dp, dp_key = _data_parallel(site, node, n)
+        if ids and tp and len(ids) != tp * dp:
             raise InputError("NARWHAL_NODE_%d_GPU_IDS" % n,
-                             "lists %d GPU(s) (%s) but NARWHAL_TP_SIZE is %d; TP must equal the engine's GPU count: "
-                             "list %d GPU(s) or change NARWHAL_TP_SIZE; %s"
-                             % (len(ids), ",".join(map(str, ids)), tp, tp, FIX))
+                             "lists %d GPU(s) (%s) but NARWHAL_TP_SIZE is %d%s; an engine's GPU count must equal "
+                             "TP x DP: list %d GPU(s) or change NARWHAL_TP_SIZE%s; %s"
+                             % (len(ids), ",".join(map(str, ids)), tp,
+                                " and %s is %d" % (dp_key, dp) if dp > 1 else "", tp * dp,
+                                " or %s" % dp_key if dp > 1 else "", FIX))
+        if ids and not tp and len(ids) % dp:
+            raise InputError(dp_key, "is %d but NARWHAL_NODE_%d_GPU_IDS lists %d GPU(s), which %d data-parallel "
+                                     "ranks cannot share equally (an engine's GPU count must equal TP x DP); list a "
+                                     "multiple of %d GPUs or change %s; %s" % (dp, n, len(ids), dp, dp, dp_key, FIX))
     engines_by_count = [n for n in sorted(nodes) if nodes[n].get("ROLE") and not nodes[n].get("GPU_IDS")]
-    if tp and isinstance(per_engine, int) and per_engine != tp and engines_by_count:
-        raise InputError("NARWHAL_TP_SIZE", "is %d but NARWHAL_GPUS_PER_ENGINE gives engine-%d %d GPU(s); TP must "
-                                            "equal the engine's GPU count: change NARWHAL_TP_SIZE or "
-                                            "NARWHAL_GPUS_PER_ENGINE; %s" % (tp, engines_by_count[0], per_engine, FIX))
+    for n in engines_by_count:
+        dp, dp_key = _data_parallel(site, nodes[n], n)
+        if tp and isinstance(per_engine, int) and per_engine != tp * dp:
+            raise InputError("NARWHAL_TP_SIZE", "is %d but NARWHAL_GPUS_PER_ENGINE gives engine-%d %d GPU(s)%s; an "
+                                                "engine's GPU count must equal TP x DP: change NARWHAL_TP_SIZE or "
+                                                "NARWHAL_GPUS_PER_ENGINE%s; %s"
+                             % (tp, n, per_engine, " and %s is %d" % (dp_key, dp) if dp > 1 else "",
+                                " or %s" % dp_key if dp > 1 else "", FIX))
+        if not tp and isinstance(per_engine, int) and per_engine % dp:
+            raise InputError(dp_key, "is %d but NARWHAL_GPUS_PER_ENGINE gives engine-%d %d GPU(s), which %d "
+                                     "data-parallel ranks cannot share equally (an engine's GPU count must equal TP x "
+                                     "DP); set NARWHAL_GPUS_PER_ENGINE to a multiple of %d or change %s; %s"
+                             % (dp, n, per_engine, dp, dp, dp_key, FIX))
+
+
+def _data_parallel(site, node, n):
+    """(the data-parallel size of node `n`, the input it came from)."""
+    if node.get("DATA_PARALLEL_SIZE") is not None:
+        return node["DATA_PARALLEL_SIZE"], "NARWHAL_NODE_%d_DATA_PARALLEL_SIZE" % n
+    return site.get("NARWHAL_DATA_PARALLEL_SIZE") or 1, "NARWHAL_DATA_PARALLEL_SIZE"

@@ -79,6 +79,9 @@ RECORD_SCHEMA = {
         "gpu_ids": {"type": "array", "items": {"type": "string", "pattern": GPU_ID_PATTERN}, "uniqueItems": True},
         "gpu_host_indices": {"type": "array", "items": {"type": "integer", "minimum": 0}, "uniqueItems": True},
         "tensor_parallel_size": {"type": "integer", "minimum": 1},
+        # present only when above 1 / true, so that the records of engines without them stay as they were
+        "data_parallel_size": {"type": "integer", "minimum": 2},
+        "enable_expert_parallel": {"const": True},
         "gpu_visibility_env": {"enum": ["CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", None]},
         "accelerator_devices": _PATHS,
         "network_mode": {"const": "host"},
@@ -323,15 +326,16 @@ def _semantic_errors(record):
     vendor, runtime = record["accelerator"]["vendor"], record["runtime"]
     gpu_ids, host_indices = record["gpu_ids"], record.get("gpu_host_indices")
     tp = record["tensor_parallel_size"]
+    dp = record.get("data_parallel_size", 1)
     if host_indices is not None and len(host_indices) != len(gpu_ids):
         out.append(("gpu_host_indices", "%r has %d entries but gpu_ids has %d: one host index per GPU"
                     % (host_indices, len(host_indices), len(gpu_ids))))
     if record["accelerator"]["count"] != len(gpu_ids):
         out.append(("accelerator.count", "%d is not the number of gpu_ids (%d)"
                     % (record["accelerator"]["count"], len(gpu_ids))))
-    if gpu_ids and tp != len(gpu_ids):
-        out.append(("tensor_parallel_size", "%d is not the number of gpu_ids (%d): vLLM runs one rank per GPU"
-                    % (tp, len(gpu_ids))))
+    if gpu_ids and tp * dp != len(gpu_ids):
+        out.append(("tensor_parallel_size", "%d%s is not the number of gpu_ids (%d): vLLM runs one rank per GPU"
+                    % (tp, " x data_parallel_size %d" % dp if dp > 1 else "", len(gpu_ids))))
     if vendor in ("nvidia", "amd") and not gpu_ids:
         out.append(("gpu_ids", "is empty, but accelerator.vendor is %s" % vendor))
     if vendor == "cpu" and gpu_ids:

@@ -25,12 +25,24 @@ MANAGED_LONG_FLAGS = (
     "--port", "--host", "--tensor-parallel-size", "--kv-transfer-config", "--api-key", "--served-model-name",
     "--model", "--dtype", "--kv-cache-dtype", "--block-size", "--data-parallel-size", "--pipeline-parallel-size",
     "--config", "--uds", "--kv-events-config", "--trust-remote-code", "--shutdown-timeout",
+    # data and expert parallelism: the size and EP from their inputs; the rest (the rank layout and rendezvous of a
+    # DP engine, vLLM 0.32.0 engine/arg_utils.py:1208-1276, serve --headless) is the planner's too
+    "--enable-expert-parallel", "--data-parallel-rank", "--data-parallel-start-rank", "--data-parallel-size-local",
+    "--data-parallel-address", "--data-parallel-rpc-port", "--data-parallel-backend", "--data-parallel-hybrid-lb",
+    "--data-parallel-external-lb", "--data-parallel-multi-port-external-lb", "--headless",
 )
 
-FLAG_INPUTS = {"--shutdown-timeout": "NARWHAL_SHUTDOWN_TIMEOUT"}  # managed flags one input owns
+# managed flags one input owns
+FLAG_INPUTS = {"--shutdown-timeout": "NARWHAL_SHUTDOWN_TIMEOUT", "--data-parallel-size": "NARWHAL_DATA_PARALLEL_SIZE",
+               "--enable-expert-parallel": "NARWHAL_ENABLE_EXPERT_PARALLEL"}
 
 MANAGED_SHORT_FLAGS = {"-tp": "--tensor-parallel-size", "-dp": "--data-parallel-size",
-                       "-pp": "--pipeline-parallel-size"}
+                       "-pp": "--pipeline-parallel-size", "-ep": "--enable-expert-parallel",
+                       "-dpn": "--data-parallel-rank", "-dpr": "--data-parallel-start-rank",
+                       "-dpl": "--data-parallel-size-local", "-dpa": "--data-parallel-address",
+                       "-dpp": "--data-parallel-rpc-port", "-dpb": "--data-parallel-backend",
+                       "-dph": "--data-parallel-hybrid-lb", "-dpe": "--data-parallel-external-lb",
+                       "-dpm": "--data-parallel-multi-port-external-lb"}
 
 
 # Derived by discovery from the checkpoint (auto_map): in a record's runtime.extra_args only when
@@ -113,6 +125,8 @@ def flag_name(token):
     head = token.split("=", 1)[0]
     if head.startswith("--"):
         head = head.split(".", 1)[0].replace("_", "-")
+        if head in MANAGED_LONG_FLAGS:  # before the abbreviations: --data-parallel-size abbreviates -size-local
+            return head
         for flag in MANAGED_LONG_FLAGS:
             if head == flag or (len(head) > 3 and flag.startswith(head)):
                 return flag

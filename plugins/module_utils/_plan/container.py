@@ -326,16 +326,41 @@ def _abs_path(path, where):
     return path
 
 
+def parallelism(record):
+    """(data-parallel size, expert parallelism) of a record: `data_parallel_size` (present only above 1) and
+    `enable_expert_parallel` (present only when true); a record without them is DP 1 without EP."""
+    dp = record.get("data_parallel_size", 1)
+    if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1:
+        raise PlanError("launch record data_parallel_size=%r must be a whole number >= 1; %s" % (dp, RERUN),
+                        "data_parallel_size")
+    ep = record.get("enable_expert_parallel", False)
+    if not isinstance(ep, bool):
+        raise PlanError("launch record enable_expert_parallel=%r must be true or false; %s" % (ep, RERUN),
+                        "enable_expert_parallel")
+    return dp, ep
+
+
+def parallel_flags(record):
+    """The vllm serve flags of data and expert parallelism, after --tensor-parallel-size: `--data-parallel-size N`
+    for DP > 1 (vLLM starts N engine cores behind the one API port, each on TP consecutive GPUs of the visibility
+    list: v1/engine/utils.py get_physical_gpu_ids_for_local_dp_rank) and `--enable-expert-parallel`; nothing for
+    DP 1 without EP, so those commands (and plan hashes) stay as they were."""
+    dp, ep = parallelism(record)
+    return (["--data-parallel-size", str(dp)] if dp > 1 else []) + (["--enable-expert-parallel"] if ep else [])
+
+
 def _gpu_fields(record, vendor):
-    """(gpu_ids, gpu_host_indices, TP) of a record, checked against each other."""
+    """(gpu_ids, gpu_host_indices, TP) of a record, checked against each other (DP x TP GPUs)."""
     gpu_ids = [str(g) for g in record_field(record, "gpu_ids", list)]
     host_indices = record_field(record, "gpu_host_indices", list)
     tp = record_field(record, "tensor_parallel_size", int)
     if tp < 1:
         raise PlanError("launch record tensor_parallel_size=%d must be >= 1" % tp, "tensor_parallel_size")
-    if gpu_ids and len(gpu_ids) != tp:
-        raise PlanError("launch record gpu_ids has %d entries but tensor_parallel_size is %d; %s"
-                        % (len(gpu_ids), tp, RERUN), "gpu_ids")
+    dp = parallelism(record)[0]
+    if gpu_ids and len(gpu_ids) != tp * dp:
+        raise PlanError("launch record gpu_ids has %d entries but tensor_parallel_size is %d%s; %s"
+                        % (len(gpu_ids), tp, " and data_parallel_size %d (DP x TP GPUs)" % dp if dp > 1 else "",
+                           RERUN), "gpu_ids")
     if len(host_indices) != len(gpu_ids) or len(set(gpu_ids)) != len(gpu_ids) \
             or any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in host_indices) \
             or len(set(host_indices)) != len(host_indices):
@@ -469,6 +494,7 @@ def container_spec(record, role_env):
         "--host", BIND_HOSTS[family],
         "--port", str(http_port),
         "--tensor-parallel-size", str(tp),
+    ] + parallel_flags(record) + [
         "--kv-transfer-config", json.dumps(kv_transfer_config(record), separators=(",", ":")),
         "--dtype", record_field(record, "runtime.model_dtype", str, allow_empty=False),
         "--kv-cache-dtype", record_field(record, "runtime.kv_cache_dtype", str, allow_empty=False),

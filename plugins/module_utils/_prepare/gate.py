@@ -24,6 +24,16 @@ What vLLM checks, read from the released wheels 0.14.0, 0.19.1, 0.22.0-0.25.0, 0
   the consumer's block size must be a multiple of the producer's (``block_size_ratio``), layouts must agree
   for non-MLA models, DCP sizes must divide each other, and (< 0.22) models with Mamba state need equal TP.
 
+Data- and expert-parallel engines (read in the installed vLLM 0.32.0 of the project's CPU image and checked in
+vLLM's history): neither the hash nor the handshake compares the DP size or expert parallelism. Each DP rank of an
+engine is its own NIXL agent (``engine_id`` + ``_dp<rank>``, v1/engine/utils.py:480-489) with its own side channel
+(``VLLM_NIXL_SIDE_CHANNEL_PORT + data_parallel_index``, nixl/base_scheduler.py:77-80), and the producer's
+``kv_transfer_params`` name that rank's ``remote_port``, so a consumer rank handshakes with exactly one producer
+rank; what it compares is that rank's attention TP (``tp_size``: TP, not DP x TP), block size, layout and the hash
+above. Expert parallelism shards the MoE weights only, not the KV cache (``NixlAgentMetadata`` has no DP or EP
+field, metadata.py:57-80). So a DP 2 + EP prefill pairs with a DP 1 decode of the same TP and checkpoint; the
+factors below (TP included) are compared per rank and need no DP/EP factor.
+
 Every engine is ``kv_both`` and the probe moves KV both ways, so each engine is checked as producer and as
 consumer of the other: the directional rules then come down to equal block sizes and, for unequal TP, a
 larger TP no bigger than the KV heads.
@@ -82,7 +92,8 @@ FACTORS = [
     ("decode_context_parallel_size", "decode context parallel size", "NARWHAL_EXTRA_ARGS",
      "give both engines DCP sizes that divide each other (--decode-context-parallel-size in NARWHAL_EXTRA_ARGS)"),
     ("tensor_parallel_size", "tensor-parallel size", "NARWHAL_TP_SIZE",
-     "give both engines one TP size (NARWHAL_TP_SIZE, NARWHAL_GPUS_PER_ENGINE or NARWHAL_NODE_<n>_GPU_IDS)"),
+     "give both engines one TP size (NARWHAL_TP_SIZE, NARWHAL_GPUS_PER_ENGINE or NARWHAL_NODE_<n>_GPU_IDS; with "
+     "data parallelism TP is the GPUs of one DP rank: GPUs / NARWHAL_DATA_PARALLEL_SIZE)"),
 ]
 
 _FACTOR = dict((f[0], f) for f in FACTORS)

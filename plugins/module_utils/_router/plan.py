@@ -69,9 +69,33 @@ def fleet_workers(fleet, where="NARWHAL_FLEET"):
     return workers
 
 
-def router_args(site, workers):
+def data_parallel_size(site, workers, engines=None):
+    """The engines' one data-parallel size for vllm-router's --intra-node-data-parallel-size: each engine's
+    `data_parallel_size` setting from `engines` (narwhal_site.engines: the per-node overrides applied) when given,
+    else NARWHAL_DATA_PARALLEL_SIZE. vllm-router 0.1.17 takes one size for every worker (router_args.py:374-379:
+    "Intra-node data parallel size for DP-aware routing (automatically enabled when > 1)"; it then routes to
+    <worker URL>@<rank> for ranks 0..size-1 and names the rank in the X-data-parallel-rank header, which vLLM's
+    OpenAI server hands to its DP load balancer: vLLM 0.32.0 entrypoints/generate/base/serving.py:220-232,
+    v1/engine/core_client.py:1648), so a fleet whose engines differ in DP size is refused by name."""
+    default = site.get("NARWHAL_DATA_PARALLEL_SIZE") or 1
+    sizes = {}
+    for worker in workers["prefill"] + workers["decode"]:
+        settings = (engines or {}).get(worker["engine"]) or {}
+        sizes[worker["engine"]] = settings.get("data_parallel_size") or default
+    if len(set(sizes.values())) > 1:
+        shown = ", ".join("%s %d" % (e, n) for e, n in sorted(sizes.items()))
+        raise PlanError("NARWHAL_DATA_PARALLEL_SIZE: the engines differ in data-parallel size (%s), but vllm-router "
+                        "routes to every worker with one --intra-node-data-parallel-size; give every engine of the "
+                        "fleet one size (NARWHAL_DATA_PARALLEL_SIZE, NARWHAL_NODE_<n>_DATA_PARALLEL_SIZE), then rerun "
+                        "discovery and the router stage" % shown, "NARWHAL_DATA_PARALLEL_SIZE")
+    return sizes.popitem()[1] if sizes else default
+
+
+def router_args(site, workers, engines=None):
     """The vllm-router command line (its own parser reads it in the container: an option it does not know is refused
-    there, at start). No secret is in it: the key reaches the router from a file (narwhal_router.py)."""
+    there, at start). No secret is in it: the key reaches the router from a file (narwhal_router.py). Data-parallel
+    engines add --intra-node-data-parallel-size (data_parallel_size); DP 1 adds nothing, so the plan of such a
+    fleet stays as it was."""
     bind = site["NARWHAL_ROUTER_BIND"]
     port, metrics = int(site["NARWHAL_ROUTER_PORT"]), int(site["NARWHAL_ROUTER_METRICS_PORT"])
     if port == metrics:
@@ -90,15 +114,18 @@ def router_args(site, workers):
              "--worker-startup-check-interval", str(STARTUP_CHECK_S),
              "--health-check-interval-secs", str(HEALTH_INTERVAL_S),
              "--health-failure-threshold", str(HEALTH_FAILURES)]
+    dp = data_parallel_size(site, workers, engines)
+    if dp > 1:
+        args += ["--intra-node-data-parallel-size", str(dp)]
     return args
 
 
-def router_config(site, workers):
+def router_config(site, workers, engines=None):
     """The document the router host keeps as NARWHAL_ROUTER_DIR/router.json (no secret): the command line, the key
     file and the engine URLs a client's key is checked against (vllm-router's api_key_validation_urls: a client key
     is accepted when one of them accepts it, so the engines stay the one judge of the key)."""
     urls = [w["url"] for w in workers["decode"] + workers["prefill"]]
-    return {"args": router_args(site, workers), "api_key_file": KEY,
+    return {"args": router_args(site, workers, engines), "api_key_file": KEY,
             "api_key_validation_urls": [u + "/v1/models" for u in urls]}
 
 
@@ -112,10 +139,11 @@ def local_url(bind, port):
     return "http://%s:%d" % ("[%s]" % host if ":" in host else host, int(port))
 
 
-def router_plan(site, fleet, image_id, version, entry_sha256, address=None):
-    """The complete router plan: container, mounts, the config document and the hash of all of it."""
+def router_plan(site, fleet, image_id, version, entry_sha256, address=None, engines=None):
+    """The complete router plan: container, mounts, the config document and the hash of all of it (`engines`:
+    narwhal_site.engines, for per-node data-parallel sizes)."""
     workers = fleet_workers(fleet)
-    config = router_config(site, workers)
+    config = router_config(site, workers, engines)
     port, metrics = int(site["NARWHAL_ROUTER_PORT"]), int(site["NARWHAL_ROUTER_METRICS_PORT"])
     plan = {
         "name": CONTAINER_NAME,

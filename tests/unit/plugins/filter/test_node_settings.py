@@ -54,9 +54,12 @@ def test_a_node_override_wins_and_names_its_input():
     assert s2 == {"engine": "engine-2", "node": 2, "role": "decode", "fabric_interface": "ib0", "engine_port": 8100,
                   "attest_port": 8101, "image": "rocm/vllm:v0.33.0", "rdma_devices": "mlx5_0:1", "ip": None,
                   "url": None, "attestation_url": "http://10.0.0.12:8101/attest",
+                  "data_parallel_size": 1, "enable_expert_parallel": False,
                   "inputs": {"fabric_interface": "NARWHAL_NODE_2_FABRIC_INTERFACE",
                              "engine_port": "NARWHAL_NODE_2_ENGINE_PORT", "attest_port": "NARWHAL_NODE_2_ATTEST_PORT",
-                             "image": "NARWHAL_NODE_2_IMAGE", "rdma_devices": "NARWHAL_NODE_2_RDMA_DEVICES"}}
+                             "image": "NARWHAL_NODE_2_IMAGE", "rdma_devices": "NARWHAL_NODE_2_RDMA_DEVICES",
+                             "data_parallel_size": "NARWHAL_DATA_PARALLEL_SIZE",
+                             "enable_expert_parallel": "NARWHAL_ENABLE_EXPERT_PARALLEL"}}
 
 
 def test_without_an_override_the_site_value_applies():
@@ -68,7 +71,8 @@ def test_without_an_override_the_site_value_applies():
     assert s1["rdma_devices"] == inputs["site"]["NARWHAL_RDMA_DEVICES"]
     assert s1["inputs"] == {"fabric_interface": "NARWHAL_FABRIC_INTERFACE", "engine_port": "NARWHAL_ENGINE_PORT",
                             "attest_port": "NARWHAL_ATTEST_PORT", "image": "NARWHAL_IMAGE",
-                            "rdma_devices": "NARWHAL_RDMA_DEVICES"}
+                            "rdma_devices": "NARWHAL_RDMA_DEVICES", "data_parallel_size": "NARWHAL_DATA_PARALLEL_SIZE",
+                            "enable_expert_parallel": "NARWHAL_ENABLE_EXPERT_PARALLEL"}
     assert (s1["role"], s1["ip"], s1["url"], s1["attestation_url"]) == ("prefill", None, None, None)
 
 
@@ -225,3 +229,13 @@ def test_inventory_engines_ties_hosts_to_their_nodes_and_keeps_env_the_source_of
         inventory_engines(dict(groups, engines=groups["engines"] + ["gpu-c11"], decode=["gpu-c11"]), hostvars,
                           narwhal_site)
     assert "gpu-c11 (engine-3) is in the inventory's group decode, but .env has no role for it" in str(err.value)
+
+
+def test_a_nodes_false_overrides_the_sites_true():
+    inputs = load_inputs(dict(OVERRIDDEN, NARWHAL_ENABLE_EXPERT_PARALLEL="true",
+                              NARWHAL_NODE_2_ENABLE_EXPERT_PARALLEL="false", NARWHAL_NODE_2_DATA_PARALLEL_SIZE="2"))
+    s1 = _nodes.node_settings(inputs["site"], inputs["nodes"][1], 1)
+    s2 = _nodes.node_settings(inputs["site"], inputs["nodes"][2], 2)
+    assert (s1["enable_expert_parallel"], s1["data_parallel_size"]) == (True, 1)
+    assert (s2["enable_expert_parallel"], s2["data_parallel_size"]) == (False, 2)
+    assert s2["inputs"]["enable_expert_parallel"] == "NARWHAL_NODE_2_ENABLE_EXPERT_PARALLEL"

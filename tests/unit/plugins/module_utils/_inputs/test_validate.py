@@ -290,3 +290,34 @@ def test_the_lease_and_the_drain_are_checked_and_owned_by_their_inputs(extra, ke
 def test_the_lease_and_the_drain_pass(extra, values):
     site = load_inputs(dict(BASE, **extra))["site"]
     assert (site["NARWHAL_KV_LEASE_SECONDS"], site["NARWHAL_SHUTDOWN_TIMEOUT"]) == values
+
+
+@pytest.mark.parametrize("extra,key,words", [
+    ({"NARWHAL_DATA_PARALLEL_SIZE": "0"}, "NARWHAL_DATA_PARALLEL_SIZE", ""),
+    ({"NARWHAL_NODE_1_DATA_PARALLEL_SIZE": "two"}, "NARWHAL_NODE_1_DATA_PARALLEL_SIZE", ""),
+    ({"NARWHAL_ENABLE_EXPERT_PARALLEL": "yes"}, "NARWHAL_ENABLE_EXPERT_PARALLEL", "not true or false"),
+    ({"NARWHAL_NODE_2_ENABLE_EXPERT_PARALLEL": "1"}, "NARWHAL_NODE_2_ENABLE_EXPERT_PARALLEL", "not true or false"),
+    # an engine's GPU count is TP x DP
+    ({"NARWHAL_NODE_1_GPU_IDS": "0,1", "NARWHAL_TP_SIZE": "2", "NARWHAL_DATA_PARALLEL_SIZE": "2"},
+     "NARWHAL_NODE_1_GPU_IDS", "list 4 GPU(s)"),
+    ({"NARWHAL_NODE_1_GPU_IDS": "0,1,2", "NARWHAL_NODE_1_DATA_PARALLEL_SIZE": "2"},
+     "NARWHAL_NODE_1_DATA_PARALLEL_SIZE", "cannot share equally"),
+    ({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_TP_SIZE": "4", "NARWHAL_NODE_2_DATA_PARALLEL_SIZE": "2"},
+     "NARWHAL_TP_SIZE", "NARWHAL_NODE_2_DATA_PARALLEL_SIZE is 2"),
+    ({"NARWHAL_GPUS_PER_ENGINE": "3", "NARWHAL_DATA_PARALLEL_SIZE": "2"},
+     "NARWHAL_DATA_PARALLEL_SIZE", "multiple of 2"),
+])
+def test_data_and_expert_parallel_inputs_are_checked_by_name(extra, key, words):
+    err = refused_input(extra)
+    assert err.key == key and words in str(err)
+
+
+def test_data_and_expert_parallel_inputs_read_as_numbers_and_booleans():
+    inputs = load_inputs(dict(BASE, NARWHAL_DATA_PARALLEL_SIZE="2", NARWHAL_ENABLE_EXPERT_PARALLEL="TRUE",
+                              NARWHAL_NODE_2_ENABLE_EXPERT_PARALLEL="false", NARWHAL_GPUS_PER_ENGINE="4",
+                              NARWHAL_TP_SIZE="2"))
+    site = inputs["site"]
+    assert site["NARWHAL_DATA_PARALLEL_SIZE"] == 2 and site["NARWHAL_ENABLE_EXPERT_PARALLEL"] is True
+    assert inputs["nodes"][2]["ENABLE_EXPERT_PARALLEL"] is False
+    defaults = load_inputs(dict(BASE))["site"]
+    assert defaults["NARWHAL_DATA_PARALLEL_SIZE"] == 1 and defaults["NARWHAL_ENABLE_EXPERT_PARALLEL"] is False

@@ -33,6 +33,9 @@ def _records(tmp_path):
     cpu = host(_gpu.empty_facts("none"), tmp_path, img=image({"vllm": "0.32.0+cpu", "nixl": "0.7.1"}, ["PATH=/usr/bin"],
                                                              "vllm/vllm-openai-cpu:v0.32.0"))
     yield "cpu", build({"NARWHAL_BLOCK_SIZE": "64"}, {"engine-1": cpu, "engine-2": cpu}, shared=False)
+    yield "dp-ep", build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_DATA_PARALLEL_SIZE": "2",
+                          "NARWHAL_ENABLE_EXPERT_PARALLEL": "true", "NARWHAL_NODE_2_DATA_PARALLEL_SIZE": "4"},
+                         nv_pair(tmp_path, mdl=model(tmp_path, "aiconf__mistralai--Mixtral-8x7B-v0.1")))
     amd_host = host(amd(), tmp_path)
     amd_host["image"] = dict(amd_host["image"], platform="rocm", nixl_distribution="nixl-rocm",
                              distributions={"vllm": "0.33.0", "nixl-rocm": "1.5.1"})
@@ -83,6 +86,9 @@ def test_manifest_equals_the_launchers_plan_for_every_record(tmp_path):
     ({"transfer": {"ucx_tls": ["tcp", "cuda_copy", "warp"]}}, "warp is not a UCX transport"),
     ({"accelerator_devices": ["/dev/../etc/shadow"]}, "is not a /dev path"),
     ({"gpu_host_indices": [0, 0, 1, 2, 3, 4, 5, 6]}, "must be distinct"),
+    ({"data_parallel_size": 2}, "tensor_parallel_size is 8 and data_parallel_size 2"),
+    ({"data_parallel_size": 0}, "data_parallel_size=0 must be a whole number >= 1"),
+    ({"enable_expert_parallel": "yes"}, "enable_expert_parallel='yes' must be true or false"),
 ])
 def test_hand_broken_records_refused_by_the_planner(broken, words):
     from test_support.launcher import le, record, role_env
@@ -186,3 +192,48 @@ def test_a_prefill_whose_drain_is_shorter_than_its_lease_is_warned(role, runtime
     rec["runtime"].update(runtime)
     warning = drain_warning(rec)
     assert (warning is None) if warned is None else (warned in warning)
+
+
+# ------------------------------------------------------------------------------ data- and expert-parallel engines
+
+def test_dp_and_ep_engines_get_their_flags_after_tp_and_every_gpu(tmp_path):
+    built = tmp_path / "built"
+    built.mkdir()
+    records = build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_DATA_PARALLEL_SIZE": "2",
+                     "NARWHAL_ENABLE_EXPERT_PARALLEL": "true", "NARWHAL_NODE_2_DATA_PARALLEL_SIZE": "4"},
+                    nv_pair(built, mdl=model(built, "aiconf__mistralai--Mixtral-8x7B-v0.1")))
+    plans = dict((engine, (derived, host_plan["plan"])) for _name, engine, derived, host_plan
+                 in _host_plans(tmp_path, [("dp-ep", records)]))
+    one, two = plans["engine-1"][1], plans["engine-2"][1]
+    at = one["command"].index("--tensor-parallel-size")
+    assert one["command"][at:at + 5] == ["--tensor-parallel-size", "2", "--data-parallel-size", "2",
+                                         "--enable-expert-parallel"]
+    assert two["command"][at:at + 5] == ["--tensor-parallel-size", "1", "--data-parallel-size", "4",
+                                         "--enable-expert-parallel"]
+    assert one["device_requests"][0]["device_ids"] == ["0", "1", "2", "3"]
+    assert len(one["environment"]["CUDA_VISIBLE_DEVICES"].split(",")) == 4
+    # one side-channel base per engine: vLLM adds the DP rank (engine-2 starts after engine-1's two ranks)
+    assert (one["environment"]["VLLM_NIXL_SIDE_CHANNEL_PORT"], two["environment"]["VLLM_NIXL_SIDE_CHANNEL_PORT"]) == \
+        ("5600", "5602")
+
+
+@pytest.mark.parametrize("words,flag,owner", [
+    (["--data-parallel-size", "2"], "--data-parallel-size", "set NARWHAL_DATA_PARALLEL_SIZE instead"),
+    (["-dp=2"], "--data-parallel-size", "set NARWHAL_DATA_PARALLEL_SIZE instead"),
+    (["--enable-expert-parallel"], "--enable-expert-parallel", "set NARWHAL_ENABLE_EXPERT_PARALLEL instead"),
+    (["--no-enable-expert-parallel"], "--enable-expert-parallel", "NARWHAL_ENABLE_EXPERT_PARALLEL"),
+    (["-ep"], "--enable-expert-parallel", "NARWHAL_ENABLE_EXPERT_PARALLEL"),
+    (["--data-parallel-size-local", "1"], "--data-parallel-size-local", "launcher-managed"),
+    (["--data_parallel_start_rank=1"], "--data-parallel-start-rank", "launcher-managed"),
+    (["-dpa", "10.0.0.1"], "--data-parallel-address", "launcher-managed"),
+    (["--data-parallel-rpc-port", "13345"], "--data-parallel-rpc-port", "launcher-managed"),
+    (["--headless"], "--headless", "launcher-managed"),
+    (["--data-parallel-hybrid-lb"], "--data-parallel-hybrid-lb", "launcher-managed"),
+])
+def test_data_and_expert_parallel_flags_are_refused_in_extra_arguments(words, flag, owner):
+    from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
+    from ansible_collections.narwhal.deploy.plugins.module_utils._plan.args import check_args
+
+    with pytest.raises(PlanError) as err:
+        check_args(words, "NARWHAL_EXTRA_ARGS")
+    assert "launcher-managed %s" % flag in str(err.value) and owner in str(err.value)

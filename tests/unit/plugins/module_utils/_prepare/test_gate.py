@@ -209,6 +209,7 @@ def test_the_first_factor_is_named_and_the_others_listed(pair):
     _args("--attention-backend", "FLASHINFER", "--attention-backend", "triton_attn"),  # the last one wins
     _args("--decode-context-parallel-size", "2"),
     _env("VLLM_KV_CACHE_LAYOUT", "LBHNC"),  # 0.33's name of HND
+    lambda r: r.update(data_parallel_size=2, enable_expert_parallel=True),  # per rank: TP is what is compared
 ])
 def test_what_vllm_does_not_compare_passes(pair, change):
     change(pair["engine-2"])

