@@ -187,7 +187,8 @@ def router_plan(site, fleet, image_id, version, entry_checksum, address=None):
     if not isinstance(site, dict):
         raise AnsibleFilterError("router_plan takes narwhal_site (a dict), not %s" % type(site).__name__)
     try:
-        plan = plan_router(site.get("site") or {}, fleet, image_id, version, entry_checksum, address)
+        plan = plan_router(site.get("site") or {}, fleet, image_id, version, entry_checksum, address,
+                           engines=site.get("engines"))
     except PlanError as exc:
         raise AnsibleFilterError(str(exc))
     plan["config_text"] = config_text(plan["config"])

@@ -135,3 +135,19 @@ def test_engines_of_different_data_parallel_sizes_are_refused_by_name():
     assert err.value.key == "NARWHAL_DATA_PARALLEL_SIZE"
     assert "engine-1 2, engine-2 1, engine-3 1" in str(err.value) and "one --intra-node-data-parallel-size" in \
         str(err.value)
+
+
+def test_the_router_plan_filter_reads_per_node_data_parallel_sizes():
+    """The roles' router_plan filter passes narwhal_site.engines: per-node NARWHAL_NODE_<n>_DATA_PARALLEL_SIZE
+    reaches the router, and a fleet of mixed sizes is refused by name there too."""
+    from ansible.errors import AnsibleFilterError
+
+    from ansible_collections.narwhal.deploy.plugins.filter.narwhal import router_plan as router_plan_filter
+    engines = dict((e, {"data_parallel_size": 2}) for e in ("engine-1", "engine-2", "engine-3"))
+    plan = router_plan_filter({"site": SITE, "engines": engines}, FLEET, "sha256:abc", "0.1.17", "0" * 64)
+    assert plan["config"]["args"][-2:] == ["--intra-node-data-parallel-size", "2"]
+    assert plan["hash"] != router_plan_filter({"site": SITE}, FLEET, "sha256:abc", "0.1.17", "0" * 64)["hash"]
+    engines["engine-2"] = {"data_parallel_size": 1}
+    with pytest.raises(AnsibleFilterError) as err:
+        router_plan_filter({"site": SITE, "engines": engines}, FLEET, "sha256:abc", "0.1.17", "0" * 64)
+    assert "engine-1 2, engine-2 1, engine-3 2" in str(err.value)
