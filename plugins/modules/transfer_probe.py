@@ -146,6 +146,10 @@ results:
       C(--enable-prompt-tokens-details)); C(concurrent_traffic) is true when the counters moved more than one
       request explains; C(notes) say what was seen without failing the pair.
     - C(round) is the round (from 1) in which the pair was probed, together with the other pairs of that round.
+    - C(transfer_s) is the growth of the consumer's C(vllm:nixl_xfer_time_seconds) sum (the time NIXL spent moving
+      this pair's KV; null where the engine has no such metric) and C(rate_bytes_s) is C(bytes) / C(transfer_s),
+      rounded to a byte per second (null without both). With the probe's short prompt the transfer is a few KV
+      blocks, so the rate says more about per-transfer overhead than about the link.
     - In the order of O(pairs).
   returned: always
   type: list
@@ -153,6 +157,13 @@ results:
   sample: [{"producer": "engine-1", "consumer": "engine-2", "ok": true, "reasons": [], "bytes": 3584.0,
             "evidence": "request", "cached_tokens": 14, "prompt_tokens": 14, "concurrent_traffic": false,
             "notes": [], "round": 1}]
+slowest:
+  description: The pair with the lowest C(rate_bytes_s) (C(producer), C(consumer), C(rate_bytes_s), C(bytes),
+    C(transfer_s)), or null when no pair has a rate.
+  returned: success
+  type: dict
+  sample: {"producer": "engine-2", "consumer": "engine-1", "rate_bytes_s": 51200000, "bytes": 32768.0,
+           "transfer_s": 0.00064}
 rounds:
   description: How many rounds the pairs took.
   returned: success

@@ -20,6 +20,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.nixl_metrics import (
     nixl_counters,
     producer_counters,
+    transfer_seconds,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import host_name, read_regular
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import (
@@ -82,7 +83,8 @@ def probe_pair(module, key, producer, consumer, warn=None):
     rid = "narwhal-probe-%s" % unique
     # the fresh ID first: no block of the prompt can be in either engine's prefix cache
     prompt = probe_prompt(unique, p["prompt"])
-    before = nixl_counters(call(curl + "/metrics", None, timeout=p["timeout"])[1])
+    text = call(curl + "/metrics", None, timeout=p["timeout"])[1]
+    before, xfer_before = nixl_counters(text), transfer_seconds(text)
     # the producer's lease counters: an expired lease answers HTTP 200 on the consumer (_probe/verdict.py)
     p_before = producer_counters(call(purl + "/metrics", None, timeout=p["timeout"])[1])
     started = time.time()
@@ -94,7 +96,8 @@ def probe_pair(module, key, producer, consumer, warn=None):
         cons = call(curl + "/v1/completions", key, consumer_request(p["model"], prompt, forward_params(params)),
                     rid, p["timeout"])
     latency = time.time() - started
-    after = nixl_counters(call(curl + "/metrics", None, timeout=p["timeout"])[1])
+    text = call(curl + "/metrics", None, timeout=p["timeout"])[1]
+    after, xfer_after = nixl_counters(text), transfer_seconds(text)
     p_after = producer_counters(call(purl + "/metrics", None, timeout=p["timeout"])[1])
     judged = verdict(prod, cons, before, after, p_before, p_after)
     ok, reasons = judged["ok"], judged["reasons"]
@@ -115,13 +118,18 @@ def probe_pair(module, key, producer, consumer, warn=None):
     moved = None
     if after.get("bytes_transferred") is not None and before.get("bytes_transferred") is not None:
         moved = after["bytes_transferred"] - before["bytes_transferred"]
+    transfer_s = rate = None
+    if xfer_before is not None and xfer_after is not None:
+        transfer_s = xfer_after - xfer_before
+        rate = round(moved / transfer_s) if moved and transfer_s > 0 else None
+        transfer_s = round(transfer_s, 6)
     params = params if isinstance(params, dict) else {}
     return {"producer": producer, "consumer": consumer, "request_id": rid, "ok": ok, "reasons": reasons,
             "evidence": judged["evidence"], "notes": judged["notes"],
             "concurrent_traffic": judged["concurrent_traffic"], "cached_tokens": judged["cached_tokens"],
             "prompt_tokens": judged["prompt_tokens"],
             "before": before, "after": after, "producer_before": p_before, "producer_after": p_after,
-            "bytes": moved, "latency_s": round(latency, 3),
+            "bytes": moved, "transfer_s": transfer_s, "rate_bytes_s": rate, "latency_s": round(latency, 3),
             "prefill_s": round(prefilled - started, 3), "decode_s": round(started + latency - prefilled, 3),
             "output": output, "matches_recompute": matches,
             "remote_host": params.get("remote_host"), "remote_port": params.get("remote_port")}
@@ -206,4 +214,14 @@ def transfer_probe(module):
     if failed:
         module.fail_json(msg="transfer probe failed: %s" % "; ".join(
             "%s -> %s: %s" % (r["producer"], r["consumer"], ", ".join(r["reasons"])) for r in failed), results=results)
-    return dict(changed=False, results=results, rounds=len(rounds))
+    return dict(changed=False, results=results, rounds=len(rounds), slowest=slowest(results))
+
+
+def slowest(results):
+    """The pair with the lowest KV transfer rate ({producer, consumer, rate_bytes_s, bytes, transfer_s}), or None
+    when no pair has one."""
+    rated = [r for r in results if r.get("rate_bytes_s")]
+    if not rated:
+        return None
+    low = min(rated, key=lambda r: r["rate_bytes_s"])
+    return dict((k, low[k]) for k in ("producer", "consumer", "rate_bytes_s", "bytes", "transfer_s"))

@@ -16,6 +16,7 @@ KEY = "sk-narwhal-probe-test-key-0123456789"
 PROMPT_TOKENS = 16
 METRICS = """vllm:nixl_bytes_transferred_sum{{engine="0"}} {bytes}
 vllm:nixl_bytes_transferred_count{{engine="0"}} {transfers}
+vllm:nixl_xfer_time_seconds_sum{{engine="0"}} {seconds}
 vllm:nixl_num_failed_transfers_total{{engine="0"}} 0.0
 vllm:prompt_tokens_by_source_total{{source="external_kv_transfer"}} {external}
 vllm:request_success_total{{finished_reason="length"}} {finished}
@@ -29,7 +30,8 @@ class Fleet:
     moves 2048 bytes of KV per prompt token through the consumer's NIXL counters and finishes there."""
 
     def __init__(self, names, details=True, delay=0.02):
-        self.counters = dict((n, {"bytes": 0, "transfers": 0, "external": 0, "finished": 0}) for n in names)
+        self.counters = dict((n, {"bytes": 0, "transfers": 0, "external": 0, "finished": 0, "seconds": 0.0})
+                             for n in names)
         self.details, self.delay, self.lock = details, delay, threading.Lock()
 
     def call(self, url, key=None, body=None, request_id=None, timeout=120):
@@ -53,6 +55,8 @@ class Fleet:
                 mine["bytes"] += 2048 * PROMPT_TOKENS
                 mine["transfers"] += 1
                 mine["external"] += PROMPT_TOKENS
+                # 1 MB/s from the producer p0 (a slow link), 4 MB/s from every other
+                mine["seconds"] += 2048 * PROMPT_TOKENS / (1e6 if params.get("remote_host") == "p0" else 4e6)
                 if self.details:
                     usage["prompt_tokens_details"] = {"cached_tokens": PROMPT_TOKENS}
             return 200, {"choices": [{"text": " the fox", "finish_reason": "length"}], "usage": usage}
@@ -92,8 +96,8 @@ def fleet_args(prefill, decode, **extra):
 
 
 SAME = ("producer", "consumer", "ok", "reasons", "evidence", "notes", "concurrent_traffic", "cached_tokens",
-        "prompt_tokens", "bytes", "output", "matches_recompute", "remote_host", "remote_port", "producer_before",
-        "producer_after")
+        "prompt_tokens", "bytes", "transfer_s", "rate_bytes_s", "output", "matches_recompute", "remote_host",
+        "remote_port", "producer_before", "producer_after")
 
 
 def run(module_runner, monkeypatch, args, details=True):
@@ -168,3 +172,13 @@ def test_an_error_in_one_probe_thread_is_raised(module_runner, monkeypatch):
 def test_parallel_below_one_is_refused(module_runner, monkeypatch):
     status, result = run(module_runner, monkeypatch, fleet_args(1, 1, parallel=0))
     assert status == "fail" and result["input"] == "parallel" and "parallel must be 1" in result["msg"]
+
+
+def test_each_pair_has_its_transfer_rate_and_the_slowest_is_named(module_runner, monkeypatch):
+    status, result = run(module_runner, monkeypatch, fleet_args(2, 2))
+    assert status == "exit", result
+    rates = dict(((r["producer"], r["consumer"]), r["rate_bytes_s"]) for r in result["results"])
+    assert rates == {("p0", "d0"): 1000000, ("p0", "d1"): 1000000, ("p1", "d0"): 4000000, ("p1", "d1"): 4000000,
+                     ("d0", "p0"): 4000000, ("d0", "p1"): 4000000, ("d1", "p0"): 4000000, ("d1", "p1"): 4000000}
+    assert result["slowest"] == {"producer": "p0", "consumer": "d0", "rate_bytes_s": 1000000,
+                                 "bytes": 2048.0 * PROMPT_TOKENS, "transfer_s": pytest.approx(0.032768)}
