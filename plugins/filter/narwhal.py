@@ -27,6 +27,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers impor
 from ansible_collections.narwhal.deploy.plugins.module_utils._monitor.targets import file_sd, fleet_name
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import install_paths
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.subst import SubstitutionError, resolve_values
+from ansible_collections.narwhal.deploy.plugins.module_utils._probe.schedule import cover_pairs
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import config_text, fleet_workers, local_url
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import router_plan as plan_router
 from ansible_collections.narwhal.deploy.plugins.plugin_utils._hostvars import host_inspection
@@ -275,9 +276,17 @@ def peer_facts(record):
     return record_peer_facts(record)
 
 
-def probe_pairs(fleet, engines=None):
-    """The fleet's [producer, consumer] pairs, or only those one of `engines` is in (_launch/peers.py::probe_pairs)."""
-    return fleet_pairs(fleet, engines)
+PROBE_PAIR_CHOICES = ("all", "cover")
+
+
+def probe_pairs(fleet, engines=None, pairs="all"):
+    """The fleet's [producer, consumer] pairs, or only those one of `engines` is in (_launch/peers.py::probe_pairs);
+    with pairs=cover, only enough of them for every engine to produce and consume once (_probe/schedule.py)."""
+    if pairs not in PROBE_PAIR_CHOICES:
+        raise AnsibleFilterError("narwhal_probe_pairs=%r: use all (every prefill/decode pair, both ways) or cover "
+                                 "(every engine at least once as producer and once as consumer)" % (pairs,))
+    chosen = fleet_pairs(fleet, engines)
+    return cover_pairs(chosen) if pairs == "cover" else chosen
 
 
 DECODE_RESTART_MODES = ("auto", "tell")

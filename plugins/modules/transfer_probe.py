@@ -34,6 +34,10 @@ description:
     from O(api_key), O(api_key_file), or the engine installed on the host that runs the probe (O(engine_checkout)
     and O(installed_engine), whose role environment names C(NARWHAL_API_KEY_FILE)). The key file must be mode 0600
     or 0400 and hold one line, the launcher's rule. The key never appears in the results.
+  - Pairs run in rounds of at most O(parallel) probes at a time, one thread each; no engine is in two probes of a
+    round, in either role (a matching over all engines; for prefill/decode pairs, as few rounds as König's theorem
+    allows, max(P, D) per direction for a whole fleet). So each probe's counters, the consumer's and the
+    producer's, move for its own request only, and every pair keeps the evidence and verdict of a serial run.
   - Read-only for the fleet; never reports a change. Fails when any pair fails, naming it and the reason.
 options:
   engines:
@@ -84,6 +88,12 @@ options:
     type: str
     choices: [require, report, "off"]
     default: report
+  parallel:
+    description:
+      - The most probes at a time. C(1) probes one pair at a time, in the order of O(pairs). More never puts an
+        engine in two probes at once.
+    type: int
+    default: 8
 attributes:
   check_mode:
     description: Probes in check mode too (nothing changes).
@@ -135,12 +145,30 @@ results:
       C(cached_tokens) and C(prompt_tokens) are the consumer's usage for the request (C(cached_tokens) null without
       C(--enable-prompt-tokens-details)); C(concurrent_traffic) is true when the counters moved more than one
       request explains; C(notes) say what was seen without failing the pair.
+    - C(round) is the round (from 1) in which the pair was probed, together with the other pairs of that round.
+    - C(transfer_s) is the growth of the consumer's C(vllm:nixl_xfer_time_seconds) sum (the time NIXL spent moving
+      this pair's KV; null where the engine has no such metric) and C(rate_bytes_s) is C(bytes) / C(transfer_s),
+      rounded to a byte per second (null without both). With the probe's short prompt the transfer is a few KV
+      blocks, so the rate says more about per-transfer overhead than about the link.
+    - In the order of O(pairs).
   returned: always
   type: list
   elements: dict
   sample: [{"producer": "engine-1", "consumer": "engine-2", "ok": true, "reasons": [], "bytes": 3584.0,
             "evidence": "request", "cached_tokens": 14, "prompt_tokens": 14, "concurrent_traffic": false,
-            "notes": []}]
+            "notes": [], "round": 1}]
+slowest:
+  description: The pair with the lowest C(rate_bytes_s) (C(producer), C(consumer), C(rate_bytes_s), C(bytes),
+    C(transfer_s)), or null when no pair has a rate.
+  returned: success
+  type: dict
+  sample: {"producer": "engine-2", "consumer": "engine-1", "rate_bytes_s": 51200000, "bytes": 32768.0,
+           "transfer_s": 0.00064}
+rounds:
+  description: How many rounds the pairs took.
+  returned: success
+  type: int
+  sample: 2
 """
 
 from ansible.module_utils.basic import AnsibleModule

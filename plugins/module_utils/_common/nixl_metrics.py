@@ -36,6 +36,13 @@ def nixl_counters(text):
     }
 
 
+def transfer_seconds(text):
+    """The seconds NIXL spent in KV transfers on this engine (the sum of vLLM's vllm:nixl_xfer_time_seconds
+    histogram, recorded by the side that reads, the consumer); None when absent. With the bytes_transferred delta
+    of the same reads it gives a pair's transfer rate (the transfer probe)."""
+    return metric_sum(text, "vllm:nixl_xfer_time_seconds_sum")
+
+
 def producer_counters(text):
     """The producer's lease counters (vLLM >= 0.22, nixl/stats.py, "tracked on the P instance"): requests whose KV
     lease expired before every consumer read them, and completion notifications for requests no longer tracked

@@ -10,6 +10,7 @@ Python 3.8 compatible (runs on engine hosts).
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 
@@ -19,12 +20,14 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.nixl_metrics import (
     nixl_counters,
     producer_counters,
+    transfer_seconds,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import host_name, read_regular
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import (
     install_paths,
     parse_role_env,
 )
+from ansible_collections.narwhal.deploy.plugins.module_utils._probe.schedule import probe_rounds
 from ansible_collections.narwhal.deploy.plugins.module_utils._probe.verdict import (
     completion_text,
     consumer_request,
@@ -71,14 +74,17 @@ def api_key(params):
     return read_key_file(installed_key_file(params["engine_checkout"], params["installed_engine"]))
 
 
-def probe_pair(module, key, producer, consumer):
+def probe_pair(module, key, producer, consumer, warn=None):
+    """One pair's probe -> its result; what it notes without failing goes to `warn` (default module.warn)."""
     p = module.params
+    warn = warn or module.warn
     purl, curl = p["engines"][producer]["url"].rstrip("/"), p["engines"][consumer]["url"].rstrip("/")
     unique = uuid.uuid4().hex[:12]
     rid = "narwhal-probe-%s" % unique
     # the fresh ID first: no block of the prompt can be in either engine's prefix cache
     prompt = probe_prompt(unique, p["prompt"])
-    before = nixl_counters(call(curl + "/metrics", None, timeout=p["timeout"])[1])
+    text = call(curl + "/metrics", None, timeout=p["timeout"])[1]
+    before, xfer_before = nixl_counters(text), transfer_seconds(text)
     # the producer's lease counters: an expired lease answers HTTP 200 on the consumer (_probe/verdict.py)
     p_before = producer_counters(call(purl + "/metrics", None, timeout=p["timeout"])[1])
     started = time.time()
@@ -90,7 +96,8 @@ def probe_pair(module, key, producer, consumer):
         cons = call(curl + "/v1/completions", key, consumer_request(p["model"], prompt, forward_params(params)),
                     rid, p["timeout"])
     latency = time.time() - started
-    after = nixl_counters(call(curl + "/metrics", None, timeout=p["timeout"])[1])
+    text = call(curl + "/metrics", None, timeout=p["timeout"])[1]
+    after, xfer_after = nixl_counters(text), transfer_seconds(text)
     p_after = producer_counters(call(purl + "/metrics", None, timeout=p["timeout"])[1])
     judged = verdict(prod, cons, before, after, p_before, p_after)
     ok, reasons = judged["ok"], judged["reasons"]
@@ -105,22 +112,57 @@ def probe_pair(module, key, producer, consumer):
             ok, reasons = False, reasons + mismatch
             judged["evidence"] = None
         elif mismatch:
-            module.warn("%s -> %s: %s" % (producer, consumer, mismatch[0]))
+            warn("%s -> %s: %s" % (producer, consumer, mismatch[0]))
     for note in judged["notes"]:
-        module.warn("%s -> %s: %s" % (producer, consumer, note))
+        warn("%s -> %s: %s" % (producer, consumer, note))
     moved = None
     if after.get("bytes_transferred") is not None and before.get("bytes_transferred") is not None:
         moved = after["bytes_transferred"] - before["bytes_transferred"]
+    transfer_s = rate = None
+    if xfer_before is not None and xfer_after is not None:
+        transfer_s = xfer_after - xfer_before
+        rate = round(moved / transfer_s) if moved and transfer_s > 0 else None
+        transfer_s = round(transfer_s, 6)
     params = params if isinstance(params, dict) else {}
     return {"producer": producer, "consumer": consumer, "request_id": rid, "ok": ok, "reasons": reasons,
             "evidence": judged["evidence"], "notes": judged["notes"],
             "concurrent_traffic": judged["concurrent_traffic"], "cached_tokens": judged["cached_tokens"],
             "prompt_tokens": judged["prompt_tokens"],
             "before": before, "after": after, "producer_before": p_before, "producer_after": p_after,
-            "bytes": moved, "latency_s": round(latency, 3),
+            "bytes": moved, "transfer_s": transfer_s, "rate_bytes_s": rate, "latency_s": round(latency, 3),
             "prefill_s": round(prefilled - started, 3), "decode_s": round(started + latency - prefilled, 3),
             "output": output, "matches_recompute": matches,
             "remote_host": params.get("remote_host"), "remote_port": params.get("remote_port")}
+
+
+def run_round(module, key, members, results):
+    """Probe the pairs `members` (indices into the module's pairs) at the same time, one thread each, and wait for
+    all of them; results[index] gets each pair's verdict. A round shares no engine between its pairs
+    (_probe/schedule.py::probe_rounds), so each probe's counters move for its own request only."""
+    pairs = module.params["pairs"]
+    if len(members) == 1:
+        index = members[0]
+        results[index] = probe_pair(module, key, pairs[index][0], pairs[index][1])
+        return
+    errors, warnings = [], dict((index, []) for index in members)
+
+    def one(index):
+        try:
+            results[index] = probe_pair(module, key, pairs[index][0], pairs[index][1], warnings[index].append)
+        except Exception as exc:  # noqa: BLE001 - raised again in the calling thread, where the step fails
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(index,), name="narwhal-probe-%d" % index) for index in members]
+    for thread in threads:
+        thread.daemon = True
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    for index in members:  # in the pairs' order, as a serial run warns
+        for warning in warnings[index]:
+            module.warn(warning)
 
 
 def module_spec():
@@ -137,6 +179,7 @@ def module_spec():
             prompt=dict(type="str", default="narwhal transfer probe - the quick brown fox jumps over the lazy dog"),
             timeout=dict(type="int", default=120),
             recompute=dict(type="str", choices=["require", "report", "off"], default="report"),
+            parallel=dict(type="int", default=8),
         ),
         mutually_exclusive=[("api_key", "api_key_file", "engine_checkout")],
         required_one_of=[("api_key", "api_key_file", "engine_checkout")],
@@ -158,9 +201,27 @@ def transfer_probe(module):
     except PlanError as exc:
         module.fail_json(msg="transfer probe: %s" % exc, input=exc.key)
     module.no_log_values.add(key)
-    results = [probe_pair(module, key, pair[0], pair[1]) for pair in p["pairs"]]
+    if p["parallel"] < 1:
+        module.fail_json(msg="transfer probe: parallel must be 1 (one probe at a time) or more, got %d"
+                             % p["parallel"], input="parallel")
+    rounds = probe_rounds(p["pairs"], p["parallel"])
+    results = [None] * len(p["pairs"])
+    for number, members in enumerate(rounds, 1):
+        run_round(module, key, members, results)
+        for index in members:
+            results[index]["round"] = number
     failed = [r for r in results if not r["ok"]]
     if failed:
         module.fail_json(msg="transfer probe failed: %s" % "; ".join(
             "%s -> %s: %s" % (r["producer"], r["consumer"], ", ".join(r["reasons"])) for r in failed), results=results)
-    return dict(changed=False, results=results)
+    return dict(changed=False, results=results, rounds=len(rounds), slowest=slowest(results))
+
+
+def slowest(results):
+    """The pair with the lowest KV transfer rate ({producer, consumer, rate_bytes_s, bytes, transfer_s}), or None
+    when no pair has one."""
+    rated = [r for r in results if r.get("rate_bytes_s")]
+    if not rated:
+        return None
+    low = min(rated, key=lambda r: r["rate_bytes_s"])
+    return dict((k, low[k]) for k in ("producer", "consumer", "rate_bytes_s", "bytes", "transfer_s"))

@@ -270,6 +270,7 @@ def test_probe_proves_each_request_against_standins(pair, module_runner):
         # the consumer counted the prompt's tokens as loaded although the producer reported 0 hits of its own
         assert row["cached_tokens"] == row["prompt_tokens"] > 0 and row["bytes"] > 0
         assert row["concurrent_traffic"] is False and row["matches_recompute"] is True
+        assert row["transfer_s"] is not None and row["round"] in (1, 2)
     assert KEY not in json.dumps(result)
 
 

@@ -1,0 +1,184 @@
+"""The transfer_probe step (plugins/module_utils/_steps/transfer_probe.py) running pairs in rounds: against a fake
+fleet of engines behind `call` (counters per engine, the P/D flow), the probes of a round run at once, never more
+than `parallel`, never two with an engine in common, and every pair's verdict and evidence are those of a serial
+run. Against real HTTP: tests/unit/plugins/module_utils/_probe/test_verdict.py (stand-in engines)."""
+
+import threading
+import time
+
+import pytest
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers import probe_pairs
+from ansible_collections.narwhal.deploy.plugins.module_utils._steps import transfer_probe as step
+from ansible_collections.narwhal.deploy.plugins.modules import transfer_probe
+
+KEY = "sk-narwhal-probe-test-key-0123456789"
+PROMPT_TOKENS = 16
+METRICS = """vllm:nixl_bytes_transferred_sum{{engine="0"}} {bytes}
+vllm:nixl_bytes_transferred_count{{engine="0"}} {transfers}
+vllm:nixl_xfer_time_seconds_sum{{engine="0"}} {seconds}
+vllm:nixl_num_failed_transfers_total{{engine="0"}} 0.0
+vllm:prompt_tokens_by_source_total{{source="external_kv_transfer"}} {external}
+vllm:request_success_total{{finished_reason="length"}} {finished}
+vllm:nixl_num_kv_expired_reqs_total{{engine="0"}} 0.0
+vllm:nixl_num_notifications_after_expiry_total{{engine="0"}} 0.0
+"""
+
+
+class Fleet:
+    """Engines answering the probe's HTTP calls as vLLM does: a producer request finishes there; a consumer request
+    moves 2048 bytes of KV per prompt token through the consumer's NIXL counters and finishes there."""
+
+    def __init__(self, names, details=True, delay=0.02):
+        self.counters = dict((n, {"bytes": 0, "transfers": 0, "external": 0, "finished": 0, "seconds": 0.0})
+                             for n in names)
+        self.details, self.delay, self.lock = details, delay, threading.Lock()
+
+    def call(self, url, key=None, body=None, request_id=None, timeout=120):
+        engine, path = url.split("//", 1)[1].split("/", 1)
+        mine = self.counters[engine]
+        if path == "metrics":
+            with self.lock:
+                return 200, METRICS.format(**mine)
+        assert key == KEY
+        time.sleep(self.delay)
+        params = body.get("kv_transfer_params") or {}
+        with self.lock:
+            mine["finished"] += 1
+            if params.get("do_remote_decode"):
+                return 200, {"choices": [{"text": " ", "finish_reason": "length"}],
+                             "kv_transfer_params": {"do_remote_prefill": True, "remote_engine_id": engine,
+                                                    "remote_block_ids": [1], "remote_host": engine,
+                                                    "remote_port": 5600}}
+            usage = {"prompt_tokens": PROMPT_TOKENS}
+            if params:
+                mine["bytes"] += 2048 * PROMPT_TOKENS
+                mine["transfers"] += 1
+                mine["external"] += PROMPT_TOKENS
+                # 1 MB/s from the producer p0 (a slow link), 4 MB/s from every other
+                mine["seconds"] += 2048 * PROMPT_TOKENS / (1e6 if params.get("remote_host") == "p0" else 4e6)
+                if self.details:
+                    usage["prompt_tokens_details"] = {"cached_tokens": PROMPT_TOKENS}
+            return 200, {"choices": [{"text": " the fox", "finish_reason": "length"}], "usage": usage}
+
+
+@pytest.fixture
+def watched(monkeypatch):
+    """probe_pair wrapped: records the most probes at once and fails a probe that starts on a busy engine."""
+    seen = {"active": set(), "most": 0, "clash": []}
+    lock = threading.Lock()
+    real = step.probe_pair
+
+    def probe_pair(module, key, producer, consumer, warn=None):
+        with lock:
+            busy = set(e for pair in seen["active"] for e in pair)
+            if busy & set((producer, consumer)):
+                seen["clash"].append((producer, consumer))
+            seen["active"].add((producer, consumer))
+            seen["most"] = max(seen["most"], len(seen["active"]))
+        try:
+            return real(module, key, producer, consumer, warn)
+        finally:
+            with lock:
+                seen["active"].discard((producer, consumer))
+
+    monkeypatch.setattr(step, "probe_pair", probe_pair)
+    return seen
+
+
+def fleet_args(prefill, decode, **extra):
+    fleet = ([{"engine": "p%d" % i, "role": "prefill"} for i in range(prefill)]
+             + [{"engine": "d%d" % i, "role": "decode"} for i in range(decode)])
+    args = {"engines": dict((e["engine"], {"url": "http://%s" % e["engine"], "role": e["role"]}) for e in fleet),
+            "pairs": probe_pairs(fleet), "model": "tiny", "api_key": KEY, "recompute": "report"}
+    args.update(extra)
+    return args
+
+
+SAME = ("producer", "consumer", "ok", "reasons", "evidence", "notes", "concurrent_traffic", "cached_tokens",
+        "prompt_tokens", "bytes", "transfer_s", "rate_bytes_s", "output", "matches_recompute", "remote_host",
+        "remote_port", "producer_before", "producer_after")
+
+
+def run(module_runner, monkeypatch, args, details=True):
+    fake = Fleet(args["engines"], details=details)
+    monkeypatch.setattr(step, "call", fake.call)
+    return module_runner(transfer_probe.main, args)
+
+
+@pytest.mark.parametrize("details", [True, False], ids=["request", "counters"])
+@pytest.mark.parametrize("prefill,decode,parallel", [(3, 3, 8), (4, 2, 3), (2, 5, 64), (3, 3, 1)])
+def test_rounds_run_at_once_within_the_bound_with_the_serial_verdicts(module_runner, monkeypatch, watched, prefill,
+                                                                      decode, parallel, details):
+    status, serial = run(module_runner, monkeypatch, fleet_args(prefill, decode, parallel=1), details)
+    assert status == "exit", serial
+    assert watched["most"] == 1 and serial["rounds"] == len(serial["results"]) == 2 * prefill * decode
+    watched["most"] = 0
+    status, result = run(module_runner, monkeypatch, fleet_args(prefill, decode, parallel=parallel), details)
+    assert status == "exit", result
+    assert not watched["clash"]
+    assert watched["most"] == min(parallel, prefill, decode)  # a round is a matching: min(P, D) pairs at most
+    least = max(2 * max(prefill, decode), -(-2 * prefill * decode // parallel))
+    assert result["rounds"] == least and sorted(set(r["round"] for r in result["results"])) == list(range(1, least + 1))
+    # the same pairs in the same order, each with the serial run's verdict and evidence: the counters move for
+    # this pair's request only, so even counter evidence sees no concurrent traffic
+    assert [[r[k] for k in SAME] for r in result["results"]] == [[r[k] for k in SAME] for r in serial["results"]]
+    for row in result["results"]:
+        assert row["ok"] and row["evidence"] == ("request" if details else "counters"), row
+        assert row["concurrent_traffic"] is False and row["notes"] == []
+        assert row["bytes"] == 2048 * PROMPT_TOKENS
+    assert result.get("warnings", []) == serial.get("warnings", [])
+
+
+def test_rounds_are_faster_than_one_pair_at_a_time(module_runner, monkeypatch):
+    started = time.time()
+    status, _result = run(module_runner, monkeypatch, fleet_args(4, 4, parallel=1))
+    serial = time.time() - started
+    started = time.time()
+    status, result = run(module_runner, monkeypatch, fleet_args(4, 4, parallel=8))
+    assert status == "exit" and result["rounds"] == 8
+    assert time.time() - started < serial / 2
+
+
+def test_a_failed_pair_fails_the_step_naming_it_among_concurrent_ones(module_runner, monkeypatch):
+    args = fleet_args(2, 2, parallel=8)
+    fake = Fleet(args["engines"])
+    real = fake.call
+
+    def call(url, key=None, body=None, request_id=None, timeout=120):
+        if url == "http://d1/v1/completions" and (body.get("kv_transfer_params") or {}).get("remote_host") == "p0":
+            return 500, "boom"
+        return real(url, key, body, request_id, timeout)
+
+    monkeypatch.setattr(step, "call", call)
+    status, result = module_runner(transfer_probe.main, args)
+    assert status == "fail" and result["msg"].startswith("transfer probe failed: p0 -> d1: consumer answered HTTP 500")
+    assert "; " not in result["msg"]  # the only failed pair
+    assert [r["ok"] for r in result["results"]].count(False) == 1
+    assert all("round" in r for r in result["results"])
+
+
+def test_an_error_in_one_probe_thread_is_raised(module_runner, monkeypatch):
+    args = fleet_args(2, 2, parallel=8)
+
+    def call(url, key=None, body=None, request_id=None, timeout=120):
+        raise RuntimeError("unexpected")
+
+    monkeypatch.setattr(step, "call", call)
+    with pytest.raises(RuntimeError, match="unexpected"):
+        module_runner(transfer_probe.main, args)
+
+
+def test_parallel_below_one_is_refused(module_runner, monkeypatch):
+    status, result = run(module_runner, monkeypatch, fleet_args(1, 1, parallel=0))
+    assert status == "fail" and result["input"] == "parallel" and "parallel must be 1" in result["msg"]
+
+
+def test_each_pair_has_its_transfer_rate_and_the_slowest_is_named(module_runner, monkeypatch):
+    status, result = run(module_runner, monkeypatch, fleet_args(2, 2))
+    assert status == "exit", result
+    rates = dict(((r["producer"], r["consumer"]), r["rate_bytes_s"]) for r in result["results"])
+    assert rates == {("p0", "d0"): 1000000, ("p0", "d1"): 1000000, ("p1", "d0"): 4000000, ("p1", "d1"): 4000000,
+                     ("d0", "p0"): 4000000, ("d0", "p1"): 4000000, ("d1", "p0"): 4000000, ("d1", "p1"): 4000000}
+    assert result["slowest"] == {"producer": "p0", "consumer": "d0", "rate_bytes_s": 1000000,
+                                 "bytes": 2048.0 * PROMPT_TOKENS, "transfer_s": pytest.approx(0.032768)}
