@@ -94,6 +94,15 @@ options:
         engine in two probes at once.
     type: int
     default: 8
+  data_parallel:
+    description:
+      - The data-parallel size of each engine (engine name to DP size; an engine not named is DP 1). A pair with a
+        DP engine is probed once per rank pair, so that every rank of both engines produces and consumes once
+        (max of the two sizes), each request naming its rank with the C(X-data-parallel-rank) header; the consumer's
+        counters are read for its rank alone (label C(engine="<rank>")) and the producer's answer must come from the
+        rank asked for (C(remote_engine_id) C(<id>_dp<rank>)).
+    type: dict
+    default: {}
 attributes:
   check_mode:
     description: Probes in check mode too (nothing changes).
@@ -146,6 +155,10 @@ results:
       C(--enable-prompt-tokens-details)); C(concurrent_traffic) is true when the counters moved more than one
       request explains; C(notes) say what was seen without failing the pair.
     - C(round) is the round (from 1) in which the pair was probed, together with the other pairs of that round.
+    - For a pair with a data-parallel engine (O(data_parallel)), the fields are those of its first rank pair, C(ok)
+      and C(reasons) (each prefixed C(rank <p> -> <c>)) cover every rank pair, and C(ranks) lists each (C(producer_rank),
+      C(consumer_rank), C(request_id), C(ok), C(reasons), C(evidence), C(cached_tokens), C(prompt_tokens), C(bytes),
+      C(remote_host), C(remote_port), C(remote_engine_id)).
     - C(transfer_s) is the growth of the consumer's C(vllm:nixl_xfer_time_seconds) sum (the time NIXL spent moving
       this pair's KV; null where the engine has no such metric) and C(rate_bytes_s) is C(bytes) / C(transfer_s),
       rounded to a byte per second (null without both). With the probe's short prompt the transfer is a few KV

@@ -19,9 +19,11 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env impo
 __metaclass__ = type
 
 
-def call(url, key=None, body=None, request_id=None, timeout=120):
-    """GET (or POST `body` as JSON) -> (status, parsed JSON or text); status 0 when nothing answered."""
-    headers = {"Content-Type": "application/json"}
+def call(url, key=None, body=None, request_id=None, timeout=120, extra_headers=None):
+    """GET (or POST `body` as JSON) -> (status, parsed JSON or text); status 0 when nothing answered.
+    `extra_headers` are sent as well (the transfer probe's X-data-parallel-rank)."""
+    headers = dict(extra_headers or {})
+    headers["Content-Type"] = "application/json"
     if key:
         headers["Authorization"] = "Bearer %s" % key
     if request_id:

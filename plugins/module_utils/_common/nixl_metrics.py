@@ -80,3 +80,18 @@ def metric_by_engine(text, name):
             key = label.group(1) if label else ""
             out[key] = out.get(key, 0.0) + float(m.group(3))
     return out
+
+
+def engine_samples(text, rank):
+    """The lines of a /metrics document that belong to DP rank `rank` (label engine="<rank>"), and the lines without
+    an engine label (headers, process families); `text` itself for rank None. The counters read from it are that
+    rank's own (metric_by_engine says why)."""
+    if rank is None:
+        return text
+    keep = []
+    for line in (text or "").splitlines():
+        m = METRIC.match(line.strip())
+        label = ENGINE_LABEL.search(m.group(2) or "") if m else None
+        if label is None or label.group(1) == str(rank):
+            keep.append(line)
+    return "\n".join(keep)

@@ -18,6 +18,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors impo
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import read_key_file as _read_key_file
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.nixl_metrics import (
+    engine_samples,
     nixl_counters,
     producer_counters,
     transfer_seconds,
@@ -33,7 +34,10 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._probe.verdict impo
     consumer_request,
     forward_params,
     probe_prompt,
+    producer_rank_reasons,
     producer_request,
+    rank_headers,
+    rank_pairs,
     recompute_reasons,
     reference_request,
     verdict,
@@ -75,46 +79,80 @@ def api_key(params):
 
 
 def probe_pair(module, key, producer, consumer, warn=None):
-    """One pair's probe -> its result; what it notes without failing goes to `warn` (default module.warn)."""
+    """One pair's probe -> its result; what it notes without failing goes to `warn` (default module.warn).
+
+    Data-parallel engines (`data_parallel`: {engine: DP size} > 1) serve their ranks behind one HTTP port; each
+    request names its rank with X-data-parallel-rank (vLLM 0.32.0 entrypoints/generate/base/serving.py:220-232,
+    v1/engine/core_client.py:1648), and the pair is probed once per entry of rank_pairs, so every rank of both
+    engines produces and consumes once. A rank's proof is its own: the producer's answer must come from the rank
+    asked for (remote_engine_id <id>_dp<rank>), and the consumer's counters are read for its rank alone (label
+    engine="<rank>", _common/nixl_metrics.py::engine_samples). The pair's result is the first rank pair's, with
+    `ok` and `reasons` over all of them and `ranks` listing each; DP 1 pairs are probed as before (no `ranks`)."""
+    sizes = module.params.get("data_parallel") or {}
+    plan = rank_pairs(sizes.get(producer), sizes.get(consumer))
+    if plan == [(None, None)]:
+        return probe_ranks(module, key, producer, consumer, warn)
+    results = [probe_ranks(module, key, producer, consumer, warn, ranks) for ranks in plan]
+    first = dict(results[0])
+    first["ok"] = all(r["ok"] for r in results)
+    first["reasons"] = ["rank %s -> %s: %s" % (r["producer_rank"], r["consumer_rank"], reason)
+                        for r in results for reason in r["reasons"]]
+    first["ranks"] = [dict((k, r[k]) for k in RANK_FIELDS) for r in results]
+    return first
+
+
+# What each rank pair of a data-parallel pair reports in its result's `ranks`
+RANK_FIELDS = ("producer_rank", "consumer_rank", "request_id", "ok", "reasons", "evidence", "cached_tokens",
+               "prompt_tokens", "bytes", "remote_host", "remote_port", "remote_engine_id")
+
+
+def probe_ranks(module, key, producer, consumer, warn=None, ranks=(None, None)):
+    """The probe of one request pair: the producer's DP rank ranks[0] (None: vLLM's balancer picks, DP 1) and the
+    consumer's ranks[1]."""
     p = module.params
     warn = warn or module.warn
+    prank, crank = ranks
     purl, curl = p["engines"][producer]["url"].rstrip("/"), p["engines"][consumer]["url"].rstrip("/")
     unique = uuid.uuid4().hex[:12]
     rid = "narwhal-probe-%s" % unique
     # the fresh ID first: no block of the prompt can be in either engine's prefix cache
     prompt = probe_prompt(unique, p["prompt"])
-    text = call(curl + "/metrics", None, timeout=p["timeout"])[1]
+    text = engine_samples(call(curl + "/metrics", None, timeout=p["timeout"])[1], crank)
     before, xfer_before = nixl_counters(text), transfer_seconds(text)
     # the producer's lease counters: an expired lease answers HTTP 200 on the consumer (_probe/verdict.py)
-    p_before = producer_counters(call(purl + "/metrics", None, timeout=p["timeout"])[1])
+    p_before = producer_counters(engine_samples(call(purl + "/metrics", None, timeout=p["timeout"])[1], prank))
     started = time.time()
-    prod = call(purl + "/v1/completions", key, producer_request(p["model"], prompt), rid, p["timeout"])
+    prod = call(purl + "/v1/completions", key, producer_request(p["model"], prompt), rid, p["timeout"],
+                rank_headers(prank))
     prefilled = time.time()
     params = prod[1].get("kv_transfer_params") if isinstance(prod[1], dict) else None
     cons = (0, None)
     if prod[0] == 200 and isinstance(params, dict) and params:
         cons = call(curl + "/v1/completions", key, consumer_request(p["model"], prompt, forward_params(params)),
-                    rid, p["timeout"])
+                    rid, p["timeout"], rank_headers(crank))
     latency = time.time() - started
-    text = call(curl + "/metrics", None, timeout=p["timeout"])[1]
+    text = engine_samples(call(curl + "/metrics", None, timeout=p["timeout"])[1], crank)
     after, xfer_after = nixl_counters(text), transfer_seconds(text)
-    p_after = producer_counters(call(purl + "/metrics", None, timeout=p["timeout"])[1])
+    p_after = producer_counters(engine_samples(call(purl + "/metrics", None, timeout=p["timeout"])[1], prank))
     judged = verdict(prod, cons, before, after, p_before, p_after)
     ok, reasons = judged["ok"], judged["reasons"]
+    if prod[0] == 200:
+        wrong_rank = producer_rank_reasons(params, prank, None)
+        ok, reasons = ok and not wrong_rank, reasons + wrong_rank
     output, matches = completion_text(cons[1]), None
     if ok and p["recompute"] != "off":
         reference = call(curl + "/v1/completions", key,
                          reference_request(p["model"], prompt, "narwhal-probe-%s" % uuid.uuid4().hex), None,
-                         p["timeout"])
+                         p["timeout"], rank_headers(crank))
         mismatch = recompute_reasons(output, reference)
         matches = not mismatch
         if mismatch and p["recompute"] == "require":
             ok, reasons = False, reasons + mismatch
             judged["evidence"] = None
         elif mismatch:
-            warn("%s -> %s: %s" % (producer, consumer, mismatch[0]))
+            warn("%s -> %s: %s" % (_ranked(producer, prank), _ranked(consumer, crank), mismatch[0]))
     for note in judged["notes"]:
-        warn("%s -> %s: %s" % (producer, consumer, note))
+        warn("%s -> %s: %s" % (_ranked(producer, prank), _ranked(consumer, crank), note))
     moved = None
     if after.get("bytes_transferred") is not None and before.get("bytes_transferred") is not None:
         moved = after["bytes_transferred"] - before["bytes_transferred"]
@@ -124,7 +162,7 @@ def probe_pair(module, key, producer, consumer, warn=None):
         rate = round(moved / transfer_s) if moved and transfer_s > 0 else None
         transfer_s = round(transfer_s, 6)
     params = params if isinstance(params, dict) else {}
-    return {"producer": producer, "consumer": consumer, "request_id": rid, "ok": ok, "reasons": reasons,
+    result = {"producer": producer, "consumer": consumer, "request_id": rid, "ok": ok, "reasons": reasons,
             "evidence": judged["evidence"], "notes": judged["notes"],
             "concurrent_traffic": judged["concurrent_traffic"], "cached_tokens": judged["cached_tokens"],
             "prompt_tokens": judged["prompt_tokens"],
@@ -133,6 +171,13 @@ def probe_pair(module, key, producer, consumer, warn=None):
             "prefill_s": round(prefilled - started, 3), "decode_s": round(started + latency - prefilled, 3),
             "output": output, "matches_recompute": matches,
             "remote_host": params.get("remote_host"), "remote_port": params.get("remote_port")}
+    if prank is not None or crank is not None:
+        result.update(producer_rank=prank, consumer_rank=crank, remote_engine_id=params.get("remote_engine_id"))
+    return result
+
+
+def _ranked(engine, rank):
+    return engine if rank is None else "%s (DP rank %d)" % (engine, rank)
 
 
 def run_round(module, key, members, results):
@@ -180,6 +225,7 @@ def module_spec():
             timeout=dict(type="int", default=120),
             recompute=dict(type="str", choices=["require", "report", "off"], default="report"),
             parallel=dict(type="int", default=8),
+            data_parallel=dict(type="dict", default={}),
         ),
         mutually_exclusive=[("api_key", "api_key_file", "engine_checkout")],
         required_one_of=[("api_key", "api_key_file", "engine_checkout")],

@@ -34,7 +34,7 @@ class Fleet:
                              for n in names)
         self.details, self.delay, self.lock = details, delay, threading.Lock()
 
-    def call(self, url, key=None, body=None, request_id=None, timeout=120):
+    def call(self, url, key=None, body=None, request_id=None, timeout=120, extra_headers=None):
         engine, path = url.split("//", 1)[1].split("/", 1)
         mine = self.counters[engine]
         if path == "metrics":
@@ -145,7 +145,7 @@ def test_a_failed_pair_fails_the_step_naming_it_among_concurrent_ones(module_run
     fake = Fleet(args["engines"])
     real = fake.call
 
-    def call(url, key=None, body=None, request_id=None, timeout=120):
+    def call(url, key=None, body=None, request_id=None, timeout=120, extra_headers=None):
         if url == "http://d1/v1/completions" and (body.get("kv_transfer_params") or {}).get("remote_host") == "p0":
             return 500, "boom"
         return real(url, key, body, request_id, timeout)
@@ -161,7 +161,7 @@ def test_a_failed_pair_fails_the_step_naming_it_among_concurrent_ones(module_run
 def test_an_error_in_one_probe_thread_is_raised(module_runner, monkeypatch):
     args = fleet_args(2, 2, parallel=8)
 
-    def call(url, key=None, body=None, request_id=None, timeout=120):
+    def call(url, key=None, body=None, request_id=None, timeout=120, extra_headers=None):
         raise RuntimeError("unexpected")
 
     monkeypatch.setattr(step, "call", call)
@@ -182,3 +182,95 @@ def test_each_pair_has_its_transfer_rate_and_the_slowest_is_named(module_runner,
                      ("d0", "p0"): 4000000, ("d0", "p1"): 4000000, ("d1", "p0"): 4000000, ("d1", "p1"): 4000000}
     assert result["slowest"] == {"producer": "p0", "consumer": "d0", "rate_bytes_s": 1000000,
                                  "bytes": 2048.0 * PROMPT_TOKENS, "transfer_s": pytest.approx(0.032768)}
+
+
+DP_METRICS = """vllm:nixl_bytes_transferred_sum{{engine="{rank}",model_name="tiny"}} {bytes}
+vllm:nixl_bytes_transferred_count{{engine="{rank}",model_name="tiny"}} {transfers}
+vllm:nixl_num_failed_transfers_total{{engine="{rank}",model_name="tiny"}} 0.0
+vllm:prompt_tokens_by_source_total{{engine="{rank}",model_name="tiny",source="external_kv_transfer"}} {external}
+vllm:request_success_total{{engine="{rank}",finished_reason="length",model_name="tiny"}} {finished}
+"""
+
+
+class DataParallelFleet:
+    """Data-parallel engines as vLLM 0.32.0 serves them (research in docs/architecture.md, "The transfer probe"):
+    one HTTP port, X-data-parallel-rank picks the rank (else the balancer: rank 0 here), every per-engine family
+    labelled engine="<rank>", a producer rank's params name <id>_dp<rank> and the side channel 5600 + rank.
+    `liar`: an engine whose producer answers from rank 0 whatever rank was asked for."""
+
+    def __init__(self, sizes, liar=None):
+        self.sizes, self.liar, self.lock = sizes, liar, threading.Lock()
+        self.counters = dict(((e, r), {"bytes": 0, "transfers": 0, "external": 0, "finished": 0})
+                             for e, size in sizes.items() for r in range(size))
+        self.seen = []
+
+    def call(self, url, key=None, body=None, request_id=None, timeout=120, extra_headers=None):
+        engine, path = url.split("//", 1)[1].split("/", 1)
+        if path == "metrics":
+            with self.lock:
+                return 200, "".join(DP_METRICS.format(rank=r, **self.counters[(engine, r)])
+                                    for r in range(self.sizes[engine]))
+        rank = int((extra_headers or {}).get("X-data-parallel-rank", 0))
+        params = body.get("kv_transfer_params") or {}
+        with self.lock:
+            mine = self.counters[(engine, rank)]
+            mine["finished"] += 1
+            if params.get("do_remote_decode"):
+                served = 0 if engine == self.liar else rank
+                self.seen.append(("produce", engine, rank))
+                return 200, {"choices": [{"text": " ", "finish_reason": "length"}],
+                             "kv_transfer_params": {"do_remote_prefill": True, "remote_engine_id": "%s-id_dp%d"
+                                                    % (engine, served), "remote_block_ids": [1],
+                                                    "remote_host": engine, "remote_port": 5600 + served}}
+            if params:
+                self.seen.append(("consume", engine, rank))
+                mine["bytes"] += 2048 * PROMPT_TOKENS
+                mine["transfers"] += 1
+                mine["external"] += PROMPT_TOKENS
+            return 200, {"choices": [{"text": " the fox", "finish_reason": "length"}],
+                         "usage": {"prompt_tokens": PROMPT_TOKENS,
+                                   "prompt_tokens_details": {"cached_tokens": PROMPT_TOKENS}}}
+
+
+def dp_args(sizes):
+    fleet = [{"engine": "p0", "role": "prefill"}, {"engine": "d0", "role": "decode"}]
+    return {"engines": dict((e["engine"], {"url": "http://%s" % e["engine"], "role": e["role"]}) for e in fleet),
+            "pairs": probe_pairs(fleet), "model": "tiny", "api_key": KEY, "recompute": "off", "data_parallel": sizes}
+
+
+def test_every_data_parallel_rank_produces_and_consumes_with_its_own_proof(module_runner, monkeypatch):
+    """DP 2 prefill and DP 4 decode: each direction is probed max(2, 4) = 4 times, every rank of both engines is
+    asked by header, each consumer rank's counters (label engine="<rank>") prove its own request."""
+    fake = DataParallelFleet({"p0": 2, "d0": 4})
+    monkeypatch.setattr(step, "call", fake.call)
+    status, result = module_runner(transfer_probe.main, dp_args({"p0": 2, "d0": 4}))
+    assert status == "exit", result
+    assert [r["ok"] for r in result["results"]] == [True, True]
+    forward = result["results"][0]
+    assert (forward["producer"], forward["consumer"]) == ("p0", "d0")
+    assert [(r["producer_rank"], r["consumer_rank"]) for r in forward["ranks"]] == [(0, 0), (1, 1), (0, 2), (1, 3)]
+    assert all(r["evidence"] == "request" and r["cached_tokens"] == PROMPT_TOKENS for r in forward["ranks"])
+    assert [r["remote_port"] for r in forward["ranks"]] == [5600, 5601, 5600, 5601]
+    assert sorted(set((what, e, r) for what, e, r in fake.seen)) == sorted(
+        [("produce", "p0", 0), ("produce", "p0", 1), ("produce", "d0", 0), ("produce", "d0", 1),
+         ("produce", "d0", 2), ("produce", "d0", 3)]
+        + [("consume", "d0", r) for r in range(4)] + [("consume", "p0", 0), ("consume", "p0", 1)])
+    # each consumer rank moved exactly its own request's KV
+    assert all(fake.counters[("d0", r)]["transfers"] == 1 for r in range(4))
+    assert [fake.counters[("p0", r)]["transfers"] for r in range(2)] == [2, 2]
+
+
+def test_a_producer_answering_from_another_rank_fails_the_pair(module_runner, monkeypatch):
+    fake = DataParallelFleet({"p0": 2, "d0": 2}, liar="p0")
+    monkeypatch.setattr(step, "call", fake.call)
+    status, result = module_runner(transfer_probe.main, dp_args({"p0": 2, "d0": 2}))
+    assert status == "fail"
+    assert "p0 -> d0: rank 1 -> 1: the producer's remote_engine_id 'p0-id_dp0' is not DP rank 1's" in result["msg"]
+
+
+def test_data_parallel_size_1_probes_as_before(module_runner, monkeypatch):
+    fake = DataParallelFleet({"p0": 1, "d0": 1})
+    monkeypatch.setattr(step, "call", fake.call)
+    status, result = module_runner(transfer_probe.main, dp_args({"p0": 1, "d0": 1}))
+    assert status == "exit", result
+    assert all("ranks" not in r and "producer_rank" not in r for r in result["results"])
