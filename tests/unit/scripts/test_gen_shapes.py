@@ -35,7 +35,7 @@ def _generator():
 
 
 gen = _generator()
-PLANNED = ["1p1d-tp8", "xpyd-unequal-tp"]
+PLANNED = ["1p1d-tp8", "dp8-ep-dsv3", "xpyd-unequal-tp"]
 
 
 @pytest.fixture(scope="module")
@@ -75,10 +75,10 @@ def test_the_checked_in_shape_is_a_fresh_generation(shape):
 
 def test_every_shape_is_planned_or_says_why_not():
     shapes = [p.name for p in gen.shape_dirs()]
-    assert shapes == ["1p1d-tp8", "wide-ep-dsv3", "xpyd-unequal-tp"]
+    assert shapes == ["1p1d-tp8", "dp8-ep-dsv3", "wide-ep-dsv3", "xpyd-unequal-tp"]
     assert [s for s in shapes if gen.pending(SHAPES / s) is None] == PLANNED
     why = gen.pending(SHAPES / "wide-ep-dsv3")
-    assert why.splitlines()[0] == "Planned when data-parallel inputs and engines across hosts land."
+    assert why.splitlines()[0] == "Planned when engines across hosts land."
     assert not (SHAPES / "wide-ep-dsv3" / gen.LAUNCH_CONFIG).exists()
 
 
@@ -143,6 +143,36 @@ def test_1p1d_tp8_is_two_whole_hosts_on_every_rail(planned):
         assert command["environment"]["CUDA_VISIBLE_DEVICES"] == ",".join(record["gpu_ids"])
         assert command["device_requests"][0]["device_ids"] == [str(i) for i in range(8)]
     assert "Verdict: passes (check_pairs" in gen.commands("1p1d-tp8", shape)
+
+
+def test_dp8_ep_dsv3_is_eight_ranks_with_experts_and_a_side_channel_each(planned):
+    shape = planned["dp8-ep-dsv3"]
+    records = shape["document"]["engines"]
+    rails = _active_ib_ports()
+    for engine, record in records.items():
+        assert (record["tensor_parallel_size"], record["data_parallel_size"], record["enable_expert_parallel"]) == (
+            1, 8, True)
+        assert len(set(record["gpu_ids"])) == 8 and record["transfer"]["net_devices"] == rails
+        assert record["node"]["side_channel_ports"] == [5600, 5607]
+        assert "NARWHAL_ENABLE_EXPERT_PARALLEL=true" in record["sources"]["parallelism"]
+        assert record["runtime"]["cache_plan"]["block_size"] == 64
+        command = shape["derived"][engine]["container"]["command"]
+        at = command.index("--tensor-parallel-size")
+        assert command[at:at + 5] == ["--tensor-parallel-size", "1", "--data-parallel-size", "8",
+                                      "--enable-expert-parallel"]
+    assert "Verdict: passes (check_pairs" in gen.commands("dp8-ep-dsv3", shape)
+
+
+def test_expert_parallelism_on_a_dense_model_is_refused_by_its_key(tmp_path):
+    shape = tmp_path / "ep-dense"
+    shutil.copytree(SHAPES / "1p1d-tp8", shape)
+    with open(shape / "site.env", "a") as env:
+        env.write("NARWHAL_ENABLE_EXPERT_PARALLEL=true\n")
+    with pytest.raises(InputError) as err:
+        gen.plan(shape)
+    assert err.value.key == "NARWHAL_ENABLE_EXPERT_PARALLEL"
+    assert "a dense model (its config.json has no n_routed_experts" in str(err.value)
+    assert "set NARWHAL_ENABLE_EXPERT_PARALLEL=false" in str(err.value)
 
 
 def test_xpyd_co_hosted_prefills_take_distinct_gpus_ports_and_side_channels(planned):
