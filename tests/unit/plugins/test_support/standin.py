@@ -53,17 +53,19 @@ def start_engine(modules, monkeypatch, servers, *flags, model_config=None, token
                               "--api-key", KEY] + list(flags))
     args.model = args.model_tag if getattr(args, "model_tag", None) else "/models/tiny"
     monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", str(s.getsockname()[1]))
+    monkeypatch.setenv("VLLM_NIXL_SIDE_CHANNEL_PORT", str(free_ports(getattr(args, "data_parallel_size", 1) or 1)))
     state = server.State(args, args.kv_transfer_config, TINY if model_config is None else model_config,
                          tokenizer_config)
-    side = type("Side", (socketserver.ThreadingTCPServer,), {"allow_reuse_address": True, "daemon_threads": True})(
-        ("127.0.0.1", state.side_port), server.SideChannel)
-    side.state = state
+    sides = []
+    for rank in state.ranks:  # one side channel per DP rank, on base + rank
+        side = type("Side", (socketserver.ThreadingTCPServer,), {"allow_reuse_address": True,
+                                                                 "daemon_threads": True})(
+            ("127.0.0.1", rank.side_port), server.SideChannel)
+        side.state, side.rank = state, rank
+        sides.append(side)
     http = ThreadingHTTPServer(("127.0.0.1", 0), server.make_handler(state))
     http.daemon_threads = True
-    for srv in (side, http):
+    for srv in sides + [http]:
         threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
         servers.append(srv)
     return "http://127.0.0.1:%d" % http.server_address[1], state
@@ -79,6 +81,21 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def free_ports(count):
+    """-> a base port whose `count` consecutive ports are free on 127.0.0.1 (a DP engine's side channels)."""
+    for _attempt in range(50):
+        base = free_port()
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in range(base, base + count):
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise AssertionError("no %d consecutive free ports" % count)
 
 
 # One stand-in engine as a process of its own (a stop is a real stop: its connections close with it).
@@ -100,6 +117,14 @@ sys.exit(server.serve(args, args.kv_transfer_config))
 """
 
 
+def _dp_size(flags):
+    flags = list(flags)
+    for flag in ("--data-parallel-size", "-dp"):
+        if flag in flags[:-1]:
+            return int(flags[flags.index(flag) + 1])
+    return 1
+
+
 def engine_process(tmp_path, name, key, *flags, version="0.33.0", port=None):
     """-> (url, Popen) of a stand-in engine serving the tiny model config on free loopback ports (or HTTP on
     `port`: an engine replaced at its URL)."""
@@ -117,7 +142,7 @@ def engine_process(tmp_path, name, key, *flags, version="0.33.0", port=None):
     kv = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"})
     env = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "VLLM_"))}
     # the key by environment, as the launcher passes it (never in the process list)
-    env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()),
+    env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_ports(_dp_size(flags))),
                VLLM_API_KEY=key)
     log = open(tmp_path / ("engine-%s.log" % name), "wb")
     proc = subprocess.Popen([sys.executable, "-c", ENGINE_MAIN, str(STANDIN_SITE), version, str(model),

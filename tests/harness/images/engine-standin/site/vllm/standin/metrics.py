@@ -159,7 +159,7 @@ def _family(lines, name, kind, samples):
         lines.append(f"{sample}{_labels(labels)} {go_float(value)}")
 
 
-def _histogram(lines, name, labels, hist):
+def _histogram_samples(name, labels, hist):
     samples, cumulative = [], 0
     for bound, count in zip(hist.buckets, hist.counts, strict=True):
         cumulative += count
@@ -167,38 +167,68 @@ def _histogram(lines, name, labels, hist):
     samples.append((name + "_bucket", dict(labels, le="+Inf"), hist.count))
     samples.append((name + "_count", labels, hist.count))
     samples.append((name + "_sum", labels, hist.sum))
-    _family(lines, name, "histogram", samples)
+    return samples
+
+
+def _histogram(lines, name, engines, field):
+    _family(lines, name, "histogram",
+            [s for base, metrics, _usage in engines for s in _histogram_samples(name, base, getattr(metrics, field))])
+
+
+def _scalar(lines, name, kind, engines, value_of, extra=None):
+    """One counter or gauge family: a sample per engine (and per `extra` label value: (label, values))."""
+    if extra is None:
+        samples = [(name, base, value_of(metrics, usage)) for base, metrics, usage in engines]
+    else:
+        label, values = extra
+        samples = [(name, dict(base, **{label: v}), value_of(metrics, usage)[v])
+                   for base, metrics, usage in engines for v in values]
+    _family(lines, name, kind, samples)
 
 
 def render(metrics, model_name, kv_cache_usage, engine="0"):
-    """The /metrics text of `metrics` (an EngineMetrics snapshot) for the served model name."""
-    base = {"model_name": model_name, "engine": engine}
+    """The /metrics text of `metrics` (an EngineMetrics snapshot) for the served model name: one engine core."""
+    return render_engines([(engine, metrics, kv_cache_usage)], model_name)
+
+
+def render_engines(engines, model_name):
+    """The /metrics text of several engine cores: `engines` is [(engine label, EngineMetrics snapshot, KV cache
+    usage)] in rank order. A data-parallel engine serves one document (vLLM's multiprocess Prometheus registry)
+    where each family holds every engine core's series, labelled engine="<dp rank>" (vLLM 0.32.0
+    v1/metrics/loggers.py:499 labelnames ["model_name", "engine"], one PrometheusStatLogger for all engine indexes);
+    the stand-in writes each family's series engine by engine."""
+    engines = [({"model_name": model_name, "engine": engine}, metrics, usage) for engine, metrics, usage in engines]
     lines = []
-    _histogram(lines, "vllm:nixl_xfer_time_seconds", base, metrics.nixl_xfer_time)
-    _histogram(lines, "vllm:nixl_bytes_transferred", base, metrics.nixl_bytes)
-    for name, value in (("vllm:nixl_num_failed_transfers_total", metrics.failed_transfers),
-                        ("vllm:nixl_num_failed_notifications_total", metrics.failed_notifications),
-                        ("vllm:nixl_num_kv_expired_reqs_total", metrics.kv_expired_reqs),
-                        ("vllm:nixl_num_notifications_after_expiry_total", metrics.notifications_after_expiry)):
-        _family(lines, name, "counter", [(name, base, value)])
-    for name, value in (("vllm:num_requests_running", metrics.running),
-                        ("vllm:num_requests_waiting", metrics.waiting),
-                        ("vllm:kv_cache_usage_perc", kv_cache_usage)):
-        _family(lines, name, "gauge", [(name, base, value)])
-    _family(lines, "vllm:prompt_tokens_total", "counter",
-            [("vllm:prompt_tokens_total", base, metrics.prompt_tokens)])
-    _family(lines, "vllm:prompt_tokens_by_source_total", "counter",
-            [("vllm:prompt_tokens_by_source_total", dict(base, source=s), metrics.prompt_by_source[s])
-             for s in PROMPT_SOURCES])
-    for name, value in (("vllm:prompt_tokens_cached_total", metrics.prompt_cached),
-                        ("vllm:generation_tokens_total", metrics.generation_tokens)):
-        _family(lines, name, "counter", [(name, base, value)])
-    _family(lines, "vllm:request_success_total", "counter",
-            [("vllm:request_success_total", dict(base, finished_reason=r), metrics.finished[r])
-             for r in FINISH_REASONS])
-    _histogram(lines, "vllm:request_prompt_tokens", base, metrics.request_prompt_tokens)
-    _histogram(lines, "vllm:request_generation_tokens", base, metrics.request_generation_tokens)
-    _histogram(lines, "vllm:time_to_first_token_seconds", base, metrics.ttft)
-    _histogram(lines, "vllm:inter_token_latency_seconds", base, metrics.itl)
-    _histogram(lines, "vllm:e2e_request_latency_seconds", base, metrics.e2e)
+    _histogram(lines, "vllm:nixl_xfer_time_seconds", engines, "nixl_xfer_time")
+    _histogram(lines, "vllm:nixl_bytes_transferred", engines, "nixl_bytes")
+    for name, field in (("vllm:nixl_num_failed_transfers_total", "failed_transfers"),
+                        ("vllm:nixl_num_failed_notifications_total", "failed_notifications"),
+                        ("vllm:nixl_num_kv_expired_reqs_total", "kv_expired_reqs"),
+                        ("vllm:nixl_num_notifications_after_expiry_total", "notifications_after_expiry")):
+        _scalar(lines, name, "counter", engines, _field(field))
+    for name, field in (("vllm:num_requests_running", "running"), ("vllm:num_requests_waiting", "waiting")):
+        _scalar(lines, name, "gauge", engines, _field(field))
+    _scalar(lines, "vllm:kv_cache_usage_perc", "gauge", engines, _usage)
+    _scalar(lines, "vllm:prompt_tokens_total", "counter", engines, _field("prompt_tokens"))
+    _scalar(lines, "vllm:prompt_tokens_by_source_total", "counter", engines, _field("prompt_by_source"),
+            ("source", PROMPT_SOURCES))
+    _scalar(lines, "vllm:prompt_tokens_cached_total", "counter", engines, _field("prompt_cached"))
+    _scalar(lines, "vllm:generation_tokens_total", "counter", engines, _field("generation_tokens"))
+    _scalar(lines, "vllm:request_success_total", "counter", engines, _field("finished"),
+            ("finished_reason", FINISH_REASONS))
+    for name, field in (("vllm:request_prompt_tokens", "request_prompt_tokens"),
+                        ("vllm:request_generation_tokens", "request_generation_tokens"),
+                        ("vllm:time_to_first_token_seconds", "ttft"), ("vllm:inter_token_latency_seconds", "itl"),
+                        ("vllm:e2e_request_latency_seconds", "e2e")):
+        _histogram(lines, name, engines, field)
     return "\n".join(lines) + "\n"
+
+
+def _field(field):
+    def value_of(metrics, _usage):
+        return getattr(metrics, field)
+    return value_of
+
+
+def _usage(_metrics, usage):
+    return usage

@@ -32,6 +32,10 @@ The "KV" is a deterministic function of the prompt, so the consumer checks what 
 With --enable-prompt-tokens-details the answer carries usage.prompt_tokens_details.cached_tokens, the request's
 num_cached_tokens as vLLM 0.32/0.33 report it (prompt_details below). The stand-in has no prefix cache: a
 request's cached tokens are the tokens it loaded by KV transfer.
+With --data-parallel-size D > 1 the engine is D ranks (class Rank; single node, internal load balancer): rank r
+has engine id <engine_id>_dp<r>, its side channel on VLLM_NIXL_SIDE_CHANNEL_PORT + r, its own blocks and counters;
+X-data-parallel-rank picks the rank (State.pick_rank), /metrics renders each rank's series with engine="<r>", and
+serve() refuses what vLLM refuses among the DP flags (data_parallel_error).
 """
 import copy
 import hashlib
@@ -59,6 +63,9 @@ DEFAULT_MAX_MODEL_LEN = 2048  # vllm/config/model.py: the default when the model
 # so that a test can keep a request in flight (a stop's drain). At most TOKEN_DELAY_MAX.
 TOKEN_DELAY_HEADER = "X-Narwhal-Standin-Token-Seconds"
 TOKEN_DELAY_MAX = 1.0
+# vLLM 0.32.0 entrypoints/generate/base/serving.py:220-232: the DP rank a request asks for (vllm-router's DP-aware
+# routing sets it)
+DP_RANK_HEADER = "X-data-parallel-rank"
 
 
 def release(version):
@@ -152,30 +159,91 @@ class State:
         self.kv = kv
         self.served = (args.served_model_name or [args.model])[0]
         self.api_keys = list(args.api_key or []) or [k for k in [os.environ.get("VLLM_API_KEY")] if k]
-        self.engine_id = (kv.engine_id if kv and kv.engine_id else str(uuid.uuid4()))
+        self.base_engine_id = (kv.engine_id if kv and kv.engine_id else str(uuid.uuid4()))
         self.side_host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost")
-        self.side_port = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))
+        self.base_side_port = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))
         self.block_size = args.block_size or 16
-        self.compat_hash, self.meta = agent_metadata(args, model_config or {}, self.engine_id)
-        self.blocks = OrderedDict()
-        self.expired = set()  # block IDs whose lease expired (still readable: the prefix cache keeps them)
         self.expire_leases = os.environ.get("NARWHAL_STANDIN_EXPIRE_KV_LEASES", "0") not in ("", "0")
-        self.next_block = 0
         self.lock = threading.Lock()
         self.max_model_len = derived_max_model_len(args, model_config or {})
+        self.dp_size = dp_size(args)
+        # one engine core and NIXL agent per DP rank (class Rank); a DP size of 1 is one rank as before
+        self.ranks = []
+        for index in range(self.dp_size):
+            engine_id = rank_engine_id(self.base_engine_id, index, self.dp_size)
+            compat_hash, meta = agent_metadata(args, model_config or {}, engine_id)
+            self.ranks.append(Rank(index, engine_id, self.base_side_port + index, meta, self.max_model_len))
+        self.compat_hash = compat_hash  # the same for every rank: no DP factor in it (nixl/metadata.py:145-215)
+        self.next_rank = 0  # the stand-in's balancer (pick_rank)
         self.chat_template = has_chat_template(args, model_dir, tokenizer_config)
         self.fingerprint = openai_api.system_fingerprint(
             getattr(args, "fingerprint_mode", "full"), getattr(args, "fingerprint_value", None), __version__,
             args.tensor_parallel_size, self.compat_hash)
-        self.metrics = prom.EngineMetrics(self.max_model_len)
         self.inflight = 0  # requests being answered (the drain waits for them)
         self.draining = False  # SIGTERM received: new requests are refused
         self.abort = threading.Event()  # the drain ended (or --shutdown-timeout 0): in-flight requests stop
 
+    # rank 0's, the whole engine's when the DP size is 1
+    engine_id = property(lambda self: self.ranks[0].engine_id)
+    side_port = property(lambda self: self.ranks[0].side_port)
+    meta = property(lambda self: self.ranks[0].meta)
+    metrics = property(lambda self: self.ranks[0].metrics)
+    blocks = property(lambda self: self.ranks[0].blocks)
+
     def metrics_snapshot(self):
-        """-> (a copy of the counters, KV cache usage: the share of the block capacity this producer holds)."""
+        """-> (a copy of rank 0's counters, its KV cache usage: the share of the block capacity it holds)."""
+        return self.rank_snapshots()[0][1:]
+
+    def rank_snapshots(self):
+        """-> [(engine label, a copy of the rank's counters, its KV cache usage)] in rank order."""
         with self.lock:
-            return copy.deepcopy(self.metrics), len(self.blocks) / BLOCK_CAPACITY
+            return [(str(r.index), copy.deepcopy(r.metrics), len(r.blocks) / BLOCK_CAPACITY) for r in self.ranks]
+
+    def pick_rank(self, header):
+        """The rank that serves a request: the X-data-parallel-rank header's (vLLM 0.32.0
+        entrypoints/generate/base/serving.py:220-232 reads it, an int or else None; v1/engine/core_client.py:1648
+        takes it as the engine index), else the stand-in's balancer, round-robin (vLLM's DPLBAsyncMPClient picks
+        the least loaded engine, core_client.py:1648-1680: with idle engines, effectively a rotation over the
+        API server processes). -> (Rank, None) or (None, the 400 error message): input_processor.py:392-400
+        refuses a rank outside [0, num_ranks) (num_ranks: the DP size, this single-node engine's every rank)."""
+        try:
+            wanted = int(header) if header is not None else None
+        except ValueError:
+            wanted = None
+        if wanted is None:
+            with self.lock:
+                wanted, self.next_rank = self.next_rank, (self.next_rank + 1) % self.dp_size
+            return self.ranks[wanted], None
+        if not 0 <= wanted < self.dp_size:
+            return None, f"data_parallel_rank {wanted} is out of range [0, {self.dp_size})."
+        return self.ranks[wanted], None
+
+
+class Rank:
+    """One data-parallel rank: its own engine core and NIXL agent (vLLM 0.32.0: one EngineCoreProc per rank,
+    v1/engine/core.py:1472-1483), with its engine id, side-channel port, KV blocks and counters."""
+
+    def __init__(self, index, engine_id, side_port, meta, max_model_len):
+        self.index = index
+        self.engine_id = engine_id
+        self.side_port = side_port
+        self.meta = meta
+        self.metrics = prom.EngineMetrics(max_model_len)
+        self.blocks = OrderedDict()
+        self.expired = set()  # block IDs whose lease expired (still readable: the prefix cache keeps them)
+        self.next_block = 0
+
+
+def dp_size(args):
+    return getattr(args, "data_parallel_size", 1) or 1
+
+
+def rank_engine_id(engine_id, rank, size):
+    """vLLM 0.32.0 v1/engine/core.py:1417-1422 (mp backend; Ray: v1/engine/utils.py:480-489): with data parallelism
+    each engine core appends its global DP rank to kv_transfer_config.engine_id; a single engine keeps it as is.
+    Its NIXL side channel listens on VLLM_NIXL_SIDE_CHANNEL_PORT + the rank
+    (distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py:77-80, data_parallel_index)."""
+    return f"{engine_id}_dp{rank}" if size > 1 else engine_id
 
 
 def kv_payload(prompt):
@@ -231,7 +299,9 @@ def register_kv_memory(kv, env=None):
             "UCX_TLS=%s lacks %s (UCX's GPU memory transport)" % (tls, needed))
 
 
-def fetch_blocks(state, params):
+def fetch_blocks(state, params, rank=None):
+    """The consumer rank `rank` reads the blocks from the producer rank that `params` name (remote_host,
+    remote_port: that rank's own side channel; remote_engine_id: its engine id)."""
     device, err = ucx_check()
     if err:
         raise OSError(err)
@@ -246,7 +316,7 @@ def fetch_blocks(state, params):
         sock.settimeout(10)
         sock.connect(info[4])
         reader = sock.makefile("rb")
-        nixl_handshake(state, sock, reader, params)
+        nixl_handshake(state, sock, reader, params, rank)
         sock.sendall(json.dumps({"engine_id": params.get("remote_engine_id"),
                                  "block_ids": params.get("remote_block_ids"),
                                  "request_id": params.get("remote_request_id")}).encode() + b"\n")
@@ -267,7 +337,7 @@ class HandshakeError(OSError):
     """The handshake failed the way vLLM's does (RuntimeError / AssertionError in the handshake thread)."""
 
 
-def nixl_handshake(state, sock, reader, params):
+def nixl_handshake(state, sock, reader, params, rank=None):
     """BaseNixlWorker._nixl_handshake: ask for the producer's payload (GET_META_MSG), compare its
     compatibility hash with ours before anything else, then validate its agent metadata."""
     sock.sendall(json.dumps({"get_meta": True}).encode() + b"\n")
@@ -279,7 +349,7 @@ def nixl_handshake(state, sock, reader, params):
         if meta["engine_id"] != params.get("remote_engine_id"):
             raise RuntimeError(f"Remote NIXL agent engine ID mismatch. Expected {params.get('remote_engine_id')},"
                                f"received {meta['engine_id']}.")
-        handshake.validate_remote(state.meta, meta)
+        handshake.validate_remote((rank or state.ranks[0]).meta, meta)
     except (RuntimeError, AssertionError, KeyError, ValueError, TypeError) as exc:
         context = {"remote_engine_id": params.get("remote_engine_id"), "remote_host": params.get("remote_host"),
                    "remote_port": params.get("remote_port")}
@@ -292,21 +362,22 @@ def nixl_handshake(state, sock, reader, params):
 class SideChannel(socketserver.StreamRequestHandler):
     def handle(self):
         state = self.server.state
+        rank = getattr(self.server, "rank", None) or state.ranks[0]  # the DP rank whose listener this is
         try:
             req = json.loads(self.rfile.readline())
             if req.get("get_meta"):
                 self.wfile.write(json.dumps({"compatibility_hash": state.compat_hash,
-                                             "agent_metadata": state.meta}).encode() + b"\n")
+                                             "agent_metadata": rank.meta}).encode() + b"\n")
                 self.wfile.flush()
                 req = json.loads(self.rfile.readline())
-            if req.get("engine_id") != state.engine_id:
+            if req.get("engine_id") != rank.engine_id:  # another engine's, or another DP rank's
                 self.wfile.write(b"NO" + b"engine"[:7].ljust(7))
                 return
             with state.lock:
-                parts = [state.blocks[b] for b in req["block_ids"]]
-                late = any(b in state.expired for b in req["block_ids"])
+                parts = [rank.blocks[b] for b in req["block_ids"]]
+                late = any(b in rank.expired for b in req["block_ids"])
                 if late:
-                    state.metrics.notifications_after_expiry += 1
+                    rank.metrics.notifications_after_expiry += 1
             if late:
                 print("ERROR Potentially invalid KV blocks for unrecognized request %s were retrieved by a decode "
                       "worker. They may have expired." % req.get("request_id"), flush=True)
@@ -324,8 +395,9 @@ class Job:
     """The timings and counts of one request, recorded into the engine's metrics when it finishes
     (vllm/v1/metrics/stats.py: IterationStats.update_from_output / update_from_finished_request)."""
 
-    def __init__(self, state, req, arrival):
+    def __init__(self, state, req, arrival, rank=None):
         self.state, self.req, self.arrival = state, req, arrival
+        self.rank = rank or state.ranks[0]  # the DP rank serving the request: its counters
         self.token_times = []
         self.finished = False
         self.prefilled_by = None  # set once the prompt is prefilled
@@ -340,7 +412,7 @@ class Job:
         if self.finished:
             return
         self.finished = True
-        now, m, n, prefilled_by = time.time(), self.state.metrics, self.req.n_prompt_tokens, self.prefilled_by
+        now, m, n, prefilled_by = time.time(), self.rank.metrics, self.req.n_prompt_tokens, self.prefilled_by
         with self.state.lock:
             if prefilled_by is not None:
                 m.prompt_tokens += n
@@ -463,6 +535,9 @@ def make_handler(state):
                                                                                   "assistant"))
             except openai_api.BadRequestError as exc:
                 return self.send(400, openai_api.error_body(exc.message, param=exc.param))
+            rank, bad_rank = state.pick_rank(self.headers.get(DP_RANK_HEADER))
+            if bad_rank is not None:
+                return self.bad_rank(req, bad_rank)
             with state.lock:
                 if state.draining:
                     refused = True
@@ -473,7 +548,7 @@ def make_handler(state):
                 # 1708-1717); the HTTP status a client then sees was not verified against the real engine
                 return self.send(503, openai_api.error_body("The engine is shutting down", "ServiceUnavailableError",
                                                             503))
-            job = Job(state, req, arrival)
+            job = Job(state, req, arrival, rank)
             try:
                 return self.complete(req, job)
             except StreamClosedError:
@@ -483,49 +558,62 @@ def make_handler(state):
                 with state.lock:
                     state.inflight -= 1
 
-        def load_kv(self, req, rid, payload):
-            """The consumer's KV load: None, or the error that fails the request (counted as vLLM counts it)."""
+        def bad_rank(self, req, message):
+            """An X-data-parallel-rank outside [0, DP size): vLLM 0.32.0 v1/engine/input_processor.py:392-400 raises
+            VLLMValidationError when the request reaches the engine client; not streamed it is HTTP 400
+            (entrypoints/serve/exception_handling/error_response.py:41-44), streamed the stream generator turns it
+            into an error event after the 200 (completion/serving.py:499-503, chat_completion/serving.py:928-933)."""
+            body = openai_api.error_body(message)
+            if not req.stream:
+                return self.send(400, body)
+            self.start_stream()
+            self.event(json.dumps(body))  # create_streaming_error_response: json.dumps of the ErrorResponse
+            return self.end_stream()
+
+        def load_kv(self, req, rid, payload, rank):
+            """The consumer rank's KV load: None, or the error that fails the request (counted as vLLM counts it)."""
             started = time.time()
             with state.lock:
-                state.metrics.waiting += 1  # WAITING_FOR_REMOTE_KVS: in the scheduler's waiting queue
+                rank.metrics.waiting += 1  # WAITING_FOR_REMOTE_KVS: in the scheduler's waiting queue
             try:
-                data = fetch_blocks(state, req.params)
+                data = fetch_blocks(state, req.params, rank)
                 if data != payload:
                     raise OSError("received KV blocks do not match the prompt")
             except OSError as exc:
                 with state.lock:
-                    state.metrics.failed_transfers += 1
+                    rank.metrics.failed_transfers += 1
                 print(f"ERROR KV load failed for request {rid}: {exc}", flush=True)
                 return exc
             finally:
                 with state.lock:
-                    state.metrics.waiting -= 1
+                    rank.metrics.waiting -= 1
             with state.lock:
-                state.metrics.nixl_bytes.observe(len(data))
-                state.metrics.nixl_xfer_time.observe(time.time() - started)
+                rank.metrics.nixl_bytes.observe(len(data))
+                rank.metrics.nixl_xfer_time.observe(time.time() - started)
             return None
 
-        def hold_blocks(self, req, rid, payload):
-            """The producer keeps the prompt's KV blocks for its consumer -> its kv_transfer_params."""
+        def hold_blocks(self, req, rid, payload, rank):
+            """The producer rank keeps the prompt's KV blocks for its consumer -> its kv_transfer_params, naming that
+            rank's engine id and side channel (base_scheduler.py:77-80; pull_scheduler.py:285) and the per-rank TP."""
             n_blocks = -(-req.n_prompt_tokens // state.block_size)
             step = len(payload) // n_blocks if n_blocks else len(payload)
             with state.lock:
                 ids = []
                 for i in range(n_blocks):
-                    state.blocks[state.next_block] = payload[i * step:(i + 1) * step if i < n_blocks - 1 else None]
-                    ids.append(state.next_block)
-                    state.next_block += 1
-                while len(state.blocks) > BLOCK_CAPACITY:
-                    state.expired.discard(state.blocks.popitem(last=False)[0])
+                    rank.blocks[rank.next_block] = payload[i * step:(i + 1) * step if i < n_blocks - 1 else None]
+                    ids.append(rank.next_block)
+                    rank.next_block += 1
+                while len(rank.blocks) > BLOCK_CAPACITY:
+                    rank.expired.discard(rank.blocks.popitem(last=False)[0])
                 if state.expire_leases:
-                    state.expired.update(ids)
-                    state.metrics.kv_expired_reqs += 1
+                    rank.expired.update(ids)
+                    rank.metrics.kv_expired_reqs += 1
             if state.expire_leases:
                 print("WARNING Releasing expired KV blocks for request %s which were retrieved by 0 remote worker(s) "
                       "before lease expired." % rid, flush=True)
             params = {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": ids,
-                      "remote_engine_id": state.engine_id, "remote_request_id": rid,
-                      "remote_host": state.side_host, "remote_port": state.side_port,
+                      "remote_engine_id": rank.engine_id, "remote_request_id": rid,
+                      "remote_host": state.side_host, "remote_port": rank.side_port,
                       "tp_size": state.args.tensor_parallel_size}
             if REMOTE_CACHED:
                 params["remote_prefill_cached_tokens"] = 0  # this engine's own hits
@@ -548,7 +636,7 @@ def make_handler(state):
                 cached = 0  # no prefix cache in the stand-in: local hits are always 0
                 source = "local_compute"
                 if req.params.get("do_remote_prefill"):
-                    failed = self.load_kv(req, rid, payload)
+                    failed = self.load_kv(req, rid, payload, job.rank)
                     if failed is not None:
                         job.finish("error")
                         if not req.stream:
@@ -564,10 +652,11 @@ def make_handler(state):
                     if REMOTE_CACHED and isinstance(remote, int):
                         cached = remote  # the producer's hits reported in its place (output_processor)
                 with state.lock:
-                    state.metrics.running += 1  # scheduled: prefill and decode
+                    job.rank.metrics.running += 1  # scheduled: prefill and decode
                 running = True
                 job.prefilled_by = source
-                kv_params = self.hold_blocks(req, rid, payload) if req.params.get("do_remote_decode") else None
+                decode_remote = req.params.get("do_remote_decode")
+                kv_params = self.hold_blocks(req, rid, payload, job.rank) if decode_remote else None
                 tokens = api.generated_tokens(req.prompt, req.max_tokens)
                 if req.echo:
                     tokens[0] = req.prompt + tokens[0]
@@ -601,7 +690,7 @@ def make_handler(state):
             finally:
                 if running:
                     with state.lock:
-                        state.metrics.running -= 1
+                        job.rank.metrics.running -= 1
 
         def stream(self, req, job, answer_id, created, tokens, details):
             """completion_stream_generator / chat_completion_stream_generator for one choice, one token a chunk;
@@ -663,8 +752,8 @@ def make_handler(state):
 
 
 def metrics_text(state):
-    snapshot, kv_usage = state.metrics_snapshot()
-    return prom.render(snapshot, state.served, kv_usage)
+    """One document for the engine: with DP, every family holds each rank's series (engine="<rank>")."""
+    return prom.render_engines(state.rank_snapshots(), state.served)
 
 
 def _server_class(host, base):
@@ -698,6 +787,91 @@ def max_model_len_error(max_model_len, model_config):
             "with extreme caution. If the model uses relative position encoding (RoPE), positions exceeding "
             "derived_max_model_len lead to nan. If the model uses absolute position encoding, positions exceeding "
             "derived_max_model_len will cause a CUDA array out-of-bounds error.")
+
+
+# vllm/transformers_utils/model_arch_config_convertor.py:189-206 (get_num_experts) and 169-187 (block_configs)
+EXPERT_KEYS = ("num_experts", "moe_num_experts", "n_routed_experts", "num_local_experts")
+
+
+def is_moe(model_config):
+    """ModelConfig.is_moe (vllm/config/model.py:2276): the model has experts."""
+    text = dict(model_config)
+    text.update(model_config.get("text_config") or {})
+    experts = next((text[k] for k in EXPERT_KEYS if text.get(k) is not None), 0)
+    if isinstance(experts, list):
+        experts = experts[0] if experts else 0
+    if not experts:
+        experts = max([b.get("n_routed_experts", 0) for b in text.get("block_configs") or []
+                       if isinstance(b, dict) and b.get("block_type") == "moe"] or [0])
+    return bool(experts and experts > 0)
+
+
+def data_parallel_error(args, model_config):
+    """What vLLM 0.32.0 refuses at start among the data-parallel flags (-> the line it ends with, or None), and
+    the launch modes the stand-in does not model (it stands for one single-node engine with an internal load
+    balancer: all DP ranks in one container, one API endpoint)."""
+    size = getattr(args, "data_parallel_size", 1)
+    local = getattr(args, "data_parallel_size_local", None)
+    rank = getattr(args, "data_parallel_rank", None)
+    headless = getattr(args, "headless", False)
+    hybrid = getattr(args, "data_parallel_hybrid_lb", False)
+    external = getattr(args, "data_parallel_external_lb", False) or rank is not None  # arg_utils.py:2406-2408
+    if size is None or size < 1:
+        # ParallelConfig.data_parallel_size: Field(ge=1) (config/parallel.py:146), pydantic's refusal
+        return ("pydantic_core._pydantic_core.ValidationError: 1 validation error for ParallelConfig\n"
+                "data_parallel_size\n  Input should be greater than or equal to 1")
+    if headless and getattr(args, "api_server_count", None):
+        # entrypoints/cli/serve.py:66-72
+        return (f"ValueError: --api-server-count={args.api_server_count} cannot be used with --headless (no API "
+                "servers are started in headless mode).")
+    if headless and hybrid:
+        # engine/arg_utils.py:2339-2341 (EngineArgs.create_engine_config)
+        return "AssertionError: data_parallel_hybrid_lb is not applicable in headless mode"
+    if hybrid and getattr(args, "data_parallel_external_lb", False):
+        # engine/arg_utils.py:2342-2348
+        return ("ValueError: Invalid data-parallel launch options: `--data-parallel-hybrid-lb` and "
+                "`--data-parallel-external-lb` cannot be enabled together. Enable only one load-balancing mode.")
+    if size > 1 and external and not is_moe(model_config):
+        # engine/arg_utils.py:2415-2424
+        return ("ValueError: Non-MoE models do not support external data parallel mode. For external load "
+                "balancing, launch independent vLLM instances without --data-parallel-* arguments.")
+    if local is not None and local > size:
+        # ParallelConfig.__post_init__, config/parallel.py:541-545
+        return f"ValueError: data_parallel_size_local ({local}) must be <= data_parallel_size ({size})"
+    if size > 1 and rank is not None and not 0 <= rank < size:
+        # ParallelConfig.__post_init__, config/parallel.py:999-1003
+        return f"ValueError: data_parallel_rank ({rank}) must be in the range [0, {size})"
+    if size > 1 and (headless or external or hybrid or (local is not None and local != size)
+                     or getattr(args, "data_parallel_start_rank", None)):
+        return ("ERROR narwhal stand-in: this data-parallel launch mode (headless, external or hybrid load "
+                "balancing, or ranks on several nodes) is not modelled; the stand-in serves all "
+                f"{size} ranks of one node behind one API endpoint")
+    if size > 1:
+        return gpu_split_error(size, args.tensor_parallel_size)
+    return None
+
+
+def gpu_split_error(size, tp):
+    """vLLM 0.32.0 v1/engine/utils.py:433-477 (get_physical_gpu_ids_for_local_dp_rank): local DP rank r takes the
+    devices [r*TP, (r+1)*TP) of the visibility list CUDA_VISIBLE_DEVICES (the device control variable of the
+    CUDA and ROCm platforms, platforms/cuda.py:231, rocm.py:604); a list too short for every rank is an Exception
+    at start (utils.py:469-477). Unset or empty: no list to check (the stand-in counts no devices)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    if not visible:
+        return None
+    devices = visible.split(",")
+    if len(devices) >= size * tp:
+        return None
+    first = len(devices) // tp  # the first rank whose devices are not all in the list
+    return (f"Exception: Error computing device indices for CUDA_VISIBLE_DEVICES: local range: [{first * tp}, "
+            f"{(first + 1) * tp}) base value: \"{visible}\"")
+
+
+def rank_devices(index, args):
+    """The CUDA_VISIBLE_DEVICES entries DP rank `index` takes (gpu_split_error), or None without the variable."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    tp = args.tensor_parallel_size
+    return ",".join(visible.split(",")[index * tp:(index + 1) * tp]) if visible else None
 
 
 def drain(state, httpd, timeout, clock=time.monotonic):
@@ -747,6 +921,10 @@ def serve(args, kv):
         print(f"ERROR: The repository {args.model} contains custom code which must be executed to "
               "correctly load the model. Please pass the argument `trust_remote_code=True`.", file=sys.stderr)
         return 1
+    refused = data_parallel_error(args, model_config)
+    if refused:
+        print(refused, file=sys.stderr, flush=True)
+        return 1
     refused = register_kv_memory(kv)
     if refused:
         print("ERROR %s" % refused, file=sys.stderr, flush=True)
@@ -759,15 +937,20 @@ def serve(args, kv):
     state = State(args, kv, model_config, tokenizer_config, args.model)
     if not state.chat_template:
         print("WARNING No chat template: /v1/chat/completions answers 400 (as vLLM does without one)", flush=True)
+    if state.dp_size > 1:
+        if getattr(args, "api_server_count", None) is None:
+            print(f"INFO Defaulting api_server_count to data_parallel_size ({state.dp_size}).", flush=True)
+        for rank in state.ranks:
+            devices = rank_devices(rank.index, args)
+            print(f"INFO EngineCore_DP{rank.index} started" + (f" (devices {devices})" if devices else ""), flush=True)
     if kv is not None:
-        side_cls = _server_class(state.side_host if state.side_host != "localhost" else "127.0.0.1",
-                                 socketserver.ThreadingTCPServer)
         side_bind = "127.0.0.1" if state.side_host == "localhost" else state.side_host
-        side = side_cls((side_bind, state.side_port), SideChannel)
-        side.state = state
-        threading.Thread(target=side.serve_forever, daemon=True).start()
-        print(f"INFO NIXL side channel listening on {side_bind}:{state.side_port} "
-              f"(engine_id={state.engine_id}, kv_role={kv.kv_role})", flush=True)
+        for rank in state.ranks:  # one NIXL agent and listener per DP rank
+            side = _server_class(side_bind, socketserver.ThreadingTCPServer)((side_bind, rank.side_port), SideChannel)
+            side.state, side.rank = state, rank
+            threading.Thread(target=side.serve_forever, daemon=True).start()
+            print(f"INFO NIXL side channel listening on {side_bind}:{rank.side_port} "
+                  f"(engine_id={rank.engine_id}, kv_role={kv.kv_role})", flush=True)
         print(f"INFO NIXL compatibility hash: {state.compat_hash} (model={args.model}, "
               f"attn_backend={state.meta['attn_backend_name']}, cache_dtype={args.kv_cache_dtype})", flush=True)
     host = args.host if args.host is not None else "0.0.0.0"
