@@ -140,6 +140,8 @@ an `engine-<n>` name, a `narwhal_node` that is not a positive integer, a host na
 inventory hosts with the same `ansible_host`, each with its node, ports and GPUs.
 
 """
+
+
 def _shown(value):
     """A default as .env spells it (a bool as true/false)."""
     return str(value).lower() if isinstance(value, bool) else value
