@@ -54,6 +54,7 @@ options:
 extends_documentation_fragment:
   - narwhal.deploy.attributes
   - narwhal.deploy.attributes.read_only
+  - narwhal.deploy.attributes.engine_host
 author:
   - narwhal.deploy contributors (@narwhal-deploy)
 """
