@@ -56,6 +56,9 @@ class ActionModule(ActionBase):
             result.update(failed=True, msg=error)
             return result
         args["files"] = files
-        result.update(self._execute_module(module_name="narwhal.deploy.held_files", module_args=args,
-                                           task_vars=task_vars))
+        try:
+            result.update(self._execute_module(module_name="narwhal.deploy.held_files", module_args=args,
+                                               task_vars=task_vars))
+        finally:  # the remote temporary directory of a run without pipelining
+            self._remove_tmp_path(self._connection._shell.tmpdir)
         return result
