@@ -27,6 +27,9 @@ description:
   - Reads the fabric interface once and returns it as the fact C(narwhal_interface), in the shape
     M(narwhal.deploy.interface_facts) returns, so prepare reads the interface once (M(narwhal.deploy.prepare_run)'s
     write stage compares the same facts with the record).
+  - With O(read_gpus), also reads the GPUs as M(narwhal.deploy.gpu_facts) does (below O(sysfs_root) and O(dev_root),
+    the same facts and the same errors) and returns them as the fact C(narwhal_gpus), after every prerequisite
+    passed, so that prepare's host checks are one module run per host.
 options:
   record:
     description: The engine's launch record (one entry of the launch config).
@@ -41,6 +44,10 @@ options:
     description: Seconds the GET of the attestation URL may take.
     type: int
     default: 5
+  read_gpus:
+    description: Also read the GPUs (the fact C(narwhal_gpus)), once every prerequisite passed.
+    type: bool
+    default: false
 attributes:
   idempotent:
     description: Never changes anything.
@@ -52,6 +59,7 @@ extends_documentation_fragment:
   - narwhal.deploy.attributes.read_only
   - narwhal.deploy.attributes.engine_host
   - narwhal.deploy.docker_access
+  - narwhal.deploy.host_roots
   - narwhal.deploy.command_timeout
 author:
   - narwhal.deploy contributors (@narwhal-deploy)
@@ -61,6 +69,12 @@ EXAMPLES = r"""
 - name: Check the engine host
   narwhal.deploy.engine_prereqs:
     record: "{{ narwhal_prepare.records[inventory_hostname] }}"
+  become: true
+
+- name: Check the engine host and read its GPUs in the same run
+  narwhal.deploy.engine_prereqs:
+    record: "{{ narwhal_prepare.records[inventory_hostname] }}"
+    read_gpus: true
   become: true
 """
 
@@ -93,6 +107,13 @@ ansible_facts:
       returned: success
       sample: {"name": "eth1", "operstate": "UP", "mtu": 1500, "host_id": "5f2c0e9a1b7d4c3e",
                "global_addresses": ["172.31.241.11"], "addresses": []}
+    narwhal_gpus:
+      description:
+        - With O(read_gpus), the GPU inventory as M(narwhal.deploy.gpu_facts) returns it (C(vendor), C(gpus),
+          C(devices), C(driver_version), C(source)).
+      type: dict
+      returned: success and O(read_gpus)
+      sample: {"vendor": "none", "gpus": [], "devices": [], "driver_version": null, "source": null}
 python:
   description: The Python that ran the check (and will run the launcher).
   returned: always
@@ -110,6 +131,7 @@ from ansible.module_utils.urls import open_url
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.specs import (
     COMMAND_TIMEOUT_SPEC,
     DOCKER_ACCESS_SPEC,
+    HOST_ROOTS_SPEC,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import (
     CommandTimeoutError,
@@ -121,6 +143,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools impor
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.urls import attestation_url
 from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import Client, EngineAPIError
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.checkpoint import checkpoint_config_path
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.host import read_gpus
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.model import ModelConfigError
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.netaddr import (
     interface_addresses,
@@ -265,6 +288,8 @@ def main():
                            **DOCKER_ACCESS_SPEC,
                            attestation_url=dict(type="str"),
                            attestation_timeout=dict(type="int", default=5),
+                           read_gpus=dict(type="bool", default=False),
+                           **HOST_ROOTS_SPEC,
                            **COMMAND_TIMEOUT_SPEC),
         supports_check_mode=True,
     )
@@ -341,8 +366,12 @@ def main():
         module.fail_json(msg="%s is missing remote prerequisites: %s. Correct them, then prepare a new run."
                              % (engine, " | ".join(problems)), problems=problems, python=sys.executable,
                          attestation=attestation)
+    facts = {"narwhal_interface": interface}
+    if module.params["read_gpus"]:  # gpu_facts' read, in this run (its failures end the module as they end gpu_facts)
+        p = module.params
+        facts["narwhal_gpus"] = read_gpus(module, p["sysfs_root"], p["dev_root"], p["command_timeout"])
     module.exit_json(changed=False, image_id=image_id, python=sys.executable, attestation=attestation,
-                     ansible_facts={"narwhal_interface": interface})
+                     ansible_facts=facts)
 
 
 if __name__ == "__main__":

@@ -187,3 +187,54 @@ def test_the_getting_started_text_is_true():
                        if line.startswith("#"))
     assert "In a project made by narwhal.deploy.init this file is already in place" in comment
     assert not comment.startswith("# A real site's inventory: copy to")
+
+
+OPENING_ENV = ("NARWHAL_FABRIC_INTERFACE=eth1\nNARWHAL_IMAGE=vllm/vllm-openai:v0.33.0\n"
+               "NARWHAL_MODEL_PATH=/srv/models/tiny\nNARWHAL_NODE_1_ROLE=prefill\nNARWHAL_NODE_2_ROLE=decode\n")
+
+
+def _open_twice(tmp_path, between):
+    """A playbook that opens like site.yml does (the boilerplate before each stage) with `between` (tasks) in the
+    middle, run by a real ansible-playbook over two local engine hosts -> (rc, output)."""
+    (tmp_path / ".env").write_text(OPENING_ENV)
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"engines": {"hosts": {
+        "engine-1": {"ansible_connection": "local"}, "engine-2": {"ansible_connection": "local"}}}}))
+    book = [{"ansible.builtin.import_playbook": "narwhal.deploy.boilerplate"},
+            {"name": "A stage", "hosts": "engines", "gather_facts": False, "tasks": between},
+            {"ansible.builtin.import_playbook": "narwhal.deploy.boilerplate"},
+            {"name": "The next stage", "hosts": "engines", "gather_facts": False, "tasks": [
+                {"name": "Opened", "ansible.builtin.debug": {"msg": OPENED}}]}]
+    (tmp_path / "site.yml").write_text(yaml.safe_dump(book, sort_keys=False))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NARWHAL_", "ANSIBLE_"))}
+    env.update(ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"), ANSIBLE_LOCALHOST_WARNING="False",
+               ANSIBLE_NOCOLOR="1")
+    out = subprocess.run([str(pathlib.Path(sys.executable).parent / "ansible-playbook"), "-i",
+                          str(tmp_path / "hosts.yml"), str(tmp_path / "site.yml")],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300, check=False)
+    return out.returncode, out.stdout + out.stderr
+
+
+OPENED = "{{ narwhal_engine }} {{ groups['prefill'] | join(',') }} {{ narwhal_site.site.NARWHAL_IMAGE }}"
+READ = "TASK [narwhal.deploy.inputs : Read and validate the site inputs on the controller]"
+
+
+def test_a_site_run_reads_the_inputs_once_while_they_stay_the_same(tmp_path):
+    """The later openings of one run keep what the first read (the stage after them still has narwhal_site,
+    narwhal_engine and the groups); a new ansible-playbook reads again."""
+    for _run in (1, 2):
+        rc, out = _open_twice(tmp_path, [{"name": "Nothing", "ansible.builtin.debug": {"msg": "stage"}}])
+        assert rc == 0, out
+        assert out.count(READ) == 1, out
+        assert "engine-2 engine-1 vllm/vllm-openai:v0.33.0" in out
+
+
+def test_a_site_run_reads_the_inputs_again_when_deployment_env_changed(tmp_path):
+    """Discovery rewrites config/deployment.env, which the inputs read compares with the shell's values: the next
+    opening of the same run reads again."""
+    write = {"name": "Rewrite deployment.env", "ansible.builtin.copy": {
+        "dest": str(tmp_path / "config" / "deployment.env"), "content": "NARWHAL_NODE_1_IP=10.0.0.1\n",
+        "mode": "0600"}, "delegate_to": "localhost", "run_once": True}
+    (tmp_path / "config").mkdir()
+    rc, out = _open_twice(tmp_path, [write])
+    assert rc == 0, out
+    assert out.count(READ) == 2, out

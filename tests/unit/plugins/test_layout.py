@@ -67,6 +67,7 @@ def test_pure_files_do_no_io(name):
 
 @pytest.mark.parametrize("module, forbidden", [
     ("engine_prereqs", ("_discover/", "_inputs/", "_plan/", "_prepare/", "_outputs/")),
+    ("held_files", ("_discover/", "_inputs/", "_plan/", "_prepare/", "_outputs/", "_facts/", "_docker/")),
     ("engine_host_facts", ("_discover/", "_inputs/", "_plan/", "_prepare/", "_outputs/")),
     ("gpu_facts", ("_discover/", "_inputs/", "_plan/", "_docker/", "_common/secrets.py")),
     ("image_facts", ("_discover/", "_inputs/", "_plan/", "_facts/host.py")),
