@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 
@@ -175,13 +176,21 @@ def worker_label(role, worker):
     return "%s (%s %s)" % (worker["engine"], role, worker["url"])
 
 
+RANKED_URL = re.compile(r"@[0-9]+$")
+
+
 def worker_report(answer, workers):
     """What the router's GET /workers answer says against the fleet's workers: every fleet worker seen with its
     role and healthy, nothing the fleet lacks. -> {seen, missing, unhealthy, wrong_role, extra, ok}; each list
     names engines (or URLs for workers outside the fleet)."""
     listed = answer.get("workers") if isinstance(answer, dict) else None
     listed = [w for w in listed if isinstance(w, dict)] if isinstance(listed, list) else []
-    by_url = dict((str(w.get("url", "")).rstrip("/"), w) for w in listed)
+    # In DP-aware mode (--intra-node-data-parallel-size) vllm-router 0.1.17 lists each data-parallel rank of a worker
+    # as <url>@<rank> (its dp_utils asks the engine how many engines it runs; seen against the stand-in's DP ranks):
+    # every rank of the fleet's URL counts for that worker, and each must be healthy and of its role.
+    by_url = {}
+    for entry in listed:
+        by_url.setdefault(RANKED_URL.sub("", str(entry.get("url", ""))).rstrip("/"), []).append(entry)
     report = {"seen": [], "missing": [], "unhealthy": [], "wrong_role": [], "extra": []}
     expected = {}
     for role in ("prefill", "decode"):
@@ -189,13 +198,14 @@ def worker_report(answer, workers):
             expected[worker["url"]] = worker
             got = by_url.get(worker["url"])
             label = worker_label(role, worker)
-            if got is None:
+            if not got:
                 report["missing"].append(label)
                 continue
             report["seen"].append(worker["engine"])
-            if got.get("worker_type") != role:
-                report["wrong_role"].append("%s as %s" % (label, got.get("worker_type")))
-            if got.get("is_healthy") is not True:
+            roles = sorted(set(str(g.get("worker_type")) for g in got if g.get("worker_type") != role))
+            if roles:
+                report["wrong_role"].append("%s as %s" % (label, ", ".join(roles)))
+            if any(g.get("is_healthy") is not True for g in got):
                 report["unhealthy"].append(label)
     report["extra"] = sorted(u for u in by_url if u not in expected)
     report["ok"] = not (report["missing"] or report["unhealthy"] or report["wrong_role"] or report["extra"])
