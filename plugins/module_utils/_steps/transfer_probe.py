@@ -163,14 +163,14 @@ def probe_ranks(module, key, producer, consumer, warn=None, ranks=(None, None)):
         transfer_s = round(transfer_s, 6)
     params = params if isinstance(params, dict) else {}
     result = {"producer": producer, "consumer": consumer, "request_id": rid, "ok": ok, "reasons": reasons,
-            "evidence": judged["evidence"], "notes": judged["notes"],
-            "concurrent_traffic": judged["concurrent_traffic"], "cached_tokens": judged["cached_tokens"],
-            "prompt_tokens": judged["prompt_tokens"],
-            "before": before, "after": after, "producer_before": p_before, "producer_after": p_after,
-            "bytes": moved, "transfer_s": transfer_s, "rate_bytes_s": rate, "latency_s": round(latency, 3),
-            "prefill_s": round(prefilled - started, 3), "decode_s": round(started + latency - prefilled, 3),
-            "output": output, "matches_recompute": matches,
-            "remote_host": params.get("remote_host"), "remote_port": params.get("remote_port")}
+              "evidence": judged["evidence"], "notes": judged["notes"],
+              "concurrent_traffic": judged["concurrent_traffic"], "cached_tokens": judged["cached_tokens"],
+              "prompt_tokens": judged["prompt_tokens"],
+              "before": before, "after": after, "producer_before": p_before, "producer_after": p_after,
+              "bytes": moved, "transfer_s": transfer_s, "rate_bytes_s": rate, "latency_s": round(latency, 3),
+              "prefill_s": round(prefilled - started, 3), "decode_s": round(started + latency - prefilled, 3),
+              "output": output, "matches_recompute": matches,
+              "remote_host": params.get("remote_host"), "remote_port": params.get("remote_port")}
     if prank is not None or crank is not None:
         result.update(producer_rank=prank, consumer_rank=crank, remote_engine_id=params.get("remote_engine_id"))
     return result

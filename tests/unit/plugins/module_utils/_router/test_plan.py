@@ -113,9 +113,9 @@ def test_a_dp_aware_router_lists_every_rank_of_a_worker():
     """vllm-router 0.1.17 with --intra-node-data-parallel-size lists <url>@<rank> per data-parallel rank (seen in the
     proving ground: 'http://172.31.240.12:8000@1', ...): every rank counts for the fleet's worker."""
     workers = fleet_workers(FLEET)
-    ranks = [(url + "@%d" % r, role, True) for url, role in (("http://10.0.0.11:8000", "prefill"),
-                                                                  ("http://10.0.0.12:8000", "decode"),
-                                                                  ("http://[fd00::13]:8000", "decode")) for r in (0, 1)]
+    urls = (("http://10.0.0.11:8000", "prefill"), ("http://10.0.0.12:8000", "decode"),
+            ("http://[fd00::13]:8000", "decode"))
+    ranks = [(url + "@%d" % r, role, True) for url, role in urls for r in (0, 1)]
     ok = worker_report(_answer(*ranks), workers)
     assert ok["ok"] and ok["seen"] == ["engine-1", "engine-2", "engine-3"]
     ranks[3] = ("http://10.0.0.12:8000@1", "decode", False)  # one rank of engine-2 unhealthy
