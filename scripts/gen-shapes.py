@@ -183,12 +183,18 @@ def gate_verdict(records):
                 "refused by %s: %s" % problem))
             if problem is None and tp_p != tp_d:
                 lines += ["  " + line for line in tp_mapping(records[p], records[d], facts[p])]
-    try:
-        check_pairs(records)
-        lines.append("Verdict: passes (check_pairs: every prefill/decode pair would complete vLLM's NIXL handshake)")
-    except InputError as exc:
-        lines.append("Verdict: refused: %s" % exc)
+    lines.append(verdict(check_pairs, records,
+                         "check_pairs: every prefill/decode pair would complete vLLM's NIXL handshake"))
     return lines
+
+
+def verdict(check, records, passes):
+    """The verdict line of one of prepare's checks over the records: passes (what it proves) or its refusal."""
+    try:
+        check(records)
+    except InputError as exc:
+        return "Verdict: refused: %s" % exc
+    return "Verdict: passes (%s)" % passes
 
 
 def _show(value):
@@ -233,11 +239,7 @@ def shared_host_verdict(records, machines):
             lines.append("  %s: GPUs %s, HTTP %d, attestation %d, side channel %s" % (
                 engine, ",".join(str(i) for i in records[engine]["gpu_host_indices"]), node["engine_port"],
                 node["attest_port"], str(low) if low == high else "%d-%d" % (low, high)))
-    try:
-        shared_hosts(records)
-        lines.append("Verdict: passes (shared_hosts: no two engines of one machine share a GPU or a port)")
-    except InputError as exc:
-        lines.append("Verdict: refused: %s" % exc)
+    lines.append(verdict(shared_hosts, records, "shared_hosts: no two engines of one machine share a GPU or a port"))
     return lines
 
 

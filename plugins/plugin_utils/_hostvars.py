@@ -49,7 +49,8 @@ def _engines(args, hostvars, hosts=None):
     if not isinstance(engines, list):
         return None
     inventory = dict((engine, host) for host, engine in (hosts or {}).items())
-    return [(e, hostvars[inventory.get(e, e)] if inventory.get(e, e) in hostvars else {}) for e in engines]
+    found = [(e, inventory.get(e, e)) for e in engines]
+    return [(e, hostvars[h] if h in hostvars else {}) for e, h in found]
 
 
 def discovery_facts(args, hostvars, hosts=None):

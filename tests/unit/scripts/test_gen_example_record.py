@@ -5,14 +5,13 @@ proving ground's default site (scripts/gen-example-record.py): regenerated here 
 by the one record check and the P/D gate, and traced back to the site's recorded inputs."""
 
 import hashlib
-import importlib.util
 import json
 import subprocess
 import sys
 
 import pytest
 import yaml
-from test_support.paths import REAL, REPO
+from test_support.paths import REAL, REPO, load_file
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts import gpu as _gpu
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.dotenv import read_dotenv
@@ -29,14 +28,7 @@ SOURCES = {"allocation", "transfer", "ucx_tls", "extra_args", "environment", "vi
            "policy", "shutdown"}
 
 
-def _generator():
-    spec = importlib.util.spec_from_file_location("gen_example_record", str(SCRIPT))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-gen = _generator()
+gen = load_file("gen_example_record", SCRIPT)
 
 
 @pytest.fixture(scope="module")

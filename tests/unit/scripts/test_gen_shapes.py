@@ -4,7 +4,6 @@
 site.env and hosts.yml with discovery's and prepare's own code, compared with the checked-in launch config and
 commands, and held to the properties each shape exists to show."""
 
-import importlib.util
 import json
 import shlex
 import shutil
@@ -13,7 +12,7 @@ import sys
 
 import pytest
 import yaml
-from test_support.paths import REPO
+from test_support.paths import REPO, load_file
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts import host as _host
@@ -27,14 +26,7 @@ SHAPES = REPO / "docs" / "examples" / "shapes"
 PROFILE_SYS = REPO / "tests" / "harness" / "profiles" / "nvidia-8gpu-rdma" / "sys"
 
 
-def _generator():
-    spec = importlib.util.spec_from_file_location("gen_shapes", str(SCRIPT))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-gen = _generator()
+gen = load_file("gen_shapes", SCRIPT)
 PLANNED = ["1p1d-tp8", "dp8-ep-dsv3", "xpyd-unequal-tp"]
 
 

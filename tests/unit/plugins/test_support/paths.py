@@ -6,6 +6,7 @@ test_support is the package of the tests' shared helpers (tests/unit/conftest.py
 sys.path; its __init__.py stays empty, as ansible-test's empty-init sanity test requires under tests/unit/plugins).
 A test module imports from test_support, conftest fixtures, the collection and libraries: never from another test
 module."""
+import importlib.util
 import pathlib
 
 REPO = pathlib.Path(__file__).resolve().parents[4]  # tests/unit/plugins/test_support -> the checkout
@@ -15,3 +16,11 @@ RECORDED = REPO / "tests" / "fixtures" / "recorded"  # real engines' answers rec
 HAND_LAUNCH_CONFIG = REPO / "tests" / "fixtures" / "hand-shaped" / "launch-config.nvidia-tcp.amd-rdma.json"
 PROFILES = REPO / "tests" / "harness" / "profiles"  # the simulated hosts' trees
 STANDIN_SITE = REPO / "tests" / "harness" / "images" / "engine-standin" / "site"  # the stand-in engine's Python
+
+
+def load_file(name, path):
+    """The module of a Python file that is not importable by name (a script of scripts/, the stand-in's files)."""
+    spec = importlib.util.spec_from_file_location(name, str(path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -9,10 +9,9 @@ gate."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 
 import pytest
-from test_support.paths import STANDIN_SITE
+from test_support.paths import STANDIN_SITE, load_file
 from test_support.prepare import HAND_LAUNCH, compatible
 from test_support.records import ROCM_DISTS, ROCM_ENV, amd, build, host, image, nvidia
 
@@ -24,14 +23,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._prepare import gat
 STANDIN = STANDIN_SITE / "vllm" / "standin" / "handshake.py"
 
 
-def _standin():
-    spec = importlib.util.spec_from_file_location("standin_handshake", str(STANDIN))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-standin = _standin()
+standin = load_file("standin_handshake", STANDIN)
 
 
 @pytest.fixture

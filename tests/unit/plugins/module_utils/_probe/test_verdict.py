@@ -382,7 +382,12 @@ def test_a_producer_answer_from_another_rank_is_named():
 
 
 def test_nixl_counters_are_told_apart_by_dp_rank():
-    from ansible_collections.narwhal.deploy.plugins.module_utils._common.nixl_metrics import metric_by_engine
+    from ansible_collections.narwhal.deploy.plugins.module_utils._common.nixl_metrics import engine_samples, metric_sum
+
+    def metric_by_engine(text, name):
+        ranks = ("0", "1")
+        return dict((r, metric_sum(engine_samples(text, r), name)) for r in ranks
+                    if metric_sum(engine_samples(text, r), name) is not None)
 
     text = "\n".join([
         'vllm:external_prefix_cache_hits_total{engine="0",model_name="tiny"} 0.0',
