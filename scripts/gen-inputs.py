@@ -139,6 +139,29 @@ an `engine-<n>` name, a `narwhal_node` that is not a positive integer, a host na
 `narwhal_node` is another number, and two hosts with one node. Two engines on one machine stay possible: two
 inventory hosts with the same `ansible_host`, each with its node, ports and GPUs.
 
+### An engine across hosts
+
+An engine whose data-parallel ranks do not fit one host spans several (`NARWHAL_NODE_<n>_HOSTS`, e.g. DeepSeek-V3
+with DP 16 over two 8-GPU hosts). Each of its hosts is an inventory host of group `engines` with the engine's
+`narwhal_node` and its own `narwhal_rank`: `0` for the head (it serves the engine's HTTP API, its fabric address is
+the engine's URL and vLLM's `--data-parallel-address`), `1` .. for the others (`vllm serve --headless
+--data-parallel-start-rank`). Every host runs DP / hosts ranks on `NARWHAL_GPUS_PER_ENGINE` (or
+`NARWHAL_NODE_<n>_GPU_IDS`) of its GPUs, from the same image and checkpoint; the engine is still one engine:
+one record (the head's, with `members` for the others), one URL, one row of every table.
+
+```yaml
+engines:
+  hosts:
+    gpu-a17.dc1.example: {narwhal_node: 1, narwhal_rank: 0}   # engine-1's head
+    gpu-a18.dc1.example: {narwhal_node: 1, narwhal_rank: 1}   # engine-1's second host
+    gpu-b03.dc1.example: {narwhal_node: 2}
+```
+
+Refused, naming the hosts: two hosts of one node without ranks, a repeated or missing rank, a rank that is not 0 ..
+99, an engine with another number of hosts than `NARWHAL_NODE_<n>_HOSTS`, a DP size the hosts cannot share equally,
+two hosts of the engine on one machine, and hosts of one engine whose image, GPUs (product and count) or
+checkpoint differ.
+
 """
 
 

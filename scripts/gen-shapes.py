@@ -45,13 +45,20 @@ from proving_ground import REAL, ROOT, SiteError  # noqa: E402  pylint: disable=
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError  # noqa: E402
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import (  # noqa: E402
     NODE_VAR,
-    inventory_engines,
+    RANK_VAR,
+    engine_hosts,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.checkpoint import read_checkpoint  # noqa: E402
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.dotenv import read_dotenv  # noqa: E402
-from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import engine_settings  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import (  # noqa: E402
+    check_engine_hosts,
+    engine_settings,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.validate import load_inputs  # noqa: E402
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import docker_run_argv  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import (  # noqa: E402
+    docker_run_argv,
+    member_view,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.checks import (  # noqa: E402
     derive,
     shared_hosts,
@@ -123,24 +130,33 @@ def plan(directory):
     inputs = load_inputs(read_dotenv(str(directory / "site.env")))
     site = inputs["site"]
     group_vars, hosts = inventory(directory)
-    names = inventory_engines([(name, hvars.get(NODE_VAR)) for name, hvars in hosts])
+    members = engine_hosts([(name, hvars.get(NODE_VAR), hvars.get(RANK_VAR)) for name, hvars in hosts])
+    check_engine_hosts(members, inputs)
+    names = dict((host, engine) for engine, names in members.items() for host in names[:1])
     requested = pg.requested_packages(site)
-    facts, interfaces, machines = {}, {}, {}
+    facts, interfaces, machines, spread = {}, {}, {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         model = checkpoint(tmp, site["NARWHAL_MODEL_PATH"], _need("hosts.yml engines vars", group_vars,
                                                                   "sim_model_config"))
         for name, hvars in hosts:
-            engine = names[name]
+            engine = [e for e, hs in members.items() if name in hs][0]
+            rank = members[engine].index(name)
             where = "hosts.yml host %s" % name
             machine = _need(where, hvars, "ansible_host")
             settings = engine_settings(inputs, engine)
             address = ("inet", _need(where, hvars, "sim_fabric_ipv4"),
                        _need("hosts.yml engines vars", group_vars, "sim_fabric_subnet4"))
-            interfaces[engine] = pg.interface(settings["fabric_interface"], [address], machine)
-            facts[engine] = pg.host_facts(_need(where, hvars, "sim_profile"), pathlib.Path(tmp) / "dev" / machine,
-                                          settings["image"], requested, model)
-            machines[engine] = machine
-    document, _fleet = pg.launch_config(inputs, sorted(names.values(), key=_node), interfaces, facts)
+            interface = pg.interface(settings["fabric_interface"], [address], machine)
+            found = pg.host_facts(_need(where, hvars, "sim_profile"), pathlib.Path(tmp) / "dev" / machine,
+                                  settings["image"], requested, model)
+            if rank:  # another host of an engine across hosts, as discovery gathers it (_plugin_utils/_hostvars.py)
+                spread.setdefault(engine, []).append({"host": name, "interface": interface, "inspection": found})
+                machines["%s/%d" % (engine, rank)] = machine
+                continue
+            interfaces[engine], facts[engine], machines[engine] = interface, found, machine
+    for engine in spread:
+        spread[engine].sort(key=lambda m, e=engine: members[e].index(m["host"]))
+    document, _fleet = pg.launch_config(inputs, sorted(names.values(), key=_node), interfaces, facts, spread)
     derived = dict((engine, derive(record, site["NARWHAL_ENGINE_CHECKOUT"], RUN_ID))
                    for engine, record in document["engines"].items())
     return {"inputs": inputs, "engines": names, "machines": machines, "document": document, "derived": derived}
@@ -229,16 +245,23 @@ def shared_host_verdict(records, machines):
     """Prepare's shared-host check over the fleet, with each machine's engines, as lines."""
     lines = []
     by_machine = {}
+    views = {}
     for engine in sorted(records, key=_node):
-        by_machine.setdefault(machines[engine], []).append(engine)
+        views[engine] = records[engine]
+        for member in records[engine].get("members") or []:
+            views["%s/%d" % (engine, member["member"])] = member_view(records[engine], member["member"])
+    for key in views:
+        by_machine.setdefault(machines[key], []).append(key)
     for machine, engines in sorted(by_machine.items()):
-        lines.append("%s (host_id %s):" % (machine, records[engines[0]]["node"]["host_id"]))
-        for engine in engines:
-            node = records[engine]["node"]
+        lines.append("%s (host_id %s):" % (machine, views[engines[0]]["node"]["host_id"]))
+        for key in engines:
+            view, node = views[key], views[key]["node"]
             low, high = node["side_channel_ports"]
-            lines.append("  %s: GPUs %s, HTTP %d, attestation %d, side channel %s" % (
-                engine, ",".join(str(i) for i in records[engine]["gpu_host_indices"]), node["engine_port"],
-                node["attest_port"], str(low) if low == high else "%d-%d" % (low, high)))
+            what = key if "/" not in key else "%s (narwhal_rank %s, headless)" % tuple(key.split("/"))
+            lines.append("  %s: GPUs %s, %s, side channel %s" % (
+                what, ",".join(str(i) for i in view["gpu_host_indices"]),
+                "HTTP %d, attestation %d" % (node["engine_port"], node["attest_port"]) if "/" not in key else
+                "no HTTP (the head serves it)", str(low) if low == high else "%d-%d" % (low, high)))
     lines.append(verdict(shared_hosts, records, "shared_hosts: no two engines of one machine share a GPU or a port"))
     return lines
 
@@ -254,19 +277,31 @@ def commands(shape, planned):
            ""]
     for engine in sorted(records, key=_node):
         record, derived = records[engine], planned["derived"][engine]
-        out.append("## %s (%s) on %s (machine %s)" % (engine, record["role"], hosts[engine],
-                                                      planned["machines"][engine]))
-        out.append(shell_lines(docker_run_argv(derived["container"])))
-        out.append("# inside the container:")
-        out.append(" ".join(shlex.quote(w) for w in derived["container"]["entrypoint"] + derived["container"]
-                            ["command"]))
-        out.append("")
+        across = " (the head of its %d hosts, narwhal_rank 0)" % (1 + len(record["members"])) \
+            if record.get("members") else ""
+        out.append("## %s (%s) on %s (machine %s)%s" % (engine, record["role"], hosts[engine],
+                                                        planned["machines"][engine], across))
+        out += _container_lines(derived)
+        for member in record.get("members") or []:
+            out.append("## %s (%s) on %s (machine %s): its host of narwhal_rank %d, DP ranks %d-%d, headless"
+                       % (engine, record["role"], member["host"], planned["machines"]["%s/%d" % (engine,
+                                                                                              member["member"])],
+                          member["member"], member["data_parallel_start_rank"],
+                          member["data_parallel_start_rank"] + record["data_parallel_size_local"] - 1))
+            out += _container_lines(derived["members"][str(member["member"])])
     out.append("## The P/D handshake gate (prepare: _prepare/gate.py::check_pairs)")
     out += gate_verdict(records)
     out.append("")
     out.append("## Shared hosts (prepare: _prepare/checks.py::shared_hosts)")
     out += shared_host_verdict(records, planned["machines"])
     return "\n".join(out) + "\n"
+
+
+def _container_lines(derived):
+    """One host's container: `docker run` and the command inside, then a blank line."""
+    return [shell_lines(docker_run_argv(derived["container"])), "# inside the container:",
+            " ".join(shlex.quote(w) for w in derived["container"]["entrypoint"] + derived["container"]["command"]),
+            ""]
 
 
 def generate(directory):

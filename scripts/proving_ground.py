@@ -162,11 +162,12 @@ def host_facts(profile, dev_root, image, requested, model, sysfs=None):
             "model": model}
 
 
-def launch_config(inputs, engines, interfaces, hosts):
-    """discovery_outputs' planning (build_fleet, collect_records: build_record for each engine) and its record check
-    (launch_config_errors): -> (the launch config document, build_fleet's plan)."""
+def launch_config(inputs, engines, interfaces, hosts, members=None):
+    """discovery_outputs' planning (build_fleet, collect_records: build_record for each engine, with the other hosts
+    of an engine across hosts in `members`) and its record check (launch_config_errors): -> (the launch config
+    document, build_fleet's plan)."""
     plan = build_fleet(inputs, engines, interfaces)
-    document, _extracts = collect_records(plan, inputs, hosts)
+    document, _extracts = collect_records(plan, inputs, hosts, members)
     errors = launch_config_errors(document)
     if errors:
         raise SiteError("the generated launch config fails the record check: %s" % "; ".join(errors))

@@ -13,10 +13,14 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import 
 from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import from_record
 from ansible_collections.narwhal.deploy.plugins.module_utils._bench.report import progress
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError, PlanError
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import NODE_VAR
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import inventory_engines as engines_of_hosts
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import NODE_VAR, RANK_VAR
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import engine_hosts as hosts_of_engines
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import redact_text, secret_values
-from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import check_role_groups, engine_settings
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import (
+    check_engine_hosts,
+    check_role_groups,
+    engine_settings,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers import (
     after_launch,
     describe,
@@ -25,6 +29,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers impor
 from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers import peer_facts as record_peer_facts
 from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers import probe_pairs as fleet_pairs
 from ansible_collections.narwhal.deploy.plugins.module_utils._monitor.targets import file_sd, fleet_name
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import member_view
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import install_paths
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.subst import SubstitutionError, resolve_values
 from ansible_collections.narwhal.deploy.plugins.module_utils._probe.schedule import cover_pairs
@@ -43,25 +48,57 @@ def resolve_values_filter(data, env):
         raise AnsibleFilterError(redact_text(str(exc), secret_values(env))) from None
 
 
-def inventory_engines(groups, hostvars, site=None):
-    """{inventory host: engine-<n>} for the hosts of group engines: the host variable narwhal_node, or the host's
-    name engine-<n> (_common/names.py::inventory_engines); with `site` (narwhal_site), an inventory group prefill or
-    decode that contradicts .env's roles is refused (_inputs/nodes.py::check_role_groups)."""
+def _inventory(name, groups, hostvars, site):
+    """({inventory host: engine-<n>}, {engine-<n>: [its hosts, the head first]}) of group engines, checked."""
     if not isinstance(groups, dict):
-        raise AnsibleFilterError("inventory_engines takes the inventory's groups (a dict), not %s"
-                                 % type(groups).__name__)
+        raise AnsibleFilterError("%s takes the inventory's groups (a dict), not %s" % (name, type(groups).__name__))
     hosts = []
     for host in groups.get("engines") or []:
         found = hostvars[host] if host in hostvars else {}
-        hosts.append((host, found.get(NODE_VAR)))
+        hosts.append((host, found.get(NODE_VAR), found.get(RANK_VAR)))
     try:
-        engines = engines_of_hosts(hosts)
+        members = hosts_of_engines(hosts)
+        engines = dict((host, engine) for engine, names in members.items() for host in names)
         if site:
             roles = dict((host, engine_settings(site, engine).get("role")) for host, engine in engines.items())
             check_role_groups(engines, roles, groups)
+            check_engine_hosts(members, site)
     except InputError as exc:
         raise AnsibleFilterError(str(exc)) from None
-    return engines
+    return dict((host, engines[host]) for host, _node, _rank in hosts), members
+
+
+def inventory_engines(groups, hostvars, site=None):
+    """{inventory host: engine-<n>} for the hosts of group engines: the host variable narwhal_node, or the host's
+    name engine-<n> (_common/names.py::engine_hosts; every host of an engine across hosts, narwhal_rank, maps to it);
+    with `site` (narwhal_site), an inventory group prefill or decode that contradicts .env's roles and an engine with
+    another number of hosts than NARWHAL_NODE_<n>_HOSTS are refused (_inputs/nodes.py)."""
+    return _inventory("inventory_engines", groups, hostvars, site)[0]
+
+
+def engine_hosts(groups, hostvars, site=None):
+    """{engine-<n>: [its inventory hosts in narwhal_rank order]}: the head (the host that serves the engine's HTTP
+    API) first; checked as inventory_engines checks them."""
+    return _inventory("engine_hosts", groups, hostvars, site)[1]
+
+
+def member_record(record, member=0):
+    """The launch record as one host of its engine runs it: for an engine across hosts the view of its host of
+    narwhal_rank `member` (its own GPUs, devices, rails, address and side-channel ports: _plan/container.py::
+    member_view); any other record as it is."""
+    if not isinstance(record, dict):
+        raise AnsibleFilterError("member_record takes a launch record (a dict), not %s" % type(record).__name__)
+    try:
+        rank = int(member or 0)
+    except (TypeError, ValueError):
+        raise AnsibleFilterError("member_record: %r is not a host rank (narwhal_member)" % (member,)) from None
+    if not record.get("members") and not rank:
+        return record
+    try:
+        return member_view(record, rank)
+    except KeyError:
+        raise AnsibleFilterError("the launch record of %s has no host of narwhal_rank %d; rerun discovery"
+                                 % (record.get("engine"), rank)) from None
 
 
 def engine_of(hostvars):
@@ -323,7 +360,8 @@ class FilterModule:
                 "status_row": status_row, "status_problems": status_problems,
                 "summary_entry": summary_entry, "summary_row": summary_row,
                 "install_paths": install_paths_filter, "node_settings": node_settings,
-                "inventory_engines": inventory_engines,
+                "inventory_engines": inventory_engines, "engine_hosts": engine_hosts,
+                "member_record": member_record,
                 "launcher_command": launcher_command, "router_plan": router_plan,
                 "router_local_url": router_local_url, "router_status_row": router_status_row,
                 "traffic_row": traffic_row, "prometheus_targets": prometheus_targets,

@@ -52,7 +52,7 @@ from ansible.plugins.inventory import BaseInventoryPlugin
 from ansible.vars.plugins import get_vars_from_inventory_sources
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import NODE_VAR, inventory_engines
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import NODE_VAR, RANK_VAR, inventory_engines
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.dotenv import DotenvError, read_dotenv
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import ROLE_GROUPS as ROLES
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import check_role_groups
@@ -79,17 +79,19 @@ class InventoryModule(BaseInventoryPlugin):
     NAME = "narwhal.deploy.fleet_groups"
 
     def _node_of(self, name):
-        """The host's narwhal_node: from the inventory that defines it, else from its host_vars/ (the vars plugins,
-        as ansible.builtin.constructed reads them with use_vars_plugins)."""
+        """(host, narwhal_node, narwhal_rank) of an inventory host: from the inventory that defines it, else from its
+        host_vars/ (the vars plugins, as ansible.builtin.constructed reads them with use_vars_plugins)."""
         host = self.inventory.get_host(name)
-        node = host.get_vars().get(NODE_VAR)
-        if node is None:
+        own = host.get_vars()
+        node, rank = own.get(NODE_VAR), own.get(RANK_VAR)
+        if node is None or rank is None:
             try:
                 found = get_vars_from_inventory_sources(self.loader, self.inventory.processed_sources, [host], "all")
             except AttributeError:  # an inventory without processed_sources (older ansible-core)
                 found = {}
-            node = found.get(NODE_VAR)
-        return node
+            node = found.get(NODE_VAR) if node is None else node
+            rank = found.get(RANK_VAR) if rank is None else rank
+        return name, node, rank
 
     def verify_file(self, path):
         return super().verify_file(path) and path.endswith(("narwhal.yml", "narwhal.yaml"))
@@ -111,7 +113,7 @@ class InventoryModule(BaseInventoryPlugin):
         groups = dict((name, [h.name for h in group.get_hosts()]) for name, group in self.inventory.groups.items()
                       if name in ("engines",) + ROLES)
         try:
-            engines = inventory_engines((host, self._node_of(host)) for host in groups.get("engines", []))
+            engines = inventory_engines(self._node_of(host) for host in groups.get("engines", []))
             roles, problems = fleet_roles(engines, values, groups)
         except InputError as exc:
             raise AnsibleParserError("narwhal.deploy.fleet_groups (%s): %s" % (path, exc))

@@ -57,6 +57,18 @@ options:
         C(narwhal_model) (the facts M(narwhal.deploy.engine_host_facts) set on it). V(null) plans no launch records,
         only C(deployment.env) and the fleet.
     type: dict
+  members:
+    description:
+      - The other hosts of each engine across hosts (C(NARWHAL_NODE_<n>_HOSTS) > 1), by engine name, each a list in
+        C(narwhal_rank) order (1, 2, ...) of dicts with C(host) (the inventory host), C(interface) (its
+        C(narwhal_interface)) and C(inspection) (its C(gpus), C(rdma), C(image) and C(model), as in O(hosts)).
+      - The engine's record gets C(members) (each host's own GPUs, devices, rails, address and side-channel ports)
+        and each host an inspection extract C(engine-launch.<engine>.member-<k>.inspection.json). A host whose
+        image, GPUs or checkpoint differ from the head's, or a count of hosts other than
+        C(NARWHAL_NODE_<n>_HOSTS), is refused by name.
+      - When not given, read from the host variables of the hosts the fact C(narwhal_members) lists after each
+        engine's head.
+    type: dict
 attributes:
   diff_mode:
     description: Returns the before and after text of every output file that changes.

@@ -162,7 +162,8 @@ def run_step(step, spec, args, name, check_mode=False, diff=False):
 class ControllerStepAction(ActionBase):
     """A step (plugins/module_utils/_steps/<step>.py): `step(module)`, `module_spec()`, and optionally
     `host_facts(args, hostvars, hosts)` that fills arguments the task did not give from the engines' host variables
-    (`hosts`: {inventory host: engine-<n>}, the fact narwhal_engines the opening play sets)."""
+    (`hosts`: {inventory host: engine-<n>}, the fact narwhal_engines the opening play sets; `members`: {engine-<n>:
+    its hosts, the head first}, the fact narwhal_members)."""
 
     _supports_check_mode = True
     _supports_async = False
@@ -182,7 +183,8 @@ class ControllerStepAction(ActionBase):
         del tmp  # tmp no longer has any effect
         args = dict(self._task.args)
         if self.host_facts is not None:
-            args = self.host_facts(args, task_vars.get("hostvars") or {}, task_vars.get("narwhal_engines"))
+            args = self.host_facts(args, task_vars.get("hostvars") or {}, task_vars.get("narwhal_engines"),
+                                   task_vars.get("narwhal_members"))
         if not self.runs_here():
             try:
                 result.update(self._execute_module(module_args=args, task_vars=task_vars))

@@ -42,21 +42,41 @@ def current_inspection(hostvars):
             "image_id": prereqs.get("image_id")}
 
 
-def _engines(args, hostvars, hosts=None):
-    """(engine, its host's variables) for the task's `engines`; None when `engines` is not a list (the argument
+def _heads(hosts=None, members=None):
+    """{engine-<n>: the inventory host that runs it}: the head (first) of `members` (narwhal_members) for an engine
+    across hosts, else the host `hosts` (narwhal_engines) maps to it."""
+    inventory = dict((engine, host) for host, engine in (hosts or {}).items())
+    inventory.update((engine, names[0]) for engine, names in (members or {}).items() if names)
+    return inventory
+
+
+def _engines(args, hostvars, hosts=None, members=None):
+    """(engine, its head host's variables) for the task's `engines`; None when `engines` is not a list (the argument
     validation names that)."""
     engines = args.get("engines")
     if not isinstance(engines, list):
         return None
-    inventory = dict((engine, host) for host, engine in (hosts or {}).items())
+    inventory = _heads(hosts, members)
     found = [(e, inventory.get(e, e)) for e in engines]
     return [(e, hostvars[h] if h in hostvars else {}) for e, h in found]
 
 
-def discovery_facts(args, hostvars, hosts=None):
-    """discovery_outputs' arguments with `interfaces` and `hosts` read from the engines' host variables where the
-    task does not give them."""
-    engines = _engines(args, hostvars, hosts)
+def member_facts(engines, hostvars, members):
+    """discovery_outputs' `members`: {engine: [{host, interface, inspection} of each host after the head]} of the
+    engines across hosts (`members`: narwhal_members)."""
+    found = {}
+    for engine in engines:
+        for host in (members or {}).get(engine, [])[1:]:
+            facts = hostvars[host] if host in hostvars else {}
+            found.setdefault(engine, []).append({"host": host, "interface": facts.get(INTERFACE_FACT),
+                                                 "inspection": host_inspection(facts)})
+    return found
+
+
+def discovery_facts(args, hostvars, hosts=None, members=None):
+    """discovery_outputs' arguments with `interfaces`, `hosts` and `members` read from the engines' host variables
+    where the task does not give them."""
+    engines = _engines(args, hostvars, hosts, members)
     if engines is None:
         return args
     args = dict(args)
@@ -64,13 +84,17 @@ def discovery_facts(args, hostvars, hosts=None):
         args["interfaces"] = dict((e, found.get(INTERFACE_FACT)) for e, found in engines)
     if "hosts" not in args:
         args["hosts"] = dict((e, host_inspection(found)) for e, found in engines)
+    if "members" not in args:
+        spread = member_facts([e for e, _found in engines], hostvars, members)
+        if spread:
+            args["members"] = spread
     return args
 
 
-def prepare_facts(args, hostvars, hosts=None):
+def prepare_facts(args, hostvars, hosts=None, members=None):
     """prepare_run's arguments with the write stage's `hosts` read from the engines' host variables where the task
     does not give it."""
-    engines = _engines(args, hostvars, hosts)
+    engines = _engines(args, hostvars, hosts, members)
     if engines is None or "hosts" in args or args.get("stage") != "write":
         return args
     return dict(args, hosts=dict((e, current_inspection(found)) for e, found in engines))

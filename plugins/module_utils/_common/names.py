@@ -30,6 +30,9 @@ SOURCES_FILE = "engine-launch.sources.json"
 # The host variable that ties an inventory host of group engines to node <n> of .env (docs/inputs.md, "The inventory")
 NODE_VAR = "narwhal_node"
 NODE_VALUE = re.compile(r"^[1-9][0-9]{0,5}\Z")
+# The host variable that gives each inventory host of an engine across hosts its place: 0 the head, 1.. the others
+RANK_VAR = "narwhal_rank"
+RANK_VALUE = re.compile(r"^(0|[1-9][0-9]?)\Z")
 
 
 def engine_number(name):
@@ -64,20 +67,76 @@ def host_engine(host, node=None):
     return engine
 
 
+def host_rank(host, rank):
+    """The narwhal_rank of an inventory host (None when unset): 0 for the head of an engine across hosts, 1.. for
+    its headless workers."""
+    if rank is None or rank == "":
+        return None
+    text = str(rank).strip() if not isinstance(rank, (bool, float)) else ""
+    if not RANK_VALUE.match(text):
+        raise InputError(RANK_VAR, "inventory host %s has %s: %r, which is not a host rank; set it to 0 for the head "
+                                   "of its engine and 1, 2, ... for the other hosts of that engine (or remove it for "
+                                   "an engine on one host)" % (host, RANK_VAR, rank))
+    return int(text)
+
+
+def engine_hosts(hosts):
+    """{engine-<n>: [its inventory hosts in narwhal_rank order, the head first]} of the hosts of group engines,
+    given as (host, narwhal_node or None[, narwhal_rank or None]). An engine on one host needs no narwhal_rank (or
+    0); the hosts of an engine across hosts carry narwhal_rank 0 .. count-1, each once. Refuses a host without an
+    engine, two hosts of one engine without ranks, a repeated or missing rank, naming the hosts."""
+    found = {}
+    for item in hosts:
+        host, node = item[0], item[1]
+        rank = host_rank(host, item[2] if len(item) > 2 else None)
+        found.setdefault(host_engine(host, node), []).append((rank, str(host)))
+    members = {}
+    for engine, ranked in found.items():
+        n = engine.split("-")[1]
+        if len(ranked) == 1:
+            rank, host = ranked[0]
+            if rank not in (None, 0):
+                raise InputError(RANK_VAR, "inventory host %s has %s: %d but is the only host of %s (node %s of "
+                                           ".env); the head of an engine is rank 0: set %s: 0 and list its other "
+                                           "hosts with ranks 1, 2, ... (NARWHAL_NODE_%s_HOSTS), or remove %s"
+                                 % (host, RANK_VAR, rank, engine, n, RANK_VAR, n, RANK_VAR))
+            members[engine] = [host]
+            continue
+        unranked = [h for r, h in ranked if r is None]
+        if unranked:
+            names = [h for _r, h in ranked]
+            raise InputError(NODE_VAR, "inventory hosts %s are %s %s (node %s of .env) and %s no %s; an engine on "
+                                       "one host is one host of group engines: give them distinct %s values (two "
+                                       "engines on one machine are two inventory hosts with the same ansible_host), "
+                                       "or, for one engine across hosts (NARWHAL_NODE_%s_HOSTS), give each host its "
+                                       "%s: 0 for the head, 1, 2, ... for the others"
+                             % (" and ".join([", ".join(names[:-1]), names[-1]]), "both" if len(names) == 2 else
+                                "all", engine, n, "%s has" % unranked[0] if len(unranked) == 1 else
+                                "%s have" % ("both" if len(unranked) == 2 == len(names) else ", ".join(unranked)),
+                                RANK_VAR, NODE_VAR, n, RANK_VAR))
+        by_rank = {}
+        for rank, host in sorted(ranked):
+            if rank in by_rank:
+                raise InputError(RANK_VAR, "inventory hosts %s and %s of %s both have %s: %d; each host of an engine "
+                                           "across hosts has its own rank (0 the head, 1 .. %d the others)"
+                                 % (by_rank[rank], host, engine, RANK_VAR, rank, len(ranked) - 1))
+            by_rank[rank] = host
+        missing = [r for r in range(len(ranked)) if r not in by_rank]
+        if missing:
+            raise InputError(RANK_VAR, "the %d inventory hosts of %s have %s %s, so rank %s is missing; give them the "
+                                       "ranks 0 .. %d, 0 for the head (the host that serves the engine's HTTP API)"
+                             % (len(ranked), engine, RANK_VAR, ", ".join(str(r) for r in sorted(by_rank)),
+                                ", ".join(str(r) for r in missing), len(ranked) - 1))
+        members[engine] = [by_rank[r] for r in range(len(ranked))]
+    return members
+
+
 def inventory_engines(hosts):
-    """{inventory host: engine-<n>} of the hosts of group engines, given as (host, narwhal_node or None) pairs;
-    refuses a host without an engine and two hosts with one engine, naming them."""
-    engines, seen = {}, {}
-    for host, node in hosts:
-        engine = host_engine(host, node)
-        if engine in seen:
-            raise InputError(NODE_VAR, "inventory hosts %s and %s are both %s (node %s of .env); each engine is one "
-                                       "host of group engines: give them distinct %s values (two engines on one "
-                                       "machine are two inventory hosts with the same ansible_host)"
-                             % (seen[engine], host, engine, engine.split("-")[1], NODE_VAR))
-        seen[engine] = host
-        engines[host] = engine
-    return engines
+    """{inventory host: engine-<n>} of the hosts of group engines, given as (host, narwhal_node or None[,
+    narwhal_rank or None]); every host of an engine across hosts maps to that engine (engine_hosts checks them)."""
+    hosts = list(hosts)
+    of_host = dict((host, engine) for engine, names in engine_hosts(hosts).items() for host in names)
+    return dict((str(item[0]), of_host[str(item[0])]) for item in hosts)
 
 
 def local_host_reason(host):

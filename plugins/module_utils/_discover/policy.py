@@ -19,6 +19,7 @@ import shlex
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_NAME, POLICY_FILE
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import redact_text
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.catalogue import INPUTS
 
 __metaclass__ = type
 
@@ -32,12 +33,16 @@ POLICY_KEYS = ("NARWHAL_IMAGE", "NARWHAL_MODEL_PATH", "NARWHAL_SERVED_MODEL_NAME
                "NARWHAL_SIDE_CHANNEL_PORT", "NARWHAL_EXTRA_ARGS", "NARWHAL_ENGINE_ARGS", "NARWHAL_ENGINE_ENV",
                "NARWHAL_EXPECTED_PACKAGES", "NARWHAL_BIND_FAMILY", "NARWHAL_FABRIC_INTERFACE", "NARWHAL_ENGINE_PORT",
                "NARWHAL_ATTEST_PORT", "NARWHAL_KV_LEASE_SECONDS", "NARWHAL_SHUTDOWN_TIMEOUT",
-               "NARWHAL_DATA_PARALLEL_SIZE", "NARWHAL_ENABLE_EXPERT_PARALLEL")
+               "NARWHAL_DATA_PARALLEL_SIZE", "NARWHAL_ENABLE_EXPERT_PARALLEL", "NARWHAL_DATA_PARALLEL_RPC_PORT")
 
 
 RERUN = "rerun discovery (ansible-playbook narwhal.deploy.discover), then prepare a new run"
 
 _NOT_RECORDED = object()
+# Policy keys whose default writes nothing into a record (DP 1, EP off, the rendezvous port of engines across
+# hosts): an extract written before such a key existed is unchanged while the key keeps its catalogue default.
+_SILENT_DEFAULTS = dict((spec["name"], spec.get("default")) for spec in INPUTS if spec["name"] in (
+    "NARWHAL_DATA_PARALLEL_SIZE", "NARWHAL_ENABLE_EXPERT_PARALLEL", "NARWHAL_DATA_PARALLEL_RPC_PORT"))
 
 
 class StaleRecordsError(InputError):
@@ -102,6 +107,9 @@ def policy_changes(recorded, inputs):
     site = recorded.get("site") or {}
     for key in POLICY_KEYS:
         before, after = site.get(key, _NOT_RECORDED), current["site"][key]
+        if before is _NOT_RECORDED and after == _SILENT_DEFAULTS.get(key, _NOT_RECORDED):
+            # an extract written before this key existed: its records were planned as with the key's default
+            continue
         if before is _NOT_RECORDED or (before != after and not (_blank(before) and _blank(after))):
             changes.append((key, before, after))
     for engine in sorted(engines, key=_number):

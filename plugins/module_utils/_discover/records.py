@@ -23,6 +23,11 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors impo
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import is_secret_name
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.versions import release_tuple
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.kv_pages import kv_cache_pages
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover.members import (
+    check_member,
+    member_address,
+    member_entry,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.model import record_geometry
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import node_settings
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.args import (
@@ -50,6 +55,9 @@ __metaclass__ = type
 
 VISIBILITY_ENV = VISIBILITY_BY_VENDOR
 
+
+# vLLM's default --data-parallel-rpc-port (ParallelConfig.data_parallel_rpc_port), the catalogue's default too
+DP_RPC_PORT = 29550
 
 # vLLM's CPU attention backend (CPU_ATTN) supports block sizes that are multiples of 32 (seen in 0.32.0).
 CPU_BLOCK_MULTIPLE = 32
@@ -310,15 +318,19 @@ def _allocation(engine, n, node_policy, site, host, image, image_key, taken, sou
         taken[g["index"]] = engine
     settings = node_settings(site, node_policy, n)
     dp, dp_key = settings.get("data_parallel_size") or 1, settings["inputs"]["data_parallel_size"]
-    if gpus and not site.get("NARWHAL_TP_SIZE") and len(gpus) % dp:
-        raise InputError(dp_key, "is %d but %s has %d GPU(s), which %d data-parallel ranks cannot share equally "
+    hosts = settings.get("hosts") or 1
+    # an engine across hosts has the same GPUs on each of its hosts (members are checked against the head)
+    total = len(gpus) * hosts
+    across = " on each of its %d hosts (%d in all)" % (hosts, total) if hosts > 1 else ""
+    if gpus and not site.get("NARWHAL_TP_SIZE") and total % dp:
+        raise InputError(dp_key, "is %d but %s has %d GPU(s)%s, which %d data-parallel ranks cannot share equally "
                                  "(an engine's GPU count must equal TP x DP); change %s, NARWHAL_GPUS_PER_ENGINE or "
-                                 "NARWHAL_NODE_%d_GPU_IDS" % (dp, engine, len(gpus), dp, dp_key, n))
-    tp = site.get("NARWHAL_TP_SIZE") or max(1, len(gpus) // dp)
-    if gpus and tp * dp != len(gpus):
-        raise InputError("NARWHAL_TP_SIZE", "is %d but %s has %d GPU(s)%s; an engine's GPU count must equal TP x DP: "
+                                 "NARWHAL_NODE_%d_GPU_IDS" % (dp, engine, len(gpus), across, dp, dp_key, n))
+    tp = site.get("NARWHAL_TP_SIZE") or max(1, total // dp)
+    if gpus and tp * dp != total:
+        raise InputError("NARWHAL_TP_SIZE", "is %d but %s has %d GPU(s)%s%s; an engine's GPU count must equal TP x DP: "
                                             "change NARWHAL_TP_SIZE or NARWHAL_GPUS_PER_ENGINE%s"
-                         % (tp, engine, len(gpus), " and %s is %d" % (dp_key, dp) if dp > 1 else "",
+                         % (tp, engine, len(gpus), across, " and %s is %d" % (dp_key, dp) if dp > 1 else "",
                             " or %s" % dp_key if dp > 1 else ""))
     accelerator_devices = []
     if vendor == "amd":
@@ -485,6 +497,14 @@ def side_channel_span(vllm_version, dp, tp):
     return dp if release_tuple(vllm_version) >= (0, 14, 0) else dp * tp
 
 
+def local_ranks(site, node_policy, n):
+    """(hosts, DP ranks per host) of node `n`: NARWHAL_NODE_<n>_HOSTS and the DP size / hosts (validate.py refuses
+    a DP size that is not a multiple of the hosts)."""
+    settings = node_settings(site, node_policy, n)
+    hosts = settings.get("hosts") or 1
+    return hosts, (settings.get("data_parallel_size") or 1) // hosts
+
+
 def build_record(node, site, node_policy, host, image, model, fleet_entry, taken, side_port):
     """One engine's launch record. `host` = {"gpus": narwhal_gpus, "rdma": narwhal_rdma}; `taken` = GPUs of
     engines already placed on this physical host (mutated). The refusals come in this order: allocation,
@@ -508,7 +528,8 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
         derived_env["VLLM_SSM_CONV_STATE_LAYOUT"] = "DS"
     vllm_version = image["distributions"]["vllm"]
     lifecycle = _lifecycle(engine, site, vllm_version, sources)
-    span = side_channel_span(vllm_version, dp, tp)
+    hosts, local = local_ranks(site, node_policy, n)
+    span = side_channel_span(vllm_version, local, tp)  # the head's own ranks (all of them on one host)
     served = site.get("NARWHAL_SERVED_MODEL_NAME") or site["NARWHAL_MODEL_PATH"].rstrip("/").rsplit("/", 1)[-1]
     record = {
         "engine": engine,
@@ -554,6 +575,13 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
     if dp > 1 or ep:
         # only then, and in this place (after tensor_parallel_size), so that other records stay byte for byte
         extra = ([("data_parallel_size", dp)] if dp > 1 else []) + ([("enable_expert_parallel", True)] if ep else [])
+        if hosts > 1:  # an engine across hosts: the ranks of each host and where they meet the head
+            rpc = site.get("NARWHAL_DATA_PARALLEL_RPC_PORT") or DP_RPC_PORT
+            extra[1:1] = [("data_parallel_size_local", local), ("data_parallel_rpc_port", rpc)]
+            record["sources"]["parallelism"] += (
+                "; NARWHAL_NODE_%d_HOSTS=%d: %d rank(s) on each host, the head (%s) serving the HTTP API and meeting "
+                "the others on %s:%d (NARWHAL_DATA_PARALLEL_RPC_PORT)" % (n, hosts, local, node["address"],
+                                                                         node["address"], rpc))
         items = list(record.items())
         at = [k for k, _v in items].index("tensor_parallel_size") + 1
         record = dict(items[:at] + extra + items[at:])
@@ -567,3 +595,31 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
         raise InputError(exc.key if str(exc.key).startswith("NARWHAL_") else engine,
                          "the launcher would refuse the record of %s: %s" % (engine, exc))
     return record, span
+
+
+def build_members(node, site, node_policy, record, head, spread, taken_on, span):
+    """The `members` of the record of an engine across hosts: one entry per host after the head, in narwhal_rank
+    order (`spread`: [{host, interface, inspection}] as discovery gathered them; `head`: the head's inspection;
+    `taken_on(host_id)`: the GPUs already given on that host, {index: engine}, mutated; `span`: the side-channel
+    ports of one host's ranks). The image, GPUs and checkpoint of each host are checked against the head's."""
+    engine, n = node["engine"], node["n"]
+    settings = node_settings(site, node_policy, n)
+    image_key, interface_key = settings["inputs"]["image"], settings["inputs"]["fabric_interface"]
+    image = head.get("image") or {}
+    local = local_ranks(site, node_policy, n)[1]
+    entries = []
+    for rank, found in enumerate(spread, 1):
+        host, facts = found["host"], found.get("inspection") or {}
+        check_member(engine, node.get("inventory_host") or engine, head, host, facts, image_key)
+        interface = settings["fabric_interface"]
+        interface_facts = found.get("interface") or {}
+        address = member_address(n, host, interface, interface_facts, site["NARWHAL_BIND_FAMILY"], interface_key)
+        sources = {}
+        taken = taken_on(interface_facts.get("host_id") or host)
+        allocation = _allocation(engine, n, node_policy, site, facts, image, image_key, taken, sources)
+        transfer, _device = _transfer(engine, n, {"interface": interface}, node_policy, site, facts, allocation[1],
+                                      image.get("platform"), image_key, sources)
+        entries.append(member_entry(engine, n, rank, local, record, host,
+                                    (address, interface, interface_facts.get("host_id") or host), allocation,
+                                    transfer, span, sources))
+    return entries

@@ -53,7 +53,7 @@ INPUTS = [
      "default": "auto", "example": "auto",
      "doc": "Model dtype (vLLM --dtype); auto takes the checkpoint's, which must then be bfloat16 or float16."},
     {"name": "NARWHAL_GPUS_PER_ENGINE", "kind": "count_or_all", "default": "all", "example": "all",
-     "doc": "GPUs each engine gets (the lowest free indices of its host), or all; per node "
+     "doc": "GPUs each engine gets on each of its hosts (the lowest free indices of the host), or all; per node "
             "NARWHAL_NODE_<n>_GPU_IDS picks explicit host indices."},
     {"name": "NARWHAL_TP_SIZE", "kind": "int", "default": None, "example": None,
      "doc": "Tensor-parallel size; default: the number of GPUs of the engine divided by its data-parallel size. "
@@ -68,6 +68,10 @@ INPUTS = [
             "sharded over the engine's DP x TP GPUs instead of tensor-parallel). Only for a MoE checkpoint (its "
             "config has n_routed_experts, num_local_experts, num_experts or moe_num_experts): a dense model is "
             "refused. true or false; per node: NARWHAL_NODE_<n>_ENABLE_EXPERT_PARALLEL."},
+    {"name": "NARWHAL_DATA_PARALLEL_RPC_PORT", "kind": "port", "default": 29550, "example": 29550,
+     "doc": "Port on the head host of an engine across hosts (NARWHAL_NODE_<n>_HOSTS > 1) where its headless "
+            "workers' ranks meet the head (vllm serve --data-parallel-rpc-port; vLLM's own default 29550). Unused "
+            "by an engine on one host."},
     {"name": "NARWHAL_TRANSPORT", "kind": "choice", "choices": ["ucx_tcp", "ucx_rdma"], "default": "ucx_tcp",
      "example": "ucx_tcp", "doc": "KV transfer transport of NixlConnector: UCX over TCP or over RDMA."},
     {"name": "NARWHAL_RDMA_DEVICES", "kind": "str", "default": "auto", "example": "auto",
@@ -219,6 +223,12 @@ NODE_INPUTS = [
             "NARWHAL_GPUS_PER_ENGINE; as many as NARWHAL_TP_SIZE x the engine's data-parallel size when TP is set."},
     {"name": "DATA_PARALLEL_SIZE", "kind": "int", "example": None,
      "doc": "Data-parallel ranks of engine-<n>, instead of NARWHAL_DATA_PARALLEL_SIZE."},
+    {"name": "HOSTS", "kind": "int", "example": None,
+     "doc": "Inventory hosts engine-<n> spans (default 1): its data-parallel ranks are spread equally over them "
+            "(vllm serve --data-parallel-size-local = the DP size / HOSTS; the head, narwhal_rank 0, serves the "
+            "HTTP API, the others run --headless). Each host of the engine is an inventory host of group engines "
+            "with narwhal_node: <n> and narwhal_rank: 0 .. HOSTS-1, and gets NARWHAL_GPUS_PER_ENGINE (or "
+            "NARWHAL_NODE_<n>_GPU_IDS) GPUs: TP x DP = HOSTS x those GPUs."},
     {"name": "ENABLE_EXPERT_PARALLEL", "kind": "bool", "example": None,
      "doc": "Expert parallelism of engine-<n> (true or false), instead of NARWHAL_ENABLE_EXPERT_PARALLEL."},
     {"name": "RDMA_DEVICES", "kind": "str", "example": None,

@@ -33,6 +33,7 @@ NODE_ONLY = (
     ("ip", "IP"),
     ("url", "URL"),
     ("attestation_url", "ATTESTATION_URL"),
+    ("hosts", "HOSTS"),
 )
 
 
@@ -97,3 +98,20 @@ def check_role_groups(engines, roles, groups):
                                   "narwhal.deploy.fleet_groups inventory plugin and every playbook's opening add the "
                                   "engines to prefill and decode from .env), or correct %s"
                              % (host, engines[host], group, has, group, key))
+
+
+def check_engine_hosts(members, inputs):
+    """Refuses an engine whose inventory hosts are not as many as .env says it spans (NARWHAL_NODE_<n>_HOSTS,
+    default 1). `members` is {engine-<n>: [its inventory hosts, the head first]} (_common/names.py::engine_hosts),
+    `inputs` narwhal_site."""
+    for engine, hosts in sorted(members.items()):
+        want = engine_settings(inputs, engine).get("hosts") or 1
+        if len(hosts) == want:
+            continue
+        n = engine.split("-")[1]
+        raise InputError("NARWHAL_NODE_%s_HOSTS" % n,
+                         "%s spans %d host(s) by .env (NARWHAL_NODE_%s_HOSTS%s) but the inventory has %d host(s) of "
+                         "it in group engines (%s); give the engine's hosts narwhal_node: %s and narwhal_rank: 0 .. %d "
+                         "in the inventory, or set NARWHAL_NODE_%s_HOSTS=%d"
+                         % (engine, want, n, "=%d" % want if want > 1 else " unset: 1", len(hosts), ", ".join(hosts),
+                            n, want - 1, n, len(hosts)))

@@ -494,20 +494,45 @@ def _cross_check(site, nodes):
                                  % (node["IP"], version, family, family, FIX))
         ids = node.get("GPU_IDS")
         dp, dp_key = _data_parallel(site, node, n)
-        if ids and tp and len(ids) != tp * dp:
+        hosts = _hosts(node, n, dp, dp_key)
+        if ids and hosts > 1 and tp and len(ids) * hosts != tp * dp:
+            raise InputError("NARWHAL_NODE_%d_GPU_IDS" % n,
+                             "lists %d GPU(s) (%s) on each of the %d hosts of engine-%d (NARWHAL_NODE_%d_HOSTS), %d "
+                             "in all, but NARWHAL_TP_SIZE x %s is %d x %d; an engine's GPU count must equal TP x DP: "
+                             "list %s GPU(s) per host or change NARWHAL_TP_SIZE or %s; %s"
+                             % (len(ids), ",".join(map(str, ids)), hosts, n, n, len(ids) * hosts, dp_key, tp, dp,
+                                "%d" % (tp * dp // hosts) if tp * dp % hosts == 0 else "another number of",
+                                dp_key, FIX))
+        if ids and hosts == 1 and tp and len(ids) != tp * dp:
             raise InputError("NARWHAL_NODE_%d_GPU_IDS" % n,
                              "lists %d GPU(s) (%s) but NARWHAL_TP_SIZE is %d%s; an engine's GPU count must equal "
                              "TP x DP: list %d GPU(s) or change NARWHAL_TP_SIZE%s; %s"
                              % (len(ids), ",".join(map(str, ids)), tp,
                                 " and %s is %d" % (dp_key, dp) if dp > 1 else "", tp * dp,
                                 " or %s" % dp_key if dp > 1 else "", FIX))
-        if ids and not tp and len(ids) % dp:
+        if ids and not tp and (len(ids) * hosts) % dp:
             raise InputError(dp_key, "is %d but NARWHAL_NODE_%d_GPU_IDS lists %d GPU(s), which %d data-parallel "
                                      "ranks cannot share equally (an engine's GPU count must equal TP x DP); list a "
                                      "multiple of %d GPUs or change %s; %s" % (dp, n, len(ids), dp, dp, dp_key, FIX))
     engines_by_count = [n for n in sorted(nodes) if nodes[n].get("ROLE") and not nodes[n].get("GPU_IDS")]
     for n in engines_by_count:
         dp, dp_key = _data_parallel(site, nodes[n], n)
+        hosts = _hosts(nodes[n], n, dp, dp_key)
+        if hosts > 1 and isinstance(per_engine, int):
+            if tp and per_engine * hosts != tp * dp:
+                raise InputError("NARWHAL_TP_SIZE", "is %d and %s is %d, so engine-%d needs %d GPU(s), but "
+                                                    "NARWHAL_GPUS_PER_ENGINE gives it %d on each of its %d hosts "
+                                                    "(NARWHAL_NODE_%d_HOSTS), %d in all; an engine's GPU count must "
+                                                    "equal TP x DP: change NARWHAL_TP_SIZE, %s or "
+                                                    "NARWHAL_GPUS_PER_ENGINE; %s"
+                                 % (tp, dp_key, dp, n, tp * dp, per_engine, hosts, n, per_engine * hosts, dp_key,
+                                    FIX))
+            if not tp and per_engine * hosts % dp:
+                raise InputError(dp_key, "is %d but NARWHAL_GPUS_PER_ENGINE gives engine-%d %d GPU(s) on each of "
+                                         "its %d hosts (%d in all), which %d data-parallel ranks cannot share equally; "
+                                         "change NARWHAL_GPUS_PER_ENGINE or %s; %s"
+                                 % (dp, n, per_engine, hosts, per_engine * hosts, dp, dp_key, FIX))
+            continue
         if tp and isinstance(per_engine, int) and per_engine != tp * dp:
             raise InputError("NARWHAL_TP_SIZE", "is %d but NARWHAL_GPUS_PER_ENGINE gives engine-%d %d GPU(s)%s; an "
                                                 "engine's GPU count must equal TP x DP: change NARWHAL_TP_SIZE or "
@@ -519,6 +544,22 @@ def _cross_check(site, nodes):
                                      "data-parallel ranks cannot share equally (an engine's GPU count must equal TP x "
                                      "DP); set NARWHAL_GPUS_PER_ENGINE to a multiple of %d or change %s; %s"
                              % (dp, n, per_engine, dp, dp, dp_key, FIX))
+
+
+def _hosts(node, n, dp, dp_key):
+    """The number of hosts node `n` spans (NARWHAL_NODE_<n>_HOSTS, default 1), refused when its DP ranks cannot be
+    spread equally over them: vLLM gives each host --data-parallel-size-local ranks, the same on every host here
+    (the head's local size is the one it waits for per host: vLLM docs/serving/data_parallel_deployment.md)."""
+    hosts = node.get("HOSTS") or 1
+    key = "NARWHAL_NODE_%d_HOSTS" % n
+    if hosts > 64:
+        raise InputError(key, "is %d; an engine spans at most 64 hosts here; %s" % (hosts, FIX))
+    if hosts > 1 and dp % hosts:
+        raise InputError(key, "is %d but %s is %d: an engine across hosts runs the same number of data-parallel "
+                              "ranks on each host (DP / hosts, vllm serve --data-parallel-size-local), so the DP size "
+                              "must be a multiple of the host count; set %s to a multiple of %d (e.g. %d) or change "
+                              "%s; %s" % (hosts, dp_key, dp, dp_key, hosts, hosts * max(1, -(-dp // hosts)), key, FIX))
+    return hosts
 
 
 def _data_parallel(site, node, n):

@@ -82,6 +82,33 @@ RECORD_SCHEMA = {
         # present only when above 1 / true, so that the records of engines without them stay as they were
         "data_parallel_size": {"type": "integer", "minimum": 2},
         "enable_expert_parallel": {"const": True},
+        # an engine across hosts only (NARWHAL_NODE_<n>_HOSTS > 1): the ranks of each host, where they meet the head,
+        # and what each host after the head runs of its own (_discover/members.py)
+        "data_parallel_size_local": {"type": "integer", "minimum": 1},
+        "data_parallel_rpc_port": _PORT,
+        "members": {
+            "type": "array", "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["member", "host", "data_parallel_start_rank", "gpu_ids", "gpu_host_indices",
+                             "accelerator_devices", "transfer", "node", "sources"],
+                "properties": {
+                    "member": {"type": "integer", "minimum": 1},
+                    "host": _STR,
+                    "data_parallel_start_rank": {"type": "integer", "minimum": 1},
+                    "gpu_ids": {"type": "array", "items": {"type": "string", "pattern": GPU_ID_PATTERN},
+                                "uniqueItems": True},
+                    "gpu_host_indices": {"type": "array", "items": {"type": "integer", "minimum": 0},
+                                         "uniqueItems": True},
+                    "accelerator_devices": _PATHS,
+                    "transfer": {"type": "object", "required": ["transport", "net_devices", "devices", "ucx_tls"]},
+                    "node": {"type": "object", "required": ["address", "fabric_interface", "side_channel_ports",
+                                                            "host_id"],
+                             "properties": {"address": _STR, "fabric_interface": _STR, "host_id": _STR}},
+                    "sources": {"type": "object"},
+                },
+            },
+        },
         "gpu_visibility_env": {"enum": ["CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", None]},
         "accelerator_devices": _PATHS,
         "network_mode": {"const": "host"},
@@ -333,9 +360,15 @@ def _semantic_errors(record):
     if record["accelerator"]["count"] != len(gpu_ids):
         out.append(("accelerator.count", "%d is not the number of gpu_ids (%d)"
                     % (record["accelerator"]["count"], len(gpu_ids))))
-    if gpu_ids and tp * dp != len(gpu_ids):
-        out.append(("tensor_parallel_size", "%d%s is not the number of gpu_ids (%d): vLLM runs one rank per GPU"
-                    % (tp, " x data_parallel_size %d" % dp if dp > 1 else "", len(gpu_ids))))
+    members = record.get("members") or []
+    view = record.get("member")  # one host's view of an engine across hosts (_plan/container.py::member_view)
+    hosts = 1 + len(members) if view is None else dp // max(1, record.get("data_parallel_size_local") or 1)
+    if gpu_ids and tp * dp != len(gpu_ids) * hosts:
+        out.append(("tensor_parallel_size", "%d%s is not the number of gpu_ids (%d%s): vLLM runs one rank per GPU"
+                    % (tp, " x data_parallel_size %d" % dp if dp > 1 else "", len(gpu_ids),
+                       " on each of %d hosts" % hosts if hosts > 1 else "")))
+    if view is None:
+        out += _member_errors(record, members, dp, hosts)
     if vendor in ("nvidia", "amd") and not gpu_ids:
         out.append(("gpu_ids", "is empty, but accelerator.vendor is %s" % vendor))
     if vendor == "cpu" and gpu_ids:
@@ -363,6 +396,48 @@ def _semantic_errors(record):
                               or not port <= ports[1] <= 65535):
         out.append(("node.side_channel_ports", "%r must be [first, last] with first = node.side_channel_port %d"
                     % (ports, port)))
+    return out
+
+
+def _member_errors(record, members, dp, hosts):
+    """(field, message) of the fields of an engine across hosts that must agree (_discover/members.py)."""
+    out = []
+    local, rpc = record.get("data_parallel_size_local"), record.get("data_parallel_rpc_port")
+    if not members:
+        if local is not None or rpc is not None:
+            out.append(("data_parallel_size_local", "is set but the record has no members: an engine on one host "
+                                                    "has neither data_parallel_size_local nor data_parallel_rpc_port"))
+        return out
+    if local is None or rpc is None or local * hosts != dp:
+        out.append(("data_parallel_size_local", "%r x %d hosts (the head and %d member(s)) is not data_parallel_size "
+                                                "%d, or data_parallel_rpc_port is missing" % (local, hosts, hosts - 1,
+                                                                                             dp)))
+        return out
+    ports = record["node"].get("side_channel_ports") or [0, 0]
+    span = ports[1] - ports[0] + 1
+    machines = [record["node"].get("host_id")]
+    for index, member in enumerate(members):
+        rank = index + 1
+        where = "members[%d]" % index
+        if member["member"] != rank or member["data_parallel_start_rank"] != rank * local:
+            out.append((where + ".member", "member %r with start rank %r: members are ranks 1 .. %d in order, member "
+                                           "k starting at DP rank k x data_parallel_size_local (%d)"
+                        % (member["member"], member["data_parallel_start_rank"], hosts - 1, local)))
+        counts = (len(member["gpu_ids"]), len(member["gpu_host_indices"]))
+        if counts != (len(record["gpu_ids"]), len(record["gpu_ids"])):
+            out.append((where + ".gpu_ids", "has %d GPU(s) (%d host indices) but the head has %d: every host of the "
+                                            "engine has as many" % (len(member["gpu_ids"]),
+                                                                    len(member["gpu_host_indices"]),
+                                                                    len(record["gpu_ids"]))))
+        first = ports[0] + rank * span
+        if member["node"]["side_channel_ports"] != [first, first + span - 1]:
+            out.append((where + ".node.side_channel_ports", "%r must be [%d, %d]: the base port + the global DP ranks "
+                                                            "of this host" % (member["node"]["side_channel_ports"],
+                                                                              first, first + span - 1)))
+        if member["node"]["host_id"] in machines:
+            out.append((where + ".node.host_id", "%s is the machine of another host of the engine"
+                        % member["node"]["host_id"]))
+        machines.append(member["node"]["host_id"])
     return out
 
 

@@ -15,7 +15,7 @@ __metaclass__ = type
 ROLE_ENV_KEYS = ("NARWHAL_ENGINE", "NARWHAL_RECORD", "NARWHAL_MODEL_MOUNT", "NARWHAL_SERVED_MODEL_NAME",
                  "NARWHAL_BIND_FAMILY", "NARWHAL_HTTP_PORT", "NARWHAL_ADVERTISED_ADDRESS", "NARWHAL_SIDE_CHANNEL_PORT",
                  "NARWHAL_FABRIC_INTERFACE", "NARWHAL_API_KEY_FILE", "NARWHAL_RUN_ID", "NARWHAL_RUN_DIR",
-                 "NARWHAL_APP_REVISION", "NARWHAL_COLLECTION")
+                 "NARWHAL_APP_REVISION", "NARWHAL_COLLECTION", "NARWHAL_ENGINE_MEMBER")
 
 
 # ----------------------------------------------------------------------------------------- role environment
@@ -37,9 +37,14 @@ def model_mount(record):
     return "/models/%s" % served.replace("/", "_")
 
 
-def role_environment(record, checkout, run_id, revision=None):
-    """The role environment prepare writes and the launcher reads (-> {key: value})."""
-    node = record["node"]
+def role_environment(record, checkout, run_id, revision=None, member=0):
+    """The role environment prepare writes and the launcher reads (-> {key: value}). `member`: which host of an
+    engine across hosts it is for (0 the head; k > 0 the k-th host after it, NARWHAL_ENGINE_MEMBER=k, whose own
+    address and interface it carries: members[k-1].node)."""
+    node = dict(record["node"])
+    if member:
+        entry = next(m for m in record.get("members") or [] if m.get("member") == member)
+        node.update((k, entry["node"][k]) for k in ("address", "fabric_interface"))
     paths = install_paths(checkout, record["engine"], run_id)
     env = {
         "NARWHAL_ENGINE": record["engine"],
@@ -57,6 +62,8 @@ def role_environment(record, checkout, run_id, revision=None):
     }
     if revision is not None:
         env["NARWHAL_APP_REVISION"] = revision
+    if member:
+        env["NARWHAL_ENGINE_MEMBER"] = str(member)
     return env
 
 

@@ -21,7 +21,12 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas im
     validation_errors,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan import role_env as _role_env
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import container_spec, plan_hash, redacted
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import (
+    container_spec,
+    member_view,
+    plan_hash,
+    redacted,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import install_paths, role_environment
 from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.gate import check_pairs
 
@@ -63,6 +68,10 @@ def shared_hosts(records):
     for r in records.values():
         own_ports(r)
         by_host.setdefault(r["node"].get("host_id") or r["engine"], []).append(r)
+        for member in r.get("members") or []:  # each other host of an engine across hosts: what it runs there
+            view = member_view(r, member["member"])
+            view["engine"] = "%s (its host %s, narwhal_rank %d)" % (r["engine"], member["host"], member["member"])
+            by_host.setdefault(member["node"]["host_id"], []).append(view)
     for group in by_host.values():
         for i, a in enumerate(group):
             for b in group[i + 1:]:
@@ -145,19 +154,30 @@ def stale(record, current):
             record["runtime"]["image"], current.get("image_id") or "absent", record["runtime"]["image_id"])))
 
 
-def derive(record, checkout, run_id):
-    """-> {"environment", "vllm_args", "container", "plan_hash", "role_env", "paths"} for one engine: the
-    planner's container (the one the launcher starts), so the manifest records what the container gets."""
+def _derive_host(record, checkout, run_id, member=0):
     engine = record["engine"]
-    role_env = role_environment(record, checkout, run_id)
+    role_env = role_environment(record, checkout, run_id, member=member)
     try:
         _role_env.render_role_env(role_env)  # every value one line of text (the role env is a line-based file)
         plan = container_spec(record, role_env)
     except PlanError as exc:
-        raise InputError(engine, "the launcher would refuse the record of %s: %s; %s" % (engine, exc, REGENERATE))
+        raise InputError(engine, "the launcher would refuse the record of %s%s: %s; %s"
+                         % (engine, " on its host of narwhal_rank %d" % member if member else "", exc, REGENERATE))
     return {"environment": plan["environment"], "vllm_args": plan["command"][2:], "container": redacted(plan),
-            "plan_hash": plan_hash(plan), "role_env": role_env,
-            "paths": install_paths(checkout, engine, run_id)}
+            "plan_hash": plan_hash(plan), "role_env": role_env}
+
+
+def derive(record, checkout, run_id):
+    """-> {"environment", "vllm_args", "container", "plan_hash", "role_env", "paths"} for one engine: the
+    planner's container (the one the launcher starts), so the manifest records what the container gets. An engine
+    across hosts adds `members`: {"<k>": the same (without paths) for its host of narwhal_rank k}."""
+    derived = _derive_host(record, checkout, run_id)
+    derived["paths"] = install_paths(checkout, record["engine"], run_id)
+    if record.get("members"):
+        derived["members"] = dict((str(m["member"]), dict(_derive_host(record, checkout, run_id, m["member"]),
+                                                          host=m["host"]))
+                                  for m in record["members"])
+    return derived
 
 
 def render_role_env(role_env):

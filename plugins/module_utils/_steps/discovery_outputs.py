@@ -12,6 +12,7 @@ import fnmatch
 import hashlib
 import json
 import os
+from functools import partial
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import (
@@ -21,10 +22,11 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.names impor
     SOURCES_FILE,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.fleet import build_fleet, render_env
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover.members import member_inspection, settings_hosts
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy import (
     launch_policy,
 )
-from ansible_collections.narwhal.deploy.plugins.module_utils._discover.records import build_record
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover.records import build_members, build_record
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.paths import check_paths, git_ignore_checker
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import (
     FLEET_SCHEMA,
@@ -60,7 +62,44 @@ def stale_extracts(index_path, config_dir, files, read):
             and fnmatch.fnmatchcase(os.path.basename(path), INSPECTION_FILE % "*")]
 
 
-def collect_records(plan, inputs, hosts):
+def _spread(node, inputs, members):
+    """The hosts after the head of an engine across hosts, as discovery gathered them ([] for one host), checked
+    against NARWHAL_NODE_<n>_HOSTS and against each other (one machine each)."""
+    n, engine = node["n"], node["engine"]
+    want = settings_hosts(inputs["site"], inputs["nodes"].get(n, {}), n)
+    spread = list((members or {}).get(engine) or [])
+    if len(spread) != want - 1:
+        raise InputError("NARWHAL_NODE_%d_HOSTS" % n, "is %d but discovery gathered %d host(s) of %s; give each host "
+                                                      "of the engine narwhal_node: %d and narwhal_rank 0 .. %d in the "
+                                                      "inventory and rerun discovery on all of them"
+                         % (want, len(spread) + 1, engine, n, want - 1))
+    seen = {node["host_id"]: "its head"}
+    for rank, found in enumerate(spread, 1):
+        host_id = (found.get("interface") or {}).get("host_id") or found.get("host")
+        if host_id in seen:
+            raise InputError("NARWHAL_NODE_%d_HOSTS" % n, "%s (narwhal_rank %d) of %s is the same machine as %s (host "
+                                                          "ID %s); each host of an engine across hosts is a machine "
+                                                          "of its own: point its ansible_host at another machine"
+                             % (found.get("host"), rank, engine, seen[host_id], host_id))
+        seen[host_id] = "%s (narwhal_rank %d)" % (found.get("host"), rank)
+    return spread, list(seen)
+
+
+def _busy(reserved, taken, machine, engine):
+    """{GPU index: engine} of a machine's GPUs that `engine` cannot take: reserved for others, or given already."""
+    busy = dict((i, e) for i, e in reserved.get(machine, {}).items() if e != engine)
+    busy.update(taken.setdefault(machine, {}))
+    return busy
+
+
+def _given(given, reserved, taken, engine, machine):
+    return given.setdefault(machine, _busy(reserved, taken, machine, engine))
+
+
+def collect_records(plan, inputs, hosts, members=None):
+    """The launch records and the extracts of the engines of `plan` from the hosts' inspections (`hosts`: {engine:
+    inspection of its head}; `members`: {engine: [{host, interface, inspection}] of the other hosts of an engine
+    across hosts})."""
     site = inputs["site"]
     taken, next_port, records, extracts = {}, {}, {}, {}
     # the policy the records come from; prepare compares it with the inputs of its day
@@ -81,14 +120,37 @@ def collect_records(plan, inputs, hosts):
                                      % engine)
         node_policy = inputs["nodes"].get(node["n"], {})
         host_key = node["host_id"]
-        port = next_port.get(host_key, site["NARWHAL_SIDE_CHANNEL_PORT"])
-        busy = dict((i, e) for i, e in reserved.get(host_key, {}).items() if e != engine)
-        busy.update(taken.setdefault(host_key, {}))
+        spread, machines = _spread(node, inputs, members)
+        # an engine across hosts takes one base port for all its hosts: past what every one of them has given
+        port = max(next_port.get(h, site["NARWHAL_SIDE_CHANNEL_PORT"]) for h in machines)
         record, span = build_record(node, site, node_policy, facts, facts.get("image") or {}, facts.get("model") or {},
-                                    fleet_entry, busy, port)
+                                    fleet_entry, _busy(reserved, taken, host_key, engine), port)
         for index in record["gpu_host_indices"]:
             taken[host_key][index] = engine
-        next_port[host_key] = port + span
+        if spread:
+            given = {}
+            entries = build_members(node, site, node_policy, record, facts, spread,
+                                    partial(_given, given, reserved, taken, engine), span)
+            for entry in entries:
+                for index in entry["gpu_host_indices"]:
+                    taken.setdefault(entry["node"]["host_id"], {})[index] = engine
+            items = list(record.items())
+            at = [k for k, _v in items].index("node") + 1
+            record = dict(items[:at] + [("members", entries)] + items[at:])
+        for machine in machines:
+            next_port[machine] = port + span * len(machines)
+        for rank, found in enumerate(spread, 1):
+            extract = member_inspection(engine, rank)
+            interface = found.get("interface") or {}
+            member_facts = found.get("inspection") or {}
+            extracts[extract] = {"engine": engine, "member": rank, "inventory_host": found.get("host"),
+                                 "host": {"interface": record["members"][rank - 1]["node"]["fabric_interface"],
+                                          "address": record["members"][rank - 1]["node"]["address"],
+                                          "host_id": interface.get("host_id") or found.get("host"),
+                                          "gpus": member_facts.get("gpus"), "rdma": member_facts.get("rdma")},
+                                 "image": dict((k, v) for k, v in (member_facts.get("image") or {}).items()
+                                               if k != "cached"),
+                                 "model": member_facts.get("model")}
         inspection = INSPECTION_FILE % engine
         record["sources"].update({
             "host": {"file": inspection, "pointer": "/host"},
@@ -119,6 +181,7 @@ def module_spec():
             interfaces=dict(type="dict"),
             root=dict(type="path", required=True),
             hosts=dict(type="dict"),
+            members=dict(type="dict"),
         ),
         supports_check_mode=True,
     )
@@ -139,7 +202,7 @@ def discovery_outputs(module):
         env_text = render_env(plan["deployment_env"], ENV_HEADER)
         records = None
         if p["hosts"] is not None:
-            records = collect_records(plan, inputs, p["hosts"])
+            records = collect_records(plan, inputs, p["hosts"], p.get("members"))
     except InputError as exc:
         module.fail_json(msg="discovery refused its inputs, nothing was written: %s" % exc, input=exc.key)
     files = {

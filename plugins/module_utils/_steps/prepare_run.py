@@ -294,8 +294,9 @@ def prepare_run(module):
     rev, dirty = revision(module, root)
     for e in engines:
         # The launcher records it in deployment.json with the container ID and its own digest.
-        derived[e]["role_env"]["NARWHAL_APP_REVISION"] = "%s%s" % (rev or "unknown", "-dirty" if dirty else "")
-        derived[e]["role_env"]["NARWHAL_COLLECTION"] = "%(name)s %(version)s (%(build)s)" % collection
+        for host in [derived[e]] + list((derived[e].get("members") or {}).values()):
+            host["role_env"]["NARWHAL_APP_REVISION"] = "%s%s" % (rev or "unknown", "-dirty" if dirty else "")
+            host["role_env"]["NARWHAL_COLLECTION"] = "%(name)s %(version)s (%(build)s)" % collection
     runs_dir = paths["runs_dir"]
     run_dir = os.path.join(runs_dir, rid)
     manifest = {
@@ -312,6 +313,9 @@ def prepare_run(module):
                              "container": derived[e]["container"], "plan_hash": derived[e]["plan_hash"],
                              "role_env": derived[e]["role_env"], "install": derived[e]["paths"]}) for e in engines),
     }
+    for e in engines:  # the other hosts of an engine across hosts: what each runs (docs/architecture.md)
+        if derived[e].get("members"):
+            manifest["engines"][e]["members"] = derived[e]["members"]
     if p["from_run"]:
         manifest["relaunched_from"] = p["from_run"]
     errors = validation_errors(manifest, MANIFEST_SCHEMA)
@@ -323,6 +327,8 @@ def prepare_run(module):
     for e in engines:
         files[os.path.join(run_dir, e, "engine-launch.%s.json" % e)] = (json.dumps(records[e], indent=2) + "\n", 0o600)
         files[os.path.join(run_dir, e, "%s.env" % e)] = (render_role_env(derived[e]["role_env"]), 0o600)
+        for k, host in sorted((derived[e].get("members") or {}).items()):
+            files[os.path.join(run_dir, e, "%s.member-%s.env" % (e, k))] = (render_role_env(host["role_env"]), 0o600)
         files[os.path.join(run_dir, e, "prepared.json")] = (json.dumps(
             {"environment": derived[e]["environment"], "vllm_args": derived[e]["vllm_args"],
              "container": derived[e]["container"], "plan_hash": derived[e]["plan_hash"]}, indent=2) + "\n", 0o600)

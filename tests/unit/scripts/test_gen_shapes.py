@@ -27,7 +27,7 @@ PROFILE_SYS = REPO / "tests" / "harness" / "profiles" / "nvidia-8gpu-rdma" / "sy
 
 
 gen = load_file("gen_shapes", SCRIPT)
-PLANNED = ["1p1d-tp8", "dp8-ep-dsv3", "xpyd-unequal-tp"]
+PLANNED = ["1p1d-tp8", "dp8-ep-dsv3", "wide-ep-dsv3", "xpyd-unequal-tp"]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def _records(shape):
 def _variant(tmp_path, shape, *lines):
     """A copy of the shape's inputs with lines appended to its site.env (a later key wins in .env)."""
     directory = tmp_path / shape
-    directory.mkdir()
+    directory.mkdir(parents=True)
     for name in ("site.env", "hosts.yml"):
         shutil.copyfile(str(SHAPES / shape / name), str(directory / name))
     with open(str(directory / "site.env"), "a") as fh:
@@ -65,13 +65,49 @@ def test_the_checked_in_shape_is_a_fresh_generation(shape):
     assert gen.generate(SHAPES / shape) == files  # nothing of the machine or the time reaches the files
 
 
-def test_every_shape_is_planned_or_says_why_not():
+def test_every_shape_is_planned():
     shapes = [p.name for p in gen.shape_dirs()]
-    assert shapes == ["1p1d-tp8", "dp8-ep-dsv3", "wide-ep-dsv3", "xpyd-unequal-tp"]
+    assert shapes == PLANNED
     assert [s for s in shapes if gen.pending(SHAPES / s) is None] == PLANNED
-    why = gen.pending(SHAPES / "wide-ep-dsv3")
-    assert why.splitlines()[0] == "Planned when engines across hosts land."
-    assert not (SHAPES / "wide-ep-dsv3" / gen.LAUNCH_CONFIG).exists()
+
+
+def test_wide_ep_each_engine_spans_two_hosts(planned):
+    shape = planned["wide-ep-dsv3"]
+    records = shape["document"]["engines"]
+    assert sorted(records) == ["engine-1", "engine-2"]  # one record per engine, not per host
+    for engine, first in (("engine-1", "10.40.2.1"), ("engine-2", "10.40.2.11")):
+        record = records[engine]
+        assert (record["data_parallel_size"], record["data_parallel_size_local"], record["tensor_parallel_size"]) == \
+            (16, 8, 1)
+        assert record["enable_expert_parallel"] is True and record["data_parallel_rpc_port"] == 29550
+        assert record["node"]["address"] == first and record["node"]["side_channel_ports"] == [5600, 5607]
+        [member] = record["members"]
+        assert member["data_parallel_start_rank"] == 8 and member["node"]["side_channel_ports"] == [5608, 5615]
+        assert len(member["gpu_ids"]) == 8 and len(member["transfer"]["net_devices"]) == 8
+        assert member["node"]["host_id"] != record["node"]["host_id"]
+        head = shape["derived"][engine]["vllm_args"]
+        other = shape["derived"][engine]["members"]["1"]["vllm_args"]
+        assert "--headless" not in head and head[head.index("--data-parallel-address") + 1] == first
+        assert other[other.index("--data-parallel-start-rank") + 1] == "8" and "--headless" in other
+        assert other[other.index("--data-parallel-address") + 1] == first
+    assert member["host"] == "gpu-f02.dc1.example"
+    text = gen.commands("wide-ep-dsv3", shape)
+    assert "## engine-1 (prefill) on gpu-e02.dc1.example (machine gpu-e02.dc1.example): its host of narwhal_rank 1, " \
+           "DP ranks 8-15, headless" in text
+    assert "engine-1 (narwhal_rank 1, headless): GPUs 0,1,2,3,4,5,6,7, no HTTP (the head serves it), side channel " \
+           "5608-5615" in text
+
+
+def test_wide_ep_an_inconsistent_engine_across_hosts_is_refused(tmp_path):
+    with pytest.raises(InputError) as exc:
+        gen.plan(_variant(tmp_path, "wide-ep-dsv3", "NARWHAL_NODE_1_HOSTS=4", "NARWHAL_DATA_PARALLEL_SIZE=16"))
+    assert exc.value.key == "NARWHAL_NODE_1_HOSTS"
+    assert "engine-1 spans 4 host(s) by .env (NARWHAL_NODE_1_HOSTS=4) but the inventory has 2 host(s) of it in " \
+           "group engines (gpu-e01.dc1.example, gpu-e02.dc1.example)" in str(exc.value)
+    with pytest.raises(InputError) as exc:
+        gen.plan(_variant(tmp_path / "odd", "wide-ep-dsv3", "NARWHAL_DATA_PARALLEL_SIZE=15"))
+    assert exc.value.key == "NARWHAL_NODE_1_HOSTS"
+    assert "the DP size must be a multiple of the host count" in str(exc.value)
 
 
 def test_the_command_line_skips_pending_shapes_and_checks_the_rest(tmp_path):
@@ -244,6 +280,5 @@ def test_docs_present_each_shape_with_its_commands():
         text = (SHAPES / shape / gen.COMMANDS).read_text()
         serve = [line for line in text.splitlines() if line.startswith("vllm serve ")]
         assert serve and serve[0] in doc, "docs/shapes.md does not quote the first vllm serve command of %s" % shape
-    assert "planned when data-parallel inputs and engines across hosts land" in doc
     for page in ("README.md", "docs/architecture.md"):
         assert "shapes.md" in (REPO / page).read_text()

@@ -53,7 +53,7 @@ def test_a_node_override_wins_and_names_its_input():
     s2 = _nodes.node_settings(inputs["site"], inputs["nodes"][2], 2)
     assert s2 == {"engine": "engine-2", "node": 2, "role": "decode", "fabric_interface": "ib0", "engine_port": 8100,
                   "attest_port": 8101, "image": "rocm/vllm:v0.33.0", "rdma_devices": "mlx5_0:1", "ip": None,
-                  "url": None, "attestation_url": "http://10.0.0.12:8101/attest",
+                  "hosts": None, "url": None, "attestation_url": "http://10.0.0.12:8101/attest",
                   "data_parallel_size": 1, "enable_expert_parallel": False,
                   "inputs": {"fabric_interface": "NARWHAL_NODE_2_FABRIC_INTERFACE",
                              "engine_port": "NARWHAL_NODE_2_ENGINE_PORT", "attest_port": "NARWHAL_NODE_2_ATTEST_PORT",
