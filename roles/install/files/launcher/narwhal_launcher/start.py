@@ -228,9 +228,25 @@ def refused(plan, exc, api_key, created):
                          "docker refused to start it: %s" % redact_text(str(exc), (api_key,)))
 
 
+def refuse_across_hosts(record, role_env):
+    """An engine across hosts (a record with members) is planned, prepared and installed, but its start is not built
+    yet: its hosts must start in vLLM's order (the headless hosts, then the head, whose /health comes only when
+    every rank has joined) and roll back as one engine. Refused by name rather than started host by host."""
+    if not record.get("members") and "data_parallel_size_local" not in record:
+        return
+    n = str(record.get("engine", "engine-?")).rsplit("-", 1)[-1]
+    raise LaunchError("%s spans %d hosts (NARWHAL_NODE_%s_HOSTS) and this is its host of narwhal_rank %s: starting an "
+                      "engine across hosts is not built yet (discover, prepare and install plan it; the start in "
+                      "vLLM's order - the headless hosts, then the head - rolled back as one engine comes next); run it "
+                      "on one host (unset NARWHAL_NODE_%s_HOSTS) or start each host's container from its run's "
+                      "manifest.json by hand" % (record.get("engine"), 1 + len(record.get("members") or []), n,
+                                                 role_env.get("NARWHAL_ENGINE_MEMBER") or 0, n))
+
+
 def start(role_env_path, force=False, out=None, ready_timeout=None, interval=1.0):
     prepared = prepare(role_env_path)
     role_env, record, plan, digest = prepared.role_env, prepared.record, prepared.plan, prepared.digest
+    refuse_across_hosts(record, role_env)
     timeout = ready_timeout_from(role_env, ready_timeout)
     api_key = read_api_key(role_env.get("NARWHAL_API_KEY_FILE", ""))
     check_host(plan)
