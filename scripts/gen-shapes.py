@@ -283,11 +283,11 @@ def commands(shape, planned):
                                                         planned["machines"][engine], across))
         out += _container_lines(derived)
         for member in record.get("members") or []:
+            machine = planned["machines"]["%s/%d" % (engine, member["member"])]
+            first = member["data_parallel_start_rank"]
             out.append("## %s (%s) on %s (machine %s): its host of narwhal_rank %d, DP ranks %d-%d, headless"
-                       % (engine, record["role"], member["host"], planned["machines"]["%s/%d" % (engine,
-                                                                                              member["member"])],
-                          member["member"], member["data_parallel_start_rank"],
-                          member["data_parallel_start_rank"] + record["data_parallel_size_local"] - 1))
+                       % (engine, record["role"], member["host"], machine, member["member"], first,
+                          first + record["data_parallel_size_local"] - 1))
             out += _container_lines(derived["members"][str(member["member"])])
     out.append("## The P/D handshake gate (prepare: _prepare/gate.py::check_pairs)")
     out += gate_verdict(records)

@@ -580,8 +580,8 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
             extra[1:1] = [("data_parallel_size_local", local), ("data_parallel_rpc_port", rpc)]
             record["sources"]["parallelism"] += (
                 "; NARWHAL_NODE_%d_HOSTS=%d: %d rank(s) on each host, the head (%s) serving the HTTP API and meeting "
-                "the others on %s:%d (NARWHAL_DATA_PARALLEL_RPC_PORT)" % (n, hosts, local, node["address"],
-                                                                         node["address"], rpc))
+                "the others on %s:%d (NARWHAL_DATA_PARALLEL_RPC_PORT)"
+                % (n, hosts, local, node["address"], node["address"], rpc))
         items = list(record.items())
         at = [k for k, _v in items].index("tensor_parallel_size") + 1
         record = dict(items[:at] + extra + items[at:])

@@ -410,8 +410,8 @@ def _member_errors(record, members, dp, hosts):
         return out
     if local is None or rpc is None or local * hosts != dp:
         out.append(("data_parallel_size_local", "%r x %d hosts (the head and %d member(s)) is not data_parallel_size "
-                                                "%d, or data_parallel_rpc_port is missing" % (local, hosts, hosts - 1,
-                                                                                             dp)))
+                                                "%d, or data_parallel_rpc_port is missing"
+                    % (local, hosts, hosts - 1, dp)))
         return out
     ports = record["node"].get("side_channel_ports") or [0, 0]
     span = ports[1] - ports[0] + 1

@@ -394,7 +394,6 @@ def member_view(record, rank):
     return view
 
 
-
 def member_record(record, role_env):
     """The record as this host runs it: for an engine across hosts (`members` in the record) the view of the host
     the role environment names (NARWHAL_ENGINE_MEMBER=k for the k-th host after the head, unset for the head:

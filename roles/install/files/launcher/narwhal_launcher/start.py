@@ -237,8 +237,8 @@ def refuse_across_hosts(record, role_env):
     n = str(record.get("engine", "engine-?")).rsplit("-", 1)[-1]
     raise LaunchError("%s spans %d hosts (NARWHAL_NODE_%s_HOSTS) and this is its host of narwhal_rank %s: starting an "
                       "engine across hosts is not built yet (discover, prepare and install plan it; the start in "
-                      "vLLM's order - the headless hosts, then the head - rolled back as one engine comes next); run it "
-                      "on one host (unset NARWHAL_NODE_%s_HOSTS) or start each host's container from its run's "
+                      "vLLM's order - the headless hosts, then the head - rolled back as one engine comes next); run "
+                      "it on one host (unset NARWHAL_NODE_%s_HOSTS) or start each host's container from its run's "
                       "manifest.json by hand" % (record.get("engine"), 1 + len(record.get("members") or []), n,
                                                  role_env.get("NARWHAL_ENGINE_MEMBER") or 0, n))
 
