@@ -153,9 +153,17 @@ def status_row(status):
     return "%-10s %-20s %-8s %-9s %-12s %-14s %-7s %-9s %-13s %s" % (
         status.get("engine"), status.get("inventory_host") or status.get("engine"), status.get("role") or "-",
         state, _short(container.get("id")),
-        _short(status.get("plan_hash_running")), "ok" if (status.get("health") or {}).get("ok") else "FAIL",
+        _short(status.get("plan_hash_running")),
+        "-" if status.get("headless") else "ok" if (status.get("health") or {}).get("ok") else "FAIL",
         (status.get("version") or {}).get("served") or "-", _count(nixl.get("bytes_transferred", "-")),
         "; ".join(status.get("problems") or []) or "; ".join(["serving as recorded"] + (status.get("notes") or [])))
+
+
+def status_key(status):
+    """The key of one host's status in the status report: the engine, `<engine>#<k>` for its host of narwhal_rank k
+    after the head of an engine across hosts (member)."""
+    member = status.get("member") or 0
+    return "%s#%d" % (status.get("engine"), member) if member else status.get("engine")
 
 
 def status_problems(status):
@@ -361,7 +369,7 @@ class FilterModule:
                 "summary_entry": summary_entry, "summary_row": summary_row,
                 "install_paths": install_paths_filter, "node_settings": node_settings,
                 "inventory_engines": inventory_engines, "engine_hosts": engine_hosts,
-                "member_record": member_record,
+                "member_record": member_record, "status_key": status_key,
                 "launcher_command": launcher_command, "router_plan": router_plan,
                 "router_local_url": router_local_url, "router_status_row": router_status_row,
                 "traffic_row": traffic_row, "prometheus_targets": prometheus_targets,

@@ -17,6 +17,15 @@
                                                  Not ready: the new container is stopped and kept as
                                                  narwhal-<engine>-failed, the previous one renamed back and
                                                  started, rollback.json written, exit 2 with one message
+  launch_engine.pyz --role-env PATH start --hold-previous ...
+                                                 a host after the head of an engine across hosts (--headless):
+                                                 started when its container keeps running for 3 s (no HTTP API;
+                                                 the head's /health proves the engine), its replaced container kept
+                                                 stopped as narwhal-<engine>-previous until finish
+  launch_engine.pyz --role-env PATH finish [--rollback]
+                                                 after the head's start: drop -previous (`kept <name>`), or with
+                                                 --rollback keep the new container as -failed and restore and start
+                                                 -previous (`rolled back <name> <id>`)
   launch_engine.pyz --role-env PATH stop         stop and remove narwhal-<engine> and its -previous/-failed
                                                  companions (only containers labelled as this engine's); prints
                                                  `stopped <name> <id>` per container, or `absent`
@@ -64,7 +73,8 @@ from narwhal_launcher.common import LaunchError, prepare
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="launch_engine.pyz", description="Plan and start one vLLM engine.")
     parser.add_argument("--role-env", required=True, help="the engine's role environment file")
-    parser.add_argument("action", choices=("plan", "start", "stop", "status", "preview", "check", "probe-version"))
+    parser.add_argument("action", choices=("plan", "start", "stop", "status", "preview", "check", "probe-version",
+                                           "finish"))
     parser.add_argument("--force", action="store_true", help="start: rerun the image check and replace the "
                         "container even if unchanged (e.g. after an API key rotation, which the plan hash does not "
                         "see)")
@@ -72,6 +82,10 @@ def main(argv=None):
     parser.add_argument("--ready-timeout", type=float, help="start: seconds a new container gets to answer /health "
                         "and /version before start rolls back (default 300; the launch stage passes the site's "
                         "NARWHAL_ENGINE_READY_TIMEOUT, default 900)")
+    parser.add_argument("--hold-previous", action="store_true", help="start, on a host after the head of an engine "
+                        "across hosts: keep the replaced container as <name>-previous until finish")
+    parser.add_argument("--rollback", action="store_true", help="finish: restore the previous container instead of "
+                        "dropping it")
     parser.add_argument("--address", help="probe-version, status: the engine's address (default: the role env's "
                         "NARWHAL_ADVERTISED_ADDRESS)")
     args = parser.parse_args(argv)
@@ -93,9 +107,12 @@ def main(argv=None):
         elif args.action == "status":
             from narwhal_launcher.status import status
             status(args.role_env, address=args.address)
+        elif args.action == "finish":
+            from narwhal_launcher.start import finish
+            finish(args.role_env, rollback=args.rollback)
         else:
             from narwhal_launcher.start import start
-            start(args.role_env, force=args.force, ready_timeout=args.ready_timeout)
+            start(args.role_env, force=args.force, ready_timeout=args.ready_timeout, hold_previous=args.hold_previous)
     except LaunchError as exc:
         print("launch_engine: error: %s" % redact_text(" ".join(str(exc).split())), file=sys.stderr)
         return 2

@@ -37,7 +37,14 @@ from narwhal_launcher.common import (
     run_dir,
     write_private,
 )
-from narwhal_launcher.health import NotReadyError, container_logs, probe_url, wait_health, wait_ready
+from narwhal_launcher.health import (
+    NotReadyError,
+    container_exit,
+    container_logs,
+    probe_url,
+    wait_health,
+    wait_ready,
+)
 from narwhal_launcher.image_check import checked_sha256, image_check
 
 STOP_TIMEOUT = 30  # seconds a container started without --shutdown-timeout gets after SIGTERM (container_grace)
@@ -116,7 +123,9 @@ def rollback_message(engine, failed, cause, restored, tail):
     else:
         which = "the previous container %s (plan %s, run %s)" % (
             restored["id"][:12], (restored["plan_hash"] or "?")[:12], restored["run_id"] or "?")
-        if restored["serving"]:
+        if restored["serving"] is None:
+            body = "restored and started %s; it serves once the engine's other hosts are rolled back too" % which
+        elif restored["serving"]:
             body = "rolled back to %s which is serving again" % which
         elif not restored["started"]:
             body = "restored %s under its name; it was not running before this start and is left stopped, so %s " \
@@ -167,9 +176,11 @@ def set_aside(api, found, plan):
     return previous
 
 
-def roll_back(api, plan, role_env, new_id, previous, cause, tail, timeout, interval, secret):
+def roll_back(api, plan, role_env, new_id, previous, cause, tail, timeout, interval, secret, wait=True):
     """Keep the failed container as <name>-failed (stopped), give the previous one its name back and start it,
-    wait for its /health; write rollback.json and raise the one message."""
+    wait for its /health (`wait`; not for a host of an engine across hosts, which serves only once its other hosts
+    are back: the launch stage rolls them back and then probes the head); write rollback.json and raise the one
+    message."""
     name, engine = plan["name"], plan["engine"]
     notes = []
     failed = {"name": name + FAILED_SUFFIX, "plan_hash": plan_hash(plan),
@@ -195,6 +206,9 @@ def roll_back(api, plan, role_env, new_id, previous, cause, tail, timeout, inter
             if previous.was_running:
                 api.start(previous.id)
                 restored["started"] = True
+            if previous.was_running and not wait:
+                restored["serving"] = None  # not waited for: the engine's other hosts come back first
+            elif previous.was_running:
                 address = role_env.get("NARWHAL_ADVERTISED_ADDRESS", "")
                 health = probe_url(dict(role_env, NARWHAL_HTTP_PORT=str(served_port(
                     attrs, int(role_env.get("NARWHAL_HTTP_PORT") or 0)))), "/health", address)
@@ -228,25 +242,42 @@ def refused(plan, exc, api_key, created):
                          "docker refused to start it: %s" % redact_text(str(exc), (api_key,)))
 
 
-def refuse_across_hosts(record, role_env):
-    """An engine across hosts (a record with members) is planned, prepared and installed, but its start is not built
-    yet: its hosts must start in vLLM's order (the headless hosts, then the head, whose /health comes only when
-    every rank has joined) and roll back as one engine. Refused by name rather than started host by host."""
-    if not record.get("members") and "data_parallel_size_local" not in record:
-        return
-    n = str(record.get("engine", "engine-?")).rsplit("-", 1)[-1]
-    raise LaunchError("%s spans %d hosts (NARWHAL_NODE_%s_HOSTS) and this is its host of narwhal_rank %s: starting an "
-                      "engine across hosts is not built yet (discover, prepare and install plan it; the start in "
-                      "vLLM's order - the headless hosts, then the head - rolled back as one engine comes next); run "
-                      "it on one host (unset NARWHAL_NODE_%s_HOSTS) or start each host's container from its run's "
-                      "manifest.json by hand" % (record.get("engine"), 1 + len(record.get("members") or []), n,
-                                                 role_env.get("NARWHAL_ENGINE_MEMBER") or 0, n))
+HEADLESS_SETTLE = 3.0  # seconds a headless host's new container must keep running to count as started
 
 
-def start(role_env_path, force=False, out=None, ready_timeout=None, interval=1.0):
+def headless(plan):
+    """The plan is a host after the head of an engine across hosts: engine cores only (vllm serve --headless), no
+    HTTP API; it counts as started while its container runs (the head's /health proves the engine)."""
+    return "--headless" in plan["command"]
+
+
+def across_hosts(plan):
+    """The plan is one host of an engine across hosts (the head or another): its DP ranks meet at an address."""
+    return "--data-parallel-address" in plan["command"]
+
+
+def wait_running(api, name, settle, secret=None, seen=None):
+    """A headless host's readiness: its container is still running `settle` seconds after its start (a command
+    vLLM refuses, or an image without the model, ends it at once). NotReadyError (cause, log tail) otherwise."""
+    began = time.time()
+    while True:
+        dead = container_exit(api, name, secret, seen=seen)
+        if dead:
+            raise NotReadyError("engine container %s %s within %d s of its start; its last log lines:\n%s"
+                                % (name, dead[0], settle, dead[1]),
+                                "the container %s within %d s of its start" % (dead[0], settle), dead[1])
+        if time.time() - began >= settle:
+            return round(time.time() - began, 3)
+        time.sleep(0.25)
+
+
+def start(role_env_path, force=False, out=None, ready_timeout=None, interval=1.0, hold_previous=False):
+    """Start (or keep) the engine as planned; see the module's docstring. `hold_previous`: a host after the head of
+    an engine across hosts keeps its replaced container as <name>-previous (stopped) until `finish` says whether
+    the head came up (drop it) or not (roll back to it)."""
     prepared = prepare(role_env_path)
     role_env, record, plan, digest = prepared.role_env, prepared.record, prepared.plan, prepared.digest
-    refuse_across_hosts(record, role_env)
+    quiet = headless(plan)
     timeout = ready_timeout_from(role_env, ready_timeout)
     api_key = read_api_key(role_env.get("NARWHAL_API_KEY_FILE", ""))
     check_host(plan)
@@ -267,8 +298,11 @@ def start(role_env_path, force=False, out=None, ready_timeout=None, interval=1.0
         # it must still serve this run's checked version (what `probe-version` does): nothing was changed, so a
         # failure is only reported (exit 2), never rolled back
         try:
-            wait_ready(role_env, container_id, checked, digest, timeout, directory, interval=interval, api=api,
-                       secret=api_key, seen=seen)
+            if quiet:
+                wait_running(api, container_id, 0, api_key, seen)
+            else:
+                wait_ready(role_env, container_id, checked, digest, timeout, directory, interval=interval, api=api,
+                           secret=api_key, seen=seen)
         except NotReadyError as exc:
             raise LaunchError("%s: the running container of this plan (%s) does not serve: %s"
                               % (plan["engine"], plan["name"], exc))
@@ -284,16 +318,20 @@ def start(role_env_path, force=False, out=None, ready_timeout=None, interval=1.0
                 api.start(container_id)
             except EngineAPIError as exc:
                 raise refused(plan, exc, api_key, container_id is not None)
-            wait_ready(role_env, container_id, checked, digest, timeout, directory, interval=interval, api=api,
-                       secret=api_key, seen=seen)
+            if quiet:
+                wait_running(api, container_id, min(HEADLESS_SETTLE, timeout), api_key, seen)
+            else:
+                wait_ready(role_env, container_id, checked, digest, timeout, directory, interval=interval, api=api,
+                           secret=api_key, seen=seen)
         except Exception as exc:  # noqa: BLE001 - whatever stopped the new container, the previous one comes back
             if isinstance(exc, NotReadyError):
                 cause, tail = exc.cause, exc.tail
             else:
                 cause = redact_text(" ".join(str(exc).split()) or type(exc).__name__, (api_key,))
                 tail = container_logs(api, container_id, api_key, LOG_LINES) if container_id else None
-            roll_back(api, plan, role_env, container_id, previous, cause, tail, timeout, interval, api_key)
-        if previous is not None:
+            roll_back(api, plan, role_env, container_id, previous, cause, tail, timeout, interval, api_key,
+                      wait=not across_hosts(plan))
+        if previous is not None and not hold_previous:
             notes = []
             _remove(api, previous.id, plan["name"] + PREVIOUS_SUFFIX, notes)
             for note in notes:
@@ -326,3 +364,39 @@ def start(role_env_path, force=False, out=None, ready_timeout=None, interval=1.0
     print("unchanged" if action == "unchanged" else "%s %s %s" % (action, plan["name"], container_id),
           file=out or sys.stdout)
     return deployment
+
+
+def finish(role_env_path, rollback=False, out=None):
+    """After the head of an engine across hosts came up (or did not), on each of its other hosts: drop the container
+    `start --hold-previous` kept as <name>-previous, or (`rollback`) set the new container aside as <name>-failed and
+    give the previous one back its name and start it, so the restored head finds its ranks again. Prints `kept
+    <name>` / `rolled back <name> <id>` (or `nothing to roll back to` when there was no previous container)."""
+    prepared = prepare(role_env_path)
+    plan = prepared.plan
+    api = engine_api()
+    found = companions(api, plan["name"])
+    current, previous = found[plan["name"]], found[plan["name"] + PREVIOUS_SUFFIX]
+    for attrs, name in ((current, plan["name"]), (previous, plan["name"] + PREVIOUS_SUFFIX)):
+        if attrs is not None:
+            refuse_foreign(attrs, name, plan["engine"])
+    if not rollback:
+        notes = []
+        if previous is not None:
+            _remove(api, previous["Id"], plan["name"] + PREVIOUS_SUFFIX, notes)
+        for note in notes:
+            print("launch_engine: warning: %s; it is removed by the next start" % note, file=sys.stderr)
+        print("kept %s" % plan["name"], file=out or sys.stdout)
+        return
+    if current is not None:
+        api.stop(current["Id"], timeout=plan_grace(plan))
+        older = found[plan["name"] + FAILED_SUFFIX]
+        if older is not None:
+            refuse_foreign(older, plan["name"] + FAILED_SUFFIX, plan["engine"])
+            _remove(api, older["Id"], plan["name"] + FAILED_SUFFIX)
+        api.rename(current["Id"], plan["name"] + FAILED_SUFFIX)
+    if previous is None:
+        print("nothing to roll back to: %s had no previous container" % plan["name"], file=out or sys.stdout)
+        return
+    api.rename(previous["Id"], plan["name"])
+    api.start(previous["Id"])
+    print("rolled back %s %s" % (plan["name"], previous["Id"]), file=out or sys.stdout)

@@ -114,6 +114,8 @@ def derive_problems(doc):
             problems.append("container %s is %s, not %s that the installed run's deployment.json records"
                             % (name, _short(container.get("id")), _short(deployment.get("container_id"))))
     health, version = doc.get("health") or {}, doc.get("version") or {}
+    if doc.get("headless"):  # a host after the head of an engine across hosts: no HTTP API (the head's serves it)
+        health = version = {"ok": True, "expected": True}
     if not health.get("ok"):
         problems.append("GET %s %s" % (health.get("url"), "answered HTTP %s" % health["status"]
                                        if health.get("status") else "failed: %s" % health.get("error")))
@@ -131,7 +133,7 @@ def derive_problems(doc):
     else:
         for key, what in (("http", "the engine's HTTP port, NARWHAL_HTTP_PORT"),
                           ("side_channel", "the NIXL side channel, VLLM_NIXL_SIDE_CHANNEL_PORT")):
-            facts = ports.get(key)
+            facts = ports.get(key) if not (doc.get("headless") and key == "http") else None
             if facts and not facts["listening"]:
                 problems.append("nothing listens on TCP port %d (%s)" % (facts["port"], what))
     probe = doc.get("version_probe")
@@ -151,8 +153,8 @@ def verdict(doc):
     doc = dict(doc)
     doc["problems"] = derive_problems(doc)
     container = doc.get("container") or {}
-    doc["serving"] = bool(container.get("running") and (doc.get("health") or {}).get("ok")
-                          and (doc.get("version") or {}).get("ok"))
+    doc["serving"] = bool(container.get("running") and (doc.get("headless") or (
+        (doc.get("health") or {}).get("ok") and (doc.get("version") or {}).get("ok"))))
     doc["as_recorded"] = not doc["problems"]
     # a restart by the policy is worth seeing, but an engine serving its recorded plan again is as recorded
     doc["notes"] = ["container %s was restarted %s times by its restart policy (it exited; see docker logs)"
@@ -196,7 +198,7 @@ def http_facts(role_env, expected, address=None):
     return health, version, nixl
 
 
-def port_table(role_env, paths=PROC_NET):
+def port_table(role_env, paths=PROC_NET, first_rank=0):
     sockets, errors = [], []
     for path in paths:
         try:
@@ -207,7 +209,8 @@ def port_table(role_env, paths=PROC_NET):
     if len(errors) == len(paths):
         return {"error": "; ".join(errors)}
     return {"http": port_facts(sockets, role_port(role_env, "NARWHAL_HTTP_PORT")),
-            "side_channel": port_facts(sockets, role_port(role_env, "NARWHAL_SIDE_CHANNEL_PORT")), "error": None}
+            "side_channel": port_facts(sockets, role_port(role_env, "NARWHAL_SIDE_CHANNEL_PORT") + first_rank),
+            "error": None}
 
 
 def container_facts(container, engine):
@@ -270,7 +273,12 @@ def collect(role_env_path, address=None):
     labels = container_labels(container) if container is not None else {}
     checked = read_json_file(os.path.join(directory, "checked.json")) or {}
     deployment = read_json_file(os.path.join(directory, "deployment.json"))
-    health, version, nixl = http_facts(role_env, checked.get("vllm_api_version"), address)
+    # a host after the head of an engine across hosts has no HTTP API: its ranks are asked through the head's; its
+    # first side channel is the base + its first global DP rank (vLLM 0.32.0 nixl/base_scheduler.py:77-80)
+    quiet = "--headless" in plan["command"]
+    first_rank = int(plan["command"][plan["command"].index("--data-parallel-start-rank") + 1]) if quiet else 0
+    health, version, nixl = ({"skipped": "headless"}, {"skipped": "headless", "expected": checked.get(
+        "vllm_api_version")}, {}) if quiet else http_facts(role_env, checked.get("vllm_api_version"), address)
     facts = container_facts(container, engine)
     doc = {
         "engine": engine, "container_name": name, "container": facts, "companions": companions,
@@ -282,9 +290,11 @@ def collect(role_env_path, address=None):
         "deployment": deployment and {k: deployment.get(k)
                                       for k in ("container_id", "action", "run_id", "plan_hash", "recorded_at")},
         "checked_plan_hash": checked.get("plan_hash"),
-        "health": health, "version": version, "nixl": nixl, "ports": port_table(role_env),
+        "health": health, "version": version, "nixl": nixl, "ports": port_table(role_env, first_rank=first_rank),
         "version_probe": probe_facts(directory), "rollback": read_json_file(os.path.join(directory, ROLLBACK_FILE)),
     }
+    if quiet:
+        doc["headless"] = True
     return verdict(doc)
 
 

@@ -607,21 +607,21 @@ def test_zipapp_carries_everything_the_launcher_imports(tmp_path):
     assert int(proc.stdout) > 1000
 
 
-def test_an_engine_across_hosts_plans_each_host_and_its_start_is_refused_by_name(tmp_path, monkeypatch):
-    """The wide-EP shape's engine-1 (two hosts): each host plans its own container from the one record (the head
-    and, with NARWHAL_ENGINE_MEMBER=1, the headless host), and `start` refuses by name rather than start one host
-    of it alone (the launch order across hosts is not built yet)."""
+def test_an_engine_across_hosts_plans_each_host_from_the_one_record(tmp_path):
+    """The wide-EP shape's engine-1 (two hosts): each host plans its own container from the one record, the head
+    and, with NARWHAL_ENGINE_MEMBER=1, the headless host (its own GPUs, address, start rank)."""
     shape = json.loads((REPO / "docs/examples/shapes/wide-ep-dsv3/engine-launch.json").read_text())
     rec = shape["engines"]["engine-1"]
     plans = {}
     for member in ("", "1"):
-        extra = {"NARWHAL_ENGINE_MEMBER": member} if member else {}
+        extra = {"NARWHAL_ENGINE_MEMBER": member, "NARWHAL_ADVERTISED_ADDRESS": rec["members"][0]["node"]["address"]} \
+            if member else {"NARWHAL_ADVERTISED_ADDRESS": rec["node"]["address"]}
         (tmp_path / ("m" + member)).mkdir()
         env_path, _env = write_inputs(tmp_path / ("m" + member), rec, NARWHAL_SERVED_MODEL_NAME="deepseek-v3",
                                       NARWHAL_MODEL_MOUNT="/models/deepseek-v3", **extra)
-        plans[member] = le.prepare(str(env_path)).plan["command"]
-        with pytest.raises(le.LaunchError) as err:
-            le.start(str(env_path))
-        assert "engine-1 spans 2 hosts (NARWHAL_NODE_1_HOSTS) and this is its host of narwhal_rank %s: starting an " \
-               "engine across hosts is not built yet" % (member or "0") in str(err.value)
-    assert "--headless" not in plans[""] and plans["1"][plans["1"].index("--data-parallel-start-rank") + 1] == "8"
+        plans[member] = le.prepare(str(env_path)).plan
+    assert not le.headless(plans[""]) and le.across_hosts(plans[""])
+    assert le.headless(plans["1"])
+    command = plans["1"]["command"]
+    assert command[command.index("--data-parallel-start-rank") + 1] == "8"
+    assert plans["1"]["environment"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] == rec["members"][0]["node"]["address"]
