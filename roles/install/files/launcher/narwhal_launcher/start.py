@@ -367,36 +367,49 @@ def start(role_env_path, force=False, out=None, ready_timeout=None, interval=1.0
 
 
 def finish(role_env_path, rollback=False, out=None):
-    """After the head of an engine across hosts came up (or did not), on each of its other hosts: drop the container
-    `start --hold-previous` kept as <name>-previous, or (`rollback`) set the new container aside as <name>-failed and
-    give the previous one back its name and start it, so the restored head finds its ranks again. Prints `kept
-    <name>` / `rolled back <name> <id>` (or `nothing to roll back to` when there was no previous container)."""
+    """After the head of an engine across hosts came up, on each of its other hosts: drop the container `start
+    --hold-previous` kept as <name>-previous (`kept <name>`).
+
+    With `rollback` (the head did not come up, or one of the hosts did not start), on every host of the engine, the
+    head first: a container of the installed plan with a kept <name>-previous is set aside as <name>-failed and the
+    previous one gets its name back and starts (`rolled back <name> <id>`); any other container (one the launcher
+    already rolled back, or one never replaced) is restarted (`restarted <name> <id>`), because vLLM's headless
+    engine cores greet a head once, at their start, and a head that is not fresh ends on a second greeting (vLLM
+    0.32.0 v1/engine/utils.py wait_for_engine_startup; the stand-in's rendezvous.py says where): the head restarts
+    first and waits, then its other hosts restart and join it."""
     prepared = prepare(role_env_path)
-    plan = prepared.plan
+    plan, digest = prepared.plan, prepared.digest
     api = engine_api()
     found = companions(api, plan["name"])
     current, previous = found[plan["name"]], found[plan["name"] + PREVIOUS_SUFFIX]
     for attrs, name in ((current, plan["name"]), (previous, plan["name"] + PREVIOUS_SUFFIX)):
         if attrs is not None:
             refuse_foreign(attrs, name, plan["engine"])
+    print_to = out or sys.stdout
     if not rollback:
         notes = []
         if previous is not None:
             _remove(api, previous["Id"], plan["name"] + PREVIOUS_SUFFIX, notes)
         for note in notes:
             print("launch_engine: warning: %s; it is removed by the next start" % note, file=sys.stderr)
-        print("kept %s" % plan["name"], file=out or sys.stdout)
+        print("kept %s" % plan["name"], file=print_to)
         return
-    if current is not None:
-        api.stop(current["Id"], timeout=plan_grace(plan))
-        older = found[plan["name"] + FAILED_SUFFIX]
-        if older is not None:
-            refuse_foreign(older, plan["name"] + FAILED_SUFFIX, plan["engine"])
-            _remove(api, older["Id"], plan["name"] + FAILED_SUFFIX)
-        api.rename(current["Id"], plan["name"] + FAILED_SUFFIX)
-    if previous is None:
-        print("nothing to roll back to: %s had no previous container" % plan["name"], file=out or sys.stdout)
+    new = current is not None and container_labels(current).get(PLAN_HASH_LABEL) == digest
+    if previous is not None and (current is None or new):
+        if current is not None:
+            api.stop(current["Id"], timeout=plan_grace(plan))
+            older = found[plan["name"] + FAILED_SUFFIX]
+            if older is not None:
+                refuse_foreign(older, plan["name"] + FAILED_SUFFIX, plan["engine"])
+                _remove(api, older["Id"], plan["name"] + FAILED_SUFFIX)
+            api.rename(current["Id"], plan["name"] + FAILED_SUFFIX)
+        api.rename(previous["Id"], plan["name"])
+        api.start(previous["Id"])
+        print("rolled back %s %s" % (plan["name"], previous["Id"]), file=print_to)
         return
-    api.rename(previous["Id"], plan["name"])
-    api.start(previous["Id"])
-    print("rolled back %s %s" % (plan["name"], previous["Id"]), file=out or sys.stdout)
+    if current is None:
+        print("nothing to roll back: %s has no container" % plan["name"], file=print_to)
+        return
+    api.stop(current["Id"], timeout=container_grace(api.container(current["Id"])))
+    api.start(current["Id"])
+    print("restarted %s %s" % (plan["name"], current["Id"]), file=print_to)
