@@ -185,9 +185,11 @@ def summary_entry(hostvars, urls=None):
         done.update(hostvars.get(stage) or {})
     engine = engine_of(hostvars)
     role = node_settings(hostvars.get("narwhal_site") or {}, engine)["role"]
+    member = int(hostvars.get("narwhal_member") or 0)  # a host after the head of an engine across hosts: no URL
     return {"engine": engine, "inventory_host": hostvars.get("inventory_hostname") or engine,
             "host": hostvars.get("ansible_host") or hostvars.get("inventory_hostname") or engine, "role": role,
-            "url": (urls or {}).get(engine), "run_id": done.get("run_id"), "container_id": done.get("container_id"),
+            "url": (urls or {}).get(engine) if not member else "(narwhal_rank %d, headless)" % member,
+            "run_id": done.get("run_id"), "container_id": done.get("container_id"),
             "action": done.get("action"), "vllm_version": done.get("vllm_version"), "probe": done.get("probe")}
 
 

@@ -231,6 +231,42 @@ def test_inventory_engines_ties_hosts_to_their_nodes_and_keeps_env_the_source_of
     assert "gpu-c11 (engine-3) is in the inventory's group decode, but .env has no role for it" in str(err.value)
 
 
+def test_engine_hosts_lists_an_engine_across_hosts_head_first_and_checks_the_count_of_dotenv():
+    narwhal_site = site(dict(BASE, NARWHAL_NODE_1_HOSTS="2", NARWHAL_DATA_PARALLEL_SIZE="2"))
+    hostvars = {"gpu-a17": {"narwhal_node": 1, "narwhal_rank": 0}, "gpu-a18": {"narwhal_node": 1, "narwhal_rank": 1},
+                "gpu-b03": {"narwhal_node": 2}}
+    groups = {"engines": ["gpu-a18", "gpu-a17", "gpu-b03"]}
+    filters = FilterModule().filters()
+    assert filters["engine_hosts"](groups, hostvars, narwhal_site) == {"engine-1": ["gpu-a17", "gpu-a18"],
+                                                                       "engine-2": ["gpu-b03"]}
+    assert filters["inventory_engines"](groups, hostvars, narwhal_site) == {
+        "gpu-a18": "engine-1", "gpu-a17": "engine-1", "gpu-b03": "engine-2"}
+    with pytest.raises(AnsibleFilterError) as err:
+        filters["engine_hosts"](groups, hostvars, site(BASE))
+    assert str(err.value).startswith("NARWHAL_NODE_1_HOSTS: engine-1 spans 1 host(s) by .env (NARWHAL_NODE_1_HOSTS "
+                                     "unset: 1) but the inventory has 2 host(s) of it in group engines "
+                                     "(gpu-a17, gpu-a18)")
+
+
+def test_member_record_and_status_key_name_the_host_of_an_engine_across_hosts():
+    filters = FilterModule().filters()
+    record = {"engine": "engine-1", "node": {"address": "10.0.0.1", "side_channel_ports": [5600, 5600]},
+              "gpu_ids": ["0"], "data_parallel_size_local": 1,
+              "members": [{"member": 1, "host": "gpu-a18", "data_parallel_start_rank": 1, "gpu_ids": ["0"],
+                           "gpu_host_indices": [0], "accelerator_devices": [], "transfer": {"net_devices": ["eth1"]},
+                           "node": {"address": "10.0.0.2", "fabric_interface": "eth1",
+                                    "side_channel_ports": [5601, 5601], "host_id": "b"}}]}
+    view = filters["member_record"](record, 1)
+    assert view["node"]["address"] == "10.0.0.2" and view["member"]["start_rank"] == 1 and "members" not in view
+    assert filters["member_record"](record, 0)["node"]["address"] == "10.0.0.1"
+    assert filters["member_record"]({"engine": "engine-2"}, 0) == {"engine": "engine-2"}
+    with pytest.raises(AnsibleFilterError) as err:
+        filters["member_record"](record, 2)
+    assert "the launch record of engine-1 has no host of narwhal_rank 2" in str(err.value)
+    assert filters["status_key"]({"engine": "engine-1", "member": 1}) == "engine-1#1"
+    assert filters["status_key"]({"engine": "engine-1", "member": 0}) == "engine-1"
+
+
 def test_a_nodes_false_overrides_the_sites_true():
     inputs = load_inputs(dict(OVERRIDDEN, NARWHAL_ENABLE_EXPERT_PARALLEL="true",
                               NARWHAL_NODE_2_ENABLE_EXPERT_PARALLEL="false", NARWHAL_NODE_2_DATA_PARALLEL_SIZE="2"))

@@ -2,7 +2,11 @@
 import pytest
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import host_engine, inventory_engines
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import (
+    engine_hosts,
+    host_engine,
+    inventory_engines,
+)
 
 
 @pytest.mark.parametrize("host,node,engine", [
@@ -48,3 +52,32 @@ def test_the_inventory_maps_every_host_once():
     with pytest.raises(InputError) as err:
         inventory_engines([("engine-2", None), ("gpu-b03", 2)])
     assert "inventory hosts engine-2 and gpu-b03 are both engine-2 (node 2 of .env)" in str(err.value)
+
+
+# ------------------------------------------------------------------------------------------------
+# engines across hosts: narwhal_rank
+
+
+def test_engine_hosts_orders_the_hosts_of_an_engine_by_rank():
+    hosts = [("gpu-a18", 1, 1), ("gpu-a17", 1, 0), ("gpu-b03", 2, None), ("engine-3", None, "0")]
+    assert engine_hosts(hosts) == {"engine-1": ["gpu-a17", "gpu-a18"], "engine-2": ["gpu-b03"],
+                                   "engine-3": ["engine-3"]}
+    assert inventory_engines(hosts) == {"gpu-a18": "engine-1", "gpu-a17": "engine-1", "gpu-b03": "engine-2",
+                                        "engine-3": "engine-3"}
+
+
+@pytest.mark.parametrize("hosts, needle", [
+    ([("gpu-a17", 1, 0), ("gpu-a18", 1, 0)],
+     "inventory hosts gpu-a17 and gpu-a18 of engine-1 both have narwhal_rank: 0"),
+    ([("gpu-a17", 1, 0), ("gpu-a18", 1, 2)], "the 2 inventory hosts of engine-1 have narwhal_rank 0, 2, so rank 1 is "
+                                             "missing"),
+    ([("gpu-a17", 1, 0), ("gpu-a18", 1, None)],
+     "inventory hosts gpu-a17 and gpu-a18 are both engine-1 (node 1 of .env) and gpu-a18 has no narwhal_rank"),
+    ([("gpu-a17", 1, 1)], "inventory host gpu-a17 has narwhal_rank: 1 but is the only host of engine-1"),
+    ([("gpu-a17", 1, "head")], "inventory host gpu-a17 has narwhal_rank: 'head', which is not a host rank"),
+    ([("gpu-a17", 1, True)], "which is not a host rank"),
+])
+def test_engine_hosts_refuses_ranks_by_name(hosts, needle):
+    with pytest.raises(InputError) as err:
+        engine_hosts(hosts)
+    assert needle in str(err.value)
