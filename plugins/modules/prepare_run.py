@@ -67,6 +67,8 @@ options:
       - When not given with O(stage=write), read from each engine's host variables C(narwhal_gpus),
         C(narwhal_interface) and the C(image_id) of C(prepare_prereqs) (the result of
         M(narwhal.deploy.engine_prereqs) registered under that name, as the prepare role does).
+      - The other hosts of an engine across hosts are keyed C(<engine>#<k>) (C(k) its C(narwhal_rank)); each is
+        compared with its host's own part of the record (C(members)).
     type: dict
     default: {}
   from_run:

@@ -97,4 +97,8 @@ def prepare_facts(args, hostvars, hosts=None, members=None):
     engines = _engines(args, hostvars, hosts, members)
     if engines is None or "hosts" in args or args.get("stage") != "write":
         return args
-    return dict(args, hosts=dict((e, current_inspection(found)) for e, found in engines))
+    current = dict((e, current_inspection(found)) for e, found in engines)
+    for engine, _found in engines:  # the other hosts of an engine across hosts, as <engine>#<narwhal_rank>
+        for rank, host in enumerate((members or {}).get(engine, [])[1:], 1):
+            current["%s#%d" % (engine, rank)] = current_inspection(hostvars[host] if host in hostvars else {})
+    return dict(args, hosts=current)

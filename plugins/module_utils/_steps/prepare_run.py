@@ -28,6 +28,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy im
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.paths import check_paths, git_ignore_checker
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import MANIFEST_SCHEMA, validation_errors
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.writer import OutputError, OutputSet
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import member_view
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import (
     API_KEY_MAX_BYTES,
     api_key_from,
@@ -287,6 +288,10 @@ def prepare_run(module):
             return result
         for e in engines:
             stale(records[e], p["hosts"].get(e) or {})
+            for member in records[e].get("members") or []:  # each other host of an engine across hosts
+                view = dict(member_view(records[e], member["member"]),
+                            engine="%s (its host %s, narwhal_rank %d)" % (e, member["host"], member["member"]))
+                stale(view, p["hosts"].get("%s#%d" % (e, member["member"])) or {})
     except InputError as exc:
         module.fail_json(msg="prepare refused, no run was created: %s" % exc, input=exc.key)
     except OutputError as exc:
