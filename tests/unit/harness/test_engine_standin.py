@@ -611,7 +611,17 @@ def test_dp1_metrics_render_exactly_as_before(engine, modules):
     (("-dp", "2", "--data-parallel-rank", "0"), {}, "Non-MoE models do not support external data parallel mode"),
     (("-dp", "2", "-tp", "2"), {"CUDA_VISIBLE_DEVICES": "0,1,2"},
      'Error computing device indices for CUDA_VISIBLE_DEVICES: local range: [2, 4) base value: "0,1,2"'),
-    (("-dp", "2", "--data-parallel-size-local", "1"), {}, "not modelled"),
+    (("-dp", "4", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "2"), {}, "not modelled"),
+    (("-dp", "4", "--data-parallel-size-local", "0"), {}, "not modelled"),
+    (("--headless", "--data-parallel-size-local", "1"), {}, "not modelled"),
+    # a headless worker's start rank is its data_parallel_rank (arg_utils.py:2466-2470, parallel.py:998-1003)
+    (("-dp", "4", "--headless", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "4"), {},
+     "ValueError: data_parallel_rank (4) must be in the range [0, 4)"),
+    (("-dp", "4", "--headless", "--data-parallel-size-local", "0"), {},
+     "ValueError: data_parallel_size_local must be > 0 in headless mode"),
+    # the CUDA_VISIBLE_DEVICES split counts this node's ranks (L), not the DP size
+    (("-dp", "4", "-tp", "2", "--headless", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "2"),
+     {"CUDA_VISIBLE_DEVICES": "0,1,2"}, 'local range: [2, 4) base value: "0,1,2"'),
 ])
 def test_dp_launches_vllm_refuses_are_refused(modules, monkeypatch, flags, env, refusal):
     server, serve = modules
@@ -628,8 +638,14 @@ def test_dp_accepted_launches(modules, monkeypatch):
     parser = serve.add_flags(argparse.ArgumentParser(), serve.load_flags())
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
     for flags in ([], ["-dp", "2", "-tp", "2"], ["-dp", "4", "--data-parallel-size-local", "4"],
-                  ["-dp", "2", "--enable-expert-parallel"]):
+                  ["-dp", "2", "--enable-expert-parallel"],
+                  ["-dp", "4", "--data-parallel-size-local", "2", "-tp", "2"],  # a head: ranks 0-1 here
+                  ["-dp", "4", "-dpl", "2", "-tp", "2", "--headless", "--data-parallel-start-rank", "2"]):
         assert server.data_parallel_error(parser.parse_args(["/models/tiny"] + flags), TINY) is None, flags
     args = parser.parse_args(["/models/tiny", "-dp", "2", "-tp", "2"])
     assert [server.rank_devices(r, args) for r in (0, 1)] == ["4,5", "6,7"]
+    layouts = {"": ("single", 4, 4, 0), "-dpl 2": ("head", 4, 2, 0), "-dpl 4": ("single", 4, 4, 0),
+               "--headless -dpl 2 -dpr 2": ("worker", 4, 2, 2), "--headless -dpl 2": ("worker", 4, 2, 0)}
+    for flags, layout in layouts.items():
+        assert server.dp_layout(parser.parse_args(["/models/tiny", "-dp", "4"] + flags.split())) == layout, flags
     assert server.is_moe({"text_config": {"num_local_experts": 8}}) and not server.is_moe(TINY)
