@@ -170,6 +170,28 @@ def test_pd_transfer_between_worker_ranks(tmp_path, procs):
     assert sample(call(cons.url, "/metrics")[1], "vllm:nixl_num_failed_transfers_total", engine="3") == 1
 
 
+def test_the_collections_probe_proves_every_rank_of_two_engines_across_hosts(tmp_path, procs, module_runner):
+    """The transfer probe (plugins/module_utils/_steps/transfer_probe.py) through both heads, every rank asked by
+    header: each rank pair proven by the consumer rank's own counters, worker ranks included."""
+    from ansible_collections.narwhal.deploy.plugins.modules import transfer_probe
+
+    flags = ("--enable-prompt-tokens-details",)
+    one = Engine(tmp_path, procs, "e1", ("127.0.0.1", "127.0.0.2"), flags=flags)
+    two = Engine(tmp_path, procs, "e2", ("127.0.0.3", "127.0.0.4"), flags=flags)
+    args = {"engines": {"engine-1": {"url": one.url, "role": "prefill"}, "engine-2": {"url": two.url,
+                                                                                     "role": "decode"}},
+            "pairs": [["engine-1", "engine-2"], ["engine-2", "engine-1"]], "model": "tiny", "timeout": 10,
+            "api_key": KEY, "data_parallel": {"engine-1": 4, "engine-2": 4}}
+    status, result = module_runner(transfer_probe.main, args)
+    assert status == "exit", result
+    for row, producer in zip(result["results"], (one, two), strict=True):
+        assert row["ok"], row
+        assert [(r["producer_rank"], r["consumer_rank"]) for r in row["ranks"]] == [(r, r) for r in range(4)]
+        assert [r["remote_host"] for r in row["ranks"]] == [producer.hosts[0]] * 2 + [producer.hosts[1]] * 2
+        assert [r["remote_port"] for r in row["ranks"]] == [producer.side_port + r for r in range(4)]
+        assert all(r["evidence"] == "request" and r["bytes"] > 0 for r in row["ranks"])
+
+
 def test_head_refuses_connections_until_its_ranks_register_then_times_out(tmp_path, procs):
     """A head whose worker never comes: its API port refuses connections (bound, not listening), and after
     VLLM_ENGINE_READY_TIMEOUT_S its API servers give up and it exits with vLLM's messages."""

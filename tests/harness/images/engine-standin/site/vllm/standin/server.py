@@ -36,6 +36,12 @@ With --data-parallel-size D > 1 the engine is D ranks (class Rank; single node, 
 has engine id <engine_id>_dp<r>, its side channel on VLLM_NIXL_SIDE_CHANNEL_PORT + r, its own blocks and counters;
 X-data-parallel-rank picks the rank (State.pick_rank), /metrics renders each rank's series with engine="<r>", and
 serve() refuses what vLLM refuses among the DP flags (data_parallel_error).
+Across hosts (dp_layout, vllm.standin.rendezvous): a head (--data-parallel-size-local L < N, no --headless) runs
+ranks [0, L) and waits on --data-parallel-address:--data-parallel-rpc-port for headless workers (--headless
+--data-parallel-start-rank S) to register ranks [L, N), its API port bound but not listening until they have; then
+its API serves every rank, a worker rank's requests carried to that worker over its connection and answered there
+(kv_transfer_params naming the worker's side channel; a consumer rank there reads from the producer itself), and
+its /metrics holds every rank's series.
 """
 import copy
 import hashlib
