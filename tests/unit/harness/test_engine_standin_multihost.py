@@ -22,17 +22,20 @@ PRODUCE = {"max_tokens": 1, "stream": False,
 
 
 @pytest.fixture
-def procs():
-    """Processes to end after the test (SIGKILL: a test's failure must not leave engines behind)."""
+def procs(tmp_path):
+    """Processes to end after the test (SIGKILL: a test's failure must not leave engines behind); their output is
+    printed (pytest shows it when the test failed)."""
     started = []
     yield started
     for proc in started:
         if proc.poll() is None:
             proc.kill()
         proc.wait(timeout=10)
+    for log in sorted(tmp_path.glob("engine-*.log")):
+        print("==== %s\n%s" % (log.name, log.read_text()))
 
 
-def call(url, path, body=None, headers=None, timeout=10):
+def call(url, path, body=None, headers=None, timeout=30):
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url + path, data=data, method="GET" if body is None else "POST",
                                  headers=dict({"Authorization": "Bearer " + KEY, "Content-Type": "application/json"},

@@ -292,7 +292,6 @@ def wait_for_workers(size, local, address, port, own, coordinated, api_servers, 
     hellos = {}  # link -> its HELLO
     ignored = []  # links of duplicate identities: ZMQ never delivers their messages
     remote = {}
-    links = []
     try:
         while any(states.get(r) != "READY" for r in expected):
             if clock() >= deadline:
@@ -300,7 +299,6 @@ def wait_for_workers(size, local, address, port, own, coordinated, api_servers, 
             try:
                 conn, _peer = listener.accept()
                 conn.settimeout(None)
-                links.append(conn)
                 threading.Thread(target=_read_handshake, args=(conn, events), daemon=True).start()
             except TimeoutError:
                 pass
