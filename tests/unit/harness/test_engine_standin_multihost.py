@@ -181,8 +181,8 @@ def test_the_collections_probe_proves_every_rank_of_two_engines_across_hosts(tmp
     flags = ("--enable-prompt-tokens-details",)
     one = Engine(tmp_path, procs, "e1", ("127.0.0.1", "127.0.0.2"), flags=flags)
     two = Engine(tmp_path, procs, "e2", ("127.0.0.3", "127.0.0.4"), flags=flags)
-    args = {"engines": {"engine-1": {"url": one.url, "role": "prefill"}, "engine-2": {"url": two.url,
-                                                                                     "role": "decode"}},
+    engines = {"engine-1": {"url": one.url, "role": "prefill"}, "engine-2": {"url": two.url, "role": "decode"}}
+    args = {"engines": engines,
             "pairs": [["engine-1", "engine-2"], ["engine-2", "engine-1"]], "model": "tiny", "timeout": 10,
             "api_key": KEY, "data_parallel": {"engine-1": 4, "engine-2": 4}}
     status, result = module_runner(transfer_probe.main, args)
