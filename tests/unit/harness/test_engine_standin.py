@@ -611,7 +611,17 @@ def test_dp1_metrics_render_exactly_as_before(engine, modules):
     (("-dp", "2", "--data-parallel-rank", "0"), {}, "Non-MoE models do not support external data parallel mode"),
     (("-dp", "2", "-tp", "2"), {"CUDA_VISIBLE_DEVICES": "0,1,2"},
      'Error computing device indices for CUDA_VISIBLE_DEVICES: local range: [2, 4) base value: "0,1,2"'),
-    (("-dp", "2", "--data-parallel-size-local", "1"), {}, "not modelled"),
+    (("-dp", "4", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "2"), {}, "not modelled"),
+    (("-dp", "4", "--data-parallel-size-local", "0"), {}, "not modelled"),
+    (("--headless", "--data-parallel-size-local", "1"), {}, "not modelled"),
+    # a headless worker's start rank is its data_parallel_rank (arg_utils.py:2466-2470, parallel.py:998-1003)
+    (("-dp", "4", "--headless", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "4"), {},
+     "ValueError: data_parallel_rank (4) must be in the range [0, 4)"),
+    (("-dp", "4", "--headless", "--data-parallel-size-local", "0"), {},
+     "ValueError: data_parallel_size_local must be > 0 in headless mode"),
+    # the CUDA_VISIBLE_DEVICES split counts this node's ranks (L), not the DP size
+    (("-dp", "4", "-tp", "2", "--headless", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "2"),
+     {"CUDA_VISIBLE_DEVICES": "0,1,2"}, 'local range: [2, 4) base value: "0,1,2"'),
 ])
 def test_dp_launches_vllm_refuses_are_refused(modules, monkeypatch, flags, env, refusal):
     server, serve = modules
@@ -628,8 +638,59 @@ def test_dp_accepted_launches(modules, monkeypatch):
     parser = serve.add_flags(argparse.ArgumentParser(), serve.load_flags())
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
     for flags in ([], ["-dp", "2", "-tp", "2"], ["-dp", "4", "--data-parallel-size-local", "4"],
-                  ["-dp", "2", "--enable-expert-parallel"]):
+                  ["-dp", "2", "--enable-expert-parallel"],
+                  ["-dp", "4", "--data-parallel-size-local", "2", "-tp", "2"],  # a head: ranks 0-1 here
+                  ["-dp", "4", "-dpl", "2", "-tp", "2", "--headless", "--data-parallel-start-rank", "2"]):
         assert server.data_parallel_error(parser.parse_args(["/models/tiny"] + flags), TINY) is None, flags
     args = parser.parse_args(["/models/tiny", "-dp", "2", "-tp", "2"])
     assert [server.rank_devices(r, args) for r in (0, 1)] == ["4,5", "6,7"]
+    layouts = {"": ("single", 4, 4, 0), "-dpl 2": ("head", 4, 2, 0), "-dpl 4": ("single", 4, 4, 0),
+               "--headless -dpl 2 -dpr 2": ("worker", 4, 2, 2), "--headless -dpl 2": ("worker", 4, 2, 0)}
+    for flags, layout in layouts.items():
+        assert server.dp_layout(parser.parse_args(["/models/tiny", "-dp", "4"] + flags.split())) == layout, flags
     assert server.is_moe({"text_config": {"num_local_experts": 8}}) and not server.is_moe(TINY)
+
+
+# a producer replaced at the same address (verify_dp.yml's first DP run: the prefill probed against a decode that was
+# then replaced by a DP 2 one on the same host and side-channel base)
+
+
+@pytest.mark.parametrize("before", [(), ("--data-parallel-size", "2")], ids=["dp1-to-dp2", "dp2-to-dp2"])
+def test_consumer_ranks_read_from_a_producer_replaced_at_its_address(tmp_path, before):
+    """vLLM >= 0.31 keys its remote NIXL agents by engine id (nixl/base_worker.py:1278-1303 _ensure_handshake,
+    pull_worker.py:144-146: an engine id not in _remote_agents is handshaken first), and every start draws a new
+    engine id: a consumer that read from the old producer handshakes with the replacement, whose ranks answer on
+    the same host and ports as <new id>_dp<r>. The stand-in handshakes on every read, so each consumer rank reads
+    from the replacement, rank by rank, as it did from the old producer."""
+    procs = []
+    try:
+        side, http = _standin.free_ports(2), _standin.free_port()
+        c_url, c_proc = _standin.engine_process(tmp_path, "c", KEY, "--data-parallel-size", "2")
+        procs.append(c_proc)
+        for generation, flags in enumerate((before, ("--data-parallel-size", "2"))):
+            p_url, p_proc = _standin.engine_process(tmp_path, "p%d" % generation, KEY, *flags, port=http,
+                                                    side_port=side)
+            procs.append(p_proc)
+            dp = 2 if flags else 1
+            for c_rank in (0, 1):
+                p_rank = c_rank % dp
+                headers = {"X-data-parallel-rank": str(p_rank)} if dp > 1 else {}
+                prompt = "gen %d rank %d" % (generation, c_rank)
+                status, prod = post(p_url, "/v1/completions", dict(ROUTER_PREFILL, model="tiny", prompt=prompt),
+                                    headers)
+                params = prod["kv_transfer_params"]
+                assert status == 200 and params["remote_port"] == side + p_rank
+                assert params["remote_engine_id"].endswith("_dp%d" % p_rank) == (dp > 1)
+                status, out = dp_completion(c_url, c_rank, {"model": "tiny", "prompt": prompt, "max_tokens": 2,
+                                                            "kv_transfer_params": params})
+                assert status == 200, out
+            p_proc.terminate()
+            p_proc.wait(timeout=20)
+        m = parse_metrics(call(c_url, "/metrics")[2])
+        assert [sample(m, "vllm:nixl_num_failed_transfers_total", engine=r) for r in "01"] == [0, 0]
+        assert [sample(m, "vllm:nixl_bytes_transferred_count", engine=r) for r in "01"] == [2, 2]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)

@@ -3,6 +3,7 @@ loaded from the sources at a claimed version (as make_dists.py writes vllm.versi
 127.0.0.1 (HTTP and NIXL side channel on free ports) with the stand-in's own strict `vllm serve` parser."""
 import argparse
 import contextlib
+import hashlib
 import importlib
 import json
 import socket
@@ -83,15 +84,17 @@ def free_port():
         return s.getsockname()[1]
 
 
-def free_ports(count):
-    """-> a base port whose `count` consecutive ports are free on 127.0.0.1 (a DP engine's side channels)."""
+def free_ports(count, hosts=("127.0.0.1",)):
+    """-> a base port whose `count` consecutive ports are free on each of `hosts` (loopback addresses: a DP engine's
+    side channels, on each of its simulated hosts)."""
     for _attempt in range(50):
         base = free_port()
         try:
             with contextlib.ExitStack() as stack:
-                for port in range(base, base + count):
-                    sock = stack.enter_context(socket.socket())
-                    sock.bind(("127.0.0.1", port))
+                for host in hosts:
+                    for port in range(base, base + count):
+                        sock = stack.enter_context(socket.socket())
+                        sock.bind((host, port))
             return base
         except OSError:
             continue
@@ -125,32 +128,43 @@ def _dp_size(flags):
     return 1
 
 
-def engine_process(tmp_path, name, key, *flags, version="0.33.0", port=None):
+def engine_process(tmp_path, name, key, *flags, version="0.33.0", port=None, side_host="127.0.0.1", side_port=None,
+                   env=None, wait=True, model_config=None):
     """-> (url, Popen) of a stand-in engine serving the tiny model config on free loopback ports (or HTTP on
-    `port`: an engine replaced at its URL)."""
+    `port`: an engine replaced at its URL). Its NIXL side channels on `side_host` (a loopback address standing for
+    the engine's host) from `side_port` (default: free ports); `env`: more environment; `wait`: until its HTTP port
+    accepts connections (False: return at once, for a headless worker or a head that waits for its workers);
+    `model_config`: another checkpoint config (tmp_path/model-<hash>) instead of the tiny one."""
     import os
     import subprocess
     import time
 
     model = tmp_path / "tiny"  # one checkpoint for all: the NIXL compatibility hash covers the model
+    if model_config is not None:  # one checkpoint per config
+        model = tmp_path / ("model-%s" % hashlib.sha256(json.dumps(model_config, sort_keys=True).encode()
+                                                        ).hexdigest()[:12])
     model.mkdir(exist_ok=True)
-    (model / "config.json").write_text(json.dumps(TINY))
+    (model / "config.json").write_text(json.dumps(TINY if model_config is None else model_config))
     # the harness checkpoint's tokenizer config: its chat template lets the stand-in answer chat completions
     (model / "tokenizer_config.json").write_text((REPO / "tests" / "harness" / "models" / "tiny-llama" /
                                                   "tokenizer_config.json").read_text())
     port = port or free_port()
     kv = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"})
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "VLLM_"))}
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "VLLM_", "NARWHAL_STANDIN_"))}
     # the key by environment, as the launcher passes it (never in the process list)
-    env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_ports(_dp_size(flags))),
-               VLLM_API_KEY=key)
+    environ.update(VLLM_NIXL_SIDE_CHANNEL_HOST=side_host,
+                   VLLM_NIXL_SIDE_CHANNEL_PORT=str(side_port or free_ports(_dp_size(flags), (side_host,))),
+                   VLLM_API_KEY=key)
+    environ.update(env or {})
     log = open(tmp_path / ("engine-%s.log" % name), "wb")
     proc = subprocess.Popen([sys.executable, "-c", ENGINE_MAIN, str(STANDIN_SITE), version, str(model),
                              "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
                              "--kv-transfer-config", kv] + list(flags),
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
+                            stdout=log, stderr=subprocess.STDOUT, env=environ)
     log.close()
     url = "http://127.0.0.1:%d" % port
+    if not wait:
+        return url, proc
     deadline = time.time() + 30
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -162,3 +176,28 @@ def engine_process(tmp_path, name, key, *flags, version="0.33.0", port=None):
             time.sleep(0.1)
     proc.kill()
     raise AssertionError("stand-in engine %s did not listen on %s" % (name, url))
+
+
+def engine_log(tmp_path, name):
+    """The output so far of engine_process `name`."""
+    path = tmp_path / ("engine-%s.log" % name)
+    return path.read_text() if path.exists() else ""
+
+
+def wait_for_log(tmp_path, name, text, proc=None, timeout=20):
+    """Wait until engine_process `name` has written `text` -> its output; AssertionError (with the output) when it
+    does not in time, or when `proc` ended first without writing it."""
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        out = engine_log(tmp_path, name)
+        if text in out:
+            return out
+        if proc is not None and proc.poll() is not None:
+            out = engine_log(tmp_path, name)
+            if text in out:
+                return out
+            raise AssertionError("engine %s exited (%s) without %r:\n%s" % (name, proc.returncode, text, out))
+        time.sleep(0.05)
+    raise AssertionError("engine %s did not write %r in %s s:\n%s" % (name, text, timeout, engine_log(tmp_path, name)))

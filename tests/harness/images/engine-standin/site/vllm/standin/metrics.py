@@ -145,6 +145,29 @@ class EngineMetrics:
         self.itl = Histogram(INTER_TOKEN_LATENCY_BUCKETS)
         self.e2e = Histogram(REQUEST_LATENCY_BUCKETS)
 
+    def to_state(self):
+        """A JSON-able copy of the counters: how a headless worker's engine cores report them to the head
+        (vllm.standin.rendezvous; vLLM sends its stats with the engine outputs to the API server)."""
+        out = {}
+        for name, value in vars(self).items():
+            if isinstance(value, Histogram):
+                value = {"buckets": list(value.buckets), "counts": list(value.counts), "count": value.count,
+                         "sum": value.sum}
+            out[name] = value
+        return out
+
+    @classmethod
+    def from_state(cls, state):
+        """The counters of to_state() again."""
+        metrics = cls.__new__(cls)
+        for name, value in state.items():
+            if isinstance(value, dict) and "buckets" in value:
+                hist = Histogram(value["buckets"])
+                hist.counts, hist.count, hist.sum = list(value["counts"]), value["count"], value["sum"]
+                value = hist
+            setattr(metrics, name, value)
+        return metrics
+
 
 def _labels(labels):
     def escape(value):

@@ -36,6 +36,12 @@ With --data-parallel-size D > 1 the engine is D ranks (class Rank; single node, 
 has engine id <engine_id>_dp<r>, its side channel on VLLM_NIXL_SIDE_CHANNEL_PORT + r, its own blocks and counters;
 X-data-parallel-rank picks the rank (State.pick_rank), /metrics renders each rank's series with engine="<r>", and
 serve() refuses what vLLM refuses among the DP flags (data_parallel_error).
+Across hosts (dp_layout, vllm.standin.rendezvous): a head (--data-parallel-size-local L < N, no --headless) runs
+ranks [0, L) and waits on --data-parallel-address:--data-parallel-rpc-port for headless workers (--headless
+--data-parallel-start-rank S) to register ranks [L, N), its API port bound but not listening until they have; then
+its API serves every rank, a worker rank's requests carried to that worker over its connection and answered there
+(kv_transfer_params naming the worker's side channel; a consumer rank there reads from the producer itself), and
+its /metrics holds every rank's series.
 """
 import copy
 import hashlib
@@ -51,7 +57,7 @@ import uuid
 from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from vllm.standin import handshake, openai_api
+from vllm.standin import handshake, openai_api, rendezvous
 from vllm.standin import metrics as prom
 from vllm.version import __version__
 
@@ -165,15 +171,21 @@ class State:
         self.block_size = args.block_size or 16
         self.expire_leases = os.environ.get("NARWHAL_STANDIN_EXPIRE_KV_LEASES", "0") not in ("", "0")
         self.lock = threading.Lock()
-        self.max_model_len = derived_max_model_len(args, model_config or {})
+        self.model_config = model_config or {}
+        self.max_model_len = derived_max_model_len(args, self.model_config)
         self.dp_size = dp_size(args)
-        # one engine core and NIXL agent per DP rank (class Rank); a DP size of 1 is one rank as before
+        self.role, _size, self.local_size, self.start_rank = dp_layout(args)
+        if self.role == "worker":
+            self.api_keys = []  # a headless worker serves no API: the head's API server checked the key
+        # one engine core and NIXL agent per DP rank of this process (class Rank): [start, start + local size) of
+        # [0, DP size); a DP size of 1 is one rank as before
         self.ranks = []
-        for index in range(self.dp_size):
+        for index in range(self.start_rank, self.start_rank + self.local_size):
             engine_id = rank_engine_id(self.base_engine_id, index, self.dp_size)
             compat_hash, meta = agent_metadata(args, model_config or {}, engine_id)
             self.ranks.append(Rank(index, engine_id, self.base_side_port + index, meta, self.max_model_len))
         self.compat_hash = compat_hash  # the same for every rank: no DP factor in it (nixl/metadata.py:145-215)
+        self.remote = {}  # a head's ranks on headless workers: index -> rendezvous.RemoteRank
         self.next_rank = 0  # the stand-in's balancer (pick_rank)
         self.chat_template = has_chat_template(args, model_dir, tokenizer_config)
         self.fingerprint = openai_api.system_fingerprint(
@@ -195,9 +207,23 @@ class State:
         return self.rank_snapshots()[0][1:]
 
     def rank_snapshots(self):
-        """-> [(engine label, a copy of the rank's counters, its KV cache usage)] in rank order."""
+        """-> [(engine label, a copy of the rank's counters, its KV cache usage)] in rank order: this process's
+        ranks, and on a head those of its headless workers too (read from them, rendezvous.Worker.snapshots)."""
         with self.lock:
-            return [(str(r.index), copy.deepcopy(r.metrics), len(r.blocks) / BLOCK_CAPACITY) for r in self.ranks]
+            found = {r.index: (str(r.index), copy.deepcopy(r.metrics), len(r.blocks) / BLOCK_CAPACITY)
+                     for r in self.ranks}
+        for worker in {id(r.worker): r.worker for r in self.remote.values()}.values():
+            for label, state, usage in worker.snapshots():
+                found[int(label)] = (label, prom.EngineMetrics.from_state(state), usage)
+        return [found[index] for index in sorted(found)]
+
+    def local_snapshots(self):
+        """-> [(engine label, the counters as JSON, usage)] of this process's ranks (what a worker reports)."""
+        return [(label, metrics.to_state(), usage) for label, metrics, usage in self.rank_snapshots()]
+
+    def rank(self, index):
+        """The Rank (or on a head the rendezvous.RemoteRank) of global DP rank `index`."""
+        return next((r for r in self.ranks if r.index == index), None) or self.remote.get(index)
 
     def pick_rank(self, header):
         """The rank that serves a request: the X-data-parallel-rank header's (vLLM 0.32.0
@@ -211,12 +237,17 @@ class State:
         except ValueError:
             wanted = None
         if wanted is None:
+            indexes = sorted([r.index for r in self.ranks] + list(self.remote))
             with self.lock:
-                wanted, self.next_rank = self.next_rank, (self.next_rank + 1) % self.dp_size
-            return self.ranks[wanted], None
+                wanted, self.next_rank = indexes[self.next_rank % len(indexes)], self.next_rank + 1
+            return self.rank(wanted), None
         if not 0 <= wanted < self.dp_size:
             return None, f"data_parallel_rank {wanted} is out of range [0, {self.dp_size})."
-        return self.ranks[wanted], None
+        found = self.rank(wanted)
+        if found is None:  # a headless worker asked for a rank it does not run (the head routes by rank)
+            return None, (f"narwhal stand-in: data_parallel_rank {wanted} does not run on this headless worker "
+                          f"(ranks {self.start_rank}-{self.start_rank + self.local_size - 1})")
+        return found, None
 
 
 class Rank:
@@ -236,6 +267,20 @@ class Rank:
 
 def dp_size(args):
     return getattr(args, "data_parallel_size", 1) or 1
+
+
+def dp_layout(args):
+    """-> (role, DP size N, local size L, start rank S) of this process, for the launch modes the stand-in models
+    (data_parallel_error refuses the others): "single" (all N ranks here), "head" (no --headless, L < N: ranks
+    [0, L) here, [L, N) on headless workers; engine/arg_utils.py:2445-2476 without a start rank: internal load
+    balancing) or "worker" (--headless: ranks [S, S + L), S = --data-parallel-start-rank or 0, arg_utils.py:
+    2466-2470). L defaults to N (arg_utils.py:2486-2494)."""
+    size = dp_size(args)
+    local = getattr(args, "data_parallel_size_local", None)
+    local = size if local is None else local
+    if getattr(args, "headless", False):
+        return "worker", size, local, getattr(args, "data_parallel_start_rank", None) or 0
+    return ("head" if local < size else "single"), size, local, 0
 
 
 def rank_engine_id(engine_id, rank, size):
@@ -516,8 +561,9 @@ def make_handler(state):
             arrival = time.time()
             if not self.authorized():
                 return None
+            raw_body = read_body(self)
             try:
-                body = json.loads(read_body(self) or b"{}")
+                body = json.loads(raw_body or b"{}")
             except ValueError:
                 return self.send(400, {"object": "error", "message": "invalid JSON", "code": 400})
             if self.path not in ("/v1/completions", "/v1/chat/completions"):
@@ -548,15 +594,45 @@ def make_handler(state):
                 # 1708-1717); the HTTP status a client then sees was not verified against the real engine
                 return self.send(503, openai_api.error_body("The engine is shutting down", "ServiceUnavailableError",
                                                             503))
-            job = Job(state, req, arrival, rank)
             try:
-                return self.complete(req, job)
-            except StreamClosedError:
-                job.finish("abort")
-                return None
+                if isinstance(rank, rendezvous.RemoteRank):
+                    return self.forward(rank, raw_body)
+                job = Job(state, req, arrival, rank)
+                try:
+                    return self.complete(req, job)
+                except StreamClosedError:
+                    job.finish("abort")
+                    return None
             finally:
                 with state.lock:
                     state.inflight -= 1
+
+        def forward(self, rank, raw_body):
+            """A rank of a headless worker: the request goes to that worker (its engine core) and its answer comes
+            back as the worker wrote it, streamed (vllm.standin.rendezvous). When the worker is gone the request
+            gets no answer, as with vLLM, whose head does not watch remote engine cores: it waits until the
+            client leaves or the head stops."""
+            hop = {"connection", "content-length", "transfer-encoding", "keep-alive", DP_RANK_HEADER.lower()}
+            head = [f"{self.command} {self.path} HTTP/1.1"]
+            head += [f"{k}: {v}" for k, v in self.headers.items() if k.lower() not in hop]
+            head += [f"{DP_RANK_HEADER}: {rank.index}", f"Content-Length: {len(raw_body)}", "Connection: close"]
+            raw = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + raw_body
+            answered = False
+            chunks = rank.worker.forward(raw)
+            try:
+                for chunk in chunks:
+                    answered = True
+                    self.wfile.write(chunk)
+                    self.wfile.flush()
+            except rendezvous.WorkerLostError as exc:
+                print(f"WARNING narwhal stand-in: request for DP rank {rank.index}: {exc}", flush=True)
+                self.close_connection = True
+                if not answered:
+                    state.abort.wait()  # no answer (above)
+            except OSError:
+                self.close_connection = True  # the client went away: the worker's request is cancelled
+            finally:
+                chunks.close()
 
         def bad_rank(self, req, message):
             """An X-data-parallel-rank outside [0, DP size): vLLM 0.32.0 v1/engine/input_processor.py:392-400 raises
@@ -841,21 +917,36 @@ def data_parallel_error(args, model_config):
     if size > 1 and rank is not None and not 0 <= rank < size:
         # ParallelConfig.__post_init__, config/parallel.py:999-1003
         return f"ValueError: data_parallel_rank ({rank}) must be in the range [0, {size})"
-    if size > 1 and (headless or external or hybrid or (local is not None and local != size)
-                     or getattr(args, "data_parallel_start_rank", None)):
-        return ("ERROR narwhal stand-in: this data-parallel launch mode (headless, external or hybrid load "
-                "balancing, or ranks on several nodes) is not modelled; the stand-in serves all "
-                f"{size} ranks of one node behind one API endpoint")
+    start = getattr(args, "data_parallel_start_rank", None)
+    if headless and start is not None and not 0 <= start < size:
+        # a headless worker's data_parallel_rank is its start rank (arg_utils.py:2466-2470), checked by
+        # ParallelConfig.__post_init__ (config/parallel.py:998-1003)
+        return f"ValueError: data_parallel_rank ({start}) must be in the range [0, {size})"
+    if headless and local is not None and local <= 0:
+        # entrypoints/cli/serve.py:202-203 (run_headless)
+        return "ValueError: data_parallel_size_local must be > 0 in headless mode"
+    if size > 1 and (external or hybrid or (start is not None and not headless)):
+        return ("ERROR narwhal stand-in: this data-parallel launch mode (external or hybrid load balancing: "
+                "--data-parallel-rank, --data-parallel-external-lb, --data-parallel-hybrid-lb, or "
+                "--data-parallel-start-rank without --headless) is not modelled; the stand-in serves one engine "
+                "behind one API endpoint: all ranks on one node, or a head with headless workers")
+    if headless and size == 1:
+        return ("ERROR narwhal stand-in: --headless without data parallelism (multi-node tensor or pipeline "
+                "parallelism) is not modelled")
+    if not headless and local is not None and local == 0:
+        return ("ERROR narwhal stand-in: a head without local engine cores (--data-parallel-size-local 0) is not "
+                "modelled")
     if size > 1:
-        return gpu_split_error(size, args.tensor_parallel_size)
+        return gpu_split_error(size if local is None else local, args.tensor_parallel_size)
     return None
 
 
 def gpu_split_error(size, tp):
     """vLLM 0.32.0 v1/engine/utils.py:433-477 (get_physical_gpu_ids_for_local_dp_rank): local DP rank r takes the
     devices [r*TP, (r+1)*TP) of the visibility list CUDA_VISIBLE_DEVICES (the device control variable of the
-    CUDA and ROCm platforms, platforms/cuda.py:231, rocm.py:604); a list too short for every rank is an Exception
-    at start (utils.py:469-477). Unset or empty: no list to check (the stand-in counts no devices)."""
+    CUDA and ROCm platforms, platforms/cuda.py:231, rocm.py:604); a list too short for every local rank (`size`:
+    the ranks of this node) is an Exception at start (utils.py:469-477). Unset or empty: no list to check (the
+    stand-in counts no devices)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     if not visible:
         return None
@@ -868,7 +959,8 @@ def gpu_split_error(size, tp):
 
 
 def rank_devices(index, args):
-    """The CUDA_VISIBLE_DEVICES entries DP rank `index` takes (gpu_split_error), or None without the variable."""
+    """The CUDA_VISIBLE_DEVICES entries local DP rank `index` (the rank's place on its node) takes
+    (gpu_split_error), or None without the variable."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     tp = args.tensor_parallel_size
     return ",".join(visible.split(",")[index * tp:(index + 1) * tp]) if visible else None
@@ -937,25 +1029,38 @@ def serve(args, kv):
     state = State(args, kv, model_config, tokenizer_config, args.model)
     if not state.chat_template:
         print("WARNING No chat template: /v1/chat/completions answers 400 (as vLLM does without one)", flush=True)
+    if state.role == "worker":
+        return serve_headless(state, kv)
+    api_servers = getattr(args, "api_server_count", None)
     if state.dp_size > 1:
-        if getattr(args, "api_server_count", None) is None:
+        if api_servers is None:
+            api_servers = state.dp_size
             print(f"INFO Defaulting api_server_count to data_parallel_size ({state.dp_size}).", flush=True)
-        for rank in state.ranks:
-            devices = rank_devices(rank.index, args)
-            print(f"INFO EngineCore_DP{rank.index} started" + (f" (devices {devices})" if devices else ""), flush=True)
+        start_engine_cores(state)
     if kv is not None:
-        side_bind = "127.0.0.1" if state.side_host == "localhost" else state.side_host
-        for rank in state.ranks:  # one NIXL agent and listener per DP rank
-            side = _server_class(side_bind, socketserver.ThreadingTCPServer)((side_bind, rank.side_port), SideChannel)
-            side.state, side.rank = state, rank
-            threading.Thread(target=side.serve_forever, daemon=True).start()
-            print(f"INFO NIXL side channel listening on {side_bind}:{rank.side_port} "
-                  f"(engine_id={rank.engine_id}, kv_role={kv.kv_role})", flush=True)
-        print(f"INFO NIXL compatibility hash: {state.compat_hash} (model={args.model}, "
-              f"attn_backend={state.meta['attn_backend_name']}, cache_dtype={args.kv_cache_dtype})", flush=True)
+        start_side_channels(state, kv)
     host = args.host if args.host is not None else "0.0.0.0"
     http_cls = _server_class(host, ThreadingHTTPServer)
-    httpd = http_cls((host, args.port), make_handler(state))
+    # bound now, listening only once every engine core is ready (vLLM binds its API socket first, serve.py:302;
+    # uvicorn listens after the engine client is up): until then a connection is refused
+    httpd = http_cls((host, args.port), make_handler(state), bind_and_activate=False)
+    try:
+        httpd.server_bind()
+    except OSError:
+        httpd.server_close()
+        raise
+    if state.role == "head":
+        address = getattr(args, "data_parallel_address", None) or rendezvous.DEFAULT_ADDRESS
+        port = getattr(args, "data_parallel_rpc_port", None) or rendezvous.DEFAULT_RPC_PORT
+        try:
+            state.remote = rendezvous.wait_for_workers(
+                state.dp_size, state.local_size, address, port, rendezvous.parallel_view(args),
+                state.dp_size > 1 and is_moe(state.model_config), api_servers or 1)
+        except rendezvous.StartupError as exc:
+            httpd.server_close()
+            print("\n".join(exc.lines), file=sys.stderr, flush=True)
+            return exc.status
+    httpd.server_activate()
     print(f"INFO vLLM API server version {__version__} (narwhal.deploy stand-in)", flush=True)
     print(f"INFO Uvicorn running on http://{host}:{args.port}", flush=True)
     timeout = getattr(args, "shutdown_timeout", 0) or 0
@@ -972,3 +1077,86 @@ def serve(args, kv):
     httpd.serve_forever()
     print("INFO [shutdown] API server: engine client stopped", flush=True)
     return 0
+
+
+def start_engine_cores(state):
+    """The log lines of this process's engine cores (one per DP rank, vLLM's EngineCore_DP<r> processes)."""
+    for position, rank in enumerate(state.ranks):
+        devices = rank_devices(position, state.args)
+        print(f"INFO EngineCore_DP{rank.index} started" + (f" (devices {devices})" if devices else ""), flush=True)
+
+
+def start_side_channels(state, kv):
+    """One NIXL agent and listener per DP rank of this process, on VLLM_NIXL_SIDE_CHANNEL_HOST : its port."""
+    side_bind = "127.0.0.1" if state.side_host == "localhost" else state.side_host
+    for rank in state.ranks:
+        side = _server_class(side_bind, socketserver.ThreadingTCPServer)((side_bind, rank.side_port), SideChannel)
+        side.state, side.rank = state, rank
+        threading.Thread(target=side.serve_forever, daemon=True).start()
+        print(f"INFO NIXL side channel listening on {side_bind}:{rank.side_port} "
+              f"(engine_id={rank.engine_id}, kv_role={kv.kv_role})", flush=True)
+    print(f"INFO NIXL compatibility hash: {state.compat_hash} (model={state.args.model}, "
+          f"attn_backend={state.meta['attn_backend_name']}, cache_dtype={state.args.kv_cache_dtype})", flush=True)
+
+
+def serve_headless(state, kv):
+    """`vllm serve --headless`: this node's engine cores [S, S + L) register with the head (vllm.standin.rendezvous)
+    and serve the requests it routes to them; no API server. Returns the exit status (0 also when no head
+    answered in time: run_headless returns normally once its engine cores ended, serve.py:256-262)."""
+    args = state.args
+    address = getattr(args, "data_parallel_address", None) or rendezvous.DEFAULT_ADDRESS
+    port = getattr(args, "data_parallel_rpc_port", None) or rendezvous.DEFAULT_RPC_PORT
+    indexes = [rank.index for rank in state.ranks]
+    print(f"INFO Launching {len(indexes)} data parallel engine(s) in headless mode, with head node address "
+          f"{rendezvous.tcp_uri(address, port)}.", flush=True)
+    start_engine_cores(state)
+    stop = threading.Event()
+    stopping = []
+
+    def on_signal(signum, frame):
+        if not stopping:
+            stopping.append(signum)
+            stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    waited = rendezvous.handshake_timeout()
+    link = rendezvous.connect_to_head(address, port, indexes, rendezvous.parallel_view(args),
+                                      time.monotonic() + waited, stop)
+    if link is None:
+        if not stop.is_set():
+            print("\n".join(rendezvous.handshake_failure_lines(indexes, waited)), file=sys.stderr, flush=True)
+        return 0
+    if kv is not None:
+        start_side_channels(state, kv)  # the NIXL agents come up with the model, after the init message
+    link.send({"msg": "READY", "name": f"{state.side_host} ranks {indexes[0]}-{indexes[-1]}",
+               "ranks": [{"index": r.index, "engine_id": r.engine_id, "side_host": state.side_host,
+                          "side_port": r.side_port} for r in state.ranks],
+               "engines": state.local_snapshots()})
+    print(f"INFO Engine core(s) {indexes} ready; serving the head's requests for them", flush=True)
+    session = rendezvous.WorkerSession(link, make_handler(state), state.local_snapshots)
+    threading.Thread(target=lambda: (session.serve(), head_lost(stop)), daemon=True).start()
+    stop.wait()
+    print("INFO Waiting for processes to exit; Shutting down.", flush=True)
+    drain_worker(state, getattr(args, "shutdown_timeout", 0) or 0)
+    link.close()
+    return 0
+
+
+def head_lost(stop):
+    if not stop.is_set():
+        print("WARNING narwhal stand-in: the head closed the connection; vLLM 0.32's headless engine cores do not "
+              "notice a lost front-end (they keep running and serving their NIXL side channels, and never register "
+              "with a new head): this worker keeps running until it is stopped", flush=True)
+
+
+def drain_worker(state, timeout):
+    """SIGTERM on a headless worker: its engine cores finish in-flight requests within `timeout` s (0: abort)."""
+    with state.lock:
+        state.draining = True
+    if timeout == 0:
+        state.abort.set()
+    deadline = time.monotonic() + timeout
+    while state.inflight and time.monotonic() < deadline:
+        time.sleep(0.05)
+    state.abort.set()
