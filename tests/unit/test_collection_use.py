@@ -83,6 +83,21 @@ def test_inventory_plugin_groups_hosts_of_any_name_by_narwhal_node(tmp_path):
     assert sorted(doc["decode"]["hosts"]) == ["engine-3", "gpu-b03.dc1.example"]
 
 
+def test_inventory_plugin_puts_every_host_of_an_engine_across_hosts_in_its_role(tmp_path):
+    """narwhal_rank (hosts.yml or host_vars/) gives each host of an engine across hosts its place; all are in the
+    engine's role group, so -l prefill selects them all."""
+    doc = _inventory(tmp_path, ROLES_ENV, hosts={"gpu-a17": {"narwhal_node": 1, "narwhal_rank": 0},
+                                                 "gpu-a18": {"narwhal_node": 1}, "gpu-b03": {"narwhal_node": 2}},
+                     host_vars={"gpu-a18": {"narwhal_rank": 1}})
+    assert sorted(doc["prefill"]["hosts"]) == ["gpu-a17", "gpu-a18"] and doc["decode"]["hosts"] == ["gpu-b03"]
+    (tmp_path / "dup").mkdir()
+    out = _inventory(tmp_path / "dup", ROLES_ENV, hosts={"gpu-a17": {"narwhal_node": 1, "narwhal_rank": 0},
+                                                         "gpu-a18": {"narwhal_node": 1, "narwhal_rank": 0}},
+                     check=False)
+    assert out.returncode != 0
+    assert "inventory hosts gpu-a17 and gpu-a18 of engine-1 both have narwhal_rank: 0" in " ".join(out.stderr.split())
+
+
 def test_inventory_plugin_refuses_by_name(tmp_path):
     cases = [
         ({"gpu-a17": {}}, None, "inventory host gpu-a17 is in group engines but has no host variable narwhal_node"),
