@@ -60,8 +60,11 @@ def stale_extracts(index_path, config_dir, files, read):
             and fnmatch.fnmatchcase(os.path.basename(path), INSPECTION_FILE % "*")]
 
 
-def collect_records(plan, inputs, hosts):
+def collect_records(plan, inputs, hosts, interfaces=None):
+    """-> (launch config, {extract file: content}); `interfaces` ({engine: narwhal_interface}) gives each extract
+    its interface's nominal speed (the transfer probe's figures read it, no record does)."""
     site = inputs["site"]
+    interfaces = interfaces or {}
     taken, next_port, records, extracts = {}, {}, {}, {}
     # the policy the records come from; prepare compares it with the inputs of its day
     # (_discover/policy.py::check_policy)
@@ -98,7 +101,9 @@ def collect_records(plan, inputs, hosts):
                        "site_pointer": "/site"},
         })
         extracts[inspection] = {"engine": engine,
-                                "host": {"interface": node["interface"], "address": node["address"],
+                                "host": {"interface": node["interface"],
+                                         "interface_speed": (interfaces.get(engine) or {}).get("speed"),
+                                         "address": node["address"],
                                          "host_id": host_key, "gpus": facts.get("gpus"), "rdma": facts.get("rdma")},
                                 "image": dict((k, v) for k, v in (facts.get("image") or {}).items() if k != "cached"),
                                 "model": facts.get("model")}
@@ -139,7 +144,7 @@ def discovery_outputs(module):
         env_text = render_env(plan["deployment_env"], ENV_HEADER)
         records = None
         if p["hosts"] is not None:
-            records = collect_records(plan, inputs, p["hosts"])
+            records = collect_records(plan, inputs, p["hosts"], p["interfaces"])
     except InputError as exc:
         module.fail_json(msg="discovery refused its inputs, nothing was written: %s" % exc, input=exc.key)
     files = {
