@@ -20,8 +20,9 @@ description:
     (C(DOWN), C(LOWERLAYERDOWN), C(NOTPRESENT), C(TESTING), C(DORMANT)). C(UNKNOWN) is what drivers without carrier
     reporting (loopback, tun, wireguard) show, and is usable.
   - Reads the interface's nominal speed from C(class/net/<name>/speed) below O(sysfs_root) (Mb/s, as its driver
-    reports it; the kernel's own tree, as C(ip) reads the kernel's interfaces); a speed the driver does not know (C(-1)) or a file that cannot be read gives no speed and says why,
-    and an interface the kernel lists under C(devices/virtual) (a veth, bond, VLAN or bridge) is marked virtual.
+    reports it; the kernel's own tree, as C(ip) reads the kernel's interfaces). A speed the driver does not know
+    (C(-1)) or a file that cannot be read gives no speed and says why, and an interface the kernel lists under
+    C(devices/virtual) (a veth, bond, VLAN or bridge) is marked virtual.
     The transfer probe compares the KV rate it measures with it (M(narwhal.deploy.transfer_probe)).
   - Read-only; never reports a change.
 options:
@@ -108,7 +109,7 @@ ansible_facts:
             - The interface's nominal speed from C(class/net/<name>/speed) below O(sysfs_root). C(mbps) is its value
               in Mb/s (null when the driver reports none or the file cannot be read), C(virtual) whether the kernel
               lists the interface under C(devices/virtual) (its speed is then its driver's figure, not a physical
-              link's: a veth always reports 10000), and C(why) why C(mbps) is null or what a virtual one's means.
+              link's, and a veth always reports 10000), and C(why) why C(mbps) is null or what a virtual one's means.
           type: dict
           returned: always
           sample: {"mbps": 100000, "virtual": false, "why": null}

@@ -120,7 +120,7 @@ options:
   max_model_len:
     description:
       - The longest sequence each engine serves (engine name to tokens), which O(prompt_tokens) must fit. The probe role
-        reads it with the lookup M(narwhal.deploy.probe_engines#lookup) (the record's C(--max-model-len), else the
+        reads it with the lookup P(narwhal.deploy.probe_engines#lookup) (the record's C(--max-model-len), else the
         checkpoint's config as discovery read it). Used only with O(prompt_tokens).
     type: dict
     default: {}
@@ -128,7 +128,7 @@ options:
     description:
       - The link of each engine (engine name to C(transport), C(rails) - each C(rail), C(nominal_bits_s), C(rate),
         C(virtual), C(why) - C(nominal_bits_s), the sum over its rails, and C(why) when that is unknown), as the
-        lookup M(narwhal.deploy.probe_engines#lookup) builds it from the launch records and discovery's inspection
+        lookup P(narwhal.deploy.probe_engines#lookup) builds it from the launch records and discovery's inspection
         extracts. An engine not named has an unknown link; its pairs then have no C(utilisation).
     type: dict
     default: {}

@@ -67,8 +67,9 @@ def engine_link(engine, record, inspection):
 def tcp_rail(name, inspection):
     """The fabric interface as a rail: its speed from the extract's `interface_speed` (Mb/s)."""
     if "interface_speed" not in inspection:
-        return _rail(name, None, None, why="the inspection extract has no interface speed (discovered by an "
-                                          "earlier release; rerun discovery)")
+        return _rail(name, None, None,
+                     why="the inspection extract has no interface speed (discovered by an earlier release; rerun "
+                         "discovery)")
     speed = inspection.get("interface_speed") or {}
     mbps = speed.get("mbps")
     if not mbps:
@@ -241,8 +242,8 @@ def figures_line(results):
     if not pair:
         return "fabric figures: no pair has a KV transfer rate (no vllm:nixl_xfer_time_seconds, or no bytes moved)"
     virtual = " (virtual interface: its driver's figure)" if rail and rail["virtual"] else ""
-    line = "slowest pair %s -> %s: %s (%s bytes in %ss), %s of its nominal %s" % (
-        pair["producer"], pair["consumer"], rate_text(pair["rate_bytes_s"]), pair["bytes"], pair["transfer_s"],
+    line = "slowest pair %s -> %s: %s (%d bytes in %ss), %s of its nominal %s" % (
+        pair["producer"], pair["consumer"], rate_text(pair["rate_bytes_s"]), pair["bytes"] or 0, pair["transfer_s"],
         share_text(pair["utilisation"]), bits_text(pair["nominal_bits_s"]))
     line += "; slowest rail %s of %s: its fastest of %d pair(s) %s, %s of %s%s%s" % (
         rail["rail"], rail["engine"], rail["pairs"], rate_text(rail["rate_bytes_s"]),

@@ -234,7 +234,7 @@ def module_spec():
             recompute=dict(type="str", choices=["require", "report", "off"], default="report"),
             parallel=dict(type="int", default=8),
             data_parallel=dict(type="dict", default={}),
-            prompt_tokens=dict(type="int", default=0),
+            prompt_tokens=dict(type="int", default=0, no_log=False),
             max_model_len=dict(type="dict", default={}),
             links=dict(type="dict", default={}),
         ),

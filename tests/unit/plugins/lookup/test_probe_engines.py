@@ -26,7 +26,8 @@ def dev(tmp_path):
     return root
 
 
-def discover(module_runner, tmp_path, hosts, extra=None, speed=NIC):
+def discover(module_runner, tmp_path, hosts, extra=None, speed=None):
+    speed = speed or NIC
     root = tmp_path / "checkout"
     root.mkdir()
     args = module_args(root, hosts, extra)

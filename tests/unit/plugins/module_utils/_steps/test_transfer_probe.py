@@ -344,8 +344,8 @@ def test_the_default_prompt_is_the_short_one(module_runner, monkeypatch):
     ({"p0": 256, "d0": 200}, "d0 serves at most 200 tokens, and 250 prompt tokens + 8 answer tokens are 258"),
     ({"p0": 256}, "the max_model_len of d0 is not known"),
 ])
-def test_a_prompt_longer_than_an_engine_serves_is_refused_before_probing(module_runner, monkeypatch, limits,
-                                                                        needle):
+def test_a_prompt_longer_than_an_engine_serves_is_refused(module_runner, monkeypatch, limits, needle):
+    """Before anything is probed."""
     fake = Fleet(["p0", "d0"])
     monkeypatch.setattr(step, "call", fake.call)
     status, result = module_runner(transfer_probe.main, fleet_args(1, 1, prompt_tokens=250, max_model_len=limits))
