@@ -32,6 +32,12 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._monitor.targets im
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import member_view
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import install_paths
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.subst import SubstitutionError, resolve_values
+from ansible_collections.narwhal.deploy.plugins.module_utils._probe.fabric import (
+    bits_text,
+    figures_line,
+    rate_text,
+    share_text,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._probe.schedule import cover_pairs
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import config_text, fleet_workers, local_url
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import router_plan as plan_router
@@ -132,10 +138,29 @@ def probe_row(result):
                 "counters": ", proven by the NIXL counters"}.get(result.get("evidence"), "")
     notes = "".join("; %s" % n for n in result.get("notes") or [])
     host = str(result.get("remote_host"))
-    return "%s -> %s: %s, %s bytes of KV via %s:%s in %ss (decode %ss)%s%s%s" % (
+    return "%s -> %s: %s, %s bytes of KV via %s:%s in %ss (decode %ss)%s%s%s%s" % (
         result.get("producer"), result.get("consumer"), verdict, _count(result.get("bytes")),
         "[%s]" % host if ":" in host else host, result.get("remote_port"), result.get("latency_s"),
-        result.get("decode_s"), evidence, same, notes)
+        result.get("decode_s"), _figures(result), evidence, same, notes)
+
+
+def _figures(result):
+    """`, moved at <rate> (<share> of <nominal>)` of a probe result with a transfer rate, else nothing."""
+    if not result.get("rate_bytes_s"):
+        return ""
+    link = result.get("link") or {}
+    return ", moved at %s (%s of %s%s)" % (
+        rate_text(result["rate_bytes_s"]), share_text(result.get("utilisation")), bits_text(link.get("nominal_bits_s")),
+        " nominal" if link.get("nominal_bits_s") else "")
+
+
+def probe_figures(results):
+    """The transfer probe's one line of figures over its results: the slowest pair and the slowest rail against their
+    nominal rates (_probe/fabric.py::figures_line; the module returns the same as `slowest` and `slowest_rail`)."""
+    if not isinstance(results, list):
+        raise AnsibleFilterError("probe_figures takes the transfer probe's results (a list), not %s"
+                                 % type(results).__name__)
+    return figures_line(results)
 
 
 def _short(value, n=12):
@@ -366,7 +391,7 @@ def launch_peers(hosts, fleet, records=None, mode="auto", check=False):
 class FilterModule:
     def filters(self):
         return {"resolve_values": resolve_values_filter, "table_row": table_row, "inspection": inspection,
-                "probe_row": probe_row,
+                "probe_row": probe_row, "probe_figures": probe_figures,
                 "status_row": status_row, "status_problems": status_problems,
                 "summary_entry": summary_entry, "summary_row": summary_row,
                 "install_paths": install_paths_filter, "node_settings": node_settings,

@@ -14,7 +14,8 @@ description:
     order in one process, so discovery costs one round trip per host instead of five. Each fact, each error
     message and the image cache are exactly those of the single module.
   - The first reader that fails fails the module with that reader's message.
-  - O(sysfs_root) and O(dev_root) are those of the GPU and RDMA readers; O(docker_host), O(cache_dir) and
+  - O(sysfs_root) and O(dev_root) are those of the GPU and RDMA readers, O(net_sysfs_root) the
+    O(narwhal.deploy.interface_facts#module:sysfs_root) of the interface's speed; O(docker_host), O(cache_dir) and
     O(timeout) those of the image reader; O(command_timeout) is the deadline of each host tool of the interface,
     GPU and RDMA readers.
   - Needs the privileges of the most demanding reader (the Docker socket for the image, the checkpoint
@@ -51,6 +52,14 @@ options:
     description: The checkpoint directory (O(narwhal.deploy.model_facts#module:path)).
     type: path
     required: true
+  net_sysfs_root:
+    description:
+      - Root of the sysfs tree the fabric interface's speed is read from
+        (O(narwhal.deploy.interface_facts#module:sysfs_root)). Apart from O(sysfs_root) because the interface is the
+        kernel's own, read with C(ip), while O(sysfs_root) may be a simulated hardware tree (the proving ground's
+        profiles, whose interfaces are real veths).
+    type: path
+    default: /sys
 attributes:
   check_mode:
     description: Can run in check mode; the image facts cache is read but never written.
@@ -146,12 +155,14 @@ def main():
             **DOCKER_ACCESS_SPEC,
             **COMMAND_TIMEOUT_SPEC,
             model_path=dict(type="path", required=True),
+            net_sysfs_root=dict(type="path", default="/sys"),
         ),
         supports_check_mode=True,
     )
     p = module.params
     facts = {
-        "narwhal_interface": read_interface(module, p["interface"], p["family"], p["command_timeout"]),
+        "narwhal_interface": read_interface(module, p["interface"], p["family"], p["command_timeout"],
+                                            p["net_sysfs_root"]),
         "narwhal_gpus": read_gpus(module, p["sysfs_root"], p["dev_root"], p["command_timeout"]),
         "narwhal_rdma": read_rdma(module, p["sysfs_root"], p["dev_root"], p["command_timeout"]),
     }

@@ -25,7 +25,7 @@ description:
     C(ip -j addr show), runs with the deadline O(command_timeout); when it times out, fails or prints output that
     is not the JSON of C(ip -j), that is one of those problems.
   - Reads the fabric interface once and returns it as the fact C(narwhal_interface), in the shape
-    M(narwhal.deploy.interface_facts) returns, so prepare reads the interface once (M(narwhal.deploy.prepare_run)'s
+    M(narwhal.deploy.interface_facts) returns (its speed read below C(/sys)), so prepare reads the interface once (M(narwhal.deploy.prepare_run)'s
     write stage compares the same facts with the record).
   - With O(read_gpus), also reads the GPUs as M(narwhal.deploy.gpu_facts) does (below O(sysfs_root) and O(dev_root),
     the same facts and the same errors) and returns them as the fact C(narwhal_gpus), after every prerequisite
@@ -143,7 +143,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools impor
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.urls import attestation_url
 from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import Client, EngineAPIError
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.checkpoint import checkpoint_config_path
-from ansible_collections.narwhal.deploy.plugins.module_utils._facts.host import read_gpus
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.host import read_gpus, read_link_speed
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.model import ModelConfigError
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.netaddr import (
     interface_addresses,
@@ -348,7 +348,9 @@ def main():
             problems.append("the fabric interface %s does not exist (NARWHAL_FABRIC_INTERFACE)"
                             % node["fabric_interface"])
         else:
-            interface = interface_facts(node["fabric_interface"], link, addresses, "any", host_id())
+            # its speed from the kernel's own tree, as ip reads the kernel's interfaces (sysfs_root is the GPUs')
+            interface = interface_facts(node["fabric_interface"], link, addresses, "any", host_id(),
+                                        read_link_speed("/sys", node["fabric_interface"]))
             refusal = link_refusal(node["fabric_interface"], link, "host %s" % host_name(),
                                    "prepare a new run (rerun discovery first for another interface)")
             if refusal:

@@ -19,6 +19,11 @@ description:
     administratively down (no C(UP) flag), up without carrier (flag C(NO-CARRIER)) or in an operstate other than C(UP) and C(UNKNOWN)
     (C(DOWN), C(LOWERLAYERDOWN), C(NOTPRESENT), C(TESTING), C(DORMANT)). C(UNKNOWN) is what drivers without carrier
     reporting (loopback, tun, wireguard) show, and is usable.
+  - Reads the interface's nominal speed from C(class/net/<name>/speed) below O(sysfs_root) (Mb/s, as its driver
+    reports it; the kernel's own tree, as C(ip) reads the kernel's interfaces). A speed the driver does not know
+    (C(-1)) or a file that cannot be read gives no speed and says why, and an interface the kernel lists under
+    C(devices/virtual) (a veth, bond, VLAN or bridge) is marked virtual.
+    The transfer probe compares the KV rate it measures with it (M(narwhal.deploy.transfer_probe)).
   - Read-only; never reports a change.
 options:
   name:
@@ -30,6 +35,10 @@ options:
     type: str
     choices: [any, ipv4, ipv6]
     default: any
+  sysfs_root:
+    description: Root of the sysfs tree the interface's speed is read from (a copy in tests).
+    type: path
+    default: /sys
 requirements:
   - iproute2 (C(ip)) with JSON output on the engine host
 extends_documentation_fragment:
@@ -95,6 +104,15 @@ ansible_facts:
           elements: dict
           returned: always
           sample: [{"address": "fe80::1", "family": "ipv6", "prefixlen": 64, "scope": "link", "flags": [], "usable": false, "reason": "scope link"}]
+        speed:
+          description:
+            - The interface's nominal speed from C(class/net/<name>/speed) below O(sysfs_root). C(mbps) is its value
+              in Mb/s (null when the driver reports none or the file cannot be read), C(virtual) whether the kernel
+              lists the interface under C(devices/virtual) (its speed is then its driver's figure, not a physical
+              link's, and a veth always reports 10000), and C(why) why C(mbps) is null or what a virtual one's means.
+          type: dict
+          returned: always
+          sample: {"mbps": 100000, "virtual": false, "why": null}
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -108,11 +126,13 @@ def main():
         argument_spec=dict(
             name=dict(type="str", required=True),
             family=dict(type="str", default="any", choices=["any", "ipv4", "ipv6"]),
+            sysfs_root=dict(type="path", default="/sys"),
             **COMMAND_TIMEOUT_SPEC,
         ),
         supports_check_mode=True,
     )
-    facts = read_interface(module, module.params["name"], module.params["family"], module.params["command_timeout"])
+    p = module.params
+    facts = read_interface(module, p["name"], p["family"], p["command_timeout"], p["sysfs_root"])
     module.exit_json(changed=False, ansible_facts={"narwhal_interface": facts})
 
 

@@ -132,6 +132,17 @@ ansible_facts:
             qk_rope_head_dim: null
             sliding_window: null
             mamba: null
+        max_model_len:
+          description:
+            - The longest sequence (prompt and output tokens) the checkpoint's documents allow, the smallest of the
+              text config's C(max_position_embeddings), C(n_positions), C(max_seq_len), C(seq_length),
+              C(max_target_positions), C(max_sequence_length), C(max_seq_length) and C(seq_len) (the keys vLLM
+              derives its default C(--max-model-len) from) and the tokenizer's C(model_max_length); null when none
+              names one. vLLM's own default can only be longer (RoPE scaling).
+            - The transfer probe bounds its long prompt by it where the engine's record sets no C(--max-model-len).
+          type: int
+          returned: always
+          sample: 131072
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -68,8 +68,12 @@ ansible_facts:
               It is compared with the GPUs' C(pci_path) (M(narwhal.deploy.gpu_facts)) to find each GPU's
               nearest port.
             - Each port has C(port) (int), C(state) (for example C(ACTIVE)), C(phys_state) (for example
-              C(LinkUp)), C(link_layer) (C(InfiniBand) or C(Ethernet)), C(rate), C(netdev) (or null) and
-              C(active) (bool).
+              C(LinkUp)), C(link_layer) (C(InfiniBand) or C(Ethernet)), C(rate), C(rate_bits_s), C(netdev) (or
+              null) and C(active) (bool).
+            - C(rate) is the port's data rate as the kernel writes it (C(ports/<n>/rate), active width times active
+              speed, for example C(200 Gb/sec (4X HDR)); from C(ibstat) its number of Gb/s). C(rate_bits_s) is that
+              rate in bits per second (int), null when C(rate) is not in that form (C(ibv_devinfo) prints one lane's
+              speed, not the port's). The transfer probe compares the KV rate it measures with it.
           type: list
           elements: dict
           returned: always
@@ -88,6 +92,7 @@ ansible_facts:
                   phys_state: LinkUp
                   link_layer: InfiniBand
                   rate: 400 Gb/sec (4X NDR)
+                  rate_bits_s: 400000000000
                   netdev: null
                   active: true
         rdma_cm:

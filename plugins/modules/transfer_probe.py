@@ -38,6 +38,11 @@ description:
     round, in either role (a matching over all engines; for prefill/decode pairs, as few rounds as König's theorem
     allows, max(P, D) per direction for a whole fleet). So each probe's counters, the consumer's and the
     producer's, move for its own request only, and every pair keeps the evidence and verdict of a serial run.
+  - Each pair reports the KV bytes its request moved, the time NIXL took (C(transfer_s)) and the rate, against its
+    link's nominal rate (O(links), read on the hosts at discovery - the fabric interface's speed for C(ucx_tcp),
+    each HCA port's rate for C(ucx_rdma)); the module names the slowest pair and the slowest rail. With O(prompt_tokens)
+    the prompt is that long, so that the transfer rather than the request's overhead makes the figure. The figures
+    never fail a pair.
   - Read-only for the fleet; never reports a change. Fails when any pair fails, naming it and the reason.
 options:
   engines:
@@ -103,6 +108,30 @@ options:
         rank asked for (C(remote_engine_id) C(<id>_dp<rank>)).
     type: dict
     default: {}
+  prompt_tokens:
+    description:
+      - Pad each pair's prompt with one-token filler words to this many words, so that its KV, not the request's
+        overhead, makes the transfer figures (the consumer's C(usage.prompt_tokens) in each result says how many
+        tokens the engine counted). C(0), the default, sends the short O(prompt) as it is.
+      - Every engine of O(pairs) must hold it, with the 8 tokens the consumer answers, within its O(max_model_len);
+        otherwise the module refuses before probing, naming the engine and its limit.
+    type: int
+    default: 0
+  max_model_len:
+    description:
+      - The longest sequence each engine serves (engine name to tokens), which O(prompt_tokens) must fit. The probe role
+        reads it with the lookup P(narwhal.deploy.probe_engines#lookup) (the record's C(--max-model-len), else the
+        checkpoint's config as discovery read it). Used only with O(prompt_tokens).
+    type: dict
+    default: {}
+  links:
+    description:
+      - The link of each engine (engine name to C(transport), C(rails) - each C(rail), C(nominal_bits_s), C(rate),
+        C(virtual), C(why) - C(nominal_bits_s), the sum over its rails, and C(why) when that is unknown), as the
+        lookup P(narwhal.deploy.probe_engines#lookup) builds it from the launch records and discovery's inspection
+        extracts. An engine not named has an unknown link; its pairs then have no C(utilisation).
+    type: dict
+    default: {}
 attributes:
   check_mode:
     description: Probes in check mode too (nothing changes).
@@ -162,7 +191,11 @@ results:
     - C(transfer_s) is the growth of the consumer's C(vllm:nixl_xfer_time_seconds) sum (the time NIXL spent moving
       this pair's KV; null where the engine has no such metric) and C(rate_bytes_s) is C(bytes) / C(transfer_s),
       rounded to a byte per second (null without both). With the probe's short prompt the transfer is a few KV
-      blocks, so the rate says more about per-transfer overhead than about the link.
+      blocks, so the rate says more about per-transfer overhead than about the link; O(prompt_tokens) lengthens it.
+    - C(link) has the C(producer)'s and the C(consumer)'s link (O(links)), C(nominal_bits_s), the lower of their
+      nominal rates (the pair's bound; null with C(why) when either is unknown) and C(bound) (which side sets it,
+      or C(both)). C(utilisation) is C(rate_bytes_s) * 8 / C(link.nominal_bits_s), rounded to 4 decimals (null
+      without both).
     - In the order of O(pairs).
   returned: always
   type: list
@@ -172,11 +205,26 @@ results:
             "notes": [], "round": 1}]
 slowest:
   description: The pair with the lowest C(rate_bytes_s) (C(producer), C(consumer), C(rate_bytes_s), C(bytes),
-    C(transfer_s)), or null when no pair has a rate.
+    C(transfer_s), C(nominal_bits_s) of its link and its C(utilisation)), or null when no pair has a rate.
   returned: success
   type: dict
   sample: {"producer": "engine-2", "consumer": "engine-1", "rate_bytes_s": 51200000, "bytes": 32768.0,
-           "transfer_s": 0.00064}
+           "transfer_s": 0.00064, "nominal_bits_s": 10000000000, "utilisation": 0.041}
+slowest_rail:
+  description:
+    - The rail that moved KV slowest, or null when no pair has a rate. The probe measures pairs, not rails - each
+      engine gets the median rate of the pairs it took part in, and the engine with the lowest median is named with
+      its rail (C(ucx_tcp) the fabric interface, C(ucx_rdma) the C(<hca>:<port>); with several rails the one with the
+      lowest nominal rate, all of them in C(rails)).
+    - C(engine), C(rail), C(rails), C(rate_bytes_s) (the median), C(pairs) (how many it is over), C(nominal_bits_s)
+      (the rail's), C(engine_nominal_bits_s) (all its rails'), C(utilisation) (the median against the engine's
+      nominal rate), C(virtual) (the rail is a virtual interface, such as a veth, whose nominal rate is its driver's
+      figure) and C(tied) (engines with the same median, as both engines of a single pair have).
+  returned: success
+  type: dict
+  sample: {"engine": "engine-2", "rail": "eth1", "rails": ["eth1"], "rate_bytes_s": 51200000, "pairs": 2,
+           "nominal_bits_s": 10000000000, "engine_nominal_bits_s": 10000000000, "utilisation": 0.041,
+           "virtual": true, "tied": ["engine-1"]}
 rounds:
   description: How many rounds the pairs took.
   returned: success

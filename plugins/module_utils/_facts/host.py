@@ -43,6 +43,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._facts.netaddr impo
     interface_addresses,
     interface_facts,
     link_refusal,
+    link_speed,
     parse_ip_json,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.rdma import (
@@ -268,8 +269,23 @@ def amd_facts(parsed, sysfs_root, source):
 # ------------------------------------------------------------------------------------------- interface
 
 
-def read_interface(module, name, family, timeout=DEFAULT_TIMEOUT):
-    """narwhal_interface: the addresses of interface `name` from `ip -j addr show`."""
+def read_link_speed(sysfs_root, name):
+    """The nominal speed of interface `name` (_facts/netaddr.py::link_speed) from
+    ``<sysfs_root>/class/net/<name>/speed``; virtual when the entry resolves below ``devices/virtual``."""
+    entry = os.path.join(sysfs_root, "class", "net", name)
+    where = os.path.join(entry, "speed")
+    try:
+        with open(where) as handle:
+            text, error = handle.read(), None
+    except (OSError, UnicodeDecodeError) as exc:
+        text, error = None, getattr(exc, "strerror", None) or str(exc)
+    virtual = os.sep + os.path.join("devices", "virtual") + os.sep in os.path.realpath(entry) + os.sep
+    return link_speed(text, where, virtual, error)
+
+
+def read_interface(module, name, family, timeout=DEFAULT_TIMEOUT, sysfs_root="/sys"):
+    """narwhal_interface: the addresses of interface `name` from `ip -j addr show`, and its nominal speed from
+    sysfs (read_link_speed; the kernel's own /sys unless a test gives a copy)."""
     ip = module.get_bin_path("ip", required=True)
     links = run_tool(module, "ip -j addr show", [ip, "-j", "addr", "show"], parse_ip_json, ValueError,
                      "install a current iproute2 (JSON output needs iproute2 >= 4.13), then rerun discovery",
@@ -283,7 +299,7 @@ def read_interface(module, name, family, timeout=DEFAULT_TIMEOUT):
     refusal = link_refusal(name, link, "host %s" % host_name())
     if refusal:
         module.fail_json(msg=refusal)
-    return interface_facts(name, link, addresses, family, host_id())
+    return interface_facts(name, link, addresses, family, host_id(), read_link_speed(sysfs_root, name))
 
 
 # ------------------------------------------------------------------------------------------------ tools

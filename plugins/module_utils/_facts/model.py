@@ -407,6 +407,25 @@ def num_experts(config):
     return largest
 
 
+# The config keys vLLM derives its default max_model_len from, the smallest present winning (vllm/config/model.py,
+# _get_and_verify_max_len, `possible_keys`; the stand-in engine reads the same: tests/harness/images/engine-standin,
+# vllm/standin/server.py MAX_LEN_KEYS), before a RoPE scaling factor (which can only raise it).
+MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_target_positions",
+                "max_sequence_length", "max_seq_length", "seq_len")
+
+
+def config_max_len(config, tokenizer_config=None):
+    """The longest sequence (prompt and output tokens) the checkpoint allows, as far as its documents say: the smallest
+    of the text config's MAX_LEN_KEYS and of the tokenizer's model_max_length (which only shortens it); None when none
+    names one. Errs short of the engine's own default rather than past it: vLLM's can only be longer (RoPE scaling)."""
+    merged = _merged(config)
+    found = [_int(merged.get(key)) for key in MAX_LEN_KEYS]
+    if isinstance(tokenizer_config, dict):
+        found.append(_int(tokenizer_config.get("model_max_length")))
+    found = [value for value in found if value and value > 0]
+    return min(found) if found else None
+
+
 def record_geometry(geometry):
     """The part of :func:`kv_geometry` a launch record keeps (``runtime.model_geometry``) for the P/D gate, named
     as vLLM's ModelConfig reports it to ``compute_nixl_compatibility_hash``: total KV heads, head size (MLA: the
@@ -458,6 +477,7 @@ def model_facts(path, config_bytes, config, tokenizer_config, tokenizer_files, c
         "config_sha256": hashlib.sha256(config_bytes).hexdigest(),
         "tokenizer_files": sorted(tokenizer_files),
         "kv_geometry": kv_geometry(config),
+        "max_model_len": config_max_len(config, tokenizer_config),
     }
     experts = num_experts(config)
     if experts:

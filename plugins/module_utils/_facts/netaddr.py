@@ -146,9 +146,49 @@ def global_addresses(addresses, family="any"):
     return [a["address"] for a in addresses if a["usable"] and family in ("any", a["family"])]
 
 
-def interface_facts(name, link, addresses, family, host):
+# Speeds that mean "not known": SPEED_UNKNOWN (-1, include/uapi/linux/ethtool.h) as current kernels print it and as
+# older ones printed it unsigned, 65535 (the 16-bit speed field's unknown, which ethtool itself reports as
+# "Unknown!"), and 0 (drivers that report no speed without a link).
+UNKNOWN_SPEEDS = (-1, 0, 65535, 4294967295)
+
+
+def link_speed(text, where, virtual=False, error=None):
+    """The nominal speed of an interface from its sysfs `speed` file -> {"mbps", "virtual", "why"}.
+
+    `text` is what <sysfs>/class/net/<if>/speed holds (None when it could not be read: `error` says why), `where`
+    names that file, `virtual` says whether the kernel lists the interface under devices/virtual (a veth, bond, VLAN
+    or bridge: no PCI device of its own). The kernel's ABI (Documentation/ABI/testing/sysfs-class-net, `speed`): the
+    link speed in Mb/s, valid only for interfaces whose driver implements ethtool's get_link_ksettings; reading it
+    fails with EINVAL where the driver has none (loopback) or the interface is not running, and a driver that does
+    not know its speed reports -1. `mbps` is None then, and `why` says which. A virtual interface's figure is its
+    driver's: a bond's is the sum of its active links', a veth's a fixed 10000 that bounds nothing
+    (drivers/net/veth.c, veth_get_link_ksettings; seen in the proving ground), so `why` says so next to the number."""
+    result = {"mbps": None, "virtual": bool(virtual), "why": None}
+    if text is None:
+        result["why"] = ("cannot read %s (%s): the driver reports no speed (no ethtool link settings, or the "
+                         "interface is not running)" % (where, error or "unreadable"))
+        return result
+    value = text.strip()
+    try:
+        mbps = int(value)
+    except ValueError:
+        result["why"] = "%s holds %r, not a number of Mb/s" % (where, value[:40])
+        return result
+    if mbps in UNKNOWN_SPEEDS or mbps < 0:
+        result["why"] = ("%s reports %d: the driver does not know the link's speed (no link negotiated, or a "
+                         "virtual device without one)" % (where, mbps))
+        return result
+    result["mbps"] = mbps
+    if virtual:
+        result["why"] = ("a virtual interface (listed under devices/virtual): %d Mb/s is what its driver reports, "
+                         "not a physical link's rate (a veth always reports 10000)" % mbps)
+    return result
+
+
+def interface_facts(name, link, addresses, family, host, speed=None):
     """narwhal_interface, the facts of one interface (interface_facts in discovery, engine_prereqs in prepare):
-    `link` and `addresses` as interface_addresses() returns them, `host` the host's host_id."""
+    `link` and `addresses` as interface_addresses() returns them, `host` the host's host_id, `speed` what
+    link_speed() says of its sysfs speed file."""
     return {
         "name": name,
         "operstate": link.get("operstate"),
@@ -156,4 +196,5 @@ def interface_facts(name, link, addresses, family, host):
         "host_id": host,
         "global_addresses": global_addresses(addresses, family),
         "addresses": addresses,
+        "speed": speed,
     }

@@ -51,6 +51,22 @@ def _link_layer(value):
     return value.strip() or None
 
 
+# A port's data rate as the kernel writes it (drivers/infiniband/core/sysfs.c, rate_show:
+# "<Gb/s> Gb/sec (<width>X <speed>)", e.g. "200 Gb/sec (4X HDR)", "2.5 Gb/sec (1X SDR)"; the ABI,
+# Documentation/ABI/stable/sysfs-class-infiniband: "Port data rate (active width * active speed)"), as ibstatus
+# copies it, and ibstat's bare number (_ibstat_rate makes it "<n> Gb/sec").
+_RATE_RE = re.compile(r"^(\d+(?:\.\d+)?) Gb/sec(?: \(.*\))?$")
+
+
+def ib_rate_bits(rate):
+    """A port's rate text -> its nominal rate in bits per second (int), None when it is not the kernel's
+    "<n> Gb/sec ..." form (ibv_devinfo's active_speed, "25.0 Gbps (32)", is one lane's speed, not the port's)."""
+    match = _RATE_RE.match((rate or "").strip())
+    if not match:
+        return None
+    return int(round(float(match.group(1)) * 1e9))
+
+
 def port_entry(number, state, phys_state, link_layer, rate, netdev=None):
     state = _strip_code(state)
     return {
@@ -59,6 +75,7 @@ def port_entry(number, state, phys_state, link_layer, rate, netdev=None):
         "phys_state": _phys_state(phys_state),
         "link_layer": _link_layer(link_layer),
         "rate": rate.strip() if rate else None,
+        "rate_bits_s": ib_rate_bits(rate),
         "netdev": netdev,
         "active": state == "ACTIVE",
     }

@@ -96,11 +96,13 @@ def _given(given, reserved, taken, engine, machine):
     return given.setdefault(machine, _busy(reserved, taken, machine, engine))
 
 
-def collect_records(plan, inputs, hosts, members=None):
-    """The launch records and the extracts of the engines of `plan` from the hosts' inspections (`hosts`: {engine:
-    inspection of its head}; `members`: {engine: [{host, interface, inspection}] of the other hosts of an engine
-    across hosts})."""
+def collect_records(plan, inputs, hosts, members=None, interfaces=None):
+    """-> (launch config, {extract file: content}) of the engines of `plan` from the hosts' inspections (`hosts`:
+    {engine: inspection of its head}; `members`: {engine: [{host, interface, inspection}] of the other hosts of an
+    engine across hosts}); `interfaces` ({engine: narwhal_interface}) gives each extract its interface's nominal
+    speed (the transfer probe's figures read it, no record does)."""
     site = inputs["site"]
+    interfaces = interfaces or {}
     taken, next_port, records, extracts = {}, {}, {}, {}
     # the policy the records come from; prepare compares it with the inputs of its day
     # (_discover/policy.py::check_policy)
@@ -147,6 +149,7 @@ def collect_records(plan, inputs, hosts, members=None):
                                  "host": {"interface": record["members"][rank - 1]["node"]["fabric_interface"],
                                           "address": record["members"][rank - 1]["node"]["address"],
                                           "host_id": interface.get("host_id") or found.get("host"),
+                                          "interface_speed": interface.get("speed"),
                                           "gpus": member_facts.get("gpus"), "rdma": member_facts.get("rdma")},
                                  "image": dict((k, v) for k, v in (member_facts.get("image") or {}).items()
                                                if k != "cached"),
@@ -160,7 +163,9 @@ def collect_records(plan, inputs, hosts, members=None):
                        "site_pointer": "/site"},
         })
         extracts[inspection] = {"engine": engine,
-                                "host": {"interface": node["interface"], "address": node["address"],
+                                "host": {"interface": node["interface"],
+                                         "interface_speed": (interfaces.get(engine) or {}).get("speed"),
+                                         "address": node["address"],
                                          "host_id": host_key, "gpus": facts.get("gpus"), "rdma": facts.get("rdma")},
                                 "image": dict((k, v) for k, v in (facts.get("image") or {}).items() if k != "cached"),
                                 "model": facts.get("model")}
@@ -202,7 +207,7 @@ def discovery_outputs(module):
         env_text = render_env(plan["deployment_env"], ENV_HEADER)
         records = None
         if p["hosts"] is not None:
-            records = collect_records(plan, inputs, p["hosts"], p.get("members"))
+            records = collect_records(plan, inputs, p["hosts"], p.get("members"), p["interfaces"])
     except InputError as exc:
         module.fail_json(msg="discovery refused its inputs, nothing was written: %s" % exc, input=exc.key)
     files = {

@@ -24,9 +24,17 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.nixl_metric
     transfer_seconds,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import host_name, read_regular
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.words import natural_key
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import (
     install_paths,
     parse_role_env,
+)
+from ansible_collections.narwhal.deploy.plugins.module_utils._probe.fabric import (
+    long_prompt,
+    prompt_refusals,
+    slowest,
+    slowest_rail,
+    with_link,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._probe.schedule import probe_rounds
 from ansible_collections.narwhal.deploy.plugins.module_utils._probe.verdict import (
@@ -116,7 +124,7 @@ def probe_ranks(module, key, producer, consumer, warn=None, ranks=(None, None)):
     unique = uuid.uuid4().hex[:12]
     rid = "narwhal-probe-%s" % unique
     # the fresh ID first: no block of the prompt can be in either engine's prefix cache
-    prompt = probe_prompt(unique, p["prompt"])
+    prompt = long_prompt(probe_prompt(unique, p["prompt"]), p["prompt_tokens"])
     text = engine_samples(call(curl + "/metrics", None, timeout=p["timeout"])[1], crank)
     before, xfer_before = nixl_counters(text), transfer_seconds(text)
     # the producer's lease counters: an expired lease answers HTTP 200 on the consumer (_probe/verdict.py)
@@ -226,6 +234,9 @@ def module_spec():
             recompute=dict(type="str", choices=["require", "report", "off"], default="report"),
             parallel=dict(type="int", default=8),
             data_parallel=dict(type="dict", default={}),
+            prompt_tokens=dict(type="int", default=0, no_log=False),
+            max_model_len=dict(type="dict", default={}),
+            links=dict(type="dict", default={}),
         ),
         mutually_exclusive=[("api_key", "api_key_file", "engine_checkout")],
         required_one_of=[("api_key", "api_key_file", "engine_checkout")],
@@ -250,24 +261,27 @@ def transfer_probe(module):
     if p["parallel"] < 1:
         module.fail_json(msg="transfer probe: parallel must be 1 (one probe at a time) or more, got %d"
                              % p["parallel"], input="parallel")
+    if p["prompt_tokens"] < 0:
+        module.fail_json(msg="transfer probe: prompt_tokens must be 0 (the short prompt) or more, got %d"
+                             % p["prompt_tokens"], input="prompt_tokens")
+    if p["prompt_tokens"]:
+        engines = sorted(set(e for pair in p["pairs"] for e in pair), key=natural_key)
+        refused = prompt_refusals(p["prompt_tokens"], engines, p["max_model_len"])
+        if refused:
+            module.fail_json(msg="transfer probe: prompt_tokens (narwhal_probe_prompt_tokens) %d does not fit: %s; "
+                                 "lower it, or raise --max-model-len and relaunch, nothing was probed"
+                                 % (p["prompt_tokens"], "; ".join(refused)), input="prompt_tokens")
     rounds = probe_rounds(p["pairs"], p["parallel"])
     results = [None] * len(p["pairs"])
     for number, members in enumerate(rounds, 1):
         run_round(module, key, members, results)
         for index in members:
             results[index]["round"] = number
+    # each pair's rate against its link's nominal rate (_probe/fabric.py)
+    results = [with_link(r, p["links"]) for r in results]
     failed = [r for r in results if not r["ok"]]
     if failed:
         module.fail_json(msg="transfer probe failed: %s" % "; ".join(
             "%s -> %s: %s" % (r["producer"], r["consumer"], ", ".join(r["reasons"])) for r in failed), results=results)
-    return dict(changed=False, results=results, rounds=len(rounds), slowest=slowest(results))
-
-
-def slowest(results):
-    """The pair with the lowest KV transfer rate ({producer, consumer, rate_bytes_s, bytes, transfer_s}), or None
-    when no pair has one."""
-    rated = [r for r in results if r.get("rate_bytes_s")]
-    if not rated:
-        return None
-    low = min(rated, key=lambda r: r["rate_bytes_s"])
-    return dict((k, low[k]) for k in ("producer", "consumer", "rate_bytes_s", "bytes", "transfer_s"))
+    return dict(changed=False, results=results, rounds=len(rounds), slowest=slowest(results),
+                slowest_rail=slowest_rail(results))

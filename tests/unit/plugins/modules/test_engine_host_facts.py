@@ -47,10 +47,16 @@ def host(tmp_path, monkeypatch):
     for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
         (dev / name).write_text("")
     model = checkpoint(tmp_path, "aiconf__meta-llama--Meta-Llama-3.1-8B")
+    # the interface's speed: a 25 GbE NIC as the kernel links it into devices/
+    nic = tmp_path / "net-sys" / "devices" / "pci0000:00" / "0000:00:03.0" / "net" / "eth1"
+    nic.mkdir(parents=True)
+    (nic / "speed").write_text("25000\n")
+    (tmp_path / "net-sys" / "class" / "net").mkdir(parents=True)
+    (tmp_path / "net-sys" / "class" / "net" / "eth1").symlink_to(nic)
     client = FakeClient(STANDIN_ATTRS, STANDIN_VERSIONS)
     monkeypatch.setattr(image_facts, "make_client", lambda docker_host, timeout: client)
     monkeypatch.setattr(engine_host_facts, "make_client", lambda docker_host, timeout: client)
-    return {"sysfs_root": str(NVIDIA_SYS), "dev_root": str(dev), "model": str(model),
+    return {"sysfs_root": str(NVIDIA_SYS), "dev_root": str(dev), "model": str(model), "net": str(tmp_path / "net-sys"),
             "cache_dir": str(tmp_path / "cache"), "client": client}
 
 
@@ -60,7 +66,8 @@ def _singles(module_runner, host, interface="eth1"):
     image = {"image": "narwhal-sim/engine-standin:latest", "cache_dir": host["cache_dir"],
              "distributions": list(_image.DISCOVERY_DISTRIBUTIONS)}
     facts = {}
-    for main, args in ((interface_facts.main, {"name": interface, "family": "ipv4"}), (gpu_facts.main, hw),
+    for main, args in ((interface_facts.main, {"name": interface, "family": "ipv4", "sysfs_root": host["net"]}),
+                       (gpu_facts.main, hw),
                        (rdma_facts.main, hw),
                        (image_facts.main, image),
                        (model_facts.main, {"path": host["model"]})):
@@ -74,6 +81,7 @@ def _singles(module_runner, host, interface="eth1"):
 def _combined(module_runner, host, interface="eth1"):
     return module_runner(engine_host_facts.main, {
         "interface": interface, "family": "ipv4", "sysfs_root": host["sysfs_root"], "dev_root": host["dev_root"],
+        "net_sysfs_root": host["net"],
         "image": "narwhal-sim/engine-standin:latest", "cache_dir": host["cache_dir"], "model_path": host["model"]})
 
 
@@ -88,6 +96,9 @@ def test_same_facts_as_the_single_modules(module_runner, host):
     assert sorted(combined["ansible_facts"]) == ["narwhal_gpus", "narwhal_image", "narwhal_interface",
                                                  "narwhal_model", "narwhal_rdma"]
     assert combined["ansible_facts"]["narwhal_image"]["cached"] is False
+    # the interface's speed from net_sysfs_root, the GPUs and HCAs from the simulated sysfs_root
+    assert combined["ansible_facts"]["narwhal_interface"]["speed"] == {"mbps": 25000, "virtual": False, "why": None}
+    assert combined["ansible_facts"]["narwhal_rdma"]["hcas"][0]["ports"][0]["rate_bits_s"] == 400000000000
     singles["ansible_facts"]["narwhal_image"]["cached"] = False
     assert combined == singles
     how, again = _combined(module_runner, host)                # warm: cached by image ID, no container started

@@ -658,6 +658,27 @@ def test_discovery_refuses_a_block_size_the_launcher_would_refuse(tmp_path, dev,
     assert not (root / "config").exists() or not any((root / "config").iterdir())
 
 
+def test_the_extract_carries_the_interface_speed_and_no_record_or_fleet_changes(tmp_path, dev, run_module):
+    """The interface's nominal speed (narwhal_interface.speed) goes into each inspection extract (/host), where the
+    transfer probe's figures read it; the launch config, the fleet and deployment.env are the same bytes with or
+    without it."""
+    written = {}
+    for label, speed in (("without", None), ("with", {"mbps": 100000, "virtual": False, "why": None})):
+        root = tmp_path / label
+        root.mkdir()
+        args = module_args(root, nv_pair(tmp_path / label))
+        for facts in args["interfaces"].values():
+            facts["speed"] = speed
+        status, result = run_module(args)
+        assert status == "exit", result
+        config = root / "config"
+        inspection = json.loads((config / "engine-launch.engine-1.inspection.json").read_text())
+        assert inspection["host"]["interface_speed"] == speed
+        written[label] = dict((name, (config / name).read_bytes()) for name in
+                              ("engine-launch.local.json", "fleet.json", "deployment.env"))
+    assert written["with"] == written["without"]
+
+
 def test_writer_end_to_end(tmp_path, dev, run_module):
     root = tmp_path / "checkout"
     root.mkdir()

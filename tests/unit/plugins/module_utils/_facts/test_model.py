@@ -560,3 +560,42 @@ def test_geometry_null_or_integral_float_still_passes(tmp_path, patch):
     (path / "config.json").write_text(json.dumps(config))
     facts = _checkpoint.read_checkpoint(str(path))
     assert facts["kv_geometry"]["num_kv_heads"] == 8
+
+
+# The checkpoint's own bound on a sequence (_facts/model.py::config_max_len): the smallest of the config's length keys
+# and the tokenizer's model_max_length, read from each real config (and its tokenizer_config where captured)
+MAX_LEN_EXPECTED = {
+    "YouZiSoftware__lzlv_70b_fp16_hf": 4096,
+    "aiconf__Qwen--Qwen2.5-7B": 131072,
+    "aiconf__Qwen--Qwen3-Next-80B-A3B-Thinking": 262144,
+    "aiconf__deepseek-ai--DeepSeek-R1-Distill-Qwen-32B": 131072,
+    "aiconf__meta-llama--Meta-Llama-3.1-8B": 131072,
+    "aiconf__mistralai--Mixtral-8x7B-v0.1": 32768,
+    "aiconf__moonshotai--Kimi-K2-Instruct": 131072,
+    "aiconf__nvidia--NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": 262144,
+    "aiconf__nvidia--Nemotron-H-56B-Base-8K": 8192,
+    "aiconf__openai--gpt-oss-20b": 131072,
+    "fetchwiki__LiquidAI-LFM2-1.2B": 128000,  # the tokenizer's 1e30 "no limit" does not lower it
+    "fetchwiki__mistralai-Devstral-Small-2507": 131072,
+    "helpy__DeepSeek-V3": 131072,  # max_position_embeddings 163840, the tokenizer's model_max_length 131072
+    "jeevanchaps__Llama-3.1-8B-Instruct-bnb8bit": 131072,
+    "stvlynn__Qwen-7B-Chat-Cantonese": 8192,  # max_position_embeddings 32768 but seq_length 8192
+    "syjjhl__chatglm2-6b": 32768,  # seq_length only; the tokenizer names no model_max_length
+    "troy12x__quasar-kimi__Kimi-Linear": None,  # no length key at all
+}
+
+
+def test_every_model_config_has_a_length_expectation():
+    assert sorted(MAX_LEN_EXPECTED) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("src", sorted(MAX_LEN_EXPECTED))
+def test_max_model_len_of_the_real_configs(tmp_path, src):
+    assert _checkpoint.read_checkpoint(str(checkpoint(tmp_path, src)))["max_model_len"] == MAX_LEN_EXPECTED[src]
+
+
+def test_max_model_len_of_a_nested_text_config_and_odd_values():
+    assert _model.config_max_len({"text_config": {"max_position_embeddings": 4096}, "max_position_embeddings": 1})\
+        == 4096
+    assert _model.config_max_len({"max_position_embeddings": True, "n_positions": -1, "seq_len": "2048"}) is None
+    assert _model.config_max_len({"max_position_embeddings": 4096}, {"model_max_length": 1024}) == 1024

@@ -233,6 +233,45 @@ def test_parse_ibstatus(name):
     assert _summary(_rdma.parse_ibstatus((NET / name).read_text())) == IBSTATUS_EXPECTED[name]
 
 
+def _rates(hcas):
+    return sorted(set((p["rate"], p["rate_bits_s"]) for h in hcas for p in h["ports"]), key=str)
+
+
+# every port rate the real captures and the real sysfs dump hold, in bits per second (the transfer probe's nominal
+# rate of an RDMA rail); ibv_devinfo without -v prints no rate
+RATES_EXPECTED = {
+    "sysfs": [("200 Gb/sec (2X NDR)", 200000000000), ("400 Gb/sec (4X NDR)", 400000000000)],
+    "gpud__ibstat.47.0.h100.all.active.2.txt": [("200 Gb/sec", 200000000000), ("400 Gb/sec", 400000000000)],
+    "gpud__ibstat.47.0.h100.some.down.with.polling.1.txt": [
+        ("100 Gb/sec", 100000000000), ("40 Gb/sec", 40000000000), ("400 Gb/sec", 400000000000)],
+    "heioy__ibv_devinfo.2xmlx4.txt": [(None, None)],
+    "gpud__ibstatus.39.0.a100.all.active.0.txt": [("200 Gb/sec (4X HDR)", 200000000000),
+                                                  ("40 Gb/sec (4X QDR)", 40000000000)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(RATES_EXPECTED))
+def test_port_rates_in_bits_from_the_real_captures(name, real_sysfs):
+    if name == "sysfs":
+        hcas = _host.read_sysfs_hcas(str(real_sysfs))
+    else:
+        parser = {"ibstat": _rdma.parse_ibstat, "ibv_devinfo": _rdma.parse_ibv_devinfo,
+                  "ibstatus": _rdma.parse_ibstatus}[name.split("__")[1].split(".")[0]]
+        hcas = parser((NET / name).read_text())
+    assert _rates(hcas) == sorted(RATES_EXPECTED[name], key=str)
+
+
+@pytest.mark.parametrize("rate, bits", [
+    ("2.5 Gb/sec (1X SDR)", 2500000000),  # the kernel's half-Gb/s form (rate_show: "%d.5")
+    ("14 Gb/sec (1X FDR)", 14000000000),
+    ("800 Gb/sec (4X XDR)", 800000000000),
+    ("400 Gb/sec", 400000000000),  # ibstat's number, as _ibstat_rate writes it
+    ("25.0 Gbps (32)", None),  # ibv_devinfo -v's active_speed: one lane's speed, not the port's rate
+    ("", None), (None, None), ("fast", None)])
+def test_ib_rate_bits(rate, bits):
+    assert _rdma.ib_rate_bits(rate) == bits
+
+
 @pytest.mark.parametrize("parser", [_rdma.parse_ibstat, _rdma.parse_ibv_devinfo, _rdma.parse_ibstatus])
 def test_text_parsers_empty_and_garbage(parser):
     assert parser("") == []
@@ -299,6 +338,7 @@ def test_module_simulated_host(module_runner, sim_dev):
             "phys_state": "LinkUp",
             "link_layer": "InfiniBand",
             "rate": "400 Gb/sec (4X NDR)",
+            "rate_bits_s": 400000000000,
             "netdev": None,
             "active": True,
         }

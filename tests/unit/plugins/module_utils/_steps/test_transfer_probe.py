@@ -29,10 +29,11 @@ class Fleet:
     """Engines answering the probe's HTTP calls as vLLM does: a producer request finishes there; a consumer request
     moves 2048 bytes of KV per prompt token through the consumer's NIXL counters and finishes there."""
 
-    def __init__(self, names, details=True, delay=0.02):
+    def __init__(self, names, details=True, delay=0.02, slow_consumer=None):
         self.counters = dict((n, {"bytes": 0, "transfers": 0, "external": 0, "finished": 0, "seconds": 0.0})
                              for n in names)
         self.details, self.delay, self.lock = details, delay, threading.Lock()
+        self.slow_consumer, self.prompts = slow_consumer, []
 
     def call(self, url, key=None, body=None, request_id=None, timeout=120, extra_headers=None):
         engine, path = url.split("//", 1)[1].split("/", 1)
@@ -44,6 +45,7 @@ class Fleet:
         time.sleep(self.delay)
         params = body.get("kv_transfer_params") or {}
         with self.lock:
+            self.prompts.append(body["prompt"])
             mine["finished"] += 1
             if params.get("do_remote_decode"):
                 return 200, {"choices": [{"text": " ", "finish_reason": "length"}],
@@ -55,8 +57,11 @@ class Fleet:
                 mine["bytes"] += 2048 * PROMPT_TOKENS
                 mine["transfers"] += 1
                 mine["external"] += PROMPT_TOKENS
-                # 1 MB/s from the producer p0 (a slow link), 4 MB/s from every other
-                mine["seconds"] += 2048 * PROMPT_TOKENS / (1e6 if params.get("remote_host") == "p0" else 4e6)
+                # 1 MB/s from the producer p0 (a slow link), 4 MB/s from every other; with slow_consumer, 1 MB/s
+                # to and from that engine instead
+                slow = (params.get("remote_host") == "p0" if self.slow_consumer is None
+                        else self.slow_consumer in (engine, params.get("remote_host")))
+                mine["seconds"] += 2048 * PROMPT_TOKENS / (1e6 if slow else 4e6)
                 if self.details:
                     usage["prompt_tokens_details"] = {"cached_tokens": PROMPT_TOKENS}
             return 200, {"choices": [{"text": " the fox", "finish_reason": "length"}], "usage": usage}
@@ -174,14 +179,52 @@ def test_parallel_below_one_is_refused(module_runner, monkeypatch):
     assert status == "fail" and result["input"] == "parallel" and "parallel must be 1" in result["msg"]
 
 
+def _tcp_link(bits, rail="eth1"):
+    return {"transport": "ucx_tcp", "nominal_bits_s": bits, "why": None,
+            "rails": [{"rail": rail, "nominal_bits_s": bits, "rate": "%d Mb/s" % (bits // 10 ** 6), "virtual": False,
+                       "why": None}]}
+
+
 def test_each_pair_has_its_transfer_rate_and_the_slowest_is_named(module_runner, monkeypatch):
-    status, result = run(module_runner, monkeypatch, fleet_args(2, 2))
+    # p0's side of its transfers is slow (the fake moves 1 MB/s from it); its link is a 100 Mb/s one
+    links = {"p0": _tcp_link(10 ** 8, "eth7"), "p1": _tcp_link(10 ** 10), "d0": _tcp_link(10 ** 10),
+             "d1": _tcp_link(25 * 10 ** 9)}
+    status, result = run(module_runner, monkeypatch, fleet_args(2, 2, links=links))
     assert status == "exit", result
     rates = dict(((r["producer"], r["consumer"]), r["rate_bytes_s"]) for r in result["results"])
     assert rates == {("p0", "d0"): 1000000, ("p0", "d1"): 1000000, ("p1", "d0"): 4000000, ("p1", "d1"): 4000000,
                      ("d0", "p0"): 4000000, ("d0", "p1"): 4000000, ("d1", "p0"): 4000000, ("d1", "p1"): 4000000}
     assert result["slowest"] == {"producer": "p0", "consumer": "d0", "rate_bytes_s": 1000000,
-                                 "bytes": 2048.0 * PROMPT_TOKENS, "transfer_s": pytest.approx(0.032768)}
+                                 "bytes": 2048.0 * PROMPT_TOKENS, "transfer_s": pytest.approx(0.032768),
+                                 "nominal_bits_s": 10 ** 8, "utilisation": 0.08}
+    by_pair = dict(((r["producer"], r["consumer"]), r) for r in result["results"])
+    assert by_pair[("p1", "d1")]["link"]["nominal_bits_s"] == 10 ** 10
+    assert by_pair[("p1", "d1")]["link"]["bound"] == "producer" and by_pair[("p1", "d1")]["utilisation"] == 0.0032
+    assert by_pair[("d1", "p0")]["link"]["producer"] == links["d1"]
+    # p0 is slow only as a producer: every engine, p0 too, has a 4 MB/s pair, so no rail is slower than another and
+    # the first by name is named, tied with the rest
+    rail = result["slowest_rail"]
+    assert rail["rate_bytes_s"] == 4000000 and rail["tied"] == ["d1", "p0", "p1"] and rail["engine"] == "d0"
+
+
+def test_the_slowest_rail_is_the_engine_whose_every_pair_is_slow(module_runner, monkeypatch):
+    """A pair is no faster than its slower rail: with p0 slow both ways, p0's fastest pair is the slowest of all."""
+    links = dict((e, _tcp_link(10 ** 10)) for e in ("p0", "p1", "d0", "d1"))
+    fake = Fleet(["p0", "p1", "d0", "d1"], slow_consumer="p0")
+    monkeypatch.setattr(step, "call", fake.call)
+    status, result = module_runner(transfer_probe.main, fleet_args(2, 2, links=links))
+    assert status == "exit", result
+    rail = result["slowest_rail"]
+    assert (rail["engine"], rail["rail"], rail["rate_bytes_s"], rail["pairs"], rail["tied"]) == \
+        ("p0", "eth1", 1000000, 4, [])
+    assert rail["utilisation"] == 0.0008 and rail["engine_nominal_bits_s"] == 10 ** 10
+
+
+def test_without_links_the_figures_say_so(module_runner, monkeypatch):
+    status, result = run(module_runner, monkeypatch, fleet_args(1, 1))
+    assert status == "exit", result
+    assert all(r["utilisation"] is None and "no link given" in r["link"]["why"] for r in result["results"])
+    assert result["slowest"]["nominal_bits_s"] is None and result["slowest_rail"]["rail"] is None
 
 
 DP_METRICS = """vllm:nixl_bytes_transferred_sum{{engine="{rank}",model_name="tiny"}} {bytes}
@@ -274,3 +317,39 @@ def test_data_parallel_size_1_probes_as_before(module_runner, monkeypatch):
     status, result = module_runner(transfer_probe.main, dp_args({"p0": 1, "d0": 1}))
     assert status == "exit", result
     assert all("ranks" not in r and "producer_rank" not in r for r in result["results"])
+
+
+def test_a_long_prompt_fills_the_prompt_to_the_tokens_asked(module_runner, monkeypatch):
+    fake = Fleet(["p0", "d0"])
+    monkeypatch.setattr(step, "call", fake.call)
+    args = fleet_args(1, 1, prompt_tokens=200, max_model_len={"p0": 256, "d0": 4096})
+    status, result = module_runner(transfer_probe.main, args)
+    assert status == "exit", result
+    assert fake.prompts and all(len(p.split()) == 200 for p in fake.prompts)
+    assert fake.prompts[0].split()[1:3] == ["narwhal", "transfer"] and fake.prompts[0].endswith(" the the")
+    # each request's prompt begins with its own fresh ID (nothing of it is in a prefix cache)
+    assert len(set(p.split()[0] for p in fake.prompts)) >= 2
+
+
+def test_the_default_prompt_is_the_short_one(module_runner, monkeypatch):
+    fake = Fleet(["p0", "d0"])
+    monkeypatch.setattr(step, "call", fake.call)
+    status, result = module_runner(transfer_probe.main, fleet_args(1, 1))
+    assert status == "exit", result
+    assert all(p.split()[1:] == "narwhal transfer probe - the quick brown fox jumps over the lazy dog".split()
+               for p in fake.prompts)
+
+
+@pytest.mark.parametrize("limits, needle", [
+    ({"p0": 256, "d0": 200}, "d0 serves at most 200 tokens, and 250 prompt tokens + 8 answer tokens are 258"),
+    ({"p0": 256}, "the max_model_len of d0 is not known"),
+])
+def test_a_prompt_longer_than_an_engine_serves_is_refused(module_runner, monkeypatch, limits, needle):
+    """Before anything is probed."""
+    fake = Fleet(["p0", "d0"])
+    monkeypatch.setattr(step, "call", fake.call)
+    status, result = module_runner(transfer_probe.main, fleet_args(1, 1, prompt_tokens=250, max_model_len=limits))
+    assert status == "fail" and result["input"] == "prompt_tokens" and needle in result["msg"]
+    assert "narwhal_probe_prompt_tokens" in result["msg"] and fake.prompts == []
+    status, result = module_runner(transfer_probe.main, fleet_args(1, 1, prompt_tokens=-1))
+    assert status == "fail" and "prompt_tokens must be 0" in result["msg"]
