@@ -115,7 +115,7 @@ def derive_problems(doc):
                             % (name, _short(container.get("id")), _short(deployment.get("container_id"))))
     health, version = doc.get("health") or {}, doc.get("version") or {}
     if doc.get("headless"):  # a host after the head of an engine across hosts: no HTTP API (the head's serves it)
-        health = version = {"ok": True, "expected": True}
+        health, version = {"ok": True}, {"expected": version.get("expected"), "served": version.get("expected")}
     if not health.get("ok"):
         problems.append("GET %s %s" % (health.get("url"), "answered HTTP %s" % health["status"]
                                        if health.get("status") else "failed: %s" % health.get("error")))

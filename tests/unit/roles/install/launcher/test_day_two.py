@@ -506,3 +506,24 @@ def test_an_unchanged_engine_is_probed_and_a_wrong_version_is_refused_in_place(s
     assert "checked.json vllm_api_version is 0.0.1" in err and SECRET not in err
     again = client.containers.get(name)
     assert again.id == first.id and again.status == "running" and _get(client, name + "-failed") is None
+
+
+def test_status_of_a_headless_host_asks_no_http_and_reads_its_own_side_channel():
+    """A host after the head of an engine across hosts has no HTTP API: its status is its container, plan and the side
+    channel of its first global DP rank; nothing about /health or /version is a problem there."""
+    doc = {"engine": "engine-1", "container_name": "narwhal-engine-1", "headless": True,
+           "container": {"running": True, "ours": True, "id": "c" * 64, "state": "running"},
+           "plan_hash_running": "a" * 64, "plan_hash_installed": "a" * 64, "run_id_installed": "run-1",
+           "image_id_running": "sha256:" + "b" * 64, "image_id_planned": "sha256:" + "b" * 64,
+           "deployment": {"container_id": "c" * 64}, "health": {"skipped": "headless"},
+           "version": {"skipped": "headless", "expected": "0.33.0"}, "nixl": {},
+           "ports": {"http": {"port": 8000, "listening": False}, "side_channel": {"port": 5601, "listening": True},
+                     "error": None}}
+    verdict = le.verdict(doc)
+    assert verdict["problems"] == [] and verdict["serving"] and verdict["as_recorded"]
+    doc["ports"]["side_channel"]["listening"] = False
+    assert le.verdict(doc)["problems"] == ["nothing listens on TCP port 5601 (the NIXL side channel, "
+                                           "VLLM_NIXL_SIDE_CHANNEL_PORT)"]
+    doc["version"] = {"skipped": "headless", "expected": None}
+    doc["ports"]["side_channel"]["listening"] = True
+    assert "checked.json is missing" in le.verdict(doc)["problems"][0]
