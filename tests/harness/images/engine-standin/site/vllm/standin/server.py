@@ -274,7 +274,7 @@ def dp_layout(args):
     (data_parallel_error refuses the others): "single" (all N ranks here), "head" (no --headless, L < N: ranks
     [0, L) here, [L, N) on headless workers; engine/arg_utils.py:2445-2476 without a start rank: internal load
     balancing) or "worker" (--headless: ranks [S, S + L), S = --data-parallel-start-rank or 0, arg_utils.py:
-    2466-2470). L defaults to N (arg_utils.py:2486-2494)."""
+    2466-2470). L defaults to N (arg_utils.py:2478-2494)."""
     size = dp_size(args)
     local = getattr(args, "data_parallel_size_local", None)
     local = size if local is None else local
@@ -1041,7 +1041,7 @@ def serve(args, kv):
         start_side_channels(state, kv)
     host = args.host if args.host is not None else "0.0.0.0"
     http_cls = _server_class(host, ThreadingHTTPServer)
-    # bound now, listening only once every engine core is ready (vLLM binds its API socket first, serve.py:302;
+    # bound now, listening only once every engine core is ready (vLLM binds its API socket first, serve.py:298;
     # uvicorn listens after the engine client is up): until then a connection is refused
     httpd = http_cls((host, args.port), make_handler(state), bind_and_activate=False)
     try:
@@ -1102,7 +1102,7 @@ def start_side_channels(state, kv):
 def serve_headless(state, kv):
     """`vllm serve --headless`: this node's engine cores [S, S + L) register with the head (vllm.standin.rendezvous)
     and serve the requests it routes to them; no API server. Returns the exit status (0 also when no head
-    answered in time: run_headless returns normally once its engine cores ended, serve.py:256-262)."""
+    answered in time: run_headless returns normally once its engine cores ended, serve.py:257-266)."""
     args = state.args
     address = getattr(args, "data_parallel_address", None) or rendezvous.DEFAULT_ADDRESS
     port = getattr(args, "data_parallel_rpc_port", None) or rendezvous.DEFAULT_RPC_PORT
