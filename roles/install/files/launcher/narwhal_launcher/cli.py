@@ -40,7 +40,7 @@
                                                  against the installed plan, as one JSON document (--check --diff)
   launch_engine.pyz --role-env PATH check        write the plan, run the image check in a short-lived container of
                                                  the recorded image, write <NARWHAL_RUN_DIR>/checked.json
-  launch_engine.pyz --role-env PATH probe-version [--timeout S] [--address A]
+  launch_engine.pyz --role-env PATH probe-version [--timeout S] [--address A] [--health-only]
                                                  wait for /health, GET /version, compare it with checked.json's
                                                  vllm_api_version, write <NARWHAL_RUN_DIR>/version-probe.json
 
@@ -84,6 +84,8 @@ def main(argv=None):
                         "NARWHAL_ENGINE_READY_TIMEOUT, default 900)")
     parser.add_argument("--hold-previous", action="store_true", help="start, on a host after the head of an engine "
                         "across hosts: keep the replaced container as <name>-previous until finish")
+    parser.add_argument("--health-only", action="store_true", help="probe-version: wait for /health alone (a "
+                        "container of another run than the installed one)")
     parser.add_argument("--rollback", action="store_true", help="finish: restore the previous container instead of "
                         "dropping it")
     parser.add_argument("--address", help="probe-version, status: the engine's address (default: the role env's "
@@ -97,7 +99,7 @@ def main(argv=None):
             check(args.role_env)
         elif args.action == "probe-version":
             from narwhal_launcher.health import probe_version
-            probe_version(args.role_env, timeout=args.timeout, address=args.address)
+            probe_version(args.role_env, timeout=args.timeout, address=args.address, health_only=args.health_only)
         elif args.action == "stop":
             from narwhal_launcher.stop import stop
             stop(args.role_env)

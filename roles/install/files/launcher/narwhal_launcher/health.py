@@ -192,12 +192,22 @@ def optional_key(role_env):
         return None
 
 
-def probe_version(role_env_path, timeout=300.0, interval=1.0, address=None, out=None):
+def probe_version(role_env_path, timeout=300.0, interval=1.0, address=None, out=None, health_only=False):
     """Wait for /health (200), GET /version, compare with checked.json's vllm_api_version. The engine is
-    reached at `address` (default: the role env's NARWHAL_ADVERTISED_ADDRESS, else 127.0.0.1)."""
+    reached at `address` (default: the role env's NARWHAL_ADVERTISED_ADDRESS, else 127.0.0.1). `health_only`: the
+    /health wait alone, for a container of another run than the installed one (an engine rolled back to its
+    previous containers: the installed run's checked.json is not its)."""
     role_env = read_role_env(role_env_path)
     record = load_record(role(role_env, "NARWHAL_RECORD"))
     plan = container_spec(record, role_env)
+    if health_only:
+        url = probe_url(role_env, "/health", address)
+        try:
+            waited = wait_health(url, plan["name"], timeout, interval, optional_docker(), optional_key(role_env))
+        except NotReadyError as exc:
+            raise LaunchError(str(exc))
+        print("health ok: %s after %s s" % (url, waited), file=out or sys.stdout)
+        return {"url": url, "health_wait_s": waited}
     digest = plan_hash(plan)
     directory = run_dir(role_env)
     checked = installed_checked(directory, digest)
