@@ -22,7 +22,7 @@
                                                  started when its container keeps running for 3 s (no HTTP API;
                                                  the head's /health proves the engine), its replaced container kept
                                                  stopped as narwhal-<engine>-previous until finish
-  launch_engine.pyz --role-env PATH finish [--rollback]
+  launch_engine.pyz --role-env PATH finish [--rollback [--stop-only]]
                                                  after the head's start: drop -previous (`kept <name>`), or with
                                                  --rollback keep the new container as -failed and restore and start
                                                  -previous (`rolled back <name> <id>`)
@@ -86,6 +86,7 @@ def main(argv=None):
                         "across hosts: keep the replaced container as <name>-previous until finish")
     parser.add_argument("--health-only", action="store_true", help="probe-version: wait for /health alone (a "
                         "container of another run than the installed one)")
+    parser.add_argument("--stop-only", action="store_true", help="finish --rollback: restore but leave stopped")
     parser.add_argument("--rollback", action="store_true", help="finish: restore the previous container instead of "
                         "dropping it")
     parser.add_argument("--address", help="probe-version, status: the engine's address (default: the role env's "
@@ -111,7 +112,7 @@ def main(argv=None):
             status(args.role_env, address=args.address)
         elif args.action == "finish":
             from narwhal_launcher.start import finish
-            finish(args.role_env, rollback=args.rollback)
+            finish(args.role_env, rollback=args.rollback, stop_only=args.stop_only)
         else:
             from narwhal_launcher.start import start
             start(args.role_env, force=args.force, ready_timeout=args.ready_timeout, hold_previous=args.hold_previous)

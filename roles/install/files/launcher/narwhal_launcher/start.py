@@ -124,7 +124,7 @@ def rollback_message(engine, failed, cause, restored, tail):
         which = "the previous container %s (plan %s, run %s)" % (
             restored["id"][:12], (restored["plan_hash"] or "?")[:12], restored["run_id"] or "?")
         if restored["serving"] is None:
-            body = "restored and started %s; it serves once the engine's other hosts are rolled back too" % which
+            body = "restored %s under its name, left stopped: the engine's hosts are started again in order" % which
         elif restored["serving"]:
             body = "rolled back to %s which is serving again" % which
         elif not restored["started"]:
@@ -203,12 +203,11 @@ def roll_back(api, plan, role_env, new_id, previous, cause, tail, timeout, inter
             attrs = api.container(previous.id)
             if attrs["Name"].lstrip("/") != name:
                 api.rename(previous.id, name)
-            if previous.was_running:
+            if previous.was_running and not wait:
+                restored["serving"] = None  # left stopped: the launch stage starts the engine's hosts in order
+            elif previous.was_running:
                 api.start(previous.id)
                 restored["started"] = True
-            if previous.was_running and not wait:
-                restored["serving"] = None  # not waited for: the engine's other hosts come back first
-            elif previous.was_running:
                 address = role_env.get("NARWHAL_ADVERTISED_ADDRESS", "")
                 health = probe_url(dict(role_env, NARWHAL_HTTP_PORT=str(served_port(
                     attrs, int(role_env.get("NARWHAL_HTTP_PORT") or 0)))), "/health", address)
@@ -366,17 +365,17 @@ def start(role_env_path, force=False, out=None, ready_timeout=None, interval=1.0
     return deployment
 
 
-def finish(role_env_path, rollback=False, out=None):
+def finish(role_env_path, rollback=False, out=None, stop_only=False):
     """After the head of an engine across hosts came up, on each of its other hosts: drop the container `start
     --hold-previous` kept as <name>-previous (`kept <name>`).
 
-    With `rollback` (the head did not come up, or one of the hosts did not start), on every host of the engine, the
-    head first: a container of the installed plan with a kept <name>-previous is set aside as <name>-failed and the
-    previous one gets its name back and starts (`rolled back <name> <id>`); any other container (one the launcher
-    already rolled back, or one never replaced) is restarted (`restarted <name> <id>`), because vLLM's headless
-    engine cores greet a head once, at their start, and a head that is not fresh ends on a second greeting (vLLM
-    0.32.0 v1/engine/utils.py wait_for_engine_startup; the stand-in's rendezvous.py says where): the head restarts
-    first and waits, then its other hosts restart and join it."""
+    With `rollback` (the head did not come up, or one of the hosts did not start): a container of the installed plan
+    with a kept <name>-previous is set aside as <name>-failed and the previous one gets its name back; then the
+    container of that name is started fresh (stopped first when it runs): `rolled back <name> <id>` / `restarted
+    <name> <id>`. With `stop_only` it is left stopped (`stopped <name> <id>`). The launch stage runs it in vLLM's
+    order (vLLM 0.32.0 v1/engine/utils.py wait_for_engine_startup; the stand-in's rendezvous.py says where): every
+    other host `stop_only` first (a headless engine core still alive would greet the fresh head, and the one that
+    replaces it would then never be answered), then the head, then the other hosts, which greet it."""
     prepared = prepare(role_env_path)
     plan, digest = prepared.plan, prepared.digest
     api = engine_api()
@@ -394,22 +393,24 @@ def finish(role_env_path, rollback=False, out=None):
             print("launch_engine: warning: %s; it is removed by the next start" % note, file=sys.stderr)
         print("kept %s" % plan["name"], file=print_to)
         return
+    action = "restarted"
+    if current is not None:
+        api.stop(current["Id"], timeout=container_grace(api.container(current["Id"])))  # stopped: a no-op
     new = current is not None and container_labels(current).get(PLAN_HASH_LABEL) == digest
     if previous is not None and (current is None or new):
         if current is not None:
-            api.stop(current["Id"], timeout=plan_grace(plan))
             older = found[plan["name"] + FAILED_SUFFIX]
             if older is not None:
                 refuse_foreign(older, plan["name"] + FAILED_SUFFIX, plan["engine"])
                 _remove(api, older["Id"], plan["name"] + FAILED_SUFFIX)
             api.rename(current["Id"], plan["name"] + FAILED_SUFFIX)
         api.rename(previous["Id"], plan["name"])
-        api.start(previous["Id"])
-        print("rolled back %s %s" % (plan["name"], previous["Id"]), file=print_to)
-        return
+        current, action = previous, "rolled back"
     if current is None:
         print("nothing to roll back: %s has no container" % plan["name"], file=print_to)
         return
-    api.stop(current["Id"], timeout=container_grace(api.container(current["Id"])))
+    if stop_only:
+        print("stopped %s %s" % (plan["name"], current["Id"]), file=print_to)
+        return
     api.start(current["Id"])
-    print("restarted %s %s" % (plan["name"], current["Id"]), file=print_to)
+    print("%s %s %s" % (action, plan["name"], current["Id"]), file=print_to)
