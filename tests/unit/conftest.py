@@ -54,3 +54,14 @@ def module_runner(monkeypatch):
         raise AssertionError("module returned without exit_json/fail_json")
 
     return run
+
+
+@pytest.fixture
+def dev(tmp_path):
+    """A host's /dev with the NVIDIA control nodes the GPU facts look for (the per-GPU nodes come from the facts
+    builders in test_support.records)."""
+    root = tmp_path / "dev"
+    root.mkdir()
+    for name in ("nvidiactl", "nvidia-uvm"):
+        (root / name).write_text("")
+    return root

@@ -7,7 +7,6 @@ import pathlib
 import subprocess
 import sys
 
-import pytest
 from test_support.paths import REPO
 from test_support.records import module_args, nv_pair, rdma_pair
 
@@ -15,15 +14,6 @@ from ansible_collections.narwhal.deploy.plugins.lookup.probe_engines import prob
 from ansible_collections.narwhal.deploy.plugins.modules import discovery_outputs
 
 NIC = {"mbps": 100000, "virtual": False, "why": None}
-
-
-@pytest.fixture
-def dev(tmp_path):
-    root = tmp_path / "dev"
-    root.mkdir()
-    for name in ("nvidiactl", "nvidia-uvm"):
-        (root / name).write_text("")
-    return root
 
 
 def discover(module_runner, tmp_path, hosts, extra=None, speed=None):

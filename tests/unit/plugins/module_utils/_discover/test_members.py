@@ -26,15 +26,6 @@ SPREAD = {"NARWHAL_NODE_1_HOSTS": "2", "NARWHAL_NODE_1_DATA_PARALLEL_SIZE": "4",
           "NARWHAL_NODE_1_ENABLE_EXPERT_PARALLEL": "true"}
 
 
-@pytest.fixture
-def dev(tmp_path):
-    root = tmp_path / "dev"
-    root.mkdir()
-    for name in ("nvidiactl", "nvidia-uvm"):
-        (root / name).write_text("")
-    return root
-
-
 def plan_site(tmp_path, extra=None, member_facts=None, transport=None):
     values = dict(BASE, **SPREAD)
     values.update(extra or {})

@@ -67,15 +67,6 @@ V100S_UUIDS = [
 # small fact builders over the real producers
 
 
-@pytest.fixture
-def dev(tmp_path):
-    root = tmp_path / "dev"
-    root.mkdir()
-    for name in ("nvidiactl", "nvidia-uvm"):
-        (root / name).write_text("")
-    return root
-
-
 def refused(extra, hosts, shared=True):
     with pytest.raises(InputError) as err:
         build(extra, hosts, shared)

@@ -2,22 +2,12 @@
 record and the inspection discovery extracts (the real H100 sysfs dump's HCA ports, an interface speed as the kernel
 reports it), each pair's nominal bound and utilisation, the slowest pair and rail, the long prompt and its bound."""
 
-import pytest
 from test_support.records import build, nv_pair, rdma_pair
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._probe import fabric
 
 NIC = {"mbps": 100000, "virtual": False, "why": None}
 VETH = {"mbps": 10000, "virtual": True, "why": "a virtual interface (listed under devices/virtual): ..."}
-
-
-@pytest.fixture
-def dev(tmp_path):
-    root = tmp_path / "dev"
-    root.mkdir()
-    for name in ("nvidiactl", "nvidia-uvm"):
-        (root / name).write_text("")
-    return root
 
 
 def _host(hosts, engine, speed=None):
