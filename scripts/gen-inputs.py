@@ -147,7 +147,8 @@ with DP 16 over two 8-GPU hosts). Each of its hosts is an inventory host of grou
 the engine's URL and vLLM's `--data-parallel-address`), `1` .. for the others (`vllm serve --headless
 --data-parallel-start-rank`). Every host runs DP / hosts ranks on `NARWHAL_GPUS_PER_ENGINE` (or
 `NARWHAL_NODE_<n>_GPU_IDS`) of its GPUs, from the same image and checkpoint; the engine is still one engine:
-one record (the head's, with `members` for the others), one URL, one row of every table.
+one record (the head's, with `members` for the others), one URL, one row of discovery's table; status and the
+closing tables show a row per host (`<engine>#<k>` in the status report).
 
 ```yaml
 engines:

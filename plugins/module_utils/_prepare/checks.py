@@ -71,6 +71,7 @@ def shared_hosts(records):
         for member in r.get("members") or []:  # each other host of an engine across hosts: what it runs there
             view = member_view(r, member["member"])
             view["engine"] = "%s (its host %s, narwhal_rank %d)" % (r["engine"], member["host"], member["member"])
+            view["headless"] = True  # engine cores only: no HTTP or attestation port on this host
             by_host.setdefault(member["node"]["host_id"], []).append(view)
     for group in by_host.values():
         for i, a in enumerate(group):
@@ -112,6 +113,8 @@ def own_ports(r):
 def _ports(r):
     node = r["node"]
     side = node.get("side_channel_ports") or [node["side_channel_port"], node["side_channel_port"]]
+    if r.get("headless"):  # a host after the head of an engine across hosts (shared_hosts' member views)
+        return {"side-channel": (side[0], side[1])}
     return {"engine": (node["engine_port"], node["engine_port"]),
             "attestation": (node["attest_port"], node["attest_port"]),
             "side-channel": (side[0], side[1])}

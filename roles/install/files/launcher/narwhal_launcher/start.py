@@ -409,6 +409,15 @@ def finish(role_env_path, rollback=False, out=None, stop_only=False):
     if current is None:
         print("nothing to roll back: %s has no container" % plan["name"], file=print_to)
         return
+    if new and previous is None:  # a first start: there is nothing to go back to, so the new container stays down
+        older = found[plan["name"] + FAILED_SUFFIX]
+        if older is not None:
+            refuse_foreign(older, plan["name"] + FAILED_SUFFIX, plan["engine"])
+            _remove(api, older["Id"], plan["name"] + FAILED_SUFFIX)
+        api.rename(current["Id"], plan["name"] + FAILED_SUFFIX)
+        print("nothing to roll back: %s kept stopped as %s (there was no previous container)"
+              % (plan["name"], plan["name"] + FAILED_SUFFIX), file=print_to)
+        return
     if stop_only:
         print("stopped %s %s" % (plan["name"], current["Id"]), file=print_to)
         return

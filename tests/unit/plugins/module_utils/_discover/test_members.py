@@ -105,6 +105,12 @@ def test_prepare_derives_every_host_and_checks_the_members_machines(tmp_path, de
         shared_hosts(clash)
     assert "engine-1 (its host gpu-a18, narwhal_rank 1) and engine-2 share a host and both use GPU 0,1,2,3" \
         in str(err.value)
+    # on other GPUs and side channels it fits: a headless host binds no HTTP or attestation port of its engine
+    clash["engine-2"]["gpu_host_indices"] = [4, 5, 6, 7]
+    clash["engine-2"]["node"]["side_channel_ports"] = [5700, 5700]
+    clash["engine-2"]["node"]["side_channel_port"] = 5700
+    assert clash["engine-2"]["node"]["engine_port"] == clash["engine-1"]["node"]["engine_port"]
+    shared_hosts(clash)
 
 
 def test_a_member_with_another_image_or_fewer_gpus_is_refused_by_name(tmp_path, dev):
