@@ -21,7 +21,6 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors impo
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import INSPECTION_FILE
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.fleet import USABLE_OPERSTATES, select_address
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.model import record_geometry
-from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import node_settings
 
 __metaclass__ = type
 
@@ -97,8 +96,3 @@ def member_entry(engine, n, rank, local, record, host, where, allocation, transf
         "sources": dict(sources, visibility=reason_vis,
                         host={"file": member_inspection(engine, rank), "pointer": "/host"}),
     }
-
-
-def settings_hosts(site, node_policy, n):
-    """NARWHAL_NODE_<n>_HOSTS (1 when unset)."""
-    return node_settings(site, node_policy, n).get("hosts") or 1

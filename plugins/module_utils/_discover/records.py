@@ -610,7 +610,7 @@ def build_members(node, site, node_policy, record, head, spread, taken_on, span)
     entries = []
     for rank, found in enumerate(spread, 1):
         host, facts = found["host"], found.get("inspection") or {}
-        check_member(engine, node.get("inventory_host") or engine, head, host, facts, image_key)
+        check_member(engine, engine, head, host, facts, image_key)
         interface = settings["fabric_interface"]
         interface_facts = found.get("interface") or {}
         address = member_address(n, host, interface, interface_facts, site["NARWHAL_BIND_FAMILY"], interface_key)

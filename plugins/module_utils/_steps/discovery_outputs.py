@@ -22,11 +22,15 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.names impor
     SOURCES_FILE,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.fleet import build_fleet, render_env
-from ansible_collections.narwhal.deploy.plugins.module_utils._discover.members import member_inspection, settings_hosts
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover.members import member_inspection
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy import (
     launch_policy,
 )
-from ansible_collections.narwhal.deploy.plugins.module_utils._discover.records import build_members, build_record
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover.records import (
+    build_members,
+    build_record,
+    local_ranks,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.paths import check_paths, git_ignore_checker
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import (
     FLEET_SCHEMA,
@@ -66,7 +70,7 @@ def _spread(node, inputs, members):
     """The hosts after the head of an engine across hosts, as discovery gathered them ([] for one host), checked
     against NARWHAL_NODE_<n>_HOSTS and against each other (one machine each)."""
     n, engine = node["n"], node["engine"]
-    want = settings_hosts(inputs["site"], inputs["nodes"].get(n, {}), n)
+    want = local_ranks(inputs["site"], inputs["nodes"].get(n, {}), n)[0]
     spread = list((members or {}).get(engine) or [])
     if len(spread) != want - 1:
         raise InputError("NARWHAL_NODE_%d_HOSTS" % n, "is %d but discovery gathered %d host(s) of %s; give each host "
