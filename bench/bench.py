@@ -7,14 +7,17 @@ docs/benchmarks.md).
 What it does, in order:
   1. brings up one simulated site `narwhal-sim-bench` of max(N) engine hosts with tests/harness/site.yml
      (sshd + own dockerd + the nvidia-8gpu-rdma profile; only the CUDA stand-in image is loaded and the
-     tiny-llama checkpoint copied, the lighter part of the proving ground), on 172.31.200.0/24 (management),
+     tiny-llama checkpoint copied, the lighter part of the proving ground) and one router host router-1 (the
+     real vllm-router image, group routers), on 172.31.200.0/24 (management),
      172.31.201.0/24 and fd00:6e77:b1::/64 (fabric);
   2. for each N: an inventory of engine-1..N, an untimed SSH warm-up and an untimed `site.yml` (all N engines
      launched), then R rounds that alternate
         `ansible engines -m ansible.builtin.setup -f N`   and
         [host inspection caches cleared] `ansible-playbook playbooks/discover.yml -f N` twice
         (first = cold, second = nothing changed), then `playbooks/status.yml` and `playbooks/site.yml`
-        (nothing changed: every stage reruns, the probes of every pair included),
+        (nothing changed: every stage reruns, the probes of every pair and the router included), and the
+        stages that grow with pairs alone: `probe.yml` (every pair), `probe.yml -e narwhal_probe_pairs=cover`,
+        `router.yml`,
      swapping which goes first every round; wall times, PLAY RECAP changed counts, each command's largest
      process (wait4 ru_maxrss) and the containers the hosts' daemons created during each discover
      (`docker events`); then one more untimed run of setup, both discovers and status under a /proc sampler
@@ -56,6 +59,8 @@ FABRIC4 = "172.31.201"
 FABRIC6 = "fd00:6e77:b1:"
 PROFILE = "nvidia-8gpu-rdma"
 IMAGE = "narwhal-sim/engine-standin:latest"
+ROUTER_IMAGE = "narwhal-sim/vllm-router:latest"   # tests/harness/images/vllm-router: the real vllm-router
+ROUTER = "router-1"                                 # the one router host (group routers), beside the engine hosts
 MODEL = "/srv/models/tiny-llama"
 STATE = os.path.join(ROOT, ".cache", SITE)
 IMAGE_CACHE = "/var/cache/narwhal/image-facts"   # image_facts' default cache_dir on the hosts
@@ -199,23 +204,28 @@ def site_vars(n):
         "sim_fabric_subnet4": FABRIC4 + ".0/24",
         "sim_fabric_subnet6": FABRIC6 + ":/64",
         "sim_engine_images": [IMAGE],
+        "sim_router_images": [ROUTER_IMAGE],
         "sim_hosts": [{"name": "engine-%d" % i, "profile": PROFILE, "mgmt_ip": "%s.%d" % (MGMT, 10 + i),
                        "fabric_ipv4": "%s.%d" % (FABRIC4, 10 + i), "fabric_ipv6": "%s:%d" % (FABRIC6, 10 + i)}
-                      for i in range(1, n + 1)],
+                      for i in range(1, n + 1)]
+        + [{"name": ROUTER, "profile": "cpu", "groups": ["routers"], "mgmt_ip": "%s.250" % MGMT,
+            "fabric_ipv4": "%s.250" % FABRIC4, "fabric_ipv6": "%s:250" % FABRIC6}],
     }
 
 
 def inventory(n):
-    """SSH inventory of engine-1..n (the same shape tests/harness/site.yml writes)."""
-    return {"engines": {
+    """SSH inventory of engine-1..n and the router host (the same shape tests/harness/site.yml writes)."""
+    common = {"ansible_user": "narwhal", "ansible_become_method": "sudo",
+              "ansible_python_interpreter": "/usr/bin/python3",
+              "ansible_private_key_file": os.path.join(STATE, "id_ed25519"),
+              "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+                                         "-o LogLevel=ERROR"}
+    return {"routers": {"hosts": {ROUTER: {"ansible_host": "%s.250" % MGMT}}, "vars": common},
+            "engines": {
         "hosts": {"engine-%d" % i: {"ansible_host": "%s.%d" % (MGMT, 10 + i), "narwhal_sim_profile": PROFILE,
                                     "narwhal_sysfs_root": "/opt/narwhal-sim/profiles/%s/sys" % PROFILE}
                   for i in range(1, n + 1)},
-        "vars": {"ansible_user": "narwhal", "ansible_become_method": "sudo",
-                 "ansible_python_interpreter": "/usr/bin/python3",
-                 "ansible_private_key_file": os.path.join(STATE, "id_ed25519"),
-                 "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
-                                            "-o LogLevel=ERROR"}}}
+        "vars": common}}
 
 
 def env_file(n):
@@ -227,7 +237,8 @@ def env_file(n):
              "NARWHAL_CONFIG_DIR=config/bench-n%d" % n,
              "NARWHAL_RUNS_DIR=%s/runs" % STATE,
              "NARWHAL_API_KEY_FILE=%s/engine-api.key" % STATE,
-             "NARWHAL_IMAGE=%s" % IMAGE, "NARWHAL_MODEL_PATH=%s" % MODEL, "NARWHAL_SERVED_MODEL_NAME=tiny-llama"]
+             "NARWHAL_IMAGE=%s" % IMAGE, "NARWHAL_MODEL_PATH=%s" % MODEL, "NARWHAL_SERVED_MODEL_NAME=tiny-llama",
+             "NARWHAL_ROUTER_IMAGE=%s" % ROUTER_IMAGE]
     lines += ["NARWHAL_NODE_%d_ROLE=%s" % (i, "prefill" if i % 2 else "decode") for i in range(1, n + 1)]
     return "\n".join(lines) + "\n"
 
@@ -260,9 +271,17 @@ def site_down(out, n):
                  "-e", "sim_state=absent"], os.path.join(out, "logs", "site-down.log"), "site down")
 
 
+def probe_schedule():
+    """(pairs, rounds) of the last probe run, from the results it keeps with the runs (each pair has its round)."""
+    with open(os.path.join(STATE, "runs", "probes.json")) as fh:
+        results = json.load(fh)
+    return len(results), max((p.get("round") or 0 for p in results), default=0)
+
+
 def site_host_count():
+    """The engine hosts of the bench site (the router host apart)."""
     names = sh(["docker", "ps", "-a", "--filter", "label=org.narwhal.sim=" + SITE, "--format", "{{.Names}}"]).stdout
-    return len(names.split())
+    return len([name for name in names.split() if name.startswith(SITE + "-engine-")])
 
 
 # ----------------------------------------------------------------------------------------- the measures
@@ -281,6 +300,8 @@ def discovery_rounds(out, n, rounds, memory_runs=True, day_two=True, site_rounds
     discover = ["ansible-playbook", "-i", inv, "playbooks/discover.yml", "-f", forks]
     status = ["ansible-playbook", "-i", inv, "playbooks/status.yml", "-f", forks]
     site = ["ansible-playbook", "-i", inv, "playbooks/site.yml", "-f", forks]
+    probe = ["ansible-playbook", "-i", inv, "playbooks/probe.yml", "-f", forks]
+    router = ["ansible-playbook", "-i", inv, "playbooks/router.yml", "-f", forks]
     logs = os.path.join(out, "logs")
     # untimed warm-up: SSH control masters up, host keys known, one discover so that the outputs exist, one
     # site.yml that launches the N engines (all at once: the rolling default of one at a time is for replacing)
@@ -317,6 +338,13 @@ def discovery_rounds(out, n, rounds, memory_runs=True, day_two=True, site_rounds
             return row
         res = run_checked(site, os.path.join(logs, "n%d-r%d-site.log" % (n, r)), "site", extra_env=extra)
         row.update(site_s=res["wall_s"], site_maxrss_kib=res["maxrss_kib"], site_changed=changed_total(res["output"]))
+        # the stages that grow with pairs and routers, alone: every pair, then the cover, then the router
+        for key, args in (("probe", []), ("probe_cover", ["-e", "narwhal_probe_pairs=cover"])):
+            res = run_checked(probe + args, os.path.join(logs, "n%d-r%d-%s.log" % (n, r, key)), key, extra_env=extra)
+            pairs, rounds = probe_schedule()
+            row.update({key + "_s": res["wall_s"], key + "_pairs": pairs, key + "_rounds": rounds})
+        res = run_checked(router, os.path.join(logs, "n%d-r%d-router.log" % (n, r)), "router", extra_env=extra)
+        row["router_s"] = res["wall_s"]
         return row
 
     samples = []

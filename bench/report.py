@@ -1,6 +1,6 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Pure reporting for bench/bench.py: medians, ratios, the goals of issue #16 and the one-screen table.
+"""Pure reporting for bench/bench.py: medians, ratios, the goals of issues #16 and #25 and the one-screen table.
 
 No I/O here (the PNG is drawn by `plot`, which only writes the file it is given): bench.py collects raw
 samples and hands them over as plain dicts, these functions turn them into figures.
@@ -9,7 +9,9 @@ Raw samples (the `raw` document bench.py keeps in results JSON):
   discovery: {N: {"forks": int, "rounds": [{"setup_s", "discover_cold_s", "discover_warm_s",
                    "cold_changed", "warm_changed", "cold_containers", "warm_containers",
                    "setup_maxrss_kib", "discover_cold_maxrss_kib", "discover_warm_maxrss_kib", "order",
-                   "status_s", "site_s", "site_changed" (the day-two rerun measures; absent in older runs)}]},
+                   "status_s", "site_s", "site_changed" (the day-two rerun measures; absent in older runs),
+                   "probe_s", "probe_pairs", "probe_rounds", "probe_cover_s", "probe_cover_pairs",
+                   "probe_cover_rounds", "router_s" (the probe and router stages alone; absent in older runs)}]},
               "memory": {"setup_pss_kib", "discover_cold_pss_kib", "discover_warm_pss_kib", "status_pss_kib"}}
   launcher:  {"rounds": [{"start_s", "docker_run_s", "check_s", "order"}], ...}
 """
@@ -22,9 +24,12 @@ import statistics
 GOAL_COLD_OVER_SETUP = 1.3         # first discover / ansible -m setup, at N = 16
 GOAL_WARM_OVER_SETUP = 0.8         # second discover (nothing changed) / setup, at every N >= 8
 GOAL_WARM_OVER_COLD = 0.5          # second discover / first, with changed=0, at N = 16
-GOAL_STATUS_OVER_SETUP = 0.8       # status.yml / setup, at N = 16
+GOAL_STATUS_OVER_SETUP = 0.5       # status.yml / setup, at N = 16 (issue #25; #16 asked 0.8)
 GOAL_START_OVER_DOCKER_RUN = 1.3   # launcher start / bare docker run
 GROWTH_FROM, GROWTH_TO = 4, 32     # growth of the second discover <= setup's own growth over the same N
+# Goals of issue #25 item 2 (a site.yml rerun with nothing changed).
+GOAL_SITE_OVER_SETUP = 3.0         # site.yml again / setup, at N = 16
+GOAL_SITE_GROWTH_OVER_SETUP = 1.5  # growth N=4 -> 32 of the site rerun <= 1.5 x setup's growth
 
 
 def median(values):
@@ -71,6 +76,15 @@ def summarize_discovery(raw):
             "status_over_setup": ratio(status, setup),
             "site_over_setup": ratio(site, setup),
             "site_changed_max": max((r["site_changed"] for r in rounds if "site_changed" in r), default=None),
+            "probe_s": _r(median(r.get("probe_s") for r in rounds)),
+            "probe_pairs": max((r["probe_pairs"] for r in rounds if "probe_pairs" in r), default=None),
+            "probe_rounds": max((r["probe_rounds"] for r in rounds if "probe_rounds" in r), default=None),
+            "probe_cover_s": _r(median(r.get("probe_cover_s") for r in rounds)),
+            "probe_cover_pairs": max((r["probe_cover_pairs"] for r in rounds if "probe_cover_pairs" in r),
+                                     default=None),
+            "probe_cover_rounds": max((r["probe_cover_rounds"] for r in rounds if "probe_cover_rounds" in r),
+                                      default=None),
+            "router_s": _r(median(r.get("router_s") for r in rounds)),
             "warm_changed_max": max(r["warm_changed"] for r in rounds),
             "cold_changed_max": max(r["cold_changed"] for r in rounds),
             "cold_inspection_containers_min": min(r["cold_containers"] for r in rounds),
@@ -136,6 +150,9 @@ def goals(discovery, launcher):
                     % (ref["warm_changed_max"], ref["warm_inspection_containers_max"]) or ""))
     if ref and ref.get("status_s") is not None:
         out.append(goal("status / setup at %s" % at, ref["status_over_setup"], GOAL_STATUS_OVER_SETUP))
+    if ref and ref.get("site_s") is not None:
+        out.append(goal("site / setup at %s" % at, ref["site_over_setup"], GOAL_SITE_OVER_SETUP,
+                        extra_ok=not ref["site_changed_max"], note="site: changed=%s" % ref["site_changed_max"]))
     low, high = discovery.get(str(GROWTH_FROM)), discovery.get(str(GROWTH_TO))
     if low and high:
         setup_growth = ratio(high["setup_s"], low["setup_s"])
@@ -145,6 +162,12 @@ def goals(discovery, launcher):
         out.append(goal("growth N=%d -> %d, disc1" % (GROWTH_FROM, GROWTH_TO),
                         ratio(high["discover_cold_s"], low["discover_cold_s"]), setup_growth,
                         note="for reference, not a goal", reference=True))
+        if low.get("site_s") is not None and high.get("site_s") is not None:
+            out.append(goal("growth N=%d -> %d, site" % (GROWTH_FROM, GROWTH_TO),
+                            ratio(high["site_s"], low["site_s"]),
+                            setup_growth and _r(setup_growth * GOAL_SITE_GROWTH_OVER_SETUP),
+                            extra_ok=high["forks"] >= GROWTH_TO,
+                            note="limit: %.1f x setup's growth" % GOAL_SITE_GROWTH_OVER_SETUP))
     out.append(goal("launcher start / docker run", launcher and launcher["start_over_docker_run"],
                     GOAL_START_OVER_DOCKER_RUN,
                     note=launcher and "image check %.2f s apart" % launcher["check_s"] or ""))
@@ -184,6 +207,18 @@ def table(discovery, launcher, goal_list, header=""):
     lines.append("  disc2 = discover.yml again, nothing changed; status = status.yml; site = site.yml again (nothing")
     lines.append("  changed; probes every pair); ch2/in2 = changed tasks of disc2+site / inspection containers of")
     lines.append("  disc2 (max over rounds); MiB = peak PSS of disc1's controller process tree")
+    if any(discovery[n].get("probe_s") is not None or discovery[n].get("router_s") is not None for n in discovery):
+        lines.append("stages alone, nothing changed (s): probe = probe.yml, every pair (pairs=all); cover =")
+        lines.append("  narwhal_probe_pairs=cover; pairs/rounds as the probe module ran them; router = router.yml")
+        lines.append("  %-3s %7s %5s %6s %7s %5s %6s %7s" % ("N", "probe", "pairs", "rounds", "cover", "pairs",
+                                                            "rounds", "router"))
+        for n in sorted(discovery, key=int):
+            d = discovery[n]
+            lines.append("  %-3s %7s %5s %6s %7s %5s %6s %7s"
+                         % (n, _fmt(d.get("probe_s")), _fmt(d.get("probe_pairs"), "%d"),
+                            _fmt(d.get("probe_rounds"), "%d"), _fmt(d.get("probe_cover_s")),
+                            _fmt(d.get("probe_cover_pairs"), "%d"), _fmt(d.get("probe_cover_rounds"), "%d"),
+                            _fmt(d.get("router_s"))))
     if launcher:
         lines.append("launcher (%s, %d rounds): start %s s, docker run %s s, ratio %s; image check %s s"
                      % (launcher["host"], launcher["rounds"], _fmt(launcher["start_s"]),
@@ -201,7 +236,7 @@ def table(discovery, launcher, goal_list, header=""):
 
 
 def plot(discovery, path, title):
-    """PNG of the median wall time against N for setup and both discovers (needs matplotlib)."""
+    """PNG of the median wall time against N of setup, both discovers, status, site and probe (needs matplotlib)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -212,7 +247,9 @@ def plot(discovery, path, title):
     for key, label, style in (("setup_s", "ansible -m setup", "o-"),
                               ("discover_cold_s", "discover.yml, first (cold caches)", "s-"),
                               ("discover_warm_s", "discover.yml, second (nothing changed)", "^--"),
-                              ("status_s", "status.yml", "d:")):
+                              ("status_s", "status.yml", "d:"),
+                              ("site_s", "site.yml again (nothing changed)", "v-."),
+                              ("probe_s", "probe.yml, every pair", "x-")):
         if all(discovery[n].get(key) is not None for n in ns):
             ax.plot(xs, [discovery[n][key] for n in ns], style, label=label)
     ax.set_xscale("log", base=2)

@@ -196,6 +196,18 @@ def in_container(pid, container_id):
         return False
 
 
+def engine_ports(record):
+    """The ports this host's part of the engine binds: HTTP, attestation, every side-channel port and, on the head of
+    an engine across hosts, vLLM's DP handshake socket (--data-parallel-rpc-port, _prepare/checks.py::own_ports).
+    `record` is the host's view of the record (_plan/container.py::member_view: `member.rank` 0 on the head)."""
+    node = record["node"]
+    side = node.get("side_channel_ports") or [node["side_channel_port"], node["side_channel_port"]]
+    ports = set([node["engine_port"], node["attest_port"]] + list(range(side[0], side[1] + 1)))
+    if record.get("data_parallel_rpc_port") and not (record.get("member") or {}).get("rank"):
+        ports.add(record["data_parallel_rpc_port"])
+    return ports
+
+
 def foreign_listeners(ports, container_id):
     """Ports something other than this engine's own container listens on."""
     sockets = listening_sockets(ports)
@@ -251,8 +263,10 @@ def port_problems(record, busy, url, get, timeout):
     others = [p for p in busy if p != node["attest_port"]]
     if others:
         problems.append("something already listens on port %s of this host; stop it or give %s other ports "
-                        "(NARWHAL_NODE_<n>_ENGINE_PORT / _ATTEST_PORT, NARWHAL_SIDE_CHANNEL_PORT)"
-                        % (",".join(map(str, others)), engine))
+                        "(NARWHAL_NODE_<n>_ENGINE_PORT / _ATTEST_PORT, NARWHAL_SIDE_CHANNEL_PORT%s)"
+                        % (",".join(map(str, others)), engine,
+                           ", NARWHAL_DATA_PARALLEL_RPC_PORT" if record.get("data_parallel_rpc_port") in others
+                           else ""))
     return report, problems
 
 
@@ -358,8 +372,7 @@ def main():
             if node["address"] not in [a["address"] for a in addresses]:
                 problems.append("%s no longer carries the recorded address %s; rerun discovery"
                                 % (node["fabric_interface"], node["address"]))
-    side = node.get("side_channel_ports") or [node["side_channel_port"], node["side_channel_port"]]
-    ports = set([node["engine_port"], node["attest_port"]] + list(range(side[0], side[1] + 1)))
+    ports = engine_ports(record)
     url = module.params["attestation_url"] or attestation_url(node["address"], node["attest_port"])
     attestation, busy_problems = port_problems(record, foreign_listeners(ports, own_container), url, get_status,
                                                module.params["attestation_timeout"])

@@ -85,7 +85,7 @@ def shared_hosts(records):
                 for name, (lo, hi) in _ports(b).items():
                     for other, (olo, ohi) in ports_a.items():
                         if lo <= ohi and olo <= hi:
-                            raise InputError("NARWHAL_NODE_<n>_%s" % _port_key(name),
+                            raise InputError(_port_key(name, "<n>"),
                                              "%s and their %s / %s ports overlap (%d-%d and %d-%d); %s"
                                              % (both, other, name, olo, ohi, lo, hi, REGENERATE))
 
@@ -96,11 +96,25 @@ def own_ports(r):
     (network_mode host), so one of them fails with "Address already in use" at start (vLLM issue 20965)."""
     ports = _ports(r)
     lo, hi = ports["side-channel"]
+    m = ENGINE_NAME.match(r["engine"] or "")
+    node = m.group(1) if m else "<n>"
+    rpc = ports.get("data-parallel RPC")
+    if rpc:
+        # the head of an engine across hosts binds vLLM's DP handshake socket on --data-parallel-rpc-port
+        # (vllm/v1/engine/utils.py::launch_core_engines: zmq ROUTER bound at tcp://<dp address>:<rpc port>), next to
+        # its HTTP server and side channel in the same network namespace
+        for name in ("engine", "attestation", "side-channel"):
+            if ports[name][0] <= rpc[0] <= ports[name][1]:
+                raise InputError("NARWHAL_DATA_PARALLEL_RPC_PORT",
+                                 "%s (an engine across hosts) would bind vLLM's data-parallel RPC port %d on its head, "
+                                 "which holds its own %s port(s) %d-%d: set NARWHAL_DATA_PARALLEL_RPC_PORT to a free "
+                                 "port outside the engines' HTTP, attestation and side-channel ports, or move the "
+                                 "engine's port with %s; %s" % (r["engine"], rpc[0], name, ports[name][0],
+                                                                ports[name][1], _port_key(name, node), REGENERATE))
     for name in ("engine", "attestation"):
         port = ports[name][0]
         if lo <= port <= hi:
-            m = ENGINE_NAME.match(r["engine"] or "")
-            node_key = "NARWHAL_NODE_%s_%s" % (m.group(1) if m else "<n>", _port_key(name))
+            node_key = _port_key(name, node)
             span = "port %d" % lo if lo == hi else "ports %d-%d" % (lo, hi)
             raise InputError("NARWHAL_SIDE_CHANNEL_PORT",
                              "%s would listen for NIXL's side channel on %s, which holds its own %s port %d (%s); "
@@ -115,13 +129,21 @@ def _ports(r):
     side = node.get("side_channel_ports") or [node["side_channel_port"], node["side_channel_port"]]
     if r.get("headless"):  # a host after the head of an engine across hosts (shared_hosts' member views)
         return {"side-channel": (side[0], side[1])}
-    return {"engine": (node["engine_port"], node["engine_port"]),
-            "attestation": (node["attest_port"], node["attest_port"]),
-            "side-channel": (side[0], side[1])}
+    ports = {"engine": (node["engine_port"], node["engine_port"]),
+             "attestation": (node["attest_port"], node["attest_port"]),
+             "side-channel": (side[0], side[1])}
+    if r.get("members") and r.get("data_parallel_rpc_port"):  # the head of an engine across hosts
+        ports["data-parallel RPC"] = (r["data_parallel_rpc_port"], r["data_parallel_rpc_port"])
+    return ports
 
 
-def _port_key(name):
-    return {"engine": "ENGINE_PORT", "attestation": "ATTEST_PORT"}.get(name, "SIDE_CHANNEL_PORT")
+def _port_key(name, node):
+    """The .env key that moves the port `name` of engine `node` (a number, or <n>)."""
+    if name == "data-parallel RPC":
+        return "NARWHAL_DATA_PARALLEL_RPC_PORT"
+    if name == "side-channel":
+        return "NARWHAL_SIDE_CHANNEL_PORT"  # one key for every host; each engine's range follows from it
+    return "NARWHAL_NODE_%s_%s" % (node, {"engine": "ENGINE_PORT", "attestation": "ATTEST_PORT"}[name])
 
 
 def stale(record, current):

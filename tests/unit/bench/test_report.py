@@ -82,3 +82,38 @@ def test_a_changed_second_discover_misses_the_goal():
     raw = {"16": {"forks": 16, "rounds": [_round(10.0, 20.0, 5.0, warm_containers=1)], "memory": {}}}
     second = [g for g in report.goals(report.summarize_discovery(raw), None) if g["goal"].startswith("disc2 / disc1")]
     assert second[0]["met"] is False and "inspection containers=1" in second[0]["note"]
+
+
+def test_the_goals_of_issue_25_and_the_stages_alone():
+    # site / setup <= 3 at N=16 (and changed=0), growth 4 -> 32 of the site rerun <= 1.5 x setup's, status <= 0.5
+    def day_two(setup, site, status, changed=0, probe=None):
+        row = _round(setup, setup * 1.2, setup * 0.7, status=status, site=site, site_changed=changed)
+        if probe:
+            row.update(probe)
+        return row
+
+    stages = {"probe_s": 6.0, "probe_pairs": 128, "probe_rounds": 16, "probe_cover_s": 1.5,
+              "probe_cover_pairs": 16, "probe_cover_rounds": 2, "router_s": 4.0}
+    raw = {"4": {"forks": 4, "rounds": [day_two(4.0, 10.0, 1.0)], "memory": {}},
+           "16": {"forks": 16, "rounds": [day_two(5.0, 15.0, 2.5, probe=stages)], "memory": {}},
+           "32": {"forks": 32, "rounds": [day_two(10.0, 31.0, 4.0)], "memory": {}}}
+    d = report.summarize_discovery(raw)
+    goals = {g["goal"]: g for g in report.goals(d, None)}
+    assert goals["site / setup at N=16"]["figure"] == 3.0 and goals["site / setup at N=16"]["met"] is True
+    assert goals["status / setup at N=16"]["figure"] == 0.5 and goals["status / setup at N=16"]["met"] is True
+    growth = goals["growth N=4 -> 32, site"]
+    assert growth["figure"] == 3.1 and growth["limit"] == 3.75 and growth["met"] is True  # setup grew 2.5x
+    raw["32"]["rounds"] = [day_two(10.0, 38.0, 4.0)]
+    assert {g["goal"]: g for g in report.goals(report.summarize_discovery(raw), None)}[
+        "growth N=4 -> 32, site"]["met"] is False
+    raw["16"]["rounds"] = [day_two(5.0, 15.0, 2.6, changed=1)]
+    goals = {g["goal"]: g for g in report.goals(report.summarize_discovery(raw), None)}
+    assert goals["site / setup at N=16"]["met"] is False and "changed=1" in goals["site / setup at N=16"]["note"]
+    assert goals["status / setup at N=16"]["met"] is False
+    assert (d["16"]["probe_pairs"], d["16"]["probe_rounds"], d["16"]["probe_cover_rounds"]) == (128, 16, 2)
+    assert d["4"]["probe_s"] is None and d["4"]["probe_pairs"] is None
+    text = report.table(d, None, report.goals(d, None))
+    row16 = [line.split() for line in text.splitlines() if line.startswith("  16 ")][0]
+    assert row16 == ["16", "6.00", "128", "16", "1.50", "16", "2", "4.00"], row16
+    assert [line.split()[1] for line in text.splitlines() if line.startswith("  4 ")] == ["-"]
+    assert max(len(line) for line in text.splitlines()) <= 100

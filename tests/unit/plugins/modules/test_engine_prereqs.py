@@ -116,6 +116,23 @@ def test_an_attestation_url_on_another_port_cannot_vouch_for_the_listener(listen
     assert "NARWHAL_NODE_<n>_ATTESTATION_URL" in problems[0]
 
 
+def test_the_head_of_an_engine_across_hosts_needs_its_data_parallel_rpc_port_free(listen):
+    rec = record(free_port(), free_port(), free_port())
+    node = rec["node"]
+    assert engine_prereqs.engine_ports(rec) == {node["engine_port"], node["attest_port"], node["side_channel_port"]}
+    head = dict(rec, data_parallel_rpc_port=free_port(), member={"rank": 0, "start_rank": 0, "head_address": "x"})
+    headless = dict(head, member={"rank": 1, "start_rank": 2, "head_address": "x"})
+    assert head["data_parallel_rpc_port"] in engine_prereqs.engine_ports(head)
+    assert head["data_parallel_rpc_port"] not in engine_prereqs.engine_ports(headless)  # it connects, binds nothing
+    listen(head["data_parallel_rpc_port"])
+    busy = engine_prereqs.foreign_listeners(engine_prereqs.engine_ports(head), None)
+    _report, problems = engine_prereqs.port_problems(head, busy, attestation_url("127.0.0.1", node["attest_port"]),
+                                                     engine_prereqs.get_status, 5)
+    assert problems == ["something already listens on port %d of this host; stop it or give engine-2 other ports "
+                        "(NARWHAL_NODE_<n>_ENGINE_PORT / _ATTEST_PORT, NARWHAL_SIDE_CHANNEL_PORT, "
+                        "NARWHAL_DATA_PARALLEL_RPC_PORT)" % head["data_parallel_rpc_port"]]
+
+
 def test_the_sidecar_on_the_engine_port_is_still_a_conflict(listen):
     """Only the attestation port may be held by the sidecar: the same program on the engine's HTTP or side-channel
     port is refused with the message that names the port and the fix."""

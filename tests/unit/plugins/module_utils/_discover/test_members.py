@@ -113,6 +113,34 @@ def test_prepare_derives_every_host_and_checks_the_members_machines(tmp_path, de
     shared_hosts(clash)
 
 
+def test_the_heads_data_parallel_rpc_port_is_one_of_its_hosts_ports(tmp_path, dev):
+    """The head binds vLLM's DP handshake socket on --data-parallel-rpc-port: not on one of its own ports, nor on
+    another engine's port of the same machine; a headless host binds none of it."""
+    _inputs, records, _extracts = plan_site(tmp_path)
+    head = records["engine-1"]
+    assert head["data_parallel_rpc_port"] == 29550
+    own = copy.deepcopy(records)
+    own["engine-1"]["data_parallel_rpc_port"] = own["engine-1"]["node"]["engine_port"]
+    with pytest.raises(InputError) as err:
+        shared_hosts(own)
+    assert err.value.key == "NARWHAL_DATA_PARALLEL_RPC_PORT"
+    assert ("engine-1 (an engine across hosts) would bind vLLM's data-parallel RPC port %d on its head, which holds "
+            "its own engine port(s)" % head["node"]["engine_port"]) in str(err.value)
+    assert "NARWHAL_NODE_1_ENGINE_PORT" in str(err.value)
+    # engine-2 on the head's machine, its HTTP port on the RPC port
+    clash = copy.deepcopy(records)
+    clash["engine-2"]["node"].update(host_id=head["node"]["host_id"], engine_port=29550, side_channel_port=5700,
+                                     side_channel_ports=[5700, 5700])
+    clash["engine-2"]["gpu_host_indices"] = [4, 5, 6, 7]
+    with pytest.raises(InputError) as err:
+        shared_hosts(clash)
+    assert err.value.key == "NARWHAL_NODE_<n>_ENGINE_PORT"
+    assert "engine-1 and engine-2 share a host and their data-parallel RPC / engine ports overlap" in str(err.value)
+    # on the member's machine (headless: no RPC socket bound there) the same port fits
+    clash["engine-2"]["node"]["host_id"] = "box-b"
+    shared_hosts(clash)
+
+
 def test_a_member_with_another_image_or_fewer_gpus_is_refused_by_name(tmp_path, dev):
     other = host(nvidia(tmp_path / "dev"), tmp_path, mdl=model(tmp_path, MIXTRAL),
                  img=dict(image(), id="sha256:" + "b" * 64))
