@@ -30,7 +30,7 @@ What it does, in order:
      down (--keep keeps it; --down only tears down).
 
 Usage: bench/bench.py [--hosts 2,4,8,16,32] [--rounds 5] [--launch-rounds 7] [--out DIR] [--no-memory]
-                      [--no-day-two] [--keep]
+                      [--no-day-two] [--site-rounds R] [--keep] [--code DIR]
        bench/bench.py --down
 """
 
@@ -63,6 +63,7 @@ ROUTER_IMAGE = "narwhal-sim/vllm-router:latest"   # tests/harness/images/vllm-ro
 ROUTER = "router-1"                                 # the one router host (group routers), beside the engine hosts
 MODEL = "/srv/models/tiny-llama"
 STATE = os.path.join(ROOT, ".cache", SITE)
+CODE = [ROOT]  # the checkout whose playbooks are measured (--code: another one, on this checkout's site)
 IMAGE_CACHE = "/var/cache/narwhal/image-facts"   # image_facts' default cache_dir on the hosts
 CHECKOUT = "/opt/narwhal"                         # NARWHAL_ENGINE_CHECKOUT default on the hosts
 MIB_PER_HOST = 160     # measured: sshd + dockerd + containerd of an idle simulated host, with margin
@@ -78,7 +79,7 @@ def env():
     """The controller environment of every command: the checkout's venv and collections, no NARWHAL_* leak."""
     e = {k: v for k, v in os.environ.items() if not k.startswith("NARWHAL_")}
     e["PATH"] = os.path.join(ROOT, ".venv", "bin") + os.pathsep + e.get("PATH", "")
-    e["ANSIBLE_COLLECTIONS_PATH"] = os.path.join(ROOT, "collections")
+    e["ANSIBLE_COLLECTIONS_PATH"] = os.path.join(CODE[0], "collections")
     e["ANSIBLE_NOCOLOR"] = "1"
     return e
 
@@ -127,7 +128,7 @@ def timed(argv, logfile, sample_memory=False, extra_env=None):
         out.write("$ %s\n" % " ".join(shlex.quote(a) for a in argv))
         out.flush()
         begin = time.monotonic()
-        proc = subprocess.Popen(argv, cwd=ROOT, env=e, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, cwd=CODE[0], env=e, stdout=out, stderr=subprocess.STDOUT)
         stop = threading.Event()
         sampler = None
         if sample_memory:
@@ -253,7 +254,8 @@ def site_up(out, n):
     path = os.path.join(out, "site.json")
     write_json(path, site_vars(n))
     log("bringing up %d simulated hosts (%s)" % (n, SITE))
-    result = run_checked(["ansible-playbook", "-i", "localhost,", "tests/harness/site.yml", "-e", "@" + path],
+    result = run_checked(["ansible-playbook", "-i", "localhost,", os.path.join(ROOT, "tests/harness/site.yml"),
+                          "-e", "@" + path],
                          os.path.join(out, "logs", "site-up.log"), "site up")
     key = os.path.join(STATE, "engine-api.key")
     if not os.path.exists(key):
@@ -267,8 +269,8 @@ def site_down(out, n):
     path = os.path.join(out, "site-down.json")
     write_json(path, site_vars(n))
     log("tearing the site down")
-    run_checked(["ansible-playbook", "-i", "localhost,", "tests/harness/site.yml", "-e", "@" + path,
-                 "-e", "sim_state=absent"], os.path.join(out, "logs", "site-down.log"), "site down")
+    run_checked(["ansible-playbook", "-i", "localhost,", os.path.join(ROOT, "tests/harness/site.yml"), "-e",
+                 "@" + path, "-e", "sim_state=absent"], os.path.join(out, "logs", "site-down.log"), "site down")
 
 
 def probe_schedule():
@@ -512,7 +514,11 @@ def main(argv=None):
     parser.add_argument("--keep", action="store_true", help="keep the simulated site afterwards")
     parser.add_argument("--down", action="store_true", help="only tear the bench site down")
     parser.add_argument("--render", metavar="DIR", help="only recompute figures, table and PNG of DIR/bench.json")
+    parser.add_argument("--code", metavar="DIR", help="measure the playbooks of another checkout DIR (with its "
+                        "collections/ tree) on this checkout's site: the same site before and after a change")
     args = parser.parse_args(argv)
+    if args.code:
+        CODE[0] = os.path.abspath(args.code)
     if args.render:
         with open(os.path.join(args.render, "bench.json")) as fh:
             print(render(os.path.abspath(args.render), json.load(fh)))
@@ -533,7 +539,7 @@ def main(argv=None):
     if not hosts:
         return 1
     command = " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + (argv or sys.argv[1:]))
-    doc = {"command": command, "started_at": stamp, "site": SITE, "profile": PROFILE, "image": IMAGE,
+    doc = {"command": command, "code": CODE[0], "started_at": stamp, "site": SITE, "profile": PROFILE, "image": IMAGE,
            "hosts_requested": wanted, "hosts_skipped_for_memory": skipped, "mem_available_mib": avail,
            "rounds": args.rounds, "nproc": os.cpu_count()}
     cfg = sh(["ansible-config", "dump", "--only-changed", "-t", "all"], check=False).stdout

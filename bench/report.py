@@ -181,6 +181,43 @@ def goals(discovery, launcher):
     return out
 
 
+def fit_line(points):
+    """Least-squares (intercept, slope) of [(x, y)], None with fewer than two distinct x."""
+    points = [(float(x), float(y)) for x, y in points if y is not None]
+    if len({x for x, _y in points}) < 2:
+        return None
+    mx = sum(x for x, _y in points) / len(points)
+    my = sum(y for _x, y in points) / len(points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _y in points)
+    return my - slope * mx, slope
+
+
+PROJECT_TO = (64, 256, 1000)       # engines of the projection (half prefill, half decode, as the bench site)
+PROJECT_FROM = 8                   # fit over the measured N >= this (below it the fixed costs dominate)
+
+
+def projection(discovery, to=PROJECT_TO):
+    """Wall time of each measure projected to `to` engines from a straight line fitted over the measured N >= 8 (the
+    controller's CPU is the bound on 2 cores: each host adds the same work whatever the forks), and the probe stage
+    from its cost per pair (every pair: P x D = N^2 / 4 pairs; cover: as measured, ~N). Pure; None where a measure
+    has fewer than two points."""
+    ns = [n for n in sorted(discovery, key=int) if int(n) >= PROJECT_FROM] or sorted(discovery, key=int)
+    out = {"fitted_over": [int(n) for n in ns], "to": list(to), "lines": {}, "projected": {}}
+    for key in ("setup_s", "discover_cold_s", "discover_warm_s", "status_s", "site_s", "router_s",
+                "probe_cover_s"):
+        line = fit_line((int(n), discovery[n].get(key)) for n in ns)
+        if line:
+            out["lines"][key] = {"intercept_s": _r(line[0]), "per_host_s": _r(line[1], 4)}
+            out["projected"][key] = [_r(line[0] + line[1] * n, 1) for n in to]
+    # every pair: the cost grows with the pairs, not the hosts
+    line = fit_line((discovery[n].get("probe_pairs"), discovery[n].get("probe_s")) for n in ns
+                    if discovery[n].get("probe_pairs"))
+    if line:
+        out["lines"]["probe_s"] = {"intercept_s": _r(line[0]), "per_pair_s": _r(line[1], 5)}
+        out["projected"]["probe_s"] = [_r(line[0] + line[1] * (n // 2) * (n - n // 2), 1) for n in to]
+    return out
+
+
 def _fmt(value, spec="%.2f"):
     return "-" if value is None else spec % value
 
@@ -219,6 +256,18 @@ def table(discovery, launcher, goal_list, header=""):
                             _fmt(d.get("probe_rounds"), "%d"), _fmt(d.get("probe_cover_s")),
                             _fmt(d.get("probe_cover_pairs"), "%d"), _fmt(d.get("probe_cover_rounds"), "%d"),
                             _fmt(d.get("router_s"))))
+    proj = projection(discovery)
+    if proj["projected"]:
+        lines.append("projected (s) to N = %s from a line over N = %s (probe: per pair, N^2/4 pairs):"
+                     % ("/".join(map(str, proj["to"])), ",".join(map(str, proj["fitted_over"]))))
+        row = ""
+        for key, values in proj["projected"].items():
+            entry = "%s %s" % (key[:-2], "/".join(_fmt(v, "%.0f") for v in values))
+            if row and len(row) + 2 + len(entry) > 98:
+                lines.append("  " + row)
+                row = ""
+            row = "%s  %s" % (row, entry) if row else entry
+        lines.append("  " + row)
     if launcher:
         lines.append("launcher (%s, %d rounds): start %s s, docker run %s s, ratio %s; image check %s s"
                      % (launcher["host"], launcher["rounds"], _fmt(launcher["start_s"]),

@@ -117,3 +117,29 @@ def test_the_goals_of_issue_25_and_the_stages_alone():
     assert row16 == ["16", "6.00", "128", "16", "1.50", "16", "2", "4.00"], row16
     assert [line.split()[1] for line in text.splitlines() if line.startswith("  4 ")] == ["-"]
     assert max(len(line) for line in text.splitlines()) <= 100
+
+
+def test_the_projection_fits_a_line_per_host_and_a_cost_per_pair():
+    assert report.fit_line([(4, 1.0)]) is None and report.fit_line([(4, 1.0), (4, 2.0)]) is None
+    assert report.fit_line([(8, 3.0), (16, 5.0), (32, 9.0)]) == pytest.approx((1.0, 0.25))
+
+    def row(n, site, probe, pairs):
+        r = _round(n / 4.0, n / 3.0, n / 5.0, status=n / 8.0, site=site)
+        r.update(probe_s=probe, probe_pairs=pairs, probe_rounds=n, probe_cover_s=1.0 + n / 16.0,
+                 probe_cover_pairs=n, probe_cover_rounds=2, router_s=3.0)
+        return r
+
+    raw = {str(n): {"forks": n, "rounds": [row(n, 10.0 + 2.0 * n, 2.0 + 0.01 * (n // 2) ** 2, (n // 2) ** 2)],
+                    "memory": {}} for n in (4, 8, 16, 32)}
+    raw["4"]["rounds"][0]["site_s"] = 99.0  # below PROJECT_FROM: not fitted
+    d = report.summarize_discovery(raw)
+    proj = report.projection(d)
+    assert proj["fitted_over"] == [8, 16, 32] and proj["to"] == [64, 256, 1000]
+    assert proj["lines"]["site_s"] == {"intercept_s": 10.0, "per_host_s": 2.0}
+    assert proj["projected"]["site_s"] == [138.0, 522.0, 2010.0]
+    assert proj["lines"]["probe_s"] == {"intercept_s": 2.0, "per_pair_s": 0.01}
+    assert proj["projected"]["probe_s"] == [12.2, 165.8, 2502.0]  # 2 + 0.01 x (N/2)^2, to 0.1 s
+    assert proj["projected"]["router_s"] == [3.0, 3.0, 3.0]
+    text = report.table(d, None, report.goals(d, None))
+    assert "projected (s) to N = 64/256/1000 from a line over N = 8,16,32" in text
+    assert "site 138/522/2010" in text and max(len(line) for line in text.splitlines()) <= 100
