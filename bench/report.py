@@ -247,8 +247,8 @@ def table(discovery, launcher, goal_list, header=""):
     if any(discovery[n].get("probe_s") is not None or discovery[n].get("router_s") is not None for n in discovery):
         lines.append("stages alone, nothing changed (s): probe = probe.yml, every pair (pairs=all); cover =")
         lines.append("  narwhal_probe_pairs=cover; pairs/rounds as the probe module ran them; router = router.yml")
-        lines.append("  %-3s %7s %5s %6s %7s %5s %6s %7s" % ("N", "probe", "pairs", "rounds", "cover", "pairs",
-                                                            "rounds", "router"))
+        heads = ("N", "probe", "pairs", "rounds", "cover", "pairs", "rounds", "router")
+        lines.append("  %-3s %7s %5s %6s %7s %5s %6s %7s" % heads)
         for n in sorted(discovery, key=int):
             d = discovery[n]
             lines.append("  %-3s %7s %5s %6s %7s %5s %6s %7s"
