@@ -479,7 +479,7 @@ def render(out, doc):
     discovery = report.summarize_discovery(doc["raw"]["discovery"])
     launcher = report.summarize_launcher(doc["raw"]["launcher"])
     goal_list = report.goals(discovery, launcher)
-    doc.update(discovery=discovery, launcher=launcher, goals=goal_list)
+    doc.update(discovery=discovery, launcher=launcher, goals=goal_list, projection=report.projection(discovery))
     header = "narwhal.deploy bench %s (%s, %d CPUs, %d rounds)" % (
         doc["started_at"], doc["ansible_version"], doc["nproc"], doc["rounds"])
     text = report.table(discovery, launcher, goal_list, header=header)
