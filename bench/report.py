@@ -199,8 +199,9 @@ PROJECT_FROM = 8                   # fit over the measured N >= this (below it t
 def projection(discovery, to=PROJECT_TO):
     """Wall time of each measure projected to `to` engines from a straight line fitted over the measured N >= 8 (the
     controller's CPU is the bound on 2 cores: each host adds the same work whatever the forks), and the probe stage
-    from its cost per pair (every pair: P x D = N^2 / 4 pairs; cover: as measured, ~N). Pure; None where a measure
-    has fewer than two points."""
+    from its cost per pair (every pair: P x D = N^2 / 4 pairs; cover: as measured, ~N); `site_pairs_s` is the site
+    rerun's other stages on a line plus that probe (the rerun probes every pair). Pure; a measure with fewer than two
+    points is left out."""
     ns = [n for n in sorted(discovery, key=int) if int(n) >= PROJECT_FROM] or sorted(discovery, key=int)
     out = {"fitted_over": [int(n) for n in ns], "to": list(to), "lines": {}, "projected": {}}
     for key in ("setup_s", "discover_cold_s", "discover_warm_s", "status_s", "site_s", "router_s",
@@ -215,6 +216,13 @@ def projection(discovery, to=PROJECT_TO):
     if line:
         out["lines"]["probe_s"] = {"intercept_s": _r(line[0]), "per_pair_s": _r(line[1], 5)}
         out["projected"]["probe_s"] = [_r(line[0] + line[1] * (n // 2) * (n - n // 2), 1) for n in to]
+        # the site rerun probes every pair too: its other stages on a line, plus the probe's pairs
+        rest = fit_line((int(n), discovery[n]["site_s"] - discovery[n]["probe_s"]) for n in ns
+                        if discovery[n].get("site_s") is not None and discovery[n].get("probe_s") is not None)
+        if rest:
+            out["lines"]["site_without_probe_s"] = {"intercept_s": _r(rest[0]), "per_host_s": _r(rest[1], 4)}
+            probe = out["projected"]["probe_s"]
+            out["projected"]["site_pairs_s"] = [_r(rest[0] + rest[1] * n + probe[i], 1) for i, n in enumerate(to)]
     return out
 
 

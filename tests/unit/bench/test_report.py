@@ -140,6 +140,9 @@ def test_the_projection_fits_a_line_per_host_and_a_cost_per_pair():
     assert proj["lines"]["probe_s"] == {"intercept_s": 2.0, "per_pair_s": 0.01}
     assert proj["projected"]["probe_s"] == [12.2, 165.8, 2502.0]  # 2 + 0.01 x (N/2)^2, to 0.1 s
     assert proj["projected"]["router_s"] == [3.0, 3.0, 3.0]
+    # site minus probe = 10 + 2N - 2 - 0.01 (N/2)^2 over the fitted N: its line, plus the probe's pairs
+    rest = report.fit_line([(n, 10.0 + 2.0 * n - 2.0 - 0.01 * (n // 2) ** 2) for n in (8, 16, 32)])
+    assert proj["projected"]["site_pairs_s"][2] == pytest.approx(rest[0] + rest[1] * 1000 + 2502.0, abs=0.1)
     text = report.table(d, None, report.goals(d, None))
     assert "projected (s) to N = 64/256/1000 from a line over N = 8,16,32" in text
     assert "site 138/522/2010" in text and max(len(line) for line in text.splitlines()) <= 100
