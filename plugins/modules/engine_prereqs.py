@@ -128,6 +128,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.six.moves.urllib.parse import urlsplit
 from ansible.module_utils.urls import open_url
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.ports import rpc_port, side_channel_range
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.specs import (
     COMMAND_TIMEOUT_SPEC,
     DOCKER_ACCESS_SPEC,
@@ -198,13 +199,13 @@ def in_container(pid, container_id):
 
 def engine_ports(record):
     """The ports this host's part of the engine binds: HTTP, attestation, every side-channel port and, on the head of
-    an engine across hosts, vLLM's DP handshake socket (--data-parallel-rpc-port, _prepare/checks.py::own_ports).
+    an engine across hosts, vLLM's DP handshake socket (--data-parallel-rpc-port, _common/ports.py::rpc_port).
     `record` is the host's view of the record (_plan/container.py::member_view: `member.rank` 0 on the head)."""
     node = record["node"]
-    side = node.get("side_channel_ports") or [node["side_channel_port"], node["side_channel_port"]]
+    side = side_channel_range(node)
     ports = set([node["engine_port"], node["attest_port"]] + list(range(side[0], side[1] + 1)))
-    if record.get("data_parallel_rpc_port") and not (record.get("member") or {}).get("rank"):
-        ports.add(record["data_parallel_rpc_port"])
+    if rpc_port(record):
+        ports.add(rpc_port(record))
     return ports
 
 

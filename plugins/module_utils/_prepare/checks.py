@@ -14,6 +14,7 @@ import re
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import REGENERATE, InputError, PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_NAME
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.ports import rpc_port, side_channel_range
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import (
     FLEET_SCHEMA,
     MANIFEST_SCHEMA,
@@ -126,14 +127,14 @@ def own_ports(r):
 
 def _ports(r):
     node = r["node"]
-    side = node.get("side_channel_ports") or [node["side_channel_port"], node["side_channel_port"]]
+    side = side_channel_range(node)
     if r.get("headless"):  # a host after the head of an engine across hosts (shared_hosts' member views)
-        return {"side-channel": (side[0], side[1])}
+        return {"side-channel": side}
     ports = {"engine": (node["engine_port"], node["engine_port"]),
              "attestation": (node["attest_port"], node["attest_port"]),
-             "side-channel": (side[0], side[1])}
-    if r.get("members") and r.get("data_parallel_rpc_port"):  # the head of an engine across hosts
-        ports["data-parallel RPC"] = (r["data_parallel_rpc_port"], r["data_parallel_rpc_port"])
+             "side-channel": side}
+    if rpc_port(r):
+        ports["data-parallel RPC"] = (rpc_port(r), rpc_port(r))
     return ports
 
 

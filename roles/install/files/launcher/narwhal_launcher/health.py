@@ -94,6 +94,12 @@ class NotReadyError(LaunchError):
         self.cause, self.tail = cause, tail
 
 
+def exited(dead, name, when):
+    """The NotReadyError of a container that ended (`dead`: container_exit's (how, log tail)) `when` (a phrase)."""
+    return NotReadyError("engine container %s %s %s; its last log lines:\n%s" % (name, dead[0], when, dead[1]),
+                         "the container %s %s" % (dead[0], when), dead[1])
+
+
 def installed_checked(directory, digest):
     """checked.json of the installed run, refused when missing or for another plan."""
     checked = read_json_file(os.path.join(directory, "checked.json"))
@@ -135,9 +141,7 @@ def wait_health(health, name, timeout, interval=1.0, api=None, secret=None, seen
             last = str(getattr(exc, "reason", exc))
         dead = container_exit(api, name, secret, seen=seen)
         if dead:
-            raise NotReadyError("engine container %s %s before %s answered; its last log lines:\n%s"
-                                % (name, dead[0], health, dead[1]),
-                                "the container %s before %s answered" % (dead[0], health), dead[1])
+            raise exited(dead, name, "before %s answered" % health)
         if time.time() - began >= timeout:
             raise NotReadyError("%s did not answer 200 within %d s (last: %s); see the engine container's logs "
                                 "(docker logs %s)" % (health, timeout, last, name),

@@ -41,6 +41,7 @@ from narwhal_launcher.health import (
     NotReadyError,
     container_exit,
     container_logs,
+    exited,
     probe_url,
     wait_health,
     wait_ready,
@@ -262,9 +263,7 @@ def wait_running(api, name, settle, secret=None, seen=None):
     while True:
         dead = container_exit(api, name, secret, seen=seen)
         if dead:
-            raise NotReadyError("engine container %s %s within %d s of its start; its last log lines:\n%s"
-                                % (name, dead[0], settle, dead[1]),
-                                "the container %s within %d s of its start" % (dead[0], settle), dead[1])
+            raise exited(dead, name, "within %d s of its start" % settle)
         if time.time() - began >= settle:
             return round(time.time() - began, 3)
         time.sleep(0.25)
