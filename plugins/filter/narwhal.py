@@ -38,7 +38,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._probe.fabric impor
     rate_text,
     share_text,
 )
-from ansible_collections.narwhal.deploy.plugins.module_utils._probe.schedule import cover_pairs
+from ansible_collections.narwhal.deploy.plugins.module_utils._probe.schedule import changed_pairs, cover_pairs
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import config_text, fleet_workers, local_url
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import router_plan as plan_router
 from ansible_collections.narwhal.deploy.plugins.plugin_utils._hostvars import host_inspection
@@ -348,16 +348,21 @@ def peer_facts(record):
     return record_peer_facts(record)
 
 
-PROBE_PAIR_CHOICES = ("all", "cover")
+PROBE_PAIR_CHOICES = ("auto", "all", "cover")
 
 
-def probe_pairs(fleet, engines=None, pairs="all"):
+def probe_pairs(fleet, engines=None, pairs="all", launched=None, done=None):
     """The fleet's [producer, consumer] pairs, or only those one of `engines` is in (_launch/peers.py::probe_pairs);
-    with pairs=cover, only enough of them for every engine to produce and consume once (_probe/schedule.py)."""
+    with pairs=cover, only enough of them for every engine to produce and consume once; with pairs=auto, the pairs
+    this run's launch (`launched`: {engine: action}, `done`: the pairs it probed again) did not prove, and a cover,
+    or every pair when nothing was launched (_probe/schedule.py)."""
     if pairs not in PROBE_PAIR_CHOICES:
-        raise AnsibleFilterError("narwhal_probe_pairs=%r: use all (every prefill/decode pair, both ways) or cover "
-                                 "(every engine at least once as producer and once as consumer)" % (pairs,))
+        raise AnsibleFilterError("narwhal_probe_pairs=%r: use auto (site.yml: the pairs of what its launch changed, "
+                                 "and a cover; on its own: every pair), all (every prefill/decode pair, both ways) or "
+                                 "cover (every engine at least once as producer and once as consumer)" % (pairs,))
     chosen = fleet_pairs(fleet, engines)
+    if pairs == "auto":
+        return changed_pairs(chosen, launched or {}, done or ())
     return cover_pairs(chosen) if pairs == "cover" else chosen
 
 

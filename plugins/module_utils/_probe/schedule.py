@@ -198,3 +198,21 @@ def cover_pairs(pairs):
         if consumer not in consumed:
             take(least_used(1, consumer))
     return [pairs[index] for index in sorted(chosen)]
+
+
+def changed_pairs(pairs, launched, done=()):
+    """The `auto` choice of a run that also launched (site.yml): the pairs this run's launch did not prove already.
+
+    `launched`: {engine: launch action (start, replace, unchanged)} of the engines this run's launch looked at;
+    `done`: the pairs launch probed again after it replaced or restarted engines (_launch/peers.py::after_launch).
+    -> every pair with an engine that launch started or replaced, or did not look at (outside --limit: not known to
+    be unchanged), less those in `done`, and a cover of all `pairs` (cover_pairs): an unchanged engine was proven with
+    every peer when it was launched, and the cover shows it still produces and consumes. With no engine launched (a
+    probe run on its own) every pair. Pairs keep their order."""
+    if not launched:
+        return [list(pair) for pair in pairs]
+    done = set(tuple(pair) for pair in done)
+    unchanged = set(engine for engine, action in launched.items() if action == "unchanged")
+    keep = set(tuple(pair) for pair in pairs if not set(pair) <= unchanged and tuple(pair) not in done)
+    keep |= set(tuple(pair) for pair in cover_pairs(pairs))
+    return [list(pair) for pair in pairs if tuple(pair) in keep]

@@ -18,10 +18,9 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors impo
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import read_key_file as _read_key_file
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.nixl_metrics import (
+    consumer_reading,
     engine_samples,
-    nixl_counters,
     producer_counters,
-    transfer_seconds,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import host_name, read_regular
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.words import natural_key
@@ -125,8 +124,8 @@ def probe_ranks(module, key, producer, consumer, warn=None, ranks=(None, None)):
     rid = "narwhal-probe-%s" % unique
     # the fresh ID first: no block of the prompt can be in either engine's prefix cache
     prompt = long_prompt(probe_prompt(unique, p["prompt"]), p["prompt_tokens"])
-    text = engine_samples(call(curl + "/metrics", None, timeout=p["timeout"])[1], crank)
-    before, xfer_before = nixl_counters(text), transfer_seconds(text)
+    metrics = curl + "/metrics"
+    before, xfer_before = consumer_reading(engine_samples(call(metrics, None, timeout=p["timeout"])[1], crank))
     # the producer's lease counters: an expired lease answers HTTP 200 on the consumer (_probe/verdict.py)
     p_before = producer_counters(engine_samples(call(purl + "/metrics", None, timeout=p["timeout"])[1], prank))
     started = time.time()
@@ -139,8 +138,7 @@ def probe_ranks(module, key, producer, consumer, warn=None, ranks=(None, None)):
         cons = call(curl + "/v1/completions", key, consumer_request(p["model"], prompt, forward_params(params)),
                     rid, p["timeout"], rank_headers(crank))
     latency = time.time() - started
-    text = engine_samples(call(curl + "/metrics", None, timeout=p["timeout"])[1], crank)
-    after, xfer_after = nixl_counters(text), transfer_seconds(text)
+    after, xfer_after = consumer_reading(engine_samples(call(metrics, None, timeout=p["timeout"])[1], crank))
     p_after = producer_counters(engine_samples(call(purl + "/metrics", None, timeout=p["timeout"])[1], prank))
     judged = verdict(prod, cons, before, after, p_before, p_after)
     ok, reasons = judged["ok"], judged["reasons"]

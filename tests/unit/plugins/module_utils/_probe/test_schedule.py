@@ -5,8 +5,12 @@ import random
 
 import pytest
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers import probe_pairs
-from ansible_collections.narwhal.deploy.plugins.module_utils._probe.schedule import cover_pairs, probe_rounds
+from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers import after_launch, probe_pairs
+from ansible_collections.narwhal.deploy.plugins.module_utils._probe.schedule import (
+    changed_pairs,
+    cover_pairs,
+    probe_rounds,
+)
 
 
 def fleet(prefill, decode):
@@ -123,3 +127,66 @@ def test_the_filter_chooses_all_or_cover_and_refuses_other_words():
     assert filters.probe_pairs(fleet(2, 2), pairs="cover") == cover
     with pytest.raises(AnsibleFilterError, match="narwhal_probe_pairs='some'"):
         filters.probe_pairs(fleet(2, 2), pairs="some")
+
+
+def covers(pairs, chosen):
+    """Every engine that produces (consumes) in `pairs` produces (consumes) in `chosen`."""
+    return (set(p for p, _c in chosen) == set(p for p, _c in pairs)
+            and set(c for _p, c in chosen) == set(c for _p, c in pairs))
+
+
+def test_auto_without_a_launch_is_every_pair():
+    pairs = probe_pairs(fleet(3, 5))
+    assert changed_pairs(pairs, {}) == pairs
+    assert changed_pairs(pairs, None) == pairs
+
+
+def test_auto_after_an_unchanged_launch_is_the_cover():
+    f = fleet(8, 8)
+    pairs = probe_pairs(f)
+    launched = dict((e["engine"], "unchanged") for e in f)
+    assert changed_pairs(pairs, launched) == cover_pairs(pairs)
+    assert len(changed_pairs(pairs, launched)) == 16
+
+
+def test_auto_after_a_first_start_is_every_pair():
+    f = fleet(4, 3)
+    pairs = probe_pairs(f)
+    launched = dict((e["engine"], "start") for e in f)
+    plan = after_launch(f, dict((e, {"action": a}) for e, a in launched.items()), {})
+    assert plan["pairs"] == []  # a fleet started from nothing is the probe stage's job
+    assert changed_pairs(pairs, launched, plan["pairs"]) == pairs
+
+
+def test_auto_after_a_replace_leaves_out_what_launch_probed_again():
+    f = fleet(4, 4)
+    pairs = probe_pairs(f)
+    launched = dict((e["engine"], "unchanged") for e in f)
+    launched["p2"] = "replace"
+    plan = after_launch(f, dict((e, {"action": a}) for e, a in launched.items()), {})
+    assert set(map(tuple, probe_pairs(f, ["p2"]))) <= set(map(tuple, plan["pairs"]))
+    # the replaced engine's pairs were proven by launch after it: what is left is the cover
+    assert changed_pairs(pairs, launched, plan["pairs"]) == cover_pairs(pairs)
+    # had launch not probed them, every pair of the replaced engine
+    again = changed_pairs(pairs, launched)
+    assert [pair for pair in pairs if "p2" in pair] == [pair for pair in again if "p2" in pair]
+    assert covers(pairs, again) and [pair for pair in again if pair in pairs] == again
+
+
+def test_auto_probes_every_pair_of_an_engine_launch_did_not_look_at():
+    f = fleet(3, 3)
+    pairs = probe_pairs(f)
+    launched = dict((e["engine"], "unchanged") for e in f if e["engine"] != "d1")  # d1 outside --limit
+    chosen = changed_pairs(pairs, launched)
+    assert [pair for pair in pairs if "d1" in pair] == [pair for pair in chosen if "d1" in pair]
+    assert covers(pairs, chosen)
+    assert chosen == [pair for pair in pairs if pair in chosen]  # the fleet's order
+
+
+def test_the_filter_passes_auto_what_launch_did():
+    from ansible_collections.narwhal.deploy.plugins.filter import narwhal as filters
+
+    f = fleet(4, 4)
+    unchanged = dict((e["engine"], "unchanged") for e in f)
+    assert filters.probe_pairs(f, pairs="auto") == probe_pairs(f)
+    assert filters.probe_pairs(f, pairs="auto", launched=unchanged, done=[]) == cover_pairs(probe_pairs(f))
