@@ -89,6 +89,7 @@ auth:
 import math
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -99,19 +100,34 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._router import traf
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.client import metrics, read_key, stream
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import fleet_workers
 
+# The reads around each request go to every engine of the fleet (its counters before and after, each decode engine's
+# own answer): at once, so that a request costs about one engine's answer in wall time, not one per engine.
+PARALLEL_READS = 16
+
+
+def _each(fn, items):
+    """[fn(item) for item in items], PARALLEL_READS at a time, in the items' order."""
+    if len(items) <= 1:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(max_workers=min(PARALLEL_READS, len(items))) as pool:
+        return list(pool.map(fn, items))
+
 
 def _readings(engines, timeout):
-    return traffic.counters(dict((w["engine"], metrics(w["url"], timeout)) for w in engines))
+    texts = _each(lambda w: metrics(w["url"], timeout), engines)
+    return traffic.counters(dict((w["engine"], texts[i]) for i, w in enumerate(engines)))
 
 
-def one_request(p, key, workers, endpoint, streamed, kind):
+def one_request(p, key, workers, endpoint, streamed, kind, before):
+    """One request through the router between two readings of every engine's counters: `before` (the previous
+    request's `after`: nothing else is sent to the engines between two requests, the comparison with each decode
+    engine's own answer comes after all of them, in compare()) -> (entry, after)."""
     everyone = workers["prefill"] + workers["decode"]
     unique = "narwhal-%s" % uuid.uuid4().hex[:8]
     text = traffic.prompt(unique, kind, p["block_size"])
     body = traffic.request_body(endpoint, p["model"], text, p["max_tokens"], streamed)
     url = p["url"].rstrip("/") + traffic.ENDPOINTS[endpoint]
     entry = {"endpoint": endpoint, "stream": streamed, "prompt": kind, "ttft_s": None}
-    before = _readings(everyone, p["timeout"])
     started = time.time()
     if streamed:
         status, events, first, tail = stream(url, key, body, p["timeout"])
@@ -145,20 +161,32 @@ def one_request(p, key, workers, endpoint, streamed, kind):
         problems.append("finish_reason error (a failed KV load)")
     if kv_problem:
         problems.append(kv_problem)
-    direct = {}
-    for worker in workers["decode"]:
+    entry["problems"] = problems
+    entry["_prompt"] = text
+    return entry, after
+
+
+def compare(p, key, workers, entry):
+    """The request's answer against each decode engine's own greedy answer to the same prompt (sent to every decode
+    engine at once); adds direct, direct_token_ids, equal, compared_as and the verdict (ok) to `entry`."""
+    endpoint, text = entry["endpoint"], entry.pop("_prompt")
+
+    def own(worker):
         ref = traffic.request_body(endpoint, p["model"], text, p["max_tokens"], False, salt=uuid.uuid4().hex)
         code, answer = call(worker["url"] + traffic.ENDPOINTS[endpoint], key, ref, timeout=p["timeout"])
-        direct[worker["engine"]] = ((traffic.answer_text(endpoint, answer), traffic.answer_tokens(answer))
-                                    if code == 200 else ("HTTP %s" % code, None))
+        return ((traffic.answer_text(endpoint, answer), traffic.answer_tokens(answer))
+                if code == 200 else ("HTTP %s" % code, None))
+
+    answers = _each(own, workers["decode"])
+    direct = dict((w["engine"], answers[i]) for i, w in enumerate(workers["decode"]))
+    got, got_ids = entry["text"], entry["token_ids"]
     entry["direct"] = dict((engine, answer[0]) for engine, answer in direct.items())
     entry["direct_token_ids"] = dict((engine, answer[1]) for engine, answer in direct.items())
     entry["equal"], entry["compared_as"] = traffic.same_answer(got, got_ids, direct)
     if (got or got_ids) and not entry["equal"]:
-        problems.append("the router's answer %r (tokens %s) differs from the decode engines' own %s"
-                        % (got, got_ids, direct))
-    entry["problems"] = problems
-    entry["ok"] = not problems
+        entry["problems"].append("the router's answer %r (tokens %s) differs from the decode engines' own %s"
+                                 % (got, got_ids, direct))
+    entry["ok"] = not entry["problems"]
     return entry
 
 
@@ -191,9 +219,12 @@ def main():
         problems.append("the router refuses the engines' own key on /v1/models (HTTP %s)" % auth["key"])
     rounds = max(1, int(math.ceil(max(len(workers["prefill"]), len(workers["decode"])) / float(len(traffic.matrix())))))
     requests = []
+    reading = _readings(workers["prefill"] + workers["decode"], p["timeout"])
     for _round in range(rounds):
         for endpoint, streamed, kind in traffic.matrix():
-            requests.append(one_request(p, key, workers, endpoint, streamed, kind))
+            entry, reading = one_request(p, key, workers, endpoint, streamed, kind, reading)
+            requests.append(entry)
+    requests = [compare(p, key, workers, entry) for entry in requests]
     served = dict((w["engine"], 0) for w in workers["prefill"] + workers["decode"])
     for entry in requests:
         for engine in entry["served_by"]:
