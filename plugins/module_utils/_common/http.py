@@ -10,13 +10,26 @@ from __future__ import annotations
 import json
 import os
 
-from ansible.module_utils.urls import open_url
+from ansible.module_utils.urls import Request, make_context
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import host_name, read_regular
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import API_KEY_MAX_BYTES, api_key_from
 
 __metaclass__ = type
+
+
+_CONTEXT = []
+
+
+def tls_context():
+    """One verifying TLS context per process. Ansible's open_url builds a new one for every request, plain HTTP
+    included (ansible/module_utils/urls.py, Request.open: make_context reads the CA certificates), which cost ~20 ms of
+    CPU per request on the controller: most of the transfer probe's controller cost per pair (docs/benchmarks.md).
+    Threads may race to build it; each context is the same and one of them is kept."""
+    if not _CONTEXT:
+        _CONTEXT.append(make_context(validate_certs=True))
+    return _CONTEXT[0]
 
 
 def call(url, key=None, body=None, request_id=None, timeout=120, extra_headers=None):
@@ -29,8 +42,9 @@ def call(url, key=None, body=None, request_id=None, timeout=120, extra_headers=N
     if request_id:
         headers["X-Request-Id"] = request_id
     try:
-        resp = open_url(url, method="POST" if body is not None else "GET", headers=headers, timeout=timeout,
-                        data=json.dumps(body) if body is not None else None, validate_certs=True)
+        resp = Request(context=tls_context()).open("POST" if body is not None else "GET", url, headers=headers,
+                                                    timeout=timeout, validate_certs=True,
+                                                    data=json.dumps(body) if body is not None else None)
         text = resp.read().decode("utf-8", "replace")
         status = resp.getcode()
     except Exception as exc:  # noqa: BLE001 - HTTP errors carry a status; anything else did not answer

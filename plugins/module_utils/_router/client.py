@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import time
 
-from ansible.module_utils.urls import open_url
+from ansible.module_utils.urls import Request
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call, read_key_file
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call, read_key_file, tls_context
 
 __metaclass__ = type
 
@@ -41,11 +41,14 @@ def _error(exc):
 def stream(url, key, body, timeout=60):
     """POST a streaming request -> (status, [parsed event data], seconds to the first event, raw tail). The events
     are the JSON documents of the `data:` lines before `data: [DONE]`."""
+    # the process's one TLS context (_common/http.py::tls_context), built before the clock starts: open_url would read
+    # the CA certificates for every request, inside the time to the first event
+    request = Request(context=tls_context())
     started = time.time()
     first = None
     try:
-        resp = open_url(url, method="POST", headers=_headers(key, {"Accept": "text/event-stream"}), timeout=timeout,
-                        data=json.dumps(body))
+        resp = request.open("POST", url, headers=_headers(key, {"Accept": "text/event-stream"}), timeout=timeout,
+                            data=json.dumps(body))
     except Exception as exc:  # noqa: BLE001
         status, text = _error(exc)
         return status, [], None, text[-400:]
