@@ -339,7 +339,8 @@ def discovery_rounds(out, n, rounds, memory_runs=True, day_two=True, site_rounds
         if site_rounds is not None and r >= site_rounds:
             return row
         res = run_checked(site, os.path.join(logs, "n%d-r%d-site.log" % (n, r)), "site", extra_env=extra)
-        row.update(site_s=res["wall_s"], site_maxrss_kib=res["maxrss_kib"], site_changed=changed_total(res["output"]))
+        row.update(site_s=res["wall_s"], site_maxrss_kib=res["maxrss_kib"], site_changed=changed_total(res["output"]),
+                   site_probe_pairs=probe_schedule()[0])
         # the stages that grow with pairs and routers, alone: every pair, then the cover, then the router
         for key, args in (("probe", []), ("probe_cover", ["-e", "narwhal_probe_pairs=cover"])):
             res = run_checked(probe + args, os.path.join(logs, "n%d-r%d-%s.log" % (n, r, key)), key, extra_env=extra)

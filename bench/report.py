@@ -10,6 +10,7 @@ Raw samples (the `raw` document bench.py keeps in results JSON):
                    "cold_changed", "warm_changed", "cold_containers", "warm_containers",
                    "setup_maxrss_kib", "discover_cold_maxrss_kib", "discover_warm_maxrss_kib", "order",
                    "status_s", "site_s", "site_changed" (the day-two rerun measures; absent in older runs),
+                   "site_probe_pairs" (the pairs the rerun's probe stage probed; absent in older runs: every pair),
                    "probe_s", "probe_pairs", "probe_rounds", "probe_cover_s", "probe_cover_pairs",
                    "probe_cover_rounds", "router_s" (the probe and router stages alone; absent in older runs)}]},
               "memory": {"setup_pss_kib", "discover_cold_pss_kib", "discover_warm_pss_kib", "status_pss_kib"}}
@@ -76,6 +77,7 @@ def summarize_discovery(raw):
             "status_over_setup": ratio(status, setup),
             "site_over_setup": ratio(site, setup),
             "site_changed_max": max((r["site_changed"] for r in rounds if "site_changed" in r), default=None),
+            "site_probe_pairs": max((r["site_probe_pairs"] for r in rounds if "site_probe_pairs" in r), default=None),
             "probe_s": _r(median(r.get("probe_s") for r in rounds)),
             "probe_pairs": max((r["probe_pairs"] for r in rounds if "probe_pairs" in r), default=None),
             "probe_rounds": max((r["probe_rounds"] for r in rounds if "probe_rounds" in r), default=None),
@@ -196,12 +198,21 @@ PROJECT_TO = (64, 256, 1000)       # engines of the projection (half prefill, ha
 PROJECT_FROM = 8                   # fit over the measured N >= this (below it the fixed costs dominate)
 
 
+def _site_probe_s(d):
+    """The probe stage's time inside the site rerun: probe.yml alone with the same pairs (the cover when the rerun
+    probed the cover's count, narwhal_probe_pairs=auto on an unchanged fleet; every pair otherwise, as older runs)."""
+    if d.get("site_probe_pairs") is not None and d.get("site_probe_pairs") == d.get("probe_cover_pairs") \
+            and d.get("site_probe_pairs") != d.get("probe_pairs"):
+        return d.get("probe_cover_s")
+    return d.get("probe_s")
+
+
 def projection(discovery, to=PROJECT_TO):
     """Wall time of each measure projected to `to` engines from a straight line fitted over the measured N >= 8 (the
     controller's CPU is the bound on 2 cores: each host adds the same work whatever the forks), and the probe stage
-    from its cost per pair (every pair: P x D = N^2 / 4 pairs; cover: as measured, ~N); `site_pairs_s` is the site
-    rerun's other stages on a line plus that probe (the rerun probes every pair). Pure; a measure with fewer than two
-    points is left out."""
+    from its cost per pair (every pair: P x D = N^2 / 4 pairs; cover: as measured, ~N); `site_pairs_s` is a site
+    rerun with every pair (narwhal_probe_pairs=all): its other stages on a line plus that probe. Pure; a measure with
+    fewer than two points is left out."""
     ns = [n for n in sorted(discovery, key=int) if int(n) >= PROJECT_FROM] or sorted(discovery, key=int)
     out = {"fitted_over": [int(n) for n in ns], "to": list(to), "lines": {}, "projected": {}}
     for key in ("setup_s", "discover_cold_s", "discover_warm_s", "status_s", "site_s", "router_s",
@@ -216,14 +227,29 @@ def projection(discovery, to=PROJECT_TO):
     if line:
         out["lines"]["probe_s"] = {"intercept_s": _r(line[0]), "per_pair_s": _r(line[1], 5)}
         out["projected"]["probe_s"] = [_r(line[0] + line[1] * (n // 2) * (n - n // 2), 1) for n in to]
-        # the site rerun probes every pair too: its other stages on a line, plus the probe's pairs
-        rest = fit_line((int(n), discovery[n]["site_s"] - discovery[n]["probe_s"]) for n in ns
-                        if discovery[n].get("site_s") is not None and discovery[n].get("probe_s") is not None)
+        # a site rerun that probes every pair (narwhal_probe_pairs=all): its other stages on a line, plus the probe's
+        # pairs; its other stages are the rerun less the probe stage it ran (the cover, or every pair before auto)
+        rest = fit_line((int(n), discovery[n]["site_s"] - _site_probe_s(discovery[n])) for n in ns
+                        if discovery[n].get("site_s") is not None and _site_probe_s(discovery[n]) is not None)
         if rest:
             out["lines"]["site_without_probe_s"] = {"intercept_s": _r(rest[0]), "per_host_s": _r(rest[1], 4)}
             probe = out["projected"]["probe_s"]
             out["projected"]["site_pairs_s"] = [_r(rest[0] + rest[1] * n + probe[i], 1) for i, n in enumerate(to)]
     return out
+
+
+def _site_probe_text(discovery):
+    """What the site reruns' probe stage probed, from the pairs they recorded."""
+    seen = set()
+    for n in discovery:
+        d = discovery[n]
+        if d.get("site_probe_pairs") is None or d.get("site_probe_pairs") == d.get("probe_pairs"):
+            seen.add("every pair")
+        elif d.get("site_probe_pairs") == d.get("probe_cover_pairs") != d.get("probe_pairs"):
+            seen.add("the cover")
+        else:
+            seen.add("%d pairs at N=%s" % (d["site_probe_pairs"], n))
+    return ", ".join(sorted(seen))
 
 
 def _fmt(value, spec="%.2f"):
@@ -250,8 +276,8 @@ def table(discovery, launcher, goal_list, header=""):
                         d["warm_inspection_containers_max"], _fmt(mem and mem / 1024.0, "%.0f")))
     lines.append("  medians in s, forks = N; setup = ansible -m setup; disc1 = discover.yml, host caches cleared;")
     lines.append("  disc2 = discover.yml again, nothing changed; status = status.yml; site = site.yml again (nothing")
-    lines.append("  changed; probes every pair); ch2/in2 = changed tasks of disc2+site / inspection containers of")
-    lines.append("  disc2 (max over rounds); MiB = peak PSS of disc1's controller process tree")
+    lines.append("  changed; its probe stage: %s); ch2/in2 = changed tasks of disc2+site /" % _site_probe_text(discovery))
+    lines.append("  inspection containers of disc2 (max over rounds); MiB = peak PSS of disc1's controller tree")
     if any(discovery[n].get("probe_s") is not None or discovery[n].get("router_s") is not None for n in discovery):
         lines.append("stages alone, nothing changed (s): probe = probe.yml, every pair (pairs=all); cover =")
         lines.append("  narwhal_probe_pairs=cover; pairs/rounds as the probe module ran them; router = router.yml")

@@ -146,3 +146,29 @@ def test_the_projection_fits_a_line_per_host_and_a_cost_per_pair():
     text = report.table(d, None, report.goals(d, None))
     assert "projected (s) to N = 64/256/1000 from a line over N = 8,16,32" in text
     assert "site 138/522/2010" in text and max(len(line) for line in text.splitlines()) <= 100
+
+
+def test_a_site_rerun_that_probed_the_cover_subtracts_the_cover():
+    """narwhal_probe_pairs=auto: an unchanged fleet's rerun probes the cover, so its other stages are the rerun less
+    the cover's probe, and a rerun with every pair adds the probe of every pair to them."""
+    def row(n, site_probe_pairs):
+        r = _round(n / 4.0, n / 3.0, n / 5.0, status=n / 8.0, site=20.0 + 1.0 * n)
+        r.update(probe_s=2.0 + 0.01 * (n // 2) ** 2, probe_pairs=(n // 2) ** 2, probe_rounds=n,
+                 probe_cover_s=1.0 + n / 16.0, probe_cover_pairs=n, probe_cover_rounds=2, router_s=3.0,
+                 site_probe_pairs=site_probe_pairs)
+        return r
+
+    raw = {str(n): {"forks": n, "rounds": [row(n, n)], "memory": {}} for n in (8, 16, 32)}
+    d = report.summarize_discovery(raw)
+    assert d["16"]["site_probe_pairs"] == 16
+    rest = report.fit_line([(n, 20.0 + 1.0 * n - 1.0 - n / 16.0) for n in (8, 16, 32)])
+    proj = report.projection(d)
+    assert proj["lines"]["site_without_probe_s"]["per_host_s"] == pytest.approx(rest[1], abs=1e-4)
+    assert proj["projected"]["site_pairs_s"][2] == pytest.approx(rest[0] + rest[1] * 1000 + 2502.0, abs=0.1)
+    assert "its probe stage: the cover" in report.table(d, None, report.goals(d, None))
+    # a rerun that probed every pair (an older run, or narwhal_probe_pairs=all) subtracts every pair's probe
+    for n in raw:
+        raw[n]["rounds"][0]["site_probe_pairs"] = (int(n) // 2) ** 2
+    d = report.summarize_discovery(raw)
+    rest = report.fit_line([(n, 20.0 + 1.0 * n - 2.0 - 0.01 * (n // 2) ** 2) for n in (8, 16, 32)])
+    assert report.projection(d)["lines"]["site_without_probe_s"]["per_host_s"] == pytest.approx(rest[1], abs=1e-4)
