@@ -276,7 +276,8 @@ def table(discovery, launcher, goal_list, header=""):
                         d["warm_inspection_containers_max"], _fmt(mem and mem / 1024.0, "%.0f")))
     lines.append("  medians in s, forks = N; setup = ansible -m setup; disc1 = discover.yml, host caches cleared;")
     lines.append("  disc2 = discover.yml again, nothing changed; status = status.yml; site = site.yml again (nothing")
-    lines.append("  changed; its probe stage: %s); ch2/in2 = changed tasks of disc2+site /" % _site_probe_text(discovery))
+    lines.append("  changed; its probe stage: %s); ch2/in2 = changed tasks of disc2+site /"
+                 % _site_probe_text(discovery))
     lines.append("  inspection containers of disc2 (max over rounds); MiB = peak PSS of disc1's controller tree")
     if any(discovery[n].get("probe_s") is not None or discovery[n].get("router_s") is not None for n in discovery):
         lines.append("stages alone, nothing changed (s): probe = probe.yml, every pair (pairs=all); cover =")
