@@ -42,9 +42,9 @@ def call(url, key=None, body=None, request_id=None, timeout=120, extra_headers=N
     if request_id:
         headers["X-Request-Id"] = request_id
     try:
-        resp = Request(context=tls_context()).open("POST" if body is not None else "GET", url, headers=headers,
-                                                    timeout=timeout, validate_certs=True,
-                                                    data=json.dumps(body) if body is not None else None)
+        request = Request(context=tls_context())
+        resp = request.open("POST" if body is not None else "GET", url, headers=headers, timeout=timeout,
+                            validate_certs=True, data=json.dumps(body) if body is not None else None)
         text = resp.read().decode("utf-8", "replace")
         status = resp.getcode()
     except Exception as exc:  # noqa: BLE001 - HTTP errors carry a status; anything else did not answer
