@@ -198,13 +198,18 @@ PROJECT_TO = (64, 256, 1000)       # engines of the projection (half prefill, ha
 PROJECT_FROM = 8                   # fit over the measured N >= this (below it the fixed costs dominate)
 
 
+def _site_probe_kind(d):
+    """What the site rerun's probe stage probed, from the pairs it recorded: "the cover" (narwhal_probe_pairs=auto on
+    an unchanged fleet), "every pair" (older runs record nothing: they probed every pair), or None (another set)."""
+    pairs = d.get("site_probe_pairs")
+    if pairs is None or pairs == d.get("probe_pairs"):
+        return "every pair"
+    return "the cover" if pairs == d.get("probe_cover_pairs") else None
+
+
 def _site_probe_s(d):
-    """The probe stage's time inside the site rerun: probe.yml alone with the same pairs (the cover when the rerun
-    probed the cover's count, narwhal_probe_pairs=auto on an unchanged fleet; every pair otherwise, as older runs)."""
-    if d.get("site_probe_pairs") is not None and d.get("site_probe_pairs") == d.get("probe_cover_pairs") \
-            and d.get("site_probe_pairs") != d.get("probe_pairs"):
-        return d.get("probe_cover_s")
-    return d.get("probe_s")
+    """The probe stage's time inside the site rerun: probe.yml alone with the same pairs (None for another set)."""
+    return {"every pair": d.get("probe_s"), "the cover": d.get("probe_cover_s")}.get(_site_probe_kind(d))
 
 
 def projection(discovery, to=PROJECT_TO):
@@ -239,17 +244,9 @@ def projection(discovery, to=PROJECT_TO):
 
 
 def _site_probe_text(discovery):
-    """What the site reruns' probe stage probed, from the pairs they recorded."""
-    seen = set()
-    for n in discovery:
-        d = discovery[n]
-        if d.get("site_probe_pairs") is None or d.get("site_probe_pairs") == d.get("probe_pairs"):
-            seen.add("every pair")
-        elif d.get("site_probe_pairs") == d.get("probe_cover_pairs") != d.get("probe_pairs"):
-            seen.add("the cover")
-        else:
-            seen.add("%d pairs at N=%s" % (d["site_probe_pairs"], n))
-    return ", ".join(sorted(seen))
+    """What the site reruns' probe stage probed (_site_probe_kind), over every N."""
+    return ", ".join(sorted(set(_site_probe_kind(d) or "%d pairs at N=%s" % (d["site_probe_pairs"], n)
+                                for n, d in discovery.items())))
 
 
 def _fmt(value, spec="%.2f"):

@@ -121,7 +121,7 @@ def _readings(engines, timeout):
 def one_request(p, key, workers, endpoint, streamed, kind, before):
     """One request through the router between two readings of every engine's counters: `before` (the previous
     request's `after`: nothing else is sent to the engines between two requests, the comparison with each decode
-    engine's own answer comes after all of them, in compare()) -> (entry, after)."""
+    engine's own answer comes after all of them, in compare()) -> (entry, after, the prompt sent)."""
     everyone = workers["prefill"] + workers["decode"]
     unique = "narwhal-%s" % uuid.uuid4().hex[:8]
     text = traffic.prompt(unique, kind, p["block_size"])
@@ -162,14 +162,13 @@ def one_request(p, key, workers, endpoint, streamed, kind, before):
     if kv_problem:
         problems.append(kv_problem)
     entry["problems"] = problems
-    entry["_prompt"] = text
-    return entry, after
+    return entry, after, text
 
 
-def compare(p, key, workers, entry):
-    """The request's answer against each decode engine's own greedy answer to the same prompt (sent to every decode
-    engine at once); adds direct, direct_token_ids, equal, compared_as and the verdict (ok) to `entry`."""
-    endpoint, text = entry["endpoint"], entry.pop("_prompt")
+def compare(p, key, workers, entry, text):
+    """The request's answer against each decode engine's own greedy answer to the same prompt `text` (sent to every
+    decode engine at once); adds direct, direct_token_ids, equal, compared_as and the verdict (ok) to `entry`."""
+    endpoint = entry["endpoint"]
 
     def own(worker):
         ref = traffic.request_body(endpoint, p["model"], text, p["max_tokens"], False, salt=uuid.uuid4().hex)
@@ -218,13 +217,13 @@ def main():
     if auth["key"] != 200:
         problems.append("the router refuses the engines' own key on /v1/models (HTTP %s)" % auth["key"])
     rounds = max(1, int(math.ceil(max(len(workers["prefill"]), len(workers["decode"])) / float(len(traffic.matrix())))))
-    requests = []
+    sent = []
     reading = _readings(workers["prefill"] + workers["decode"], p["timeout"])
     for _round in range(rounds):
         for endpoint, streamed, kind in traffic.matrix():
-            entry, reading = one_request(p, key, workers, endpoint, streamed, kind, reading)
-            requests.append(entry)
-    requests = [compare(p, key, workers, entry) for entry in requests]
+            entry, reading, text = one_request(p, key, workers, endpoint, streamed, kind, reading)
+            sent.append((entry, text))
+    requests = [compare(p, key, workers, entry, text) for entry, text in sent]
     served = dict((w["engine"], 0) for w in workers["prefill"] + workers["decode"])
     for entry in requests:
         for engine in entry["served_by"]:
