@@ -38,6 +38,11 @@
   launch_engine.pyz --role-env PATH preview      read only: what start would do (start, replace or unchanged) and,
                                                  for a replacement, the unified diff of the running run's plan.json
                                                  against the installed plan, as one JSON document (--check --diff)
+  launch_engine.pyz --role-env PATH preview --keep-unchanged [--ready-timeout S]
+                                                 the same, and when the action is unchanged, start in the same
+                                                 command (kept and probed; exit 2 when it does not serve): the
+                                                 document adds `kept` (start's line) and `records` (the sha256 of
+                                                 each file of the installed run's directory on the host)
   launch_engine.pyz --role-env PATH check        write the plan, run the image check in a short-lived container of
                                                  the recorded image, write <NARWHAL_RUN_DIR>/checked.json
   launch_engine.pyz --role-env PATH probe-version [--timeout S] [--address A] [--health-only]
@@ -89,6 +94,9 @@ def main(argv=None):
     parser.add_argument("--stop-only", action="store_true", help="finish --rollback: restore but leave stopped")
     parser.add_argument("--rollback", action="store_true", help="finish: restore the previous container instead of "
                         "dropping it")
+    parser.add_argument("--keep-unchanged", action="store_true", help="preview: when the engine is unchanged, "
+                        "start it in the same command (kept, /health and /version probed) and report its run's "
+                        "records' sha256")
     parser.add_argument("--address", help="probe-version, status: the engine's address (default: the role env's "
                         "NARWHAL_ADVERTISED_ADDRESS)")
     args = parser.parse_args(argv)
@@ -106,7 +114,7 @@ def main(argv=None):
             stop(args.role_env)
         elif args.action == "preview":
             from narwhal_launcher.preview import preview
-            preview(args.role_env)
+            preview(args.role_env, keep_unchanged=args.keep_unchanged, ready_timeout=args.ready_timeout)
         elif args.action == "status":
             from narwhal_launcher.status import status
             status(args.role_env, address=args.address)

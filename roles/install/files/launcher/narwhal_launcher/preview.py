@@ -2,10 +2,19 @@
 image check, no container touched. Prints one JSON document: the action (start, replace or unchanged, as `start`
 decides it without --force), the container, the running and the installed plan hashes and runs, the installed
 run's directory on the host, and the plan
-difference (a unified diff of the running run's recorded plan against the installed one) when it is replaced."""
+difference (a unified diff of the running run's recorded plan against the installed one) when it is replaced.
+
+`preview --keep-unchanged` (launch, not --check): when the action is unchanged, `start` runs in the same command
+(it keeps the container and probes /health and /version against checked.json; a failure exits 2 as start's does),
+and the document adds `kept` (start's stdout line) and `records` (the sha256 of every file of the installed run's
+directory on the host, after start), so that an unchanged engine costs launch one SSH command: the controller
+fetches only the records its copy lacks (roles/launch/tasks/record.yml) without a second read."""
 import difflib
+import hashlib
+import io
 import json
 import os
+import stat
 import sys
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import (
@@ -33,7 +42,31 @@ def decide(container, running_hash, digest):
     return "replace"
 
 
-def preview(role_env_path, out=None):
+def record_digests(directory):
+    """{name: sha256} of the regular files directly in the run directory (symbolic links are not followed)."""
+    digests = {}
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return digests
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            continue
+        with os.fdopen(fd, "rb") as fh:
+            h = hashlib.sha256()
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        digests[name] = h.hexdigest()
+    return digests
+
+
+def preview(role_env_path, out=None, keep_unchanged=False, ready_timeout=None):
     role_env, _record, plan, digest = installed(role_env_path)
     name, engine = plan["name"], plan["engine"]
     container, _companions, docker_error = docker_facts(name, engine)
@@ -55,6 +88,12 @@ def preview(role_env_path, out=None):
             tofile="installed plan %s (run %s)" % (digest[:19], doc["run_id_installed"])))
         if old is None:
             doc["diff"].insert(0, "(the running container's recorded plan is not on this host: no difference shown)")
+    if keep_unchanged and action == "unchanged":
+        from narwhal_launcher.start import start
+        line = io.StringIO()
+        start(role_env_path, out=line, ready_timeout=ready_timeout)
+        doc["kept"] = line.getvalue().strip()
+        doc["records"] = record_digests(doc["run_dir_installed"])
     doc = redact_strings(doc)
     print(json.dumps(doc, indent=1, sort_keys=True), file=out or sys.stdout)
     return doc

@@ -508,6 +508,63 @@ def test_an_unchanged_engine_is_probed_and_a_wrong_version_is_refused_in_place(s
     assert again.id == first.id and again.status == "running" and _get(client, name + "-failed") is None
 
 
+def _preview(env_path, capsys, *args):
+    capsys.readouterr()
+    code = le.main(["--role-env", env_path, "preview", *args])
+    out, err = capsys.readouterr()
+    assert SECRET not in out and SECRET not in err
+    return code, out, err
+
+
+def test_preview_keeps_an_unchanged_engine_in_the_same_command(standin, capsys):
+    """preview --keep-unchanged: an unchanged engine is started (kept, probed) in the preview's command, which reports
+    start's line and the digests of the run's files; any other action is only previewed, nothing started."""
+    import hashlib
+
+    client, name = standin["client"], standin["name"]
+    env1, run1 = standin["inputs"]("r1")
+    # nothing runs yet: a start, previewed only (no container, no plan.json written)
+    code, out, _err = _preview(env1, capsys, "--keep-unchanged", "--ready-timeout", "60")
+    doc = json.loads(out)
+    assert code == 0 and doc["action"] == "start" and "kept" not in doc and "records" not in doc
+    assert _get(client, name) is None and not (run1 / "plan.json").exists()
+
+    assert le.main(["--role-env", env1, "start", "--ready-timeout", "60"]) == 0
+    first = client.containers.get(name)
+    (run1 / "version-probe.json").unlink()
+    (run1 / "stray").mkdir()
+    code, out, err = _preview(env1, capsys, "--keep-unchanged", "--ready-timeout", "60")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert code == 0 and doc["action"] == "unchanged" and doc["kept"] == "unchanged"
+    assert json.loads((run1 / "version-probe.json").read_text())["ok"] is True  # start probed /version again
+    files = sorted(p.name for p in run1.iterdir() if p.is_file())
+    assert {"plan.json", "checked.json", "deployment.json", "version-probe.json"} <= set(files)
+    assert doc["records"] == dict((n, hashlib.sha256((run1 / n).read_bytes()).hexdigest()) for n in files)
+    assert client.containers.get(name).id == first.id
+
+    # without the option, the same preview starts nothing and reports no records
+    code, out, _err = _preview(env1, capsys)
+    assert code == 0 and json.loads(out)["action"] == "unchanged" and "kept" not in json.loads(out)
+
+    # unchanged but not serving the checked version: exit 2 with start's message, the container left as it is
+    checked = json.loads((run1 / "checked.json").read_text())
+    checked["vllm_api_version"] = "0.0.1"
+    (run1 / "checked.json").write_text(json.dumps(checked))
+    code, out, err = _preview(env1, capsys, "--keep-unchanged", "--ready-timeout", "5")
+    assert code == 2 and out == ""
+    assert "the running container of this plan (%s) does not serve" % name in err
+    assert client.containers.get(name).id == first.id
+
+    # a new plan: replace, previewed only; the running container untouched
+    standin["rec"]["runtime"]["extra_args"] = ["--max-model-len", "2048"]
+    env2, _run2 = standin["inputs"]("r2")
+    code, out, _err = _preview(env2, capsys, "--keep-unchanged", "--ready-timeout", "60")
+    doc = json.loads(out)
+    assert code == 0 and doc["action"] == "replace" and "kept" not in doc and doc["diff"]
+    assert client.containers.get(name).id == first.id
+
+
 def test_status_of_a_headless_host_asks_no_http_and_reads_its_own_side_channel():
     """A host after the head of an engine across hosts has no HTTP API: its status is its container, plan and the side
     channel of its first global DP rank; nothing about /health or /version is a problem there."""
