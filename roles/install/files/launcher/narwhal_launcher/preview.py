@@ -6,9 +6,10 @@ difference (a unified diff of the running run's recorded plan against the instal
 
 `preview --keep-unchanged` (launch, not --check): when the action is unchanged, `start` runs in the same command
 (it keeps the container and probes /health and /version against checked.json; a failure exits 2 as start's does),
-and the document adds `kept` (start's stdout line) and `records` (the sha256 of every file of the installed run's
-directory on the host, after start), so that an unchanged engine costs launch one SSH command: the controller
-fetches only the records its copy lacks (roles/launch/tasks/record.yml) without a second read."""
+and the document adds `kept` (start's stdout line), `records` (the sha256 of every file of the installed run's
+directory on the host, after start) and `deployment` (its deployment.json, which holds no secret), so that an
+unchanged engine costs launch one SSH command: the controller fetches only the records its copy lacks
+(roles/launch/tasks/fetch.yml) without a second read."""
 import difflib
 import hashlib
 import io
@@ -94,6 +95,7 @@ def preview(role_env_path, out=None, keep_unchanged=False, ready_timeout=None):
         start(role_env_path, out=line, ready_timeout=ready_timeout)
         doc["kept"] = line.getvalue().strip()
         doc["records"] = record_digests(doc["run_dir_installed"])
+        doc["deployment"] = read_json_file(os.path.join(doc["run_dir_installed"], "deployment.json"))
     doc = redact_strings(doc)
     print(json.dumps(doc, indent=1, sort_keys=True), file=out or sys.stdout)
     return doc

@@ -541,6 +541,8 @@ def test_preview_keeps_an_unchanged_engine_in_the_same_command(standin, capsys):
     files = sorted(p.name for p in run1.iterdir() if p.is_file())
     assert {"plan.json", "checked.json", "deployment.json", "version-probe.json"} <= set(files)
     assert doc["records"] == dict((n, hashlib.sha256((run1 / n).read_bytes()).hexdigest()) for n in files)
+    assert doc["deployment"] == json.loads((run1 / "deployment.json").read_text())
+    assert doc["deployment"]["container_id"] == first.id and doc["deployment"]["run_id"] == "r1"
     assert client.containers.get(name).id == first.id
 
     # without the option, the same preview starts nothing and reports no records
