@@ -13,7 +13,8 @@ description:
   - Reads every path of O(files) once (type, mode, owner, and the sha256 of a file's content when O(files[].sha256)
     is given) and returns the paths that are not as wanted, so that a role writes or fetches only those
     (M(ansible.builtin.copy), M(ansible.builtin.file) and M(ansible.builtin.fetch) each cost a module run per path
-    even when nothing differs). Install and launch use it, so that a rerun with nothing changed reads each host once.
+    even when nothing differs). Install, launch and the router stage use it, so that a rerun with nothing changed
+    reads each host once.
   - Symbolic links are followed, as M(ansible.builtin.copy) follows them.
   - Digests are compared on the host and never returned; O(files[].sha256) is hidden from the output (the digest of
     the engine API key is one), and a O(files[].src) is read on the controller, where the task runs.
@@ -51,6 +52,9 @@ options:
       owner:
         description: The user that should own it (name or uid); not compared when omitted.
         type: str
+      group:
+        description: The group that should own it (name or gid); not compared when omitted.
+        type: str
 extends_documentation_fragment:
   - narwhal.deploy.attributes
   - narwhal.deploy.attributes.read_only
@@ -83,19 +87,21 @@ EXAMPLES = r"""
 
 RETURN = r"""
 differ:
-  description: The paths of O(files) that are not as wanted (absent, another type, content, mode or owner), in the
+  description: The paths of O(files) that are not as wanted (absent, another type, content, mode, owner or group), in the
     order of O(files).
   returned: success
   type: list
   elements: str
   sample: [/opt/narwhal/config/engine-2.env]
 reasons:
-  description: For each path of RV(differ), why (C(content), C(mode), C(owner), or C(absent, not a file) and the like).
+  description: For each path of RV(differ), why (C(content), C(mode), C(owner), C(group), or C(absent, not a file) and the
+    like).
   returned: success
   type: dict
   sample: {"/opt/narwhal/config/engine-2.env": ["content"]}
 """
 
+import grp
 import hashlib
 import os
 import pwd
@@ -107,7 +113,8 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.held import
 
 
 def read_path(path, digest):
-    """What the host holds at path: state, mode, owner, uid and (digest) the sha256 of a regular file's content."""
+    """What the host holds at path: state, mode, owner, uid, group, gid and (digest) the sha256 of a regular file's
+    content."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -122,7 +129,12 @@ def read_path(path, digest):
         owner = pwd.getpwuid(st.st_uid).pw_name
     except KeyError:
         owner = str(st.st_uid)
-    found = {"state": state, "mode": stat.S_IMODE(st.st_mode), "owner": owner, "uid": st.st_uid}
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    found = {"state": state, "mode": stat.S_IMODE(st.st_mode), "owner": owner, "uid": st.st_uid, "group": group,
+             "gid": st.st_gid}
     if digest and state == "file":
         sha = hashlib.sha256()
         with open(path, "rb") as fh:
@@ -142,6 +154,7 @@ def main():
                 src=dict(type="path"),
                 mode=dict(type="str"),
                 owner=dict(type="str"),
+                group=dict(type="str"),
             )),
         ),
         supports_check_mode=True,

@@ -22,8 +22,9 @@ def mode_bits(mode):
 
 def why_differs(want, have):
     """The reasons a held path is not as wanted (empty: it is). `want`: path, state (file or directory), and
-    optionally sha256 (of a file's content; an empty string matches no file), mode, owner. `have`: what the read
-    found: state (file, directory, absent or other), mode (int), owner (name, or uid as a string), sha256 (files)."""
+    optionally sha256 (of a file's content; an empty string matches no file), mode, owner, group. `have`: what the
+    read found: state (file, directory, absent or other), mode (int), owner (name, or uid as a string), uid, group
+    (name, or gid as a string), gid, sha256 (files)."""
     state = want.get("state") or "file"
     if have.get("state") != state:
         return ["%s, not a %s" % (have.get("state") or "absent", state)]
@@ -35,6 +36,8 @@ def why_differs(want, have):
         reasons.append("mode")
     if want.get("owner") and str(want["owner"]) not in (have.get("owner"), str(have.get("uid"))):
         reasons.append("owner")
+    if want.get("group") and str(want["group"]) not in (have.get("group"), str(have.get("gid"))):
+        reasons.append("group")
     return reasons
 
 

@@ -3,6 +3,7 @@
 """held_files (plugins/modules/held_files.py and its action plugin): one read of real files names the paths that
 differ, never returns a digest, and the action turns a controller src into its sha256."""
 
+import grp
 import hashlib
 import os
 import pwd
@@ -48,6 +49,19 @@ def test_what_differs_is_named_and_no_digest_is_returned(module_runner, tmp_path
     assert result["reasons"] == {str(conf): ["mode"], str(env): ["content", "mode"],
                                  str(missing): ["absent, not a file"]}
     assert "0" * 64 not in repr(result) and hashlib.sha256(b"NARWHAL_ENGINE=engine-2\n").hexdigest() not in repr(result)
+
+
+def test_the_group_is_read_and_compared(module_runner, tmp_path):
+    _conf, env = _tree(tmp_path)
+    mine = grp.getgrgid(os.getgid()).gr_name
+    other = next((g.gr_name for g in grp.getgrall() if g.gr_gid != os.getgid()), "no-such-group")
+    how, result = module_runner(held_files.main, {"files": [
+        {"path": str(env), "group": mine}, {"path": str(env) + ".b", "group": mine}]})
+    assert how == "exit" and result["differ"] == [str(env) + ".b"]
+    how, result = module_runner(held_files.main, {"files": [{"path": str(env), "group": other}]})
+    assert how == "exit" and result["reasons"] == {str(env): ["group"]}
+    how, result = module_runner(held_files.main, {"files": [{"path": str(env), "group": str(os.getgid())}]})
+    assert how == "exit" and result["differ"] == []
 
 
 def test_src_reaches_the_module_only_through_its_action(module_runner, tmp_path):

@@ -56,6 +56,14 @@ def test_an_owner_given_as_uid_matches_the_uid():
     assert why_differs(dict(FILE, owner="1000"), dict(HELD_FILE, owner="root", uid=0)) == ["owner"]
 
 
+def test_a_group_is_compared_by_name_or_gid():
+    held = dict(HELD_FILE, group="root", gid=0)
+    assert why_differs(dict(FILE, group="root"), held) == [] and why_differs(dict(FILE, group="0"), held) == []
+    assert why_differs(dict(FILE, group="narwhal"), held) == ["group"]
+    assert why_differs(dict(FILE, group="27"), dict(held, group="sudo", gid=27)) == []
+    assert why_differs(FILE, dict(held, group="sudo", gid=27)) == []  # not given: not compared
+
+
 def test_order_is_that_of_wanted_and_the_first_entry_of_a_path_counts():
     other = dict(FILE, path="/opt/narwhal/bin/launch_engine.pyz")
     found = differences([other, FILE, dict(FILE, sha256="cd" * 32)], {})
