@@ -1,46 +1,19 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """narwhal.deploy.held_files, the action plugin (documentation: plugins/modules/held_files.py).
-Turns each `src` (a file on the controller) into the sha256 of its content here, then runs the module on the task's
-host: one module run compares the host's files with the controller's, and no digest is logged."""
+Turns each `src` (a file on the controller) into the sha256 of its content here (plugin_utils/_held.py), then runs
+the module on the task's host: one module run compares the host's files with the controller's, and no digest is
+logged."""
 
 from __future__ import annotations
 
-import hashlib
-
 from ansible.plugins.action import ActionBase
+
+from ansible_collections.narwhal.deploy.plugins.plugin_utils._held import controller_sha256, with_digests
 
 __metaclass__ = type
 
-
-def controller_sha256(path):
-    """sha256 (hex) of a controller file's content; '' when it does not exist (an empty sha256 matches no host
-    file, so the path differs and the role writes or fetches it)."""
-    sha = hashlib.sha256()
-    try:
-        with open(path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                sha.update(chunk)
-    except FileNotFoundError:
-        return ""
-    return sha.hexdigest()
-
-
-def with_digests(files):
-    """The module's `files` with every `src` replaced by the sha256 of that controller file -> (files, error)."""
-    done = []
-    for item in files or []:
-        if isinstance(item, dict) and item.get("src") is not None:
-            item = dict(item)
-            src = item.pop("src")
-            if item.get("sha256") is not None:
-                return None, "files: %s has both src and sha256; give one" % item.get("path")
-            try:
-                item["sha256"] = controller_sha256(src)
-            except OSError as exc:
-                return None, "files: cannot read %s on the controller: %s" % (src, exc.strerror or exc)
-        done.append(item)
-    return done, None
+__all__ = ["ActionModule", "controller_sha256", "with_digests"]
 
 
 class ActionModule(ActionBase):
@@ -53,7 +26,7 @@ class ActionModule(ActionBase):
         args = dict(self._task.args)
         files, error = with_digests(args.get("files"))
         if error:
-            result.update(failed=True, msg=error)
+            result.update(failed=True, msg="files: " + error)
             return result
         args["files"] = files
         try:

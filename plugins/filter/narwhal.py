@@ -30,7 +30,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers impor
 from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers import probe_pairs as fleet_pairs
 from ansible_collections.narwhal.deploy.plugins.module_utils._monitor.targets import file_sd, fleet_name
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import member_view
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import install_paths
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import install_paths, install_plan
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.subst import SubstitutionError, resolve_values
 from ansible_collections.narwhal.deploy.plugins.module_utils._probe.fabric import (
     bits_text,
@@ -226,6 +226,15 @@ def summary_row(entry):
         entry.get("probe") or "-")
 
 
+def install_plan_filter(paths, record, role_env_text, launcher_sha256, api_key_file, owner="root"):
+    """What install writes on an engine host and held_files' list of what the host should then hold
+    (_plan/role_env.py::install_plan, the one owner; roles/install and roles/prepare)."""
+    if not isinstance(paths, dict) or not isinstance(record, dict) or not isinstance(role_env_text, str):
+        raise AnsibleFilterError("install_plan takes the install paths (a dict), the launch record (a dict) and the "
+                                 "role environment's text")
+    return install_plan(paths, record, role_env_text, launcher_sha256, api_key_file, owner)
+
+
 def install_paths_filter(checkout, engine):
     """Where install put an engine's files in the engine checkout (_plan/role_env.py::install_paths, the one owner)."""
     paths = install_paths(checkout, engine, "")
@@ -399,7 +408,8 @@ class FilterModule:
                 "probe_row": probe_row, "probe_figures": probe_figures,
                 "status_row": status_row, "status_problems": status_problems,
                 "summary_entry": summary_entry, "summary_row": summary_row,
-                "install_paths": install_paths_filter, "node_settings": node_settings,
+                "install_paths": install_paths_filter, "install_plan": install_plan_filter,
+                "node_settings": node_settings,
                 "inventory_engines": inventory_engines, "engine_hosts": engine_hosts,
                 "member_record": member_record, "status_key": status_key,
                 "launcher_command": launcher_command, "router_plan": router_plan,

@@ -30,6 +30,10 @@ description:
   - With O(read_gpus), also reads the GPUs as M(narwhal.deploy.gpu_facts) does (below O(sysfs_root) and O(dev_root),
     the same facts and the same errors) and returns them as the fact C(narwhal_gpus), after every prerequisite
     passed, so that prepare's host checks are one module run per host.
+  - With O(held), also reads what the host holds of those paths, as M(narwhal.deploy.held_files) does, and returns
+    the paths that differ as RV(held_differ): prepare reads what install would write, and install writes only those
+    paths without a read of its own. Its action plugin turns each O(held[].src) (a controller file) into the
+    sha256 of its content on the controller; no digest is returned.
 options:
   record:
     description: The engine's launch record (one entry of the launch config).
@@ -48,6 +52,37 @@ options:
     description: Also read the GPUs (the fact C(narwhal_gpus)), once every prerequisite passed.
     type: bool
     default: false
+  held:
+    description:
+      - What the host should hold, as M(narwhal.deploy.held_files)' O(narwhal.deploy.held_files#module:files) (the same
+        suboptions and comparison); read once every prerequisite passed. Not read when omitted.
+    type: list
+    elements: dict
+    suboptions:
+      path:
+        description: Absolute path on the host.
+        type: path
+        required: true
+      state:
+        description: A regular file or a directory.
+        type: str
+        choices: [file, directory]
+        default: file
+      sha256:
+        description: The sha256 (hex) the file's content should have; an empty string matches no file.
+        type: str
+      src:
+        description: A controller file whose content the host's file should have (read by the action plugin).
+        type: path
+      mode:
+        description: The permission bits it should have, in octal.
+        type: str
+      owner:
+        description: The user that should own it (name or uid).
+        type: str
+      group:
+        description: The group that should own it (name or gid).
+        type: str
 attributes:
   idempotent:
     description: Never changes anything.
@@ -114,6 +149,12 @@ ansible_facts:
       type: dict
       returned: success and O(read_gpus)
       sample: {"vendor": "none", "gpus": [], "devices": [], "driver_version": null, "source": null}
+held_differ:
+  description: With O(held), its paths that the host does not hold as wanted, in the order of O(held).
+  returned: success and O(held)
+  type: list
+  elements: str
+  sample: [/opt/narwhal/config/engine-2.env]
 python:
   description: The Python that ran the check (and will run the launcher).
   returned: always
@@ -128,6 +169,12 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.six.moves.urllib.parse import urlsplit
 from ansible.module_utils.urls import open_url
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.held import (
+    HELD_FILE_SPEC,
+    SRC_ON_CONTROLLER,
+    HeldReadError,
+    read_held,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.ports import rpc_port, side_channel_range
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.specs import (
     COMMAND_TIMEOUT_SPEC,
@@ -304,6 +351,7 @@ def main():
                            attestation_url=dict(type="str"),
                            attestation_timeout=dict(type="int", default=5),
                            read_gpus=dict(type="bool", default=False),
+                           held=dict(type="list", elements="dict", options=HELD_FILE_SPEC),
                            **HOST_ROOTS_SPEC,
                            **COMMAND_TIMEOUT_SPEC),
         supports_check_mode=True,
@@ -386,8 +434,16 @@ def main():
     if module.params["read_gpus"]:  # gpu_facts' read, in this run (its failures end the module as they end gpu_facts)
         p = module.params
         facts["narwhal_gpus"] = read_gpus(module, p["sysfs_root"], p["dev_root"], p["command_timeout"])
+    held = {}
+    if module.params["held"] is not None:  # held_files' read, for install (roles/prepare passes install's paths)
+        if any(want.get("src") is not None for want in module.params["held"]):
+            module.fail_json(msg="held: " + SRC_ON_CONTROLLER % "engine_prereqs")
+        try:
+            held["held_differ"] = list(read_held(module.params["held"]))
+        except HeldReadError as exc:
+            module.fail_json(msg="held: %s" % exc)
     module.exit_json(changed=False, image_id=image_id, python=sys.executable, attestation=attestation,
-                     ansible_facts=facts)
+                     ansible_facts=facts, **held)
 
 
 if __name__ == "__main__":

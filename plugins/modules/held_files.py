@@ -101,80 +101,30 @@ reasons:
   sample: {"/opt/narwhal/config/engine-2.env": ["content"]}
 """
 
-import grp
-import hashlib
-import os
-import pwd
-import stat
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.held import differences
-
-
-def read_path(path, digest):
-    """What the host holds at path: state, mode, owner, uid, group, gid and (digest) the sha256 of a regular file's
-    content."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return {"state": "absent"}
-    if stat.S_ISDIR(st.st_mode):
-        state = "directory"
-    elif stat.S_ISREG(st.st_mode):
-        state = "file"
-    else:
-        state = "other"
-    try:
-        owner = pwd.getpwuid(st.st_uid).pw_name
-    except KeyError:
-        owner = str(st.st_uid)
-    try:
-        group = grp.getgrgid(st.st_gid).gr_name
-    except KeyError:
-        group = str(st.st_gid)
-    found = {"state": state, "mode": stat.S_IMODE(st.st_mode), "owner": owner, "uid": st.st_uid, "group": group,
-             "gid": st.st_gid}
-    if digest and state == "file":
-        sha = hashlib.sha256()
-        with open(path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                sha.update(chunk)
-        found["sha256"] = sha.hexdigest()
-    return found
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.held import (
+    HELD_FILE_SPEC,
+    SRC_ON_CONTROLLER,
+    HeldReadError,
+    read_held,
+)
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            files=dict(type="list", elements="dict", required=True, options=dict(
-                path=dict(type="path", required=True),
-                state=dict(type="str", choices=["file", "directory"], default="file"),
-                sha256=dict(type="str", no_log=True),
-                src=dict(type="path"),
-                mode=dict(type="str"),
-                owner=dict(type="str"),
-                group=dict(type="str"),
-            )),
+            files=dict(type="list", elements="dict", required=True, options=HELD_FILE_SPEC),
         ),
         supports_check_mode=True,
     )
     wanted = module.params["files"]
     if any(want.get("src") is not None for want in wanted):  # the action plugin reads src on the controller
-        module.fail_json(msg="files: src is read on the controller by the held_files action plugin; run the module "
-                             "through its action (narwhal.deploy.held_files), or give sha256")
-    held = {}
-    for want in wanted:
-        path = want["path"]
-        try:
-            held[path] = read_path(path, want.get("sha256") is not None)
-        except OSError as exc:
-            module.fail_json(msg="cannot read %s: %s; check that the connecting user can read it (become)"
-                                 % (path, exc.strerror or exc))
+        module.fail_json(msg="files: " + SRC_ON_CONTROLLER % "held_files")
     try:
-        reasons = differences(wanted, held)
-    except ValueError as exc:
-        module.fail_json(msg="a mode of files is not octal: %s" % exc)
+        reasons = read_held(wanted)
+    except HeldReadError as exc:
+        module.fail_json(msg=str(exc))
     module.exit_json(changed=False, differ=list(reasons), reasons=reasons)
 
 

@@ -140,6 +140,14 @@ launcher_sha256:
   description: sha256 of the launcher snapshot (with O(from_run), the earlier run's).
   returned: success
   type: str
+role_env_texts:
+  description:
+    - Per engine, the text of each host's role environment as the write stage writes it, by C(narwhal_rank) as a
+      string (C("0") the head, C("<k>") the other hosts of an engine across hosts). The prepare role builds
+      install's wanted list from it before the write, so that the host checks also read what install would write.
+  returned: success
+  type: dict
+  sample: {"engine-1": {"0": "# Role environment of engine-1, written by narwhal.deploy prepare/install...\n"}}
 manifest:
   description: The run's manifest; with O(from_run) it has C(relaunched_from) (the earlier run ID) and the earlier
     run's C(inputs).

@@ -6,6 +6,10 @@ format and parser), the install paths it names, and the engine API key file it p
 
 from __future__ import annotations
 
+import hashlib
+import json
+import posixpath
+
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENV_NAME
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.words import control_character
@@ -29,6 +33,26 @@ def install_paths(checkout, engine, run_id):
         "api_key": "%s/config/engine-api.key" % checkout,
         "run_dir": "%s/runs/%s" % (checkout, run_id),
     }
+
+
+def install_plan(paths, record, role_env_text, launcher_sha256, api_key_file, owner="root"):
+    """What install writes on an engine host and what the host should then hold (roles/install; roles/prepare reads
+    the same list with its host checks): `record_text` (the launch record as ansible's to_nice_json(indent=2) writes
+    it, and a newline) and `wanted`, held_files' list - the checkout's directories, then the record, role environment,
+    launcher (its prepared sha256) and API key (`src`, the controller file, digested by the action plugin)."""
+    record_text = json.dumps(record, indent=2, sort_keys=True, separators=(",", ": ")) + "\n"
+    parent = dict((key, posixpath.dirname(paths[key])) for key in ("record", "launcher", "run_dir"))
+    return {"record_text": record_text, "wanted": [
+        {"path": parent["record"], "state": "directory", "mode": "0700", "owner": owner},
+        {"path": parent["launcher"], "state": "directory", "mode": "0755", "owner": owner},
+        {"path": parent["run_dir"], "state": "directory", "mode": "0700", "owner": owner},
+        {"path": paths["record"], "sha256": hashlib.sha256(record_text.encode("utf-8")).hexdigest(), "mode": "0600",
+         "owner": owner},
+        {"path": paths["role_env"], "sha256": hashlib.sha256(role_env_text.encode("utf-8")).hexdigest(),
+         "mode": "0600", "owner": owner},
+        {"path": paths["launcher"], "sha256": launcher_sha256, "mode": "0755", "owner": owner},
+        {"path": paths["api_key"], "src": api_key_file, "mode": "0600", "owner": owner},
+    ]}
 
 
 def model_mount(record):

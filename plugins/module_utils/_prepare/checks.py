@@ -213,6 +213,13 @@ def render_role_env(role_env):
         raise InputError(exc.key or "NARWHAL_ENV_FILE", str(exc))
 
 
+def role_env_texts(derived):
+    """Each host's role environment file of one derived engine, as prepare writes it: {"0": the head's, "<k>": the
+    host of narwhal_rank k's} (<engine>.env and <engine>.member-<k>.env in the run)."""
+    return dict([("0", render_role_env(derived["role_env"]))] + [
+        (k, render_role_env(host["role_env"])) for k, host in sorted((derived.get("members") or {}).items())])
+
+
 def run_id(engines, records, derived, launcher_sha256, inputs_sha):
     material = canonical({"engines": sorted(engines), "records": dict((e, records[e]) for e in engines),
                           "derived": dict((e, {"environment": derived[e]["environment"],

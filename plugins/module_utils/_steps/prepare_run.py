@@ -42,7 +42,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.checks imp
     compatibility,
     derive,
     past_run,
-    render_role_env,
+    role_env_texts,
     run_id,
     sha256_text,
     shared_hosts,
@@ -282,8 +282,17 @@ def prepare_run(module):
         derived = dict((e, derive(records[e], checkout, rid)) for e in engines)
         check_key_file(paths["api_key_file"])
         collection = collection_identity(module, p["collection"])
+        rev, dirty = revision(module, root)
+        for e in engines:
+            # The launcher records it in deployment.json with the container ID and its own digest.
+            for host in [derived[e]] + list((derived[e].get("members") or {}).values()):
+                host["role_env"]["NARWHAL_APP_REVISION"] = "%s%s" % (rev or "unknown", "-dirty" if dirty else "")
+                host["role_env"]["NARWHAL_COLLECTION"] = "%(name)s %(version)s (%(build)s)" % collection
+        # Each host's role environment as the write stage writes it ({engine: {"0": head, "<k>": narwhal_rank k}}):
+        # prepare reads what install would write with its host checks (roles/prepare, engine_prereqs' held).
+        texts = dict((e, role_env_texts(derived[e])) for e in engines)
         result = {"changed": False, "run_id": rid, "records": dict((e, records[e]) for e in engines),
-                  "derived": derived, "launcher_sha256": launcher_sha}
+                  "derived": derived, "launcher_sha256": launcher_sha, "role_env_texts": texts}
         if p["stage"] == "validate":
             return result
         for e in engines:
@@ -296,12 +305,6 @@ def prepare_run(module):
         module.fail_json(msg="prepare refused, no run was created: %s" % exc, input=exc.key)
     except OutputError as exc:
         module.fail_json(msg="prepare: %s" % exc, path=exc.path)
-    rev, dirty = revision(module, root)
-    for e in engines:
-        # The launcher records it in deployment.json with the container ID and its own digest.
-        for host in [derived[e]] + list((derived[e].get("members") or {}).values()):
-            host["role_env"]["NARWHAL_APP_REVISION"] = "%s%s" % (rev or "unknown", "-dirty" if dirty else "")
-            host["role_env"]["NARWHAL_COLLECTION"] = "%(name)s %(version)s (%(build)s)" % collection
     runs_dir = paths["runs_dir"]
     run_dir = os.path.join(runs_dir, rid)
     manifest = {
@@ -331,9 +334,9 @@ def prepare_run(module):
              os.path.join(run_dir, "launch_engine.pyz.sha256"): ("%s  launch_engine.pyz\n" % launcher_sha, 0o600)}
     for e in engines:
         files[os.path.join(run_dir, e, "engine-launch.%s.json" % e)] = (json.dumps(records[e], indent=2) + "\n", 0o600)
-        files[os.path.join(run_dir, e, "%s.env" % e)] = (render_role_env(derived[e]["role_env"]), 0o600)
-        for k, host in sorted((derived[e].get("members") or {}).items()):
-            files[os.path.join(run_dir, e, "%s.member-%s.env" % (e, k))] = (render_role_env(host["role_env"]), 0o600)
+        files[os.path.join(run_dir, e, "%s.env" % e)] = (texts[e]["0"], 0o600)
+        for k in sorted(derived[e].get("members") or {}):
+            files[os.path.join(run_dir, e, "%s.member-%s.env" % (e, k))] = (texts[e][k], 0o600)
         files[os.path.join(run_dir, e, "prepared.json")] = (json.dumps(
             {"environment": derived[e]["environment"], "vllm_args": derived[e]["vllm_args"],
              "container": derived[e]["container"], "plan_hash": derived[e]["plan_hash"]}, indent=2) + "\n", 0o600)

@@ -4,6 +4,7 @@
 attestation sidecar (accepted, reported); anything else on the engine's ports is refused, naming port and fix.
 Real listening sockets on 127.0.0.1 and real GETs (found through /proc/net/tcp as on an engine host)."""
 
+import hashlib
 import json
 import socket
 import threading
@@ -220,6 +221,7 @@ def test_prepare_reads_the_interface_once_as_interface_facts_would(module_runner
     kind, result = module_runner(engine_prereqs.main, {"record": record})
     assert kind == "exit", result
     assert len(calls.read_text().split()) == 1
+    assert "held_differ" not in result  # nothing asked, nothing read
     kind, facts = module_runner(interface_facts.main, {"name": "eth1"})
     assert kind == "exit"
     assert result["ansible_facts"]["narwhal_interface"] == facts["ansible_facts"]["narwhal_interface"]
@@ -229,6 +231,23 @@ def test_prepare_reads_the_interface_once_as_interface_facts_would(module_runner
     assert kind == "fail" and result["problems"] == ["eth1 no longer carries the recorded address 172.31.241.11; "
                                                      "rerun discovery"], result
     assert len(calls.read_text().split()) == 3
+
+    # held: the same run reads what install would write (held_files' comparison), never returning a digest
+    record["node"]["address"] = "172.31.241.99"
+    env = tmp_path / "engine-1.env"
+    env.write_text("NARWHAL_ENGINE=engine-1\n")
+    env.chmod(0o600)
+    sha = hashlib.sha256(b"NARWHAL_ENGINE=engine-1\n").hexdigest()
+    held = [{"path": str(tmp_path), "state": "directory"},
+            {"path": str(env), "sha256": sha, "mode": "0600"},
+            {"path": str(env) + ".key", "sha256": "1" * 64, "mode": "0600"},
+            {"path": str(tmp_path / "ip.json"), "mode": "0600"}]
+    kind, result = module_runner(engine_prereqs.main, {"record": record, "held": held})
+    assert kind == "exit", result
+    assert result["held_differ"] == [str(env) + ".key", str(tmp_path / "ip.json")]
+    assert sha not in repr(result) and "1" * 64 not in repr(result)
+    kind, result = module_runner(engine_prereqs.main, {"record": record, "held": [{"path": str(env), "src": "/x"}]})
+    assert kind == "fail" and "action plugin" in result["msg"]
 
 
 # ------------------------------------------------------------------------------------------ the fabric link

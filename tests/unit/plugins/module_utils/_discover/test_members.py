@@ -16,8 +16,8 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._discover.fleet imp
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.validate import load_inputs
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import record_errors
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import container_spec, member_view
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import role_environment
-from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.checks import derive, shared_hosts
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import render_role_env, role_environment
+from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.checks import derive, role_env_texts, shared_hosts
 from ansible_collections.narwhal.deploy.plugins.module_utils._steps import discovery_outputs as _discovery_outputs
 
 MIXTRAL = "aiconf__mistralai--Mixtral-8x7B-v0.1"
@@ -111,6 +111,19 @@ def test_prepare_derives_every_host_and_checks_the_members_machines(tmp_path, de
     clash["engine-2"]["node"]["side_channel_port"] = 5700
     assert clash["engine-2"]["node"]["engine_port"] == clash["engine-1"]["node"]["engine_port"]
     shared_hosts(clash)
+
+
+def test_each_host_of_an_engine_across_hosts_has_its_role_environment_file(tmp_path, dev):
+    """role_env_texts: what prepare writes as <engine>.env and <engine>.member-<k>.env, and what its host checks read
+    install's files against (the head's, then each other host's with its rank, address and interface)."""
+    _inputs, records, _extracts = plan_site(tmp_path)
+    derived = derive(records["engine-1"], "/opt/narwhal", "run-x")
+    texts = role_env_texts(derived)
+    assert sorted(texts) == ["0", "1"]
+    assert texts["0"] == render_role_env(derived["role_env"]) and "NARWHAL_ENGINE_MEMBER" not in texts["0"]
+    assert texts["1"] == render_role_env(derived["members"]["1"]["role_env"])
+    assert "NARWHAL_ENGINE_MEMBER=1\n" in texts["1"] and "NARWHAL_ADVERTISED_ADDRESS=10.0.0.12\n" in texts["1"]
+    assert list(role_env_texts(derive(records["engine-2"], "/opt/narwhal", "run-x"))) == ["0"]
 
 
 def test_the_heads_data_parallel_rpc_port_is_one_of_its_hosts_ports(tmp_path, dev):

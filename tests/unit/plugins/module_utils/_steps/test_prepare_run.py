@@ -107,8 +107,13 @@ def test_prepare_write_creates_the_run(root, run_module, pd_launch):
         assert prepared == {"environment": derived["environment"], "vllm_args": derived["vllm_args"],
                             "container": derived["container"], "plan_hash": derived["plan_hash"]}
         assert manifest["engines"][e]["plan_hash"] == derived["plan_hash"]
-    # the plan stage reports the same run ID
-    assert run_module(prep_args(root))[1]["run_id"] == rid
+    # the validate stage reports the same run ID, and the role environments the write stage wrote, byte for byte
+    # (prepare's host checks read what install would write from them: roles/prepare, engine_prereqs' held)
+    validated = run_module(prep_args(root))[1]
+    assert validated["run_id"] == rid
+    for e in ("engine-1", "engine-2"):
+        assert validated["role_env_texts"][e] == {"0": (run_dir / e / ("%s.env" % e)).read_text()}
+        assert validated["derived"][e]["role_env"] == result["derived"][e]["role_env"]
     # again: nothing changes
     status, again = run_module(prep_args(root, "write", good_hosts()))
     assert status == "exit" and again["changed"] is False and again["run_id"] == rid
