@@ -169,12 +169,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.six.moves.urllib.parse import urlsplit
 from ansible.module_utils.urls import open_url
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.held import (
-    HELD_FILE_SPEC,
-    SRC_ON_CONTROLLER,
-    HeldReadError,
-    read_held,
-)
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.held import HELD_FILE_SPEC, SRC_ON_CONTROLLER
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.ports import rpc_port, side_channel_range
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.specs import (
     COMMAND_TIMEOUT_SPEC,
@@ -183,9 +178,11 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.specs impor
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import (
     CommandTimeoutError,
+    HeldReadError,
     excerpt,
     host_id,
     host_name,
+    read_held,
     run_bounded,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.urls import attestation_url

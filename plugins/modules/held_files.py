@@ -103,12 +103,8 @@ reasons:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.held import (
-    HELD_FILE_SPEC,
-    SRC_ON_CONTROLLER,
-    HeldReadError,
-    read_held,
-)
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.held import HELD_FILE_SPEC, SRC_ON_CONTROLLER
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import HeldReadError, read_held
 
 
 def main():

@@ -10,20 +10,24 @@ instead of blocking the module. AnsibleModule.run_command has no timeout in ever
 coreutils `timeout` waits for its child forever, hence subprocess here.
 
 open_regular() opens a file for reading without blocking on a FIFO and refuses anything that is not a regular
-file, naming what it is (FIFO, socket, device, symlink loop).
+file, naming what it is (FIFO, socket, device, symlink loop). read_held() is the one read of what a host holds of a
+wanted list (_common/held.py: its options and the pure comparison).
 Python 3.8 compatible (runs on engine hosts).
 """
 
 from __future__ import annotations
 
 import errno
+import grp
 import hashlib
 import os
+import pwd
 import signal
 import socket
 import stat
 import subprocess
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.held import differences
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.specs import DEFAULT_TIMEOUT
 
 __metaclass__ = type
@@ -169,3 +173,57 @@ def read_regular(path, limit=None):
     """The bytes of a regular file (at most limit + 1 when a limit is given); see open_regular."""
     with open_regular(path) as handle:
         return handle.read() if limit is None else handle.read(limit + 1)
+
+
+class HeldReadError(Exception):
+    """A wanted path could not be read (its message names it and the fix)."""
+
+
+def read_path(path, digest):
+    """What the host holds at path: state, mode, owner, uid, group, gid and (digest) the sha256 of a regular file's
+    content."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return {"state": "absent"}
+    if stat.S_ISDIR(st.st_mode):
+        state = "directory"
+    elif stat.S_ISREG(st.st_mode):
+        state = "file"
+    else:
+        state = "other"
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = str(st.st_uid)
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    found = {"state": state, "mode": stat.S_IMODE(st.st_mode), "owner": owner, "uid": st.st_uid, "group": group,
+             "gid": st.st_gid}
+    if digest and state == "file":
+        sha = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                sha.update(chunk)
+        found["sha256"] = sha.hexdigest()
+    return found
+
+
+def read_held(wanted):
+    # the read of _common/held.py's wanted list (held_files, engine_prereqs' held); differences() is the pure part
+    """{path: reasons} of the wanted paths the host does not hold as wanted, after one read of each path. Raises
+    HeldReadError naming a path it cannot read, or a mode that is not octal."""
+    held = {}
+    for want in wanted:
+        path = want["path"]
+        try:
+            held[path] = read_path(path, want.get("sha256") is not None)
+        except OSError as exc:
+            raise HeldReadError("cannot read %s: %s; check that the connecting user can read it (become)"
+                                % (path, exc.strerror or exc))
+    try:
+        return differences(wanted, held)
+    except ValueError as exc:
+        raise HeldReadError("a mode of files is not octal: %s" % exc)
