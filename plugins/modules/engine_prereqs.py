@@ -31,7 +31,7 @@ description:
     the same facts and the same errors) and returns them as the fact C(narwhal_gpus), after every prerequisite
     passed, so that prepare's host checks are one module run per host.
   - With O(held), also reads what the host holds of those paths, as M(narwhal.deploy.held_files) does, and returns
-    the paths that differ as RV(held_differ): prepare reads what install would write, and install writes only those
+    the paths that differ as RV(held_differ) - prepare reads what install would write, and install writes only those
     paths without a read of its own. Its action plugin turns each O(held[].src) (a controller file) into the
     sha256 of its content on the controller; no digest is returned.
 options:
