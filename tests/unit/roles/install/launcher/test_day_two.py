@@ -228,10 +228,13 @@ def test_the_ready_timeout_help_is_true():
     text = " ".join(out.getvalue().split())
     assert "(default 300; the launch stage passes the site's NARWHAL_ENGINE_READY_TIMEOUT, default 900)" in text
     assert le.DEFAULT_READY_TIMEOUT == 300.0
-    for tasks in ("main.yml", "restart.yml"):  # a start, and a restart of a decode (start --force)
+    for tasks in ("start.yml", "restart.yml"):  # a start, and a restart of a decode (start --force)
         launch = " ".join((REPO / "roles" / "launch" / "tasks" / tasks).read_text().split())
         assert "--ready-timeout {{ narwhal_site.site.NARWHAL_ENGINE_READY_TIMEOUT }}" in launch, tasks
         assert "{{ __launch_launcher }} start" in launch, tasks
+    # and the start of an unchanged engine in the preview's command (preview --keep-unchanged)
+    keep = " ".join((REPO / "roles" / "launch" / "vars" / "main.yml").read_text().split())
+    assert "['--keep-unchanged', '--ready-timeout', narwhal_site.site.NARWHAL_ENGINE_READY_TIMEOUT | string]" in keep
     catalogue = {spec["name"]: spec for spec in INPUTS}
     assert catalogue["NARWHAL_ENGINE_READY_TIMEOUT"]["default"] == 900
     with pytest.raises(le.LaunchError, match="NARWHAL_ENGINE_READY_TIMEOUT is not a key the launcher reads"):
