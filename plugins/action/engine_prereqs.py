@@ -7,30 +7,12 @@ what install would write there, and no digest is logged."""
 
 from __future__ import annotations
 
-from ansible.plugins.action import ActionBase
-
-from ansible_collections.narwhal.deploy.plugins.plugin_utils._held import with_digests
+from ansible_collections.narwhal.deploy.plugins.plugin_utils._held import DigestingAction
 
 __metaclass__ = type
 
 
-class ActionModule(ActionBase):
-    _supports_check_mode = True
-    _supports_async = False
-
-    def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
-        del tmp  # tmp no longer has any effect
-        args = dict(self._task.args)
-        if args.get("held") is not None:
-            held, error = with_digests(args["held"])
-            if error:
-                result.update(failed=True, msg="held: " + error)
-                return result
-            args["held"] = held
-        try:
-            result.update(self._execute_module(module_name="narwhal.deploy.engine_prereqs", module_args=args,
-                                               task_vars=task_vars))
-        finally:  # the remote temporary directory of a run without pipelining
-            self._remove_tmp_path(self._connection._shell.tmpdir)
-        return result
+class ActionModule(DigestingAction):
+    _MODULE = "narwhal.deploy.engine_prereqs"
+    _OPTION = "held"
+    _OPTIONAL = True

@@ -7,31 +7,17 @@ logged."""
 
 from __future__ import annotations
 
-from ansible.plugins.action import ActionBase
-
-from ansible_collections.narwhal.deploy.plugins.plugin_utils._held import controller_sha256, with_digests
+from ansible_collections.narwhal.deploy.plugins.plugin_utils._held import (
+    DigestingAction,
+    controller_sha256,
+    with_digests,
+)
 
 __metaclass__ = type
 
 __all__ = ["ActionModule", "controller_sha256", "with_digests"]
 
 
-class ActionModule(ActionBase):
-    _supports_check_mode = True
-    _supports_async = False
-
-    def run(self, tmp=None, task_vars=None):
-        result = super().run(tmp, task_vars)
-        del tmp  # tmp no longer has any effect
-        args = dict(self._task.args)
-        files, error = with_digests(args.get("files"))
-        if error:
-            result.update(failed=True, msg="files: " + error)
-            return result
-        args["files"] = files
-        try:
-            result.update(self._execute_module(module_name="narwhal.deploy.held_files", module_args=args,
-                                               task_vars=task_vars))
-        finally:  # the remote temporary directory of a run without pipelining
-            self._remove_tmp_path(self._connection._shell.tmpdir)
-        return result
+class ActionModule(DigestingAction):
+    _MODULE = "narwhal.deploy.held_files"
+    _OPTION = "files"

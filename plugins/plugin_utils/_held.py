@@ -2,11 +2,13 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The controller's half of a held read (plugins/module_utils/_common/held.py is the host's): each wanted path's `src`,
 a file on the controller, becomes the sha256 of its content, so that the module compares it on the host and no
-digest is logged. The action plugins of held_files and engine_prereqs (its `held`) call with_digests."""
+digest is logged. The action plugins of held_files and engine_prereqs (its `held`) are DigestingAction."""
 
 from __future__ import annotations
 
 import hashlib
+
+from ansible.plugins.action import ActionBase
 
 __metaclass__ = type
 
@@ -40,3 +42,30 @@ def with_digests(files):
                 return None, "cannot read %s on the controller: %s" % (src, exc.strerror or exc)
         done.append(item)
     return done, None
+
+
+class DigestingAction(ActionBase):
+    """An action that replaces each `src` of its wanted-list option (_MODULE's _OPTION) by the digest of that
+    controller file, then runs the module on the task's host. _OPTIONAL: the option may be left out (not read)."""
+
+    _supports_check_mode = True
+    _supports_async = False
+    _MODULE = None
+    _OPTION = None
+    _OPTIONAL = False
+
+    def run(self, tmp=None, task_vars=None):
+        result = super().run(tmp, task_vars)
+        del tmp  # tmp no longer has any effect
+        args = dict(self._task.args)
+        if not (self._OPTIONAL and args.get(self._OPTION) is None):
+            wanted, error = with_digests(args.get(self._OPTION))
+            if error:
+                result.update(failed=True, msg="%s: %s" % (self._OPTION, error))
+                return result
+            args[self._OPTION] = wanted
+        try:
+            result.update(self._execute_module(module_name=self._MODULE, module_args=args, task_vars=task_vars))
+        finally:  # the remote temporary directory of a run without pipelining
+            self._remove_tmp_path(self._connection._shell.tmpdir)
+        return result
