@@ -33,11 +33,11 @@ import proving_ground as pg  # noqa: E402  pylint: disable=wrong-import-position
 from proving_ground import HARNESS, ROOT, SiteError  # noqa: E402  pylint: disable=wrong-import-position
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover.outputs import dump  # noqa: E402
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.checkpoint import read_checkpoint  # noqa: E402
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.dotenv import read_dotenv  # noqa: E402
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import node_settings  # noqa: E402
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.validate import load_inputs  # noqa: E402
-from ansible_collections.narwhal.deploy.plugins.module_utils._steps.discovery_outputs import dump  # noqa: E402
 
 OUTPUT = ROOT / "docs" / "examples" / "engine-launch.example.json"
 SCENARIO = ROOT / "extensions" / "molecule" / "default"

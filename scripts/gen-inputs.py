@@ -40,7 +40,7 @@ checks it (below).
 `NARWHAL_*` inputs exported in the controller's environment override `.env`. Sourcing the generated
 `config/deployment.env` exports `NARWHAL_NODE_<n>_IP`, `_URL`, `_ATTESTATION_URL`, `_ENGINE_PORT`, `_ATTEST_PORT`,
 `_ROLE` and `_FABRIC_INTERFACE`; read as overrides, they would pin those nodes to the last discovery's values, and a
-later `NARWHAL_ENGINE_PORT` change would be ignored for them. So the inputs step (`_steps/site_inputs.py`) looks
+later `NARWHAL_ENGINE_PORT` change would be ignored for them. So the inputs step (`_inputs/site.py`) looks
 for nodes whose every generated name the environment holds (what sourcing the file leaves behind), and compares
 each of those with the current `deployment.env`:
 

@@ -48,6 +48,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.names impor
     RANK_VAR,
     engine_hosts,
 )
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover.outputs import dump  # noqa: E402
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.checkpoint import read_checkpoint  # noqa: E402
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.dotenv import read_dotenv  # noqa: E402
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import (  # noqa: E402
@@ -69,7 +70,6 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.gate impor
     factors,
     pair_problem,
 )
-from ansible_collections.narwhal.deploy.plugins.module_utils._steps.discovery_outputs import dump  # noqa: E402
 
 SHAPES = ROOT / "docs" / "examples" / "shapes"
 MODELS = REAL / "models"

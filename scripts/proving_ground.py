@@ -30,6 +30,9 @@ if str(ROOT / "collections") not in sys.path:
     sys.path.insert(0, str(ROOT / "collections"))
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.fleet import build_fleet  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover.outputs import (  # noqa: E402
+    collect_records,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts import gpu as _gpu  # noqa: E402
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts import host as _host  # noqa: E402
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts import image as _image  # noqa: E402
@@ -39,9 +42,6 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._facts.netaddr impo
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import (  # noqa: E402
     launch_config_errors,
-)
-from ansible_collections.narwhal.deploy.plugins.module_utils._steps.discovery_outputs import (  # noqa: E402
-    collect_records,
 )
 
 HARNESS = ROOT / "tests" / "harness"

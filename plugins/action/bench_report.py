@@ -5,10 +5,10 @@ Writes one benchmark run's directory in this process (no module process)."""
 
 from __future__ import annotations
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._steps.bench_report import bench_report, module_spec
-from ansible_collections.narwhal.deploy.plugins.plugin_utils._controller import ControllerStepAction
+from ansible_collections.narwhal.deploy.plugins.module_utils._bench.results import bench_report, module_spec
+from ansible_collections.narwhal.deploy.plugins.plugin_utils._action import StepAction
 
 
-class ActionModule(ControllerStepAction):
+class ActionModule(StepAction):
     step = staticmethod(bench_report)
     module_spec = staticmethod(module_spec)

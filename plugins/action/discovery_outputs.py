@@ -7,15 +7,15 @@ them."""
 
 from __future__ import annotations
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._steps.discovery_outputs import (
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover.outputs import (
     discovery_outputs,
     module_spec,
 )
-from ansible_collections.narwhal.deploy.plugins.plugin_utils._controller import ControllerStepAction
+from ansible_collections.narwhal.deploy.plugins.plugin_utils._action import StepAction
 from ansible_collections.narwhal.deploy.plugins.plugin_utils._hostvars import discovery_facts
 
 
-class ActionModule(ControllerStepAction):
+class ActionModule(StepAction):
     step = staticmethod(discovery_outputs)
     module_spec = staticmethod(module_spec)
     host_facts = staticmethod(discovery_facts)

@@ -7,12 +7,12 @@ not pass it."""
 
 from __future__ import annotations
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._steps.prepare_run import module_spec, prepare_run
-from ansible_collections.narwhal.deploy.plugins.plugin_utils._controller import ControllerStepAction
+from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.run import module_spec, prepare_run
+from ansible_collections.narwhal.deploy.plugins.plugin_utils._action import StepAction
 from ansible_collections.narwhal.deploy.plugins.plugin_utils._hostvars import prepare_facts
 
 
-class ActionModule(ControllerStepAction):
+class ActionModule(StepAction):
     step = staticmethod(prepare_run)
     module_spec = staticmethod(module_spec)
     host_facts = staticmethod(prepare_facts)

@@ -5,10 +5,10 @@ Writes the controller's report files in this process (no module process)."""
 
 from __future__ import annotations
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._steps.private_file import module_spec, private_file
-from ansible_collections.narwhal.deploy.plugins.plugin_utils._controller import ControllerStepAction
+from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.private_file import module_spec, private_file
+from ansible_collections.narwhal.deploy.plugins.plugin_utils._action import StepAction
 
 
-class ActionModule(ControllerStepAction):
+class ActionModule(StepAction):
     step = staticmethod(private_file)
     module_spec = staticmethod(module_spec)

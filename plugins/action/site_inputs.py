@@ -5,10 +5,10 @@ Reads and validates the site .env in this process (no module process)."""
 
 from __future__ import annotations
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._steps.site_inputs import module_spec, site_inputs
-from ansible_collections.narwhal.deploy.plugins.plugin_utils._controller import ControllerStepAction
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.site import module_spec, site_inputs
+from ansible_collections.narwhal.deploy.plugins.plugin_utils._action import StepAction
 
 
-class ActionModule(ControllerStepAction):
+class ActionModule(StepAction):
     step = staticmethod(site_inputs)
     module_spec = staticmethod(module_spec)

@@ -6,10 +6,11 @@ consumer-side probe, with become) the module runs there."""
 
 from __future__ import annotations
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._steps.transfer_probe import module_spec, transfer_probe
-from ansible_collections.narwhal.deploy.plugins.plugin_utils._controller import ControllerStepAction
+from ansible_collections.narwhal.deploy.plugins.module_utils._probe.transfer import module_spec, transfer_probe
+from ansible_collections.narwhal.deploy.plugins.plugin_utils._action import StepAction
 
 
-class ActionModule(ControllerStepAction):
+class ActionModule(StepAction):
     step = staticmethod(transfer_probe)
     module_spec = staticmethod(module_spec)
+    remote_module = True

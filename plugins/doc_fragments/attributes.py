@@ -88,16 +88,15 @@ attributes:
       - Runs on a router host (inventory group C(routers)), which reaches its router and the engines' URLs.
 """
 
-    # Modules that run on the Ansible controller (delegate_to localhost, run_once), each with an action plugin of
-    # its name that runs the step in-process (plugins/action, plugins/plugin_utils/_controller.py).
+    # Modules that run on the Ansible controller (delegate_to localhost, run_once): an action plugin of the same name
+    # does the work in the controller's process (plugins/action, plugins/plugin_utils/_action.py).
     CONTROLLER = r"""
 options: {}
 attributes:
   action:
     description:
-      - An action plugin of the same name runs the step inside the controller's Ansible process (no module process)
-        when the task's connection is local and without become; on another connection, or with become, it runs the
-        module there.
+      - An action plugin of the same name runs the step inside the controller's Ansible process (no module process),
+        as ansible-core's M(ansible.builtin.set_fact) does.
     support: full
   platform:
     platforms: posix

@@ -2,6 +2,9 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 
+# Documentation only, as ansible-core's set_fact: the action plugin plugins/action/bench_report.py does the work in the
+# controller's process, with the step plugins/module_utils/_bench/results.py (plugins/module_utils/_common/step.py).
+
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -97,17 +100,3 @@ files:
   type: list
   elements: str
 """
-
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.narwhal.deploy.plugins.module_utils._steps.bench_report import bench_report, module_spec
-
-
-def main():
-    # the step itself is in module_utils/_steps/bench_report.py; the action plugin of the same name runs it in-process
-    module = AnsibleModule(**module_spec())
-    module.exit_json(**bench_report(module))
-
-
-if __name__ == "__main__":
-    main()

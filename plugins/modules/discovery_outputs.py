@@ -2,6 +2,9 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 
+# Documentation only, as ansible-core's set_fact: the action plugin plugins/action/discovery_outputs.py does the work in the
+# controller's process, with the step plugins/module_utils/_discover/outputs.py (plugins/module_utils/_common/step.py).
+
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -104,21 +107,3 @@ files:
   type: dict
   sample: {"/srv/narwhal/config/deployment.env": false, "/srv/narwhal/config/fleet.json": true}
 """
-
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.narwhal.deploy.plugins.module_utils._steps.discovery_outputs import (
-    discovery_outputs,
-    module_spec,
-)
-
-
-def main():
-    # the step itself is in module_utils/_steps/discovery_outputs.py; the action plugin of the same name runs it
-    # in-process and reads `interfaces` and `hosts` from the engines' host variables when they are not given
-    module = AnsibleModule(**module_spec())
-    module.exit_json(**discovery_outputs(module))
-
-
-if __name__ == "__main__":
-    main()

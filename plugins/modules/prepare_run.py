@@ -2,6 +2,9 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 
+# Documentation only, as ansible-core's set_fact: the action plugin plugins/action/prepare_run.py does the work in the
+# controller's process, with the step plugins/module_utils/_prepare/run.py (plugins/module_utils/_common/step.py).
+
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -154,18 +157,3 @@ manifest:
   returned: stage is write
   type: dict
 """
-
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.narwhal.deploy.plugins.module_utils._steps.prepare_run import module_spec, prepare_run
-
-
-def main():
-    # the step itself is in module_utils/_steps/prepare_run.py; the action plugin of the same name runs it in-process
-    # and reads the write stage's `hosts` from the engines' host variables when it is not given
-    module = AnsibleModule(**module_spec())
-    module.exit_json(**prepare_run(module))
-
-
-if __name__ == "__main__":
-    main()

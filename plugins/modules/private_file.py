@@ -2,6 +2,9 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 
+# Documentation only, as ansible-core's set_fact: the action plugin plugins/action/private_file.py does the work in the
+# controller's process, with the step plugins/module_utils/_outputs/private_file.py (plugins/module_utils/_common/step.py).
+
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -49,17 +52,3 @@ dest:
   type: str
   sample: /srv/narwhal/runs/probes.json
 """
-
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.narwhal.deploy.plugins.module_utils._steps.private_file import module_spec, private_file
-
-
-def main():
-    # the step itself is in module_utils/_steps/private_file.py; the action plugin of the same name runs it in-process
-    module = AnsibleModule(**module_spec())
-    module.exit_json(**private_file(module))
-
-
-if __name__ == "__main__":
-    main()

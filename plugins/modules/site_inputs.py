@@ -2,6 +2,9 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 
+# Documentation only, as ansible-core's set_fact: the action plugin plugins/action/site_inputs.py does the work in the
+# controller's process, with the step plugins/module_utils/_inputs/site.py (plugins/module_utils/_common/step.py).
+
 from __future__ import annotations
 
 DOCUMENTATION = r"""
@@ -81,17 +84,3 @@ ansible_facts:
                                         "engine_port": 8000, "inputs": {"fabric_interface": "NARWHAL_FABRIC_INTERFACE"}}},
                "env_file": "/srv/narwhal/.env", "env_sha256": "9f2c..."}
 """
-
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.narwhal.deploy.plugins.module_utils._steps.site_inputs import module_spec, site_inputs
-
-
-def main():
-    # the step itself is in module_utils/_steps/site_inputs.py; the action plugin of the same name runs it in-process
-    module = AnsibleModule(**module_spec())
-    module.exit_json(**site_inputs(module))
-
-
-if __name__ == "__main__":
-    main()

@@ -30,7 +30,9 @@ description:
     blocks whose lease expired still answers HTTP 200 on the consumer (vLLM issues 25562 and 52234); so a pair whose
     producer counted an expiry fails, naming the counter. A producer without these counters is a note.
   - A pure HTTP client that reads nothing of the controller's, so it can run where the fabric is, e.g. delegated
-    to the consumer's engine host when the management workstation cannot reach the engines. The API key comes
+    to the consumer's engine host when the management workstation cannot reach the engines (its action plugin runs
+    the probe in the controller's process when the task's connection is local and without become, and this module on
+    the task's host otherwise). The API key comes
     from O(api_key), O(api_key_file), or the engine installed on the host that runs the probe (O(engine_checkout)
     and O(installed_engine), whose role environment names C(NARWHAL_API_KEY_FILE)). The key file must be mode 0600
     or 0400 and hold one line, the launcher's rule. The key never appears in the results.
@@ -234,14 +236,26 @@ rounds:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._steps.transfer_probe import module_spec, transfer_probe
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.step import StepError, StepRun
+from ansible_collections.narwhal.deploy.plugins.module_utils._probe.transfer import module_spec, transfer_probe
 
 
 def main():
-    # the step itself is in module_utils/_steps/transfer_probe.py; the action plugin of the same name runs it in-process
-    # on the controller and runs this module where the task runs on an engine host
+    # the step is module_utils/_probe/transfer.py; the action plugin of the same name runs it in the controller's
+    # process, this main() where the task runs on an engine host (narwhal_probe_from=consumer)
     module = AnsibleModule(**module_spec())
-    module.exit_json(**transfer_probe(module))
+    task = StepRun(module.params, module.check_mode, module._diff)
+    failure = None
+    try:
+        result = transfer_probe(task)
+    except StepError as exc:
+        failure = exc.result
+    module.no_log_values.update(task.secrets)
+    for warning in task.warnings:
+        module.warn(warning)
+    if failure is not None:
+        module.fail_json(**failure)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """Shared test setup: make `ansible_collections.narwhal.deploy` importable from a plain checkout
 (collections/ansible_collections/narwhal/deploy is a link to the repository root), make the shared helpers
-importable as `test_support` (tests/unit/plugins/test_support), and run modules' main().
+importable as `test_support` (tests/unit/plugins/test_support), and run modules' main() and the controller steps.
 
 The test tree mirrors what it tests (tests/unit/plugins/module_utils/_facts/test_gpu.py tests
 plugins/module_utils/_facts/gpu.py; tests/unit/roles/install/launcher/ the launcher). Test files are imported with
 pytest's --import-mode=importlib (pyproject.toml), so files of one name may stand in different folders and no
 test folder needs an __init__.py; a test module imports helpers from test_support, never from another test module.
 """
+import importlib
 import pathlib
 import sys
 
@@ -65,3 +66,22 @@ def dev(tmp_path):
     for name in ("nvidiactl", "nvidia-uvm"):
         (root / name).write_text("")
     return root
+
+
+@pytest.fixture
+def step_runner():
+    """Run a controller step as its action plugin does (plugins/plugin_utils/_action.py::run_step: the arguments
+    validated against its spec, then the step in this process): step_runner("prepare_run", args, check_mode=False,
+    diff=False) -> ("exit"|"fail", result); the step's warnings are the result's `warnings`."""
+
+    def run(name, args, check_mode=False, diff=False):
+        args = dict(args)  # a module's check and diff mode arguments (test_support.records.module_args) as the task's
+        check_mode = args.pop("_ansible_check_mode", check_mode)
+        diff = args.pop("_ansible_diff", diff)
+        from ansible_collections.narwhal.deploy.plugins.plugin_utils._action import run_step
+
+        action = importlib.import_module("ansible_collections.narwhal.deploy.plugins.action.%s" % name).ActionModule
+        result = run_step(action.step, action.module_spec(), args, "narwhal.deploy.%s" % name, check_mode, diff)
+        return ("fail" if result.get("failed") else "exit"), result
+
+    return run

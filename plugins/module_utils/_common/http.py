@@ -1,6 +1,6 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""HTTP to the engines and the routers (an I/O edge), shared by the transfer probe (_steps/transfer_probe.py) and the
+"""HTTP to the engines and the routers (an I/O edge), shared by the transfer probe (_probe/transfer.py) and the
 router host's modules (_router/client.py): one JSON request with the engines' Bearer key, and the key file read by
 the launcher's rule (_plan/role_env.py::api_key_from). Errors carry the status and body, never the request headers,
 so nothing here prints the key. Python 3.8 compatible (runs on engine and router hosts)."""

@@ -27,6 +27,8 @@ import socket
 import stat
 import subprocess
 
+from ansible.module_utils.common.process import get_bin_path
+
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.held import differences
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.specs import DEFAULT_TIMEOUT
 
@@ -72,6 +74,15 @@ def _kill_group(proc):
             proc.kill()
         except OSError:
             pass
+
+
+def bin_path(name):
+    """The path of the command `name` (PATH and the system directories, as AnsibleModule.get_bin_path looks), or
+    None when there is none."""
+    try:
+        return get_bin_path(name)
+    except ValueError:
+        return None
 
 
 def run_bounded(argv, timeout=DEFAULT_TIMEOUT, env_update=None):

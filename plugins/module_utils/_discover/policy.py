@@ -5,8 +5,8 @@
 "Launch records": "correct the named input, regenerate, prepare a new run so the manifest records the corrected
 state" only holds when prepare notices records older than their inputs).
 
-Pure code: discovery (plugins/module_utils/_steps/discovery_outputs.py) writes `launch_policy(...)`; prepare
-(plugins/module_utils/_steps/prepare_run.py) verifies the written extract against the sources index and compares it
+Pure code: discovery (plugins/module_utils/_discover/outputs.py) writes `launch_policy(...)`; prepare
+(plugins/module_utils/_prepare/run.py) verifies the written extract against the sources index and compares it
 with `launch_policy(...)` of the current inputs.
 """
 

@@ -587,7 +587,7 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
         record = dict(items[:at] + extra + items[at:])
     # Refuse now what the launcher would refuse at start: the same planner, on a provisional role environment.
     # (The launcher's record check, _outputs/schemas.py::check_record, runs on the finished document in
-    # _steps/discovery_outputs.py, once `sources` is complete.)
+    # _discover/outputs.py, once `sources` is complete.)
     try:
         container_spec(record, role_environment(
             record, site.get("NARWHAL_ENGINE_CHECKOUT") or "/opt/narwhal", "run-discovery"))

@@ -8,7 +8,7 @@ output inside the checkout must be git-ignored: the records carry site data (add
 so a tracked place (NARWHAL_CONFIG_DIR=docs) would have them committed.
 
 `check_paths` is pure: it takes the resolver (os.path.realpath in the modules) and the git question as
-functions. `git_ignore_checker` is the one part that runs a command, through the calling module.
+functions. `git_ignore_checker` is the one part that runs a command (git, through _common/tools.py).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.names impor
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import (
     CommandTimeoutError,
+    bin_path,
     host_name,
     run_bounded,
 )
@@ -143,10 +144,10 @@ def _check_ignored(root, site, entries, ignored, resolve):
 GIT_TIMEOUT = 60  # seconds each git command may take (a hung git names itself, see _common/tools.py::run_bounded)
 
 
-def git_ignore_checker(module, root, timeout=GIT_TIMEOUT):
+def git_ignore_checker(root, timeout=GIT_TIMEOUT):
     """`ignored` for check_paths: `git check-ignore` in `root` (each call bounded by `timeout`); None without
     git. A git that does not answer is refused naming it (InputError), never waited on."""
-    git = module.get_bin_path("git")
+    git = bin_path("git")
     if not git:
         return None
 

@@ -174,7 +174,7 @@ def test_pd_transfer_between_worker_ranks(tmp_path, procs):
 
 
 def test_the_collections_probe_proves_every_rank_of_two_engines_across_hosts(tmp_path, procs, module_runner):
-    """The transfer probe (plugins/module_utils/_steps/transfer_probe.py) through both heads, every rank asked by
+    """The transfer probe (plugins/module_utils/_probe/transfer.py) through both heads, every rank asked by
     header: each rank pair proven by the consumer rank's own counters, worker ranks included."""
     from ansible_collections.narwhal.deploy.plugins.modules import transfer_probe
 

@@ -1,11 +1,12 @@
-"""The controller steps as action plugins (plugins/action, plugins/plugin_utils/_controller.py,
-_hostvars.py): run by a real
-ansible-playbook against local engine hosts, each compared with its module's main() on the same inputs.
+"""The controller steps as action plugins (plugins/action, plugins/plugin_utils/_action.py, _hostvars.py): run by a
+real ansible-playbook against local engine hosts, each compared with its step run directly on the same inputs
+(plugins/plugin_utils/_action.py::run_step); the modules' documentation states each step's argument spec.
 
 Every host's Python is a wrapper that logs each module file it is asked to run, so a test can tell whether a step
 ran in the controller's process (no AnsiballZ_<step>.py) or as a module on the task's host.
 """
 import copy
+import importlib
 import json
 import os
 import pathlib
@@ -16,17 +17,15 @@ import types
 
 import pytest
 import yaml
-from ansible.module_utils.common import warnings
 from test_support.paths import REPO
 from test_support.prepare import API_KEY, HAND_LAUNCH, compatible, inspection, make_checkout, prep_args
 from test_support.records import module_args, nv_pair, snapshot
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._steps.transfer_probe import module_spec as probe_spec
-from ansible_collections.narwhal.deploy.plugins.module_utils._steps.transfer_probe import transfer_probe
-from ansible_collections.narwhal.deploy.plugins.modules import discovery_outputs, prepare_run, site_inputs
-from ansible_collections.narwhal.deploy.plugins.plugin_utils import _controller as __controller
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.step import StepError
+from ansible_collections.narwhal.deploy.plugins.module_utils._probe.transfer import module_spec as probe_spec
+from ansible_collections.narwhal.deploy.plugins.module_utils._probe.transfer import transfer_probe
 from ansible_collections.narwhal.deploy.plugins.plugin_utils import _hostvars as __hostvars
-from ansible_collections.narwhal.deploy.plugins.plugin_utils._controller import ControllerStepAction
+from ansible_collections.narwhal.deploy.plugins.plugin_utils._action import StepAction, run_step
 
 ENGINES = ("engine-1", "engine-2")
 
@@ -99,7 +98,7 @@ def project(tmp_path):
     return project
 
 
-def test_site_inputs_action_sets_the_fact_the_module_returns(tmp_path, project, module_runner, no_narwhal_env):
+def test_site_inputs_action_sets_the_fact_the_module_returns(tmp_path, project, step_runner, no_narwhal_env):
     play = Play(tmp_path)
     keep = {"name": "Keep the fact of every engine", "ansible.builtin.set_fact": {
         "r": "{{ dict(ansible_play_hosts_all | zip(ansible_play_hosts_all | map('extract', hostvars, "
@@ -107,7 +106,7 @@ def test_site_inputs_action_sets_the_fact_the_module_returns(tmp_path, project, 
     rc, out, facts = play.run([{"name": "The inputs role", "ansible.builtin.include_role":
                                 {"name": "narwhal.deploy.inputs"}}, keep], "-e", "narwhal_project_dir=%s" % project)
     assert rc == 0, out
-    status, module = module_runner(site_inputs.main, {"env_file": str(project / ".env"), "root": str(project)})
+    status, module = step_runner("site_inputs", {"env_file": str(project / ".env"), "root": str(project)})
     assert status == "exit", module
     assert facts == {"engine-1": module["ansible_facts"]["narwhal_site"],
                      "engine-2": module["ansible_facts"]["narwhal_site"]}
@@ -115,7 +114,7 @@ def test_site_inputs_action_sets_the_fact_the_module_returns(tmp_path, project, 
     assert not play.ran_module("site_inputs"), play.modules.read_text()
 
 
-def test_site_inputs_action_refusal_names_the_input_like_the_module(tmp_path, project, module_runner,
+def test_site_inputs_action_refusal_names_the_input_like_the_module(tmp_path, project, step_runner,
                                                                     no_narwhal_env):
     env = project / ".env"
     env.write_text(env.read_text().replace("NARWHAL_ENGINE_PORT=8000", "NARWHAL_ENGINE_PORT=eighty"))
@@ -123,7 +122,7 @@ def test_site_inputs_action_refusal_names_the_input_like_the_module(tmp_path, pr
     play = Play(tmp_path)
     rc, out, result = play.run([step_task("site_inputs", args, ignore_errors=True)])
     assert rc == 0, out
-    status, module = module_runner(site_inputs.main, args)
+    status, module = step_runner("site_inputs", args)
     assert status == "fail"
     assert result["failed"] is True and module["input"] == result["input"] == "NARWHAL_ENGINE_PORT"
     assert result["msg"] == module["msg"]
@@ -132,16 +131,15 @@ def test_site_inputs_action_refusal_names_the_input_like_the_module(tmp_path, pr
 
 
 def test_site_inputs_action_warns_and_refuses_an_unknown_option_as_the_module(
-        tmp_path, project, module_runner, monkeypatch, no_narwhal_env):
+        tmp_path, project, step_runner, monkeypatch, no_narwhal_env):
     play = Play(tmp_path)
     near_miss = {"NARWHAL_ENGNE_PORT": "9000"}  # not an input: ignored with a warning
     rc, out, result = play.run([step_task("site_inputs", {"env_file": str(project / ".env")})], env=near_miss)
     assert rc == 0, out
     monkeypatch.setenv("NARWHAL_ENGNE_PORT", "9000")
-    monkeypatch.setattr(warnings, "_global_warnings", {})  # what the module's main() warns, from here on
-    status, module = module_runner(site_inputs.main, {"env_file": str(project / ".env")})
+    status, module = step_runner("site_inputs", {"env_file": str(project / ".env")})
     assert status == "exit"
-    assert result["warnings"] == list(warnings.get_warning_messages()) == [
+    assert result["warnings"] == module["warnings"] == [
         "NARWHAL_ENGNE_PORT in the controller environment is not a site input (did you mean NARWHAL_ENGINE_PORT?) "
         "and is ignored"]
     assert "[WARNING]: NARWHAL_ENGNE_PORT in the controller environment is not a site input" in out
@@ -155,14 +153,14 @@ def test_site_inputs_action_warns_and_refuses_an_unknown_option_as_the_module(
 # discovery_outputs: the engines' facts from hostvars
 
 
-def test_discovery_outputs_action_reads_the_engines_facts_from_hostvars(tmp_path, module_runner):
+def test_discovery_outputs_action_reads_the_engines_facts_from_hostvars(tmp_path, step_runner):
     (tmp_path / "dev").mkdir()
     for name in ("nvidiactl", "nvidia-uvm"):
         (tmp_path / "dev" / name).write_text("")
     root = tmp_path / "checkout"
     root.mkdir()
     args = module_args(root, nv_pair(tmp_path))
-    status, module = module_runner(discovery_outputs.main, copy.deepcopy(args))
+    status, module = step_runner("discovery_outputs", copy.deepcopy(args))
     assert status == "exit" and module["changed"] is True, module
     by_module = snapshot(root)
     shutil.rmtree(root / "config")
@@ -205,9 +203,9 @@ def current_facts(image_id=None):
     return facts
 
 
-def test_prepare_run_action_check_mode_writes_nothing_then_writes_the_modules_run(tmp_path, checkout, module_runner):
+def test_prepare_run_action_check_mode_writes_nothing_then_writes_the_modules_run(tmp_path, checkout, step_runner):
     good = dict((e, inspection(r)) for e, r in compatible(copy.deepcopy(HAND_LAUNCH))["engines"].items())
-    status, module = module_runner(prepare_run.main, prep_args(checkout, "write", good, check=True))
+    status, module = step_runner("prepare_run", prep_args(checkout, "write", good, check=True))
     assert status == "exit" and module["changed"] is True, module
     assert not (checkout / "runs").exists()
     task_args = dict((k, v) for k, v in prep_args(checkout, "write").items() if k != "hosts")
@@ -229,7 +227,7 @@ def test_prepare_run_action_check_mode_writes_nothing_then_writes_the_modules_ru
     assert not play.ran_module("prepare_run")
 
 
-def test_prepare_run_action_refuses_a_stale_host_from_hostvars_like_the_module(tmp_path, checkout, module_runner):
+def test_prepare_run_action_refuses_a_stale_host_from_hostvars_like_the_module(tmp_path, checkout, step_runner):
     stale_id = "sha256:" + "cd" * 32
     (tmp_path / "play").mkdir()
     play = Play(tmp_path / "play", current_facts(stale_id))
@@ -238,7 +236,7 @@ def test_prepare_run_action_refuses_a_stale_host_from_hostvars_like_the_module(t
     assert result["failed"] is True, out
     hosts = dict((e, dict(inspection(r), image_id=stale_id))
                  for e, r in compatible(copy.deepcopy(HAND_LAUNCH))["engines"].items())
-    status, module = module_runner(prepare_run.main, prep_args(checkout, "write", hosts))
+    status, module = step_runner("prepare_run", prep_args(checkout, "write", hosts))
     assert status == "fail"
     assert result["msg"] == module["msg"] and result["input"] == module["input"] == "engine-1"
     image = HAND_LAUNCH["engines"]["engine-1"]["runtime"]["image"]
@@ -268,49 +266,84 @@ def test_transfer_probe_runs_here_on_the_controller_and_as_a_module_with_become(
 
 
 # ------------------------------------------------------------------------------------------------
-# the adapter and the local/remote decision, in this process
+# run_step and the local/remote decision, in this process
 
 
-def test_controller_module_fails_like_the_module_on_bad_arguments():
-    result = __controller.run_step(transfer_probe, probe_spec(), {"engines": {}, "pairs": [], "model": "m"},
-                                   "narwhal.deploy.transfer_probe")
+def test_a_step_fails_like_the_module_on_bad_arguments():
+    result = run_step(transfer_probe, probe_spec(), {"engines": {}, "pairs": [], "model": "m"},
+                      "narwhal.deploy.transfer_probe")
     assert result["failed"] is True
     assert result["msg"] == "one of the following is required: api_key, api_key_file, engine_checkout"
-    result = __controller.run_step(transfer_probe, probe_spec(), {"engines": {}, "pairs": [], "model": "m",
-                                                                  "api_key": "sk-0000-0000", "api_key_file": "/k"}, "x")
+    result = run_step(transfer_probe, probe_spec(), {"engines": {}, "pairs": [], "model": "m",
+                                                     "api_key": "sk-0000-0000", "api_key_file": "/k"}, "x")
     assert result["msg"] == "parameters are mutually exclusive: api_key|api_key_file|engine_checkout"
+    result = run_step(transfer_probe, probe_spec(), {"engines": {}, "pairs": [], "model": "m", "api_key": "k",
+                                                     "bogus": 1}, "narwhal.deploy.transfer_probe")
+    assert result["msg"].startswith("Unsupported parameters for (narwhal.deploy.transfer_probe) module: bogus.")
 
 
-def test_controller_module_hides_no_log_values_and_returns_json_types():
-    def step(module):
-        return {"changed": False, "echo": (module.params["api_key"], 1), "said": "key=" + module.params["api_key"]}
+def test_a_step_result_hides_no_log_values_and_the_steps_secrets():
+    def step(task):
+        task.secrets.add("read-from-a-file-0042")
+        task.warnings.append("careful")
+        return {"changed": False, "echo": [task.params["api_key"], 1], "said": "key=" + task.params["api_key"],
+                "file": "read-from-a-file-0042"}
 
-    result = __controller.run_step(step, probe_spec(),
-                                   {"engines": {}, "pairs": [], "model": "m", "api_key": "sk-hidden-123456"}, "x")
+    result = run_step(step, probe_spec(), {"engines": {}, "pairs": [], "model": "m", "api_key": "sk-hidden-123456"},
+                      "x")
     assert result["echo"] == ["VALUE_SPECIFIED_IN_NO_LOG_PARAMETER", 1] and result["said"] == "key=********"
-    assert result["invocation"]["module_args"]["api_key"] == "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"
-    assert result["changed"] is False
+    assert result["file"] == "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER"
+    assert result["changed"] is False and result["warnings"] == ["careful"] and "invocation" not in result
 
 
-def test_controller_module_failure_names_the_path_as_add_path_info(tmp_path):
-    (tmp_path / "f").write_text("x")
+def test_a_step_error_is_a_failed_result_with_its_keys():
+    def step(task):
+        raise StepError("refused, fix it", input="NARWHAL_X")
 
-    def step(path):
-        return lambda m: m.fail_json(msg="refused", path=str(path))
-
-    spec = {"argument_spec": {}}
-    assert __controller.run_step(step(tmp_path / "absent"), spec, {}, "x")["state"] == "absent"
-    found = __controller.run_step(step(tmp_path / "f"), spec, {}, "x")
-    assert (found["state"], found["mode"], found["size"], found["failed"]) == ("file", "0644", 1, True)
+    assert run_step(step, {"argument_spec": {}}, {}, "x") == {"failed": True, "msg": "refused, fix it",
+                                                               "input": "NARWHAL_X"}
 
 
 @pytest.mark.parametrize("transport, become, here", [("local", False, True), ("ssh", False, False),
                                                      ("local", True, False)])
-def test_a_step_runs_here_only_on_a_local_connection_without_become(transport, become, here):
-    action = ControllerStepAction.__new__(ControllerStepAction)
+def test_a_remote_step_runs_here_only_on_a_local_connection_without_become(transport, become, here):
+    action = StepAction.__new__(StepAction)
     action._connection = types.SimpleNamespace(transport=transport)
     action._play_context = types.SimpleNamespace(become=become)
     assert action.runs_here() is here
+
+
+def test_a_controller_step_runs_in_this_process_even_with_become(tmp_path):
+    """Only transfer_probe has a module that runs elsewhere; the others are documentation, their action does the
+    work (as ansible-core's set_fact), with become too."""
+    play = Play(tmp_path)
+    dest = tmp_path / "report.json"
+    rc, out, result = play.run([step_task("private_file", {"dest": str(dest), "content": "{}\n"}, become=True,
+                                          become_method="su")])
+    assert rc == 0, out
+    assert result["changed"] is True and dest.read_text() == "{}\n" and oct(dest.stat().st_mode & 0o777) == "0o600"
+    assert not play.ran_module("private_file")
+
+
+DOC_ONLY = ("site_inputs", "discovery_outputs", "prepare_run", "private_file", "bench_report")
+
+
+@pytest.mark.parametrize("name", DOC_ONLY + ("transfer_probe",))
+def test_the_modules_documentation_states_the_steps_argument_spec(name):
+    """A documentation-only module is not checked against an AnsibleModule call by ansible-test's validate-modules:
+    this test is that check (type, required, default, choices, elements, no_log of every option)."""
+    module = importlib.import_module("ansible_collections.narwhal.deploy.plugins.modules.%s" % name)
+    action = importlib.import_module("ansible_collections.narwhal.deploy.plugins.action.%s" % name).ActionModule
+    documented = yaml.safe_load(module.DOCUMENTATION)["options"]
+    spec = action.module_spec()["argument_spec"]
+    assert sorted(documented) == sorted(spec)
+    for option, rule in spec.items():
+        doc = documented[option]
+        for key in ("type", "required", "default", "choices", "elements"):
+            assert doc.get(key) == rule.get(key) or (key == "required" and not doc.get(key) and not rule.get(key)) \
+                or (key == "type" and rule.get(key, "str") == doc.get(key, "str")), (option, key, doc, rule)
+    if name in DOC_ONLY:
+        assert not hasattr(module, "main"), "%s is documentation only" % name
 
 
 def test_hostvars_fill_only_what_the_task_does_not_give():

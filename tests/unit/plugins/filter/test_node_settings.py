@@ -15,9 +15,9 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors impo
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.fleet import build_fleet
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.netaddr import interface_addresses
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs import nodes as _nodes
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.site import site_inputs
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.validate import load_inputs
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import install_paths
-from ansible_collections.narwhal.deploy.plugins.module_utils._steps.site_inputs import site_inputs
 
 BASE = {"NARWHAL_FABRIC_INTERFACE": "eth1", "NARWHAL_NODE_1_ROLE": "prefill", "NARWHAL_NODE_2_ROLE": "decode",
         "NARWHAL_IMAGE": "vllm/vllm-openai:v0.33.0", "NARWHAL_MODEL_PATH": "/srv/models/tiny"}

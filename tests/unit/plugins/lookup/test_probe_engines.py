@@ -11,26 +11,25 @@ from test_support.paths import REPO
 from test_support.records import module_args, nv_pair, rdma_pair
 
 from ansible_collections.narwhal.deploy.plugins.lookup.probe_engines import probe_engines
-from ansible_collections.narwhal.deploy.plugins.modules import discovery_outputs
 
 NIC = {"mbps": 100000, "virtual": False, "why": None}
 
 
-def discover(module_runner, tmp_path, hosts, extra=None, speed=None):
+def discover(step_runner, tmp_path, hosts, extra=None, speed=None):
     speed = speed or NIC
     root = tmp_path / "checkout"
     root.mkdir()
     args = module_args(root, hosts, extra)
     for facts in args["interfaces"].values():
         facts["speed"] = speed
-    status, result = module_runner(discovery_outputs.main, args)
+    status, result = step_runner("discovery_outputs", args)
     assert status == "exit", result
     config = root / "config"
     return json.loads((config / "engine-launch.local.json").read_text()), config
 
 
-def test_rdma_engines_have_their_rails_at_the_ports_rates(module_runner, tmp_path, dev):
-    launch, config = discover(module_runner, tmp_path, rdma_pair(tmp_path), {"NARWHAL_TRANSPORT": "ucx_rdma"})
+def test_rdma_engines_have_their_rails_at_the_ports_rates(step_runner, tmp_path, dev):
+    launch, config = discover(step_runner, tmp_path, rdma_pair(tmp_path), {"NARWHAL_TRANSPORT": "ucx_rdma"})
     found = probe_engines(launch, str(config))
     for engine in ("engine-1", "engine-2"):
         rails = launch["engines"][engine]["transfer"]["net_devices"]
@@ -43,8 +42,8 @@ def test_rdma_engines_have_their_rails_at_the_ports_rates(module_runner, tmp_pat
     assert found["max_model_len_from"]["engine-1"] == "the checkpoint's config (no --max-model-len in the record)"
 
 
-def test_tcp_engines_have_the_interface_speed_and_the_record_bound(module_runner, tmp_path, dev):
-    launch, config = discover(module_runner, tmp_path, nv_pair(tmp_path),
+def test_tcp_engines_have_the_interface_speed_and_the_record_bound(step_runner, tmp_path, dev):
+    launch, config = discover(step_runner, tmp_path, nv_pair(tmp_path),
                               {"NARWHAL_NODE_2_EXTRA_ARGS": "--max-model-len 512"})
     found = probe_engines(launch, str(config))
     assert found["links"]["engine-1"]["rails"] == [{"rail": "eth1", "nominal_bits_s": 10 ** 11, "rate": "100000 Mb/s",
@@ -53,8 +52,8 @@ def test_tcp_engines_have_the_interface_speed_and_the_record_bound(module_runner
     assert found["max_model_len_from"]["engine-2"] == "--max-model-len in the record"
 
 
-def test_missing_and_older_extracts_give_unknown_rates_with_the_reason(module_runner, tmp_path, dev):
-    launch, config = discover(module_runner, tmp_path, nv_pair(tmp_path))
+def test_missing_and_older_extracts_give_unknown_rates_with_the_reason(step_runner, tmp_path, dev):
+    launch, config = discover(step_runner, tmp_path, nv_pair(tmp_path))
     (config / "engine-launch.engine-1.inspection.json").unlink()
     older = json.loads((config / "engine-launch.engine-2.inspection.json").read_text())
     del older["host"]["interface_speed"]
@@ -67,8 +66,8 @@ def test_missing_and_older_extracts_give_unknown_rates_with_the_reason(module_ru
     assert found["max_model_len"]["engine-1"] is None and found["max_model_len"]["engine-2"] == 131072
 
 
-def test_the_lookup_as_ansible_loads_it(module_runner, tmp_path, dev):
-    launch, config = discover(module_runner, tmp_path, nv_pair(tmp_path))
+def test_the_lookup_as_ansible_loads_it(step_runner, tmp_path, dev):
+    launch, config = discover(step_runner, tmp_path, nv_pair(tmp_path))
     env = dict((k, v) for k, v in os.environ.items() if not k.startswith(("ANSIBLE_", "NARWHAL_")))
     env.update(ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"), ANSIBLE_LOCALHOST_WARNING="False",
                ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="json")

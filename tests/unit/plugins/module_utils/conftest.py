@@ -1,6 +1,6 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""pytest fixtures of the prepare tests (_prepare/test_checks.py, _steps/test_prepare_run.py):
+"""pytest fixtures of the prepare tests (_prepare/test_checks.py, _prepare/test_run.py):
 the hand-shaped launch config (tests/fixtures/hand-shaped), its records, and its P/D-compatible variant."""
 import copy
 

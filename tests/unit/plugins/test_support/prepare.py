@@ -11,10 +11,10 @@ import hashlib
 import json
 import shutil
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover import outputs as _discovery_outputs
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy import launch_policy
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.paths import POLICY_FILE, SOURCES_FILE
 from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.launcher import PLANNER_FILES
-from ansible_collections.narwhal.deploy.plugins.module_utils._steps import discovery_outputs as _discovery_outputs
 from test_support.paths import HAND_LAUNCH_CONFIG, REPO
 
 HAND_LAUNCH = json.loads(HAND_LAUNCH_CONFIG.read_text())
@@ -67,7 +67,7 @@ def fleet_for(records):
 
 
 def write_policy(root, site=None, nodes=None):
-    """The policy extract and the sources index as discovery writes them (discovery_outputs.main)."""
+    """The policy extract and the sources index as discovery writes them (the discovery_outputs step)."""
     config = root / "config"
     inputs = {"site": dict(SITE, **(site or {})), "nodes": copy.deepcopy(NODES if nodes is None else nodes)}
     text = _discovery_outputs.dump(launch_policy(inputs, ["engine-1", "engine-2"]))

@@ -12,6 +12,7 @@ import os
 import pathlib
 import shutil
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover import outputs as _discovery_outputs
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.fleet import build_fleet
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts import checkpoint as _checkpoint
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts import gpu as _gpu
@@ -24,7 +25,6 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas im
     RECORD_SCHEMA,
     validation_errors,
 )
-from ansible_collections.narwhal.deploy.plugins.module_utils._steps import discovery_outputs as _discovery_outputs
 from test_support.paths import PROFILES, REAL
 
 NVIDIA_SYS = PROFILES / "nvidia-8gpu-rdma" / "sys"

@@ -1,7 +1,7 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Engines across hosts (NARWHAL_NODE_<n>_HOSTS): the record of the head with its `members`
-(_discover/members.py, collect_records of _steps/discovery_outputs.py), the member view and the commands the one
+(_discover/members.py, collect_records of _discover/outputs.py), the member view and the commands the one
 planner gives each host (_plan/container.py), prepare's derive and shared-host check, and the refusals by name."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import pytest
 from test_support.records import BASE, host, iface, image, model, nvidia, rdma
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError, PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover import outputs as _discovery_outputs
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.fleet import build_fleet
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.validate import load_inputs
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import record_errors
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import container_spec, member_view
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import render_role_env, role_environment
 from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.checks import derive, role_env_texts, shared_hosts
-from ansible_collections.narwhal.deploy.plugins.module_utils._steps import discovery_outputs as _discovery_outputs
 
 MIXTRAL = "aiconf__mistralai--Mixtral-8x7B-v0.1"
 # engine-1: DP 4 / EP over two hosts (gpu-a17 the head, gpu-a18 rank 1), 4 GPUs each; engine-2 one host

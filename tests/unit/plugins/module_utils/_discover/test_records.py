@@ -1,6 +1,6 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Launch records (plugins/module_utils/_discover/records.py, collect_records of _steps/discovery_outputs.py) built
+"""Launch records (plugins/module_utils/_discover/records.py, collect_records of _discover/outputs.py) built
 from the real fact producers (GPU / RDMA / image / model facts over
 real captures and the simulated sysfs trees), their schema, and the discovery_outputs writer end to end. The builders:
 tests/unit/plugins/test_support/records.py."""
@@ -49,7 +49,6 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas im
     RECORD_SCHEMA,
     validation_errors,
 )
-from ansible_collections.narwhal.deploy.plugins.modules import discovery_outputs
 
 V100S_UUIDS = [
     "GPU-76098dc1-d3bc-9a1b-7ea6-f7b48837829e",
@@ -622,8 +621,8 @@ def test_build_record_alone_lacks_the_file_sources(tmp_path, dev):
 
 
 @pytest.fixture
-def run_module(module_runner):
-    return lambda args: module_runner(discovery_outputs.main, args)
+def run_module(step_runner):
+    return lambda args: step_runner("discovery_outputs", args)
 
 
 EXPECTED_FILES = ["config/deployment.env", "config/engine-launch.engine-1.inspection.json",
@@ -1186,16 +1185,12 @@ def test_the_lease_set_by_hand_is_refused_with_the_name_the_image_reads(tmp_path
     assert "vLLM <= 0.21 reads the environment variable VLLM_NIXL_ABORT_REQUEST_TIMEOUT" in str(whole)
 
 
-def test_discovery_warns_of_a_prefill_that_stops_before_its_lease(tmp_path, dev, run_module, monkeypatch):
-    from ansible.module_utils import basic
-
-    seen = []
-    monkeypatch.setattr(basic.AnsibleModule, "warn", lambda self, warning: seen.append(warning))
+def test_discovery_warns_of_a_prefill_that_stops_before_its_lease(tmp_path, dev, run_module):
     root = tmp_path / "checkout"
     root.mkdir()
     status, result = run_module(module_args(root, nv_pair(tmp_path), {"NARWHAL_SHUTDOWN_TIMEOUT": "10"}))
     assert status == "exit", result
-    warnings = [w for w in seen if "KV lease" in w]
+    warnings = [w for w in result["warnings"] if "KV lease" in w]
     assert warnings == ["engine-1 (prefill): NARWHAL_SHUTDOWN_TIMEOUT=10 is shorter than its KV lease of 30 s "
                         "(vLLM's default): a stop may end the drain before every decode has read the KV it was "
                         "promised, and such a decode request fails; set NARWHAL_SHUTDOWN_TIMEOUT >= 30 or a shorter "

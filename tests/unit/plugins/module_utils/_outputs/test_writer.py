@@ -22,12 +22,11 @@ import signal
 import time
 
 import pytest
-from ansible.module_utils import basic
 from test_support.prepare import HAND_LAUNCH, compatible, good_hosts, make_checkout, prep_args
 from test_support.records import module_args, nv_pair
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.step import StepRun
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs import writer as _writer
-from ansible_collections.narwhal.deploy.plugins.modules import discovery_outputs, prepare_run
 
 REAL_OS = os
 # the second set: engine-2 replaced by engine-3 (its extract removed, one added), another block size (every
@@ -159,8 +158,15 @@ def in_child(fn, **counting):
 
 @pytest.fixture
 def warnings(monkeypatch):
+    """What the steps warn (every StepRun's warnings go to one list)."""
     seen = []
-    monkeypatch.setattr(basic.AnsibleModule, "warn", lambda self, msg: seen.append(msg))
+    init = StepRun.__init__
+
+    def capture(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.warnings = seen
+
+    monkeypatch.setattr(StepRun, "__init__", capture)
     return seen
 
 
@@ -169,7 +175,7 @@ def no_sync(monkeypatch):
     monkeypatch.setattr(os, "fsync", lambda fd: None)
 
 
-def discovery_case(tmp_path, module_runner):
+def discovery_case(tmp_path, step_runner):
     """A checkout with set A written; -> (root, run(args) -> (status, result), args A, args B, state A, state B)."""
     (tmp_path / "dev").mkdir()
     for name in ("nvidiactl", "nvidia-uvm"):
@@ -181,7 +187,7 @@ def discovery_case(tmp_path, module_runner):
     args_b = module_args(root, hosts, dict(SPLIT, **B_EXTRA), engines=("engine-1", "engine-3"))
 
     def run(args):
-        return module_runner(discovery_outputs.main, copy.deepcopy(args))
+        return step_runner("discovery_outputs", copy.deepcopy(args))
 
     assert run(args_b)[0] == "exit"
     new = state(root)
@@ -226,12 +232,12 @@ def test_output_set_unchanged_is_untouched_and_failure_restores(tmp_path, monkey
 # kills
 
 
-def test_discovery_killed_before_every_file_operation(tmp_path, module_runner, warnings, no_sync):
+def test_discovery_killed_before_every_file_operation(tmp_path, step_runner, warnings, no_sync):
     """Discovery writing set B over set A (7 files in config/ and config/site/, one extract removed, one added),
     SIGKILLed before each of its file operations in turn. After each kill: a copy of the torn checkout, recovered
     as the next run starts, is A or B byte for byte; the next discovery itself, on the checkout, recovers without
     help, writes B and leaves no temp, backup, journal or lock."""
-    root, run, _args_a, args_b, old, new = discovery_case(tmp_path, module_runner)
+    root, run, _args_a, args_b, old, new = discovery_case(tmp_path, step_runner)
     ended, report = in_child(lambda: run(args_b)[0], sync=False)
     assert ended == "done" and report["out"] == "exit" and state(root) == new
     total = report["steps"]
@@ -384,14 +390,14 @@ def test_random_kills_of_a_swap_loop(tmp_path, no_sync):
 
 
 @pytest.mark.parametrize("previous", ["none", "changed"])
-def test_prepare_killed_before_every_file_operation(tmp_path, module_runner, warnings, no_sync, previous):
+def test_prepare_killed_before_every_file_operation(tmp_path, step_runner, warnings, no_sync, previous):
     """prepare writing a run (none before: the run directory appears complete or not at all; a changed one: two
     files, in two directories, swapped through the journal), SIGKILLed before each of its file operations."""
     root = make_checkout(tmp_path / "checkout", compatible(copy.deepcopy(HAND_LAUNCH)))
     args = prep_args(root, "write", good_hosts())
 
     def run():
-        return module_runner(prepare_run.main, copy.deepcopy(args))
+        return step_runner("prepare_run", copy.deepcopy(args))
 
     status, result = run()
     assert status == "exit", result
@@ -494,8 +500,8 @@ def paused_at_commit(signal_fd, seconds):
     return hook
 
 
-def test_two_concurrent_discoveries_the_second_waits(tmp_path, module_runner):
-    root, run, args_a, args_b, old, new = discovery_case(tmp_path, module_runner)
+def test_two_concurrent_discoveries_the_second_waits(tmp_path, step_runner):
+    root, run, args_a, args_b, old, new = discovery_case(tmp_path, step_runner)
     shutil.rmtree(root / "config")
     r, w = os.pipe()
     first = spawn(lambda: run(args_a)[0], hook=paused_at_commit(w, 0.6))
@@ -508,8 +514,8 @@ def test_two_concurrent_discoveries_the_second_waits(tmp_path, module_runner):
     assert consistent(root / "config", root / "config" / "site") == ["engine-1", "engine-3"]
 
 
-def test_two_concurrent_discoveries_the_second_is_refused_by_name(tmp_path, module_runner, monkeypatch):
-    root, run, args_a, args_b, old, new = discovery_case(tmp_path, module_runner)
+def test_two_concurrent_discoveries_the_second_is_refused_by_name(tmp_path, step_runner, monkeypatch):
+    root, run, args_a, args_b, old, new = discovery_case(tmp_path, step_runner)
     shutil.rmtree(root / "config")
     monkeypatch.setattr(_writer, "LOCK_WAIT_S", 0.3)
     r, w = os.pipe()
@@ -528,8 +534,8 @@ def test_two_concurrent_discoveries_the_second_is_refused_by_name(tmp_path, modu
     assert consistent(root / "config", root / "config" / "site") == ["engine-1", "engine-2"]
 
 
-def test_concurrent_discoveries_started_together_leave_one_consistent_set(tmp_path, module_runner):
-    root, run, args_a, args_b, old, new = discovery_case(tmp_path, module_runner)
+def test_concurrent_discoveries_started_together_leave_one_consistent_set(tmp_path, step_runner):
+    root, run, args_a, args_b, old, new = discovery_case(tmp_path, step_runner)
     for _round in range(4):
         shutil.rmtree(root / "config")
         children = [spawn(lambda a=a: run(a)[0]) for a in (args_a, args_b, args_a, args_b)]
@@ -539,12 +545,12 @@ def test_concurrent_discoveries_started_together_leave_one_consistent_set(tmp_pa
 
 
 @pytest.mark.parametrize("wait", [True, False])
-def test_two_concurrent_prepares_of_one_run(tmp_path, module_runner, monkeypatch, wait):
+def test_two_concurrent_prepares_of_one_run(tmp_path, step_runner, monkeypatch, wait):
     root = make_checkout(tmp_path / "checkout", compatible(copy.deepcopy(HAND_LAUNCH)))
     args = prep_args(root, "write", good_hosts())
 
     def run():
-        status, result = module_runner(prepare_run.main, copy.deepcopy(args))
+        status, result = step_runner("prepare_run", copy.deepcopy(args))
         return [status, result.get("changed"), result.get("msg")]
 
     if not wait:
@@ -563,7 +569,7 @@ def test_two_concurrent_prepares_of_one_run(tmp_path, module_runner, monkeypatch
         assert report2["out"][2] == ("prepare: another prepare holds %s (pid %d) and did not release it within 0.3 s; "
                                      "wait for it to finish and rerun (a killed run leaves no stale lock: the kernel "
                                      "releases it) — nothing was changed" % (lock, first[0]))
-    status, result = module_runner(prepare_run.main, copy.deepcopy(args))
+    status, result = step_runner("prepare_run", copy.deepcopy(args))
     assert status == "exit" and result["changed"] is False
     assert leftovers(root / "runs") == [] and os.listdir(root / "runs") == [os.path.basename(result["run_dir"])]
 
@@ -584,8 +590,8 @@ def failing_writes(monkeypatch, code, where):
     monkeypatch.setattr(os, "write", write)
 
 
-def test_discovery_on_a_full_disk_names_the_file_and_keeps_the_set(tmp_path, module_runner, monkeypatch):
-    root, run, _a, args_b, old, _new = discovery_case(tmp_path, module_runner)
+def test_discovery_on_a_full_disk_names_the_file_and_keeps_the_set(tmp_path, step_runner, monkeypatch):
+    root, run, _a, args_b, old, _new = discovery_case(tmp_path, step_runner)
     before = dict((p, os.stat(root / p).st_mtime_ns) for p in old)
     failing_writes(monkeypatch, errno.ENOSPC, ".new")
     status, result = run(args_b)
@@ -598,8 +604,8 @@ def test_discovery_on_a_full_disk_names_the_file_and_keeps_the_set(tmp_path, mod
     assert dict((p, os.stat(root / p).st_mtime_ns) for p in old) == before
 
 
-def test_discovery_denied_half_way_through_the_renames_rolls_back(tmp_path, module_runner, monkeypatch):
-    root, run, _a, args_b, old, _new = discovery_case(tmp_path, module_runner)
+def test_discovery_denied_half_way_through_the_renames_rolls_back(tmp_path, step_runner, monkeypatch):
+    root, run, _a, args_b, old, _new = discovery_case(tmp_path, step_runner)
     fleet = str(root / "config" / "fleet.json")
     real = os.replace
 
@@ -616,8 +622,8 @@ def test_discovery_denied_half_way_through_the_renames_rolls_back(tmp_path, modu
     assert state(root) == old and leftovers(root) == []
 
 
-def test_discovery_on_a_read_only_file_system(tmp_path, module_runner, monkeypatch):
-    root, run, _a, args_b, old, _new = discovery_case(tmp_path, module_runner)
+def test_discovery_on_a_read_only_file_system(tmp_path, step_runner, monkeypatch):
+    root, run, _a, args_b, old, _new = discovery_case(tmp_path, step_runner)
     real = os.open
 
     def open_(path, flags, mode=0o777, **kw):
@@ -634,12 +640,12 @@ def test_discovery_on_a_read_only_file_system(tmp_path, module_runner, monkeypat
     assert state(root) == old
 
 
-def test_prepare_on_a_full_disk_creates_no_run(tmp_path, module_runner, monkeypatch):
+def test_prepare_on_a_full_disk_creates_no_run(tmp_path, step_runner, monkeypatch):
     root = make_checkout(tmp_path / "checkout", compatible(copy.deepcopy(HAND_LAUNCH)))
     args = prep_args(root, "write", good_hosts())
-    rid = module_runner(prepare_run.main, prep_args(root))[1]["run_id"]
+    rid = step_runner("prepare_run", prep_args(root))[1]["run_id"]
     failing_writes(monkeypatch, errno.ENOSPC, ".run/")
-    status, result = module_runner(prepare_run.main, copy.deepcopy(args))
+    status, result = step_runner("prepare_run", copy.deepcopy(args))
     run_dir = root / "runs" / rid
     assert status == "fail"
     assert result["msg"] == ("prepare: writing %s failed: No space left on device; free space and rerun — %s was not "
@@ -647,15 +653,15 @@ def test_prepare_on_a_full_disk_creates_no_run(tmp_path, module_runner, monkeypa
     assert not run_dir.exists() and os.listdir(root / "runs") == []
 
 
-def test_prepare_denied_on_an_existing_run_keeps_its_files(tmp_path, module_runner, monkeypatch):
+def test_prepare_denied_on_an_existing_run_keeps_its_files(tmp_path, step_runner, monkeypatch):
     root = make_checkout(tmp_path / "checkout", compatible(copy.deepcopy(HAND_LAUNCH)))
     args = prep_args(root, "write", good_hosts())
-    run_dir = module_runner(prepare_run.main, copy.deepcopy(args))[1]["run_dir"]
+    run_dir = step_runner("prepare_run", copy.deepcopy(args))[1]["run_dir"]
     (root / "runs" / os.path.basename(run_dir) / "manifest.json").write_text("{}\n")
     os.unlink(os.path.join(run_dir, "engine-2", "engine-2.env"))
     before = state(root / "runs")
     failing_writes(monkeypatch, errno.EACCES, ".new")
-    status, result = module_runner(prepare_run.main, copy.deepcopy(args))
+    status, result = step_runner("prepare_run", copy.deepcopy(args))
     assert status == "fail" and result["msg"].startswith(
         "prepare: writing %s failed: Permission denied;" % os.path.join(run_dir, "engine-2", "engine-2.env"))
     assert result["msg"].endswith("— the previous files of %s are intact" % run_dir)
@@ -666,10 +672,10 @@ def test_prepare_denied_on_an_existing_run_keeps_its_files(tmp_path, module_runn
 # recovery, stale temps, check mode
 
 
-def interrupted(tmp_path, module_runner):
+def interrupted(tmp_path, step_runner):
     """Discovery killed after its journal and its first rename: config/engine-launch.local.json is B's, the rest
     A's. -> (root, run, args A, args B, A, B)"""
-    case = discovery_case(tmp_path, module_runner)
+    case = discovery_case(tmp_path, step_runner)
     root, run, _a, args_b = case[:4]
     renames = []
 
@@ -685,8 +691,8 @@ def interrupted(tmp_path, module_runner):
 
 
 def test_check_mode_compares_with_the_set_the_recovery_leaves_and_changes_nothing(
-        tmp_path, module_runner, warnings):
-    root, run, args_a, args_b, old, new = interrupted(tmp_path, module_runner)
+        tmp_path, step_runner, warnings):
+    root, run, args_a, args_b, old, new = interrupted(tmp_path, step_runner)
     torn, torn_left = state(root), leftovers(root)
     assert torn not in (old, new)
     status, result = run(dict(args_b, _ansible_check_mode=True))
@@ -701,7 +707,7 @@ def test_check_mode_compares_with_the_set_the_recovery_leaves_and_changes_nothin
     assert str(journal) in warnings[0]
 
 
-def test_prepare_completes_an_interrupted_discovery_first(tmp_path, module_runner, warnings):
+def test_prepare_completes_an_interrupted_discovery_first(tmp_path, step_runner, warnings):
     """prepare reads the fleet and the records under discovery's lock: in check mode it refuses a torn set by name,
     otherwise it completes discovery's write first."""
     root = make_checkout(tmp_path / "checkout", compatible(copy.deepcopy(HAND_LAUNCH)))
@@ -724,7 +730,7 @@ def test_prepare_completes_an_interrupted_discovery_first(tmp_path, module_runne
 
     assert in_child(write, hook=hook)[0] == "killed"
     journal = config / ".narwhal-discovery.journal"
-    status, result = module_runner(prepare_run.main, prep_args(root, check=True))
+    status, result = step_runner("prepare_run", prep_args(root, check=True))
     assert status == "fail" and result["input"] == "NARWHAL_CONFIG_DIR"
     assert result["msg"].startswith("prepare refused, no run was created: NARWHAL_CONFIG_DIR: a previous discovery "
                                     "run (pid ")
@@ -732,15 +738,15 @@ def test_prepare_completes_an_interrupted_discovery_first(tmp_path, module_runne
             "write first; run prepare without check mode (it completes that write first) or rerun discovery"
             % journal) in result["msg"]
     assert journal.exists()
-    status, result = module_runner(prepare_run.main, prep_args(root))
+    status, result = step_runner("prepare_run", prep_args(root))
     assert status == "exit", result
     assert not journal.exists() and leftovers(config) == []
     assert all((config / os.path.basename(p)).read_text() == text for p, (text, _m) in files.items())
     assert "was put in place (rolled forward)" in warnings[0]
 
 
-def test_stale_temps_of_dead_runs_are_deleted_live_ones_kept(tmp_path, module_runner, warnings):
-    root, run, _a, args_b, _old, new = discovery_case(tmp_path, module_runner)
+def test_stale_temps_of_dead_runs_are_deleted_live_ones_kept(tmp_path, step_runner, warnings):
+    root, run, _a, args_b, _old, new = discovery_case(tmp_path, step_runner)
     dead = os.fork()
     if dead == 0:
         os._exit(0)
@@ -764,9 +770,9 @@ def test_stale_temps_of_dead_runs_are_deleted_live_ones_kept(tmp_path, module_ru
 
 
 @pytest.mark.parametrize("kind", ["garbage", "foreign"])
-def test_a_journal_narwhal_did_not_write_is_refused_by_name(tmp_path, module_runner, kind):
+def test_a_journal_narwhal_did_not_write_is_refused_by_name(tmp_path, step_runner, kind):
     """Recovery renames and deletes what a journal lists: one that is not JSON, or not this user's, is refused."""
-    root, run, _a, args_b, old, _new = discovery_case(tmp_path, module_runner)
+    root, run, _a, args_b, old, _new = discovery_case(tmp_path, step_runner)
     journal = root / "config" / "site" / ".narwhal-discovery.journal"
     if kind == "garbage":
         journal.write_text("not json")

@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """prepare's checks (plugins/module_utils/_prepare/checks.py): the P/D compatibility gate, the shared-host gate,
 stale-record detection, derivation of each engine's environment / vllm_args / role environment, the run ID and the
-documents check. prepare_run end to end: tests/unit/plugins/module_utils/_steps/test_prepare_run.py."""
+documents check. prepare_run end to end: tests/unit/plugins/module_utils/_prepare/test_run.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""private_file, the step (plugins/modules/private_file.py documents it; plugins/action/private_file.py runs it
-in the controller's process): write one owner-only file whole, or leave it as it is when it already holds that
+"""private_file, the step (_common/step.py; plugins/modules/private_file.py documents it, plugins/action/private_file.py
+runs it in the controller's process): write one owner-only file whole, or leave it as it is when it already holds that
 content with that mode. For the reports the playbooks keep on the controller (status, probes, summaries).
 """
 
@@ -11,9 +11,11 @@ import os
 import stat
 import tempfile
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.step import StepError
+
 
 def module_spec():
-    """The AnsibleModule keyword arguments of private_file (the module and its action plugin validate with them)."""
+    """The argument spec of private_file (its action plugin validates with it; the module documents it)."""
     return dict(
         argument_spec=dict(
             dest=dict(type="path", required=True),
@@ -53,22 +55,22 @@ def write_whole(dest, data, mode=0o600):
         raise
 
 
-def private_file(module):
-    dest, content = module.params["dest"], module.params["content"]
+def private_file(run):
+    dest, content = run.params["dest"], run.params["content"]
     data = content.encode("utf-8")
     try:
         before, mode = _current(dest)
     except OSError as exc:
-        module.fail_json(msg="cannot write %s: %s; remove or rename it" % (dest, exc.strerror or exc), dest=dest)
+        raise StepError("cannot write %s: %s; remove or rename it" % (dest, exc.strerror or exc), dest=dest)
     changed = before != data or mode != 0o600
     result = {"changed": changed, "dest": dest}
-    if module._diff:
+    if run.diff:
         result["diff"] = {"before": "" if before is None else before.decode("utf-8", "replace"), "after": content,
                           "before_header": dest, "after_header": dest}
-    if changed and not module.check_mode:
+    if changed and not run.check_mode:
         try:
             write_whole(dest, data)
         except OSError as exc:
-            module.fail_json(msg="cannot write %s: %s; check that its directory exists and is writable"
-                                 % (dest, exc.strerror or exc), dest=dest)
+            raise StepError("cannot write %s: %s; check that its directory exists and is writable"
+                            % (dest, exc.strerror or exc), dest=dest)
     return result

@@ -2,9 +2,9 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The transfer_probe step: probe the KV transfer of prefill/decode pairs (see plugins/modules/transfer_probe.py).
 
-transfer_probe(module) takes the module-like object of plugins/plugin_utils/_controller.py (on the controller) or an
-AnsibleModule (the module on an engine host) and returns the keyword arguments of exit_json; a failed pair ends with
-module.fail_json.
+transfer_probe(task) reads a StepRun (_common/step.py) and returns the task's result; a failed pair raises StepError.
+Its action plugin runs it in the controller's process, the module's main() (plugins/modules/transfer_probe.py) on an
+engine host.
 Python 3.8 compatible (runs on engine hosts).
 """
 
@@ -22,6 +22,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.nixl_metric
     engine_samples,
     producer_counters,
 )
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.step import StepError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import host_name, read_regular
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.words import natural_key
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import (
@@ -85,8 +86,8 @@ def api_key(params):
     return read_key_file(installed_key_file(params["engine_checkout"], params["installed_engine"]))
 
 
-def probe_pair(module, key, producer, consumer, warn=None):
-    """One pair's probe -> its result; what it notes without failing goes to `warn` (default module.warn).
+def probe_pair(task, key, producer, consumer, warn=None):
+    """One pair's probe -> its result; what it notes without failing goes to `warn` (default the task's warnings).
 
     Data-parallel engines (`data_parallel`: {engine: DP size} > 1) serve their ranks behind one HTTP port; each
     request names its rank with X-data-parallel-rank (vLLM 0.32.0 entrypoints/generate/base/serving.py:220-232,
@@ -95,11 +96,11 @@ def probe_pair(module, key, producer, consumer, warn=None):
     asked for (remote_engine_id <id>_dp<rank>), and the consumer's counters are read for its rank alone (label
     engine="<rank>", _common/nixl_metrics.py::engine_samples). The pair's result is the first rank pair's, with
     `ok` and `reasons` over all of them and `ranks` listing each; DP 1 pairs are probed as before (no `ranks`)."""
-    sizes = module.params.get("data_parallel") or {}
+    sizes = task.params.get("data_parallel") or {}
     plan = rank_pairs(sizes.get(producer), sizes.get(consumer))
     if plan == [(None, None)]:
-        return probe_ranks(module, key, producer, consumer, warn)
-    results = [probe_ranks(module, key, producer, consumer, warn, ranks) for ranks in plan]
+        return probe_ranks(task, key, producer, consumer, warn)
+    results = [probe_ranks(task, key, producer, consumer, warn, ranks) for ranks in plan]
     first = dict(results[0])
     first["ok"] = all(r["ok"] for r in results)
     first["reasons"] = ["rank %s -> %s: %s" % (r["producer_rank"], r["consumer_rank"], reason)
@@ -113,11 +114,11 @@ RANK_FIELDS = ("producer_rank", "consumer_rank", "request_id", "ok", "reasons", 
                "prompt_tokens", "bytes", "remote_host", "remote_port", "remote_engine_id")
 
 
-def probe_ranks(module, key, producer, consumer, warn=None, ranks=(None, None)):
+def probe_ranks(task, key, producer, consumer, warn=None, ranks=(None, None)):
     """The probe of one request pair: the producer's DP rank ranks[0] (None: vLLM's balancer picks, DP 1) and the
     consumer's ranks[1]."""
-    p = module.params
-    warn = warn or module.warn
+    p = task.params
+    warn = warn or task.warnings.append
     prank, crank = ranks
     purl, curl = p["engines"][producer]["url"].rstrip("/"), p["engines"][consumer]["url"].rstrip("/")
     unique = uuid.uuid4().hex[:12]
@@ -186,20 +187,20 @@ def _ranked(engine, rank):
     return engine if rank is None else "%s (DP rank %d)" % (engine, rank)
 
 
-def run_round(module, key, members, results):
-    """Probe the pairs `members` (indices into the module's pairs) at the same time, one thread each, and wait for
+def run_round(task, key, members, results):
+    """Probe the pairs `members` (indices into the task's pairs) at the same time, one thread each, and wait for
     all of them; results[index] gets each pair's verdict. A round shares no engine between its pairs
     (_probe/schedule.py::probe_rounds), so each probe's counters move for its own request only."""
-    pairs = module.params["pairs"]
+    pairs = task.params["pairs"]
     if len(members) == 1:
         index = members[0]
-        results[index] = probe_pair(module, key, pairs[index][0], pairs[index][1])
+        results[index] = probe_pair(task, key, pairs[index][0], pairs[index][1])
         return
     errors, warnings = [], dict((index, []) for index in members)
 
     def one(index):
         try:
-            results[index] = probe_pair(module, key, pairs[index][0], pairs[index][1], warnings[index].append)
+            results[index] = probe_pair(task, key, pairs[index][0], pairs[index][1], warnings[index].append)
         except Exception as exc:  # noqa: BLE001 - raised again in the calling thread, where the step fails
             errors.append(exc)
 
@@ -213,11 +214,11 @@ def run_round(module, key, members, results):
         raise errors[0]
     for index in members:  # in the pairs' order, as a serial run warns
         for warning in warnings[index]:
-            module.warn(warning)
+            task.warnings.append(warning)
 
 
 def module_spec():
-    """The AnsibleModule keyword arguments of transfer_probe (the module and its action plugin validate with them)."""
+    """The argument spec of transfer_probe (its action plugin and its module validate with it)."""
     return dict(
         argument_spec=dict(
             engines=dict(type="dict", required=True),
@@ -243,43 +244,43 @@ def module_spec():
     )
 
 
-def transfer_probe(module):
-    p = module.params
+def transfer_probe(task):
+    p = task.params
     unknown = sorted(set(e for pair in p["pairs"] for e in pair[:2]) - set(p["engines"]))
     bad = [pair for pair in p["pairs"] if len(pair) != 2]
     if unknown or bad:
-        module.fail_json(msg="transfer probe: %s; pairs are [producer, consumer] names of engines"
-                             % ("pairs name engines that engines does not have: %s" % ", ".join(map(str, unknown))
-                                if unknown else "pairs must have two engines each: %s" % bad))
+        raise StepError("transfer probe: %s; pairs are [producer, consumer] names of engines"
+                         % ("pairs name engines that engines does not have: %s" % ", ".join(map(str, unknown))
+                            if unknown else "pairs must have two engines each: %s" % bad))
     try:
         key = api_key(p)
     except PlanError as exc:
-        module.fail_json(msg="transfer probe: %s" % exc, input=exc.key)
-    module.no_log_values.add(key)
+        raise StepError("transfer probe: %s" % exc, input=exc.key)
+    task.secrets.add(key)
     if p["parallel"] < 1:
-        module.fail_json(msg="transfer probe: parallel must be 1 (one probe at a time) or more, got %d"
-                             % p["parallel"], input="parallel")
+        raise StepError("transfer probe: parallel must be 1 (one probe at a time) or more, got %d"
+                         % p["parallel"], input="parallel")
     if p["prompt_tokens"] < 0:
-        module.fail_json(msg="transfer probe: prompt_tokens must be 0 (the short prompt) or more, got %d"
-                             % p["prompt_tokens"], input="prompt_tokens")
+        raise StepError("transfer probe: prompt_tokens must be 0 (the short prompt) or more, got %d"
+                         % p["prompt_tokens"], input="prompt_tokens")
     if p["prompt_tokens"]:
         engines = sorted(set(e for pair in p["pairs"] for e in pair), key=natural_key)
         refused = prompt_refusals(p["prompt_tokens"], engines, p["max_model_len"])
         if refused:
-            module.fail_json(msg="transfer probe: prompt_tokens (narwhal_probe_prompt_tokens) %d does not fit: %s; "
-                                 "lower it, or raise --max-model-len and relaunch, nothing was probed"
-                                 % (p["prompt_tokens"], "; ".join(refused)), input="prompt_tokens")
+            raise StepError("transfer probe: prompt_tokens (narwhal_probe_prompt_tokens) %d does not fit: %s; "
+                             "lower it, or raise --max-model-len and relaunch, nothing was probed"
+                             % (p["prompt_tokens"], "; ".join(refused)), input="prompt_tokens")
     rounds = probe_rounds(p["pairs"], p["parallel"])
     results = [None] * len(p["pairs"])
     for number, members in enumerate(rounds, 1):
-        run_round(module, key, members, results)
+        run_round(task, key, members, results)
         for index in members:
             results[index]["round"] = number
     # each pair's rate against its link's nominal rate (_probe/fabric.py)
     results = [with_link(r, p["links"]) for r in results]
     failed = [r for r in results if not r["ok"]]
     if failed:
-        module.fail_json(msg="transfer probe failed: %s" % "; ".join(
-            "%s -> %s: %s" % (r["producer"], r["consumer"], ", ".join(r["reasons"])) for r in failed), results=results)
+        raise StepError("transfer probe failed: %s" % "; ".join(
+        "%s -> %s: %s" % (r["producer"], r["consumer"], ", ".join(r["reasons"])) for r in failed), results=results)
     return dict(changed=False, results=results, rounds=len(rounds), slowest=slowest(results),
                 slowest_rail=slowest_rail(results))

@@ -1,6 +1,7 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""site_inputs (plugins/modules/site_inputs.py): what python-dotenv passes
+"""site_inputs, the step (plugins/module_utils/_inputs/site.py, documented in plugins/modules/site_inputs.py): what
+python-dotenv passes
 silently, the output paths git must ignore, literal and secret values, hostile .env files, and the shipped
 .env.example."""
 
@@ -13,7 +14,6 @@ from test_support.inputs import TOKEN
 from test_support.paths import REPO
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.paths import FALLBACK_IGNORED
-from ansible_collections.narwhal.deploy.plugins.modules import site_inputs
 
 # what python-dotenv passes silently, and the output paths (issue 13, classes 3 and 4)
 
@@ -28,8 +28,7 @@ def _without_narwhal_env(monkeypatch):
 
 
 @pytest.fixture
-def site_module(module_runner, tmp_path, monkeypatch):
-    from ansible_collections.narwhal.deploy.plugins.modules import site_inputs
+def site_module(step_runner, tmp_path, monkeypatch):
 
     _without_narwhal_env(monkeypatch)
 
@@ -39,7 +38,7 @@ def site_module(module_runner, tmp_path, monkeypatch):
         args = {"env_file": str(env_file), "use_process_env": process_env}
         if root is not None:
             args["root"] = str(root)
-        return module_runner(site_inputs.main, args)
+        return step_runner("site_inputs", args)
 
     return run
 
@@ -51,8 +50,8 @@ SITE_ENV = ("NARWHAL_FABRIC_INTERFACE=eth1\nNARWHAL_IMAGE=vllm/vllm-openai:v0.33
 
 
 @pytest.fixture
-def site(module_runner, monkeypatch, tmp_path):
-    """site_inputs.main over a .env in tmp_path; the controller environment holds a token and no NARWHAL_*."""
+def site(step_runner, monkeypatch, tmp_path):
+    """site_inputs over a .env in tmp_path; the controller environment holds a token and no NARWHAL_*."""
     _without_narwhal_env(monkeypatch)
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     monkeypatch.setenv("HOME", "/home/operator")
@@ -61,7 +60,7 @@ def site(module_runner, monkeypatch, tmp_path):
         path = path or tmp_path / ".env"
         if text is not None:
             path.write_text(text)
-        return module_runner(site_inputs.main, {"env_file": str(path)})
+        return step_runner("site_inputs", {"env_file": str(path)})
 
     return run
 
@@ -83,21 +82,15 @@ def test_site_inputs_refuses_what_dotenv_passes_silently(site_module, tmp_path, 
 
 
 def test_site_inputs_ignores_tool_variables_and_warns_about_near_misses(site_module, monkeypatch):
-    from ansible.module_utils import _internal
-    from ansible.module_utils.common import warnings
-
-    monkeypatch.setattr(warnings, "_global_warnings", {})
-    # as a module process: once a controller plugin was imported (other tests), warnings would go to Display
-    monkeypatch.setattr(_internal, "is_controller", False)
     monkeypatch.setenv("NARWHAL_IMAGES", "sim real")  # the Makefile's, not an input
     monkeypatch.setenv("NARWHAL_TRANSPRT", "ucx_rdma")
     monkeypatch.setenv("NARWHAL_ENGINE_PORT", "9000")
     status, result = site_module(ENV_TEXT, process_env=True)
     assert status == "exit", result
     assert result["ansible_facts"]["narwhal_site"]["site"]["NARWHAL_ENGINE_PORT"] == 9000
-    assert warnings.get_warning_messages() == (
+    assert result["warnings"] == [
         "NARWHAL_TRANSPRT in the controller environment is not a site input (did you mean NARWHAL_TRANSPORT?) and "
-        "is ignored",)
+        "is ignored"]
 
 
 GIT = shutil.which("git")
@@ -152,9 +145,7 @@ def test_site_input_expansion_is_kept_and_warned(site):
     assert how == "exit", result
     assert result["ansible_facts"]["narwhal_site"]["site"]["NARWHAL_EXTRA_ARGS"] == \
         "--served-model-name-suffix ${USER}-model"
-    from ansible.module_utils.common.warnings import get_warning_messages
-
-    assert any("NARWHAL_EXTRA_ARGS holds '${...}', which stays literal" in w for w in get_warning_messages())
+    assert any("NARWHAL_EXTRA_ARGS holds '${...}', which stays literal" in w for w in result["warnings"])
 
 
 @pytest.mark.parametrize("extra, key, shown", [
@@ -224,7 +215,7 @@ GENERATED = {"NARWHAL_NODE_1_IP": "10.0.0.11", "NARWHAL_NODE_1_URL": "http://10.
     ({"NARWHAL_NODE_1_URL": ""}, {}, []),  # blank: unset
 ])
 def test_generated_echoes_are_recognised(process, dotenv, echoes):
-    from ansible_collections.narwhal.deploy.plugins.module_utils._steps.site_inputs import generated_echoes
+    from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.site import generated_echoes
 
     assert generated_echoes(process, dotenv, GENERATED, "config/deployment.env") == echoes
 
@@ -233,7 +224,7 @@ def test_generated_echoes_are_recognised(process, dotenv, echoes):
                                        ("NARWHAL_NODE_1_URL", "http://10.0.0.11:7000")])
 def test_a_generated_name_with_another_value_in_the_shell_is_refused_by_origin(key, value):
     from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
-    from ansible_collections.narwhal.deploy.plugins.module_utils._steps.site_inputs import generated_echoes
+    from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.site import generated_echoes
 
     with pytest.raises(InputError) as err:
         generated_echoes(dict(GENERATED, **{key: value}), {}, GENERATED, "/p/config/deployment.env")
@@ -247,11 +238,6 @@ def test_a_generated_name_with_another_value_in_the_shell_is_refused_by_origin(k
 def test_a_sourced_deployment_env_does_not_pin_the_engine_port(site_module, tmp_path, monkeypatch):
     """The shell sourced deployment.env (port 8000), then .env changed NARWHAL_ENGINE_PORT: the new port applies
     to every node; once discovery has written the new deployment.env, the stale shell value is refused by origin."""
-    from ansible.module_utils import _internal
-    from ansible.module_utils.common import warnings
-
-    monkeypatch.setattr(warnings, "_global_warnings", {})
-    monkeypatch.setattr(_internal, "is_controller", False)
     root = git_checkout(tmp_path / "checkout")
     (root / "config").mkdir()
     deployment = root / "config" / "deployment.env"
@@ -263,7 +249,7 @@ def test_a_sourced_deployment_env_does_not_pin_the_engine_port(site_module, tmp_
     site = result["ansible_facts"]["narwhal_site"]
     assert site["site"]["NARWHAL_ENGINE_PORT"] == 9000
     assert "ENGINE_PORT" not in site["nodes"]["1"] and "URL" not in site["nodes"]["1"]
-    assert any("read as generated values, not as overrides" in w for w in warnings.get_warning_messages())
+    assert any("read as generated values, not as overrides" in w for w in result["warnings"])
     # discovery rewrote deployment.env for port 9000; the shell still holds 8000
     deployment.write_text(deployment.read_text().replace("8000", "9000"))
     status, result = site_module(ENV_TEXT + "NARWHAL_ENGINE_PORT=9000\n", root=root, process_env=True)

@@ -1,6 +1,6 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""prepare_run end to end (plugins/module_utils/_steps/prepare_run.py through plugins/modules/prepare_run.py):
+"""prepare_run end to end (plugins/module_utils/_prepare/run.py through plugins/modules/prepare_run.py):
 the run it writes, its refusals (missing key, stale host, incompatible pair, changed policy inputs, output
 paths, hostile files, hanging tools), relaunch from an earlier run, and check mode."""
 
@@ -38,20 +38,19 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy im
     policy_changes,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import MANIFEST_SCHEMA, validation_errors
+from ansible_collections.narwhal.deploy.plugins.module_utils._prepare import run as _prepare_run_step
 from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.launcher import (
     build_zipapp,
     launcher_sources,
 )
-from ansible_collections.narwhal.deploy.plugins.module_utils._steps import prepare_run as _prepare_run_step
-from ansible_collections.narwhal.deploy.plugins.modules import prepare_run
 
 # ------------------------------------------------------------------------------------------------
 # prepare_run end to end
 
 
 @pytest.fixture
-def run_module(module_runner):
-    return lambda args: module_runner(prepare_run.main, args)
+def run_module(step_runner):
+    return lambda args: step_runner("prepare_run", args)
 
 
 @pytest.fixture
@@ -529,16 +528,6 @@ def test_check_mode_relaunch_creates_nothing(root, run_module, earlier, stage):
 
 # ------------------------------------------------------------------ which narwhal.deploy prepared the run
 
-class _GitModule:
-    """What collection_identity asks of its module: where git is, and how to fail."""
-
-    def get_bin_path(self, name):
-        return shutil.which(name)
-
-    def fail_json(self, **kwargs):
-        raise AssertionError(kwargs)
-
-
 def test_collection_identity_of_an_installed_collection(tmp_path):
     """ansible-galaxy's MANIFEST.json: its version, and the sha256 of FILES.json as the build."""
     (tmp_path / "MANIFEST.json").write_text(json.dumps({
@@ -546,28 +535,28 @@ def test_collection_identity_of_an_installed_collection(tmp_path):
         "file_manifest_file": {"name": "FILES.json", "ftype": "file", "chksum_type": "sha256",
                                "chksum_sha256": "ab" * 32, "format": 1}, "format": 1}))
     (tmp_path / "galaxy.yml").write_text("namespace: other\nname: thing\nversion: 9.9.9\n")  # MANIFEST.json wins
-    assert _prepare_run_step.collection_identity(_GitModule(), str(tmp_path)) == {
+    assert _prepare_run_step.collection_identity(str(tmp_path)) == {
         "name": "narwhal.deploy", "version": "0.1.0", "build": "FILES.json sha256:" + "ab" * 32}
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_collection_identity_of_a_checkout(tmp_path):
     shutil.copy(REPO / "galaxy.yml", tmp_path / "galaxy.yml")
-    assert _prepare_run_step.collection_identity(_GitModule(), str(tmp_path)) == {
+    assert _prepare_run_step.collection_identity(str(tmp_path)) == {
         "name": "narwhal.deploy", "version": "0.1.0", "build": "source tree (no MANIFEST.json, not a git checkout)"}
     git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
     subprocess.run(git + ["init", "-q"], check=True)
     subprocess.run(git + ["add", "galaxy.yml"], check=True)
     subprocess.run(git + ["commit", "-qm", "c"], check=True)
     head = subprocess.run(git + ["rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
-    assert _prepare_run_step.collection_identity(_GitModule(), str(tmp_path))["build"] == "git %s" % head
+    assert _prepare_run_step.collection_identity(str(tmp_path))["build"] == "git %s" % head
     (tmp_path / "galaxy.yml").write_text((tmp_path / "galaxy.yml").read_text() + "# changed\n")
-    assert _prepare_run_step.collection_identity(_GitModule(), str(tmp_path))["build"] == "git %s-dirty" % head
+    assert _prepare_run_step.collection_identity(str(tmp_path))["build"] == "git %s-dirty" % head
 
 
 def test_collection_identity_refuses_a_collection_without_a_version(tmp_path):
     with pytest.raises(InputError) as err:
-        _prepare_run_step.collection_identity(_GitModule(), str(tmp_path))
+        _prepare_run_step.collection_identity(str(tmp_path))
     assert err.value.key == "collection" and "cannot read the version of the collection at %s" % tmp_path \
         in str(err.value)
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import stat
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._steps.private_file import module_spec, private_file
-from ansible_collections.narwhal.deploy.plugins.plugin_utils import _controller as __controller
+from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.private_file import module_spec, private_file
+from ansible_collections.narwhal.deploy.plugins.plugin_utils._action import run_step
 
 
 def _run(args, check_mode=False, diff=False):
-    return __controller.run_step(private_file, module_spec(), args, "narwhal.deploy.private_file",
-                                 check_mode=check_mode, diff=diff)
+    return run_step(private_file, module_spec(), args, "narwhal.deploy.private_file", check_mode=check_mode, diff=diff)
 
 
 def _mode(path):

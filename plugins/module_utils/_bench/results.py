@@ -15,12 +15,13 @@ import tempfile
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import TARGETS
 from ansible_collections.narwhal.deploy.plugins.module_utils._bench.report import overhead, problems, row, table
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.step import StepError
 
 FILES = ("bench.json", "table.txt", "latency.png")
 
 
 def module_spec():
-    """The AnsibleModule keyword arguments of bench_report (the module and its action plugin validate with them)."""
+    """The argument spec of bench_report (its action plugin validates with it; the module documents it)."""
     return dict(
         argument_spec=dict(
             runs_dir=dict(type="path", required=True),
@@ -88,18 +89,18 @@ def _write(path, data):
         os.fsync(fh.fileno())
 
 
-def bench_report(module):
-    p = module.params
+def bench_report(task):
+    p = task.params
     plan, results = p["plan"], p["results"]
     steps = plan.get("steps") or []
     stamp = plan.get("stamp")
     if not steps or not stamp:
-        module.fail_json(msg="bench_report: the plan has no steps or no stamp (the narwhal.deploy.bench_plan filter "
-                             "makes it)")
+        raise StepError("bench_report: the plan has no steps or no stamp (the narwhal.deploy.bench_plan filter "
+                         "makes it)")
     dest = os.path.join(p["runs_dir"], "bench-%s" % stamp)
     if os.path.lexists(dest):
-        module.fail_json(msg="%s already exists: a benchmark run of this stamp is kept there; rerun the benchmark "
-                             "(a new stamp) or remove it" % dest, dest=dest)
+        raise StepError("%s already exists: a benchmark run of this stamp is kept there; rerun the benchmark "
+                         "(a new stamp) or remove it" % dest, dest=dest)
     rows = [row(step, results.get(step["id"]) or {}) for step in steps]
     over = overhead(rows)
     found = problems(steps, results, p["failures"])
@@ -110,12 +111,12 @@ def bench_report(module):
            "files": [os.path.join(dest, f) for f in FILES]}
     pyplot = plotting()
     if pyplot is None:
-        module.fail_json(msg="matplotlib is not importable on the controller, and the benchmark's plot needs it: "
-                             "pip install -r requirements.txt (it pins matplotlib), then rerun the benchmark", **out)
-    if module.check_mode:
+        raise StepError("matplotlib is not importable on the controller, and the benchmark's plot needs it: "
+                         "pip install -r requirements.txt (it pins matplotlib), then rerun the benchmark", **out)
+    if task.check_mode:
         return out
     if not os.path.isdir(p["runs_dir"]):
-        module.fail_json(msg="NARWHAL_RUNS_DIR %s is not a directory; run prepare first or create it" % p["runs_dir"])
+        raise StepError("NARWHAL_RUNS_DIR %s is not a directory; run prepare first or create it" % p["runs_dir"])
     tmp = tempfile.mkdtemp(prefix=".bench-%s." % stamp, dir=p["runs_dir"])
     try:
         _write(os.path.join(tmp, "bench.json"), (json.dumps(document, indent=2, sort_keys=True) + "\n").encode())

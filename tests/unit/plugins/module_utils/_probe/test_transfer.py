@@ -1,4 +1,4 @@
-"""The transfer_probe step (plugins/module_utils/_steps/transfer_probe.py) running pairs in rounds: against a fake
+"""The transfer_probe step (plugins/module_utils/_probe/transfer.py) running pairs in rounds: against a fake
 fleet of engines behind `call` (counters per engine, the P/D flow), the probes of a round run at once, never more
 than `parallel`, never two with an engine in common, and every pair's verdict and evidence are those of a serial
 run. Against real HTTP: tests/unit/plugins/module_utils/_probe/test_verdict.py (stand-in engines)."""
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers import probe_pairs
-from ansible_collections.narwhal.deploy.plugins.module_utils._steps import transfer_probe as step
+from ansible_collections.narwhal.deploy.plugins.module_utils._probe import transfer as step
 from ansible_collections.narwhal.deploy.plugins.modules import transfer_probe
 
 KEY = "sk-narwhal-probe-test-key-0123456789"

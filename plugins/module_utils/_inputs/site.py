@@ -2,8 +2,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The site_inputs step: read and validate the site .env (see plugins/modules/site_inputs.py for its contract).
 
-site_inputs(module) takes the module-like object of plugins/plugin_utils/_controller.py or an AnsibleModule and returns
-the keyword arguments of exit_json; a refusal ends with module.fail_json.
+site_inputs(task) reads a StepRun (_common/step.py) and returns the task's result; a refusal raises StepError. Its
+action plugin (plugins/action/site_inputs.py) runs it in the controller's process.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from ansible.module_utils.basic import missing_required_lib
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import redact_text, secret_values
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.step import StepError
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.dotenv import (
     DOTENV_IMPORT_ERROR,
     DotenvError,
@@ -48,7 +49,7 @@ except ImportError:
 
 
 def module_spec():
-    """The AnsibleModule keyword arguments of site_inputs (the module and its action plugin validate with them)."""
+    """The argument spec of site_inputs (its action plugin validates with it; the module documents it)."""
     return dict(
         argument_spec=dict(
             env_file=dict(type="path", required=True),
@@ -93,25 +94,25 @@ def generated_echoes(process, dotenv, generated, generated_path):
     return echoes
 
 
-def site_inputs(module):
+def site_inputs(task):
     if DOTENV_IMPORT_ERROR:
-        module.fail_json(msg=missing_required_lib("python-dotenv"), exception=DOTENV_IMPORT_ERROR)
-    path = module.params["env_file"]
+        raise StepError(missing_required_lib("python-dotenv"), exception=DOTENV_IMPORT_ERROR)
+    path = task.params["env_file"]
     try:
         raw = read_dotenv_bytes(path)
     except DotenvError as exc:
-        module.fail_json(msg="site inputs: %s; copy .env.example to .env and fill it in, or point "
-                             "NARWHAL_ENV_FILE at the site's file" % exc)
+        raise StepError("site inputs: %s; copy .env.example to .env and fill it in, or point "
+                         "NARWHAL_ENV_FILE at the site's file" % exc)
     try:
         text = decode_dotenv(path, raw)
         parsed = parse_dotenv(text)
     except DotenvError as exc:
-        module.fail_json(msg="site inputs: %s; save it as UTF-8" % exc, input="NARWHAL_ENV_FILE")
+        raise StepError("site inputs: %s; save it as UTF-8" % exc, input="NARWHAL_ENV_FILE")
     # values of secret-looking names of .env and of the controller's environment: hidden wherever they are pasted
-    secrets = secret_values(parsed, os.environ if module.params["use_process_env"] else {})
+    secrets = secret_values(parsed, os.environ if task.params["use_process_env"] else {})
     values = {k: v for k, v in parsed.items() if k.startswith("NARWHAL_")}
     process = {}
-    if module.params["use_process_env"]:
+    if task.params["use_process_env"]:
         for key, value in os.environ.items():
             if not key.startswith("NARWHAL_"):
                 continue
@@ -120,18 +121,18 @@ def site_inputs(module):
             else:  # the project's tool variables and others: not inputs (a near miss of an input is warned about)
                 warning = unknown_name_warning(key)
                 if warning:
-                    module.warn(warning)
+                    task.warnings.append(warning)
     for key in literal_expansions(values):
-        module.warn("%s holds '${...}', which stays literal: .env values are not expanded from the environment; "
-                    "write the value itself" % key)
+        task.warnings.append("%s holds '${...}', which stays literal: .env values are not expanded from the "
+                             "environment; write the value itself" % key)
     try:
         # what python-dotenv passes silently: unparseable lines, repeated keys (the last wins)
         check_env_file([(b.key, b.value, b.original.line, b.error) for b in parse_stream(io.StringIO(text))], path)
         inputs = load_inputs(values)
-        root = module.params["root"]
+        root = task.params["root"]
         if root:
             paths = check_paths(root, inputs["site"], env_file=path,
-                                ignored=git_ignore_checker(module, root), resolve=os.path.realpath)
+                                ignored=git_ignore_checker(root), resolve=os.path.realpath)
             generated_path = os.path.join(paths["config_dir"], DEPLOYMENT_ENV)
             try:
                 generated = read_dotenv(generated_path) if process and os.path.isfile(generated_path) else {}
@@ -139,10 +140,10 @@ def site_inputs(module):
                 generated = {}  # discovery rewrites it; nothing generated to recognise
             echoes = generated_echoes(process, parsed, generated, generated_path)
             if echoes:
-                module.warn("%s in the controller's environment equal%s what the last discovery generated in %s (a "
-                            "sourced deployment.env): read as generated values, not as overrides, so they follow .env "
-                            "(unset them to silence this)"
-                            % (", ".join(echoes), "s" if len(echoes) == 1 else "", generated_path))
+                task.warnings.append("%s in the controller's environment equal%s what the last discovery generated "
+                                     "in %s (a sourced deployment.env): read as generated values, not as overrides, "
+                                     "so they follow .env (unset them to silence this)"
+                                     % (", ".join(echoes), "s" if len(echoes) == 1 else "", generated_path))
                 for key in echoes:
                     if parsed.get(key) is None:
                         values.pop(key)
@@ -150,7 +151,7 @@ def site_inputs(module):
                         values[key] = parsed[key]
                 inputs = load_inputs(values)
     except InputError as exc:
-        module.fail_json(msg=redact_text("invalid site input in %s: %s" % (path, exc), secrets), input=exc.key)
+        raise StepError(redact_text("invalid site input in %s: %s" % (path, exc), secrets), input=exc.key)
     # every engine's per-node overrides applied once (the roles read them with the filter node_settings)
     inputs["engines"] = resolve_engines(inputs)
     inputs["nodes"] = {str(n): v for n, v in inputs["nodes"].items()}

@@ -2,8 +2,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The discovery_outputs step: plan the fleet and write the output set (see plugins/modules/discovery_outputs.py).
 
-discovery_outputs(module) takes the module-like object of plugins/plugin_utils/_controller.py or an AnsibleModule and
-returns the keyword arguments of exit_json; a refusal ends with module.fail_json.
+discovery_outputs(task) reads a StepRun (_common/step.py) and returns the task's result; a refusal raises StepError.
+Its action plugin (plugins/action/discovery_outputs.py) runs it in the controller's process.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.names impor
     POLICY_FILE,
     SOURCES_FILE,
 )
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.step import StepError
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.fleet import build_fleet, render_env
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.members import member_inspection
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy import (
@@ -181,8 +182,7 @@ def collect_records(plan, inputs, hosts, members=None, interfaces=None):
 
 
 def module_spec():
-    """The AnsibleModule keyword arguments of discovery_outputs (the module and its action plugin validate with
-    them)."""
+    """The argument spec of discovery_outputs (its action plugin validates with it; the module documents it)."""
     return dict(
         argument_spec=dict(
             site=dict(type="dict", required=True),
@@ -196,15 +196,15 @@ def module_spec():
     )
 
 
-def discovery_outputs(module):
-    p = module.params
+def discovery_outputs(task):
+    p = task.params
     inputs = {"site": p["site"]["site"], "nodes": {int(k): v for k, v in p["site"]["nodes"].items()},
               "engines": p["site"].get("engines")}
     root = p["root"]
     try:
         site = inputs["site"]
         # every output path of its own, none an input, git-ignored inside the checkout: before any planning
-        paths = check_paths(root, site, p["engines"], p["site"].get("env_file"), git_ignore_checker(module, root),
+        paths = check_paths(root, site, p["engines"], p["site"].get("env_file"), git_ignore_checker(root),
                             os.path.realpath)
         config_dir, fleet_path, launch_path = paths["config_dir"], paths["fleet"], paths["launch_config"]
         plan = build_fleet(inputs, p["engines"], p["interfaces"] or {})
@@ -213,7 +213,7 @@ def discovery_outputs(module):
         if p["hosts"] is not None:
             records = collect_records(plan, inputs, p["hosts"], p.get("members"), p["interfaces"])
     except InputError as exc:
-        module.fail_json(msg="discovery refused its inputs, nothing was written: %s" % exc, input=exc.key)
+        raise StepError("discovery refused its inputs, nothing was written: %s" % exc, input=exc.key)
     files = {
         os.path.join(config_dir, DEPLOYMENT_ENV): (env_text, 0o600),
         fleet_path: (dump(plan["fleet"]), 0o600),
@@ -236,29 +236,29 @@ def discovery_outputs(module):
         files[launch_path] = (launch_text, 0o600)
         files[index_path] = (dump(index), 0o600)
     if errors:
-        module.fail_json(msg="discovery produced output that fails its schema, nothing was written: %s"
-                             % "; ".join(errors[:10]))
+        raise StepError("discovery produced output that fails its schema, nothing was written: %s"
+                         % "; ".join(errors[:10]))
     # One lock for the set (a second discovery waits, then is refused by name); an interrupted write of a previous
     # run is completed or undone first; the swap is journaled (plugins/module_utils/_outputs/writer.py,
     # docs/outputs.md).
     try:
-        with OutputSet(config_dir, "discovery", check_mode=module.check_mode) as outputs:
+        with OutputSet(config_dir, "discovery", check_mode=task.check_mode) as outputs:
             if records is not None:
                 remove = stale_extracts(index_path, config_dir, files, outputs.read)
             changes = outputs.plan(files, remove)
-            if changes and not module.check_mode:
+            if changes and not task.check_mode:
                 outputs.apply(changes)
     except OutputError as exc:
-        module.fail_json(msg="discovery: %s" % exc, path=exc.path)
+        raise StepError("discovery: %s" % exc, path=exc.path)
     for note in outputs.notes:
-        module.warn(note)
+        task.warnings.append(note)
     for _engine, record in sorted((records[0] if records else {"engines": {}})["engines"].items()):
         warning = drain_warning(record)  # a prefill whose stop would end before its KV lease
         if warning:
-            module.warn(warning)
+            task.warnings.append(warning)
     result = {"changed": bool(changes), "table": plan["table"],
               "files": dict((path, any(c[0] == path for c in changes)) for path in files)}
-    if module._diff:
+    if task.diff:
         result["diff"] = [{"before_header": c[0], "after_header": c[0], "before": c[1] or "", "after": c[2] or ""}
                           for c in changes]
     return result

@@ -2,8 +2,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The prepare_run step: validate the assigned records and write a prepared run (see plugins/modules/prepare_run.py).
 
-prepare_run(module) takes the module-like object of plugins/plugin_utils/_controller.py or an AnsibleModule and returns
-the keyword arguments of exit_json; a refusal ends with module.fail_json.
+prepare_run(task) reads a StepRun (_common/step.py) and returns the task's result; a refusal raises StepError. Its
+action plugin (plugins/action/prepare_run.py) runs it in the controller's process.
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ import os
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import REGENERATE, InputError, PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_NAME, POLICY_FILE, SOURCES_FILE
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.step import StepError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import (
     CommandTimeoutError,
+    bin_path,
     host_name,
     read_regular,
     run_bounded,
@@ -102,10 +104,10 @@ def check_records_policy(root, site, inputs):
                  "%s, sha256 %s" % (site["NARWHAL_LAUNCH_CONFIG"], digest[:12]) if isinstance(digest, str) else None)
 
 
-def read_config(module, root, site, nodes, paths):
+def read_config(task, root, site, nodes, paths):
     """The fleet and the launch config, read under discovery's lock of NARWHAL_CONFIG_DIR (after completing or
     undoing an interrupted discovery write, docs/outputs.md) so that they are one set with the policy extract."""
-    with OutputSet(_path(root, site["NARWHAL_CONFIG_DIR"]), "discovery", check_mode=module.check_mode, create=False,
+    with OutputSet(_path(root, site["NARWHAL_CONFIG_DIR"]), "discovery", check_mode=task.check_mode, create=False,
                    who="prepare") as config:
         if config.pending:
             raise InputError("NARWHAL_CONFIG_DIR", "%s; run prepare without check mode (it completes that write "
@@ -114,41 +116,41 @@ def read_config(module, root, site, nodes, paths):
         launch_raw, launch = _load("NARWHAL_LAUNCH_CONFIG", paths["launch_config"])
         check_records_policy(root, site, {"site": site, "nodes": nodes})
     for note in config.notes:
-        module.warn(note)
+        task.warnings.append(note)
     return fleet_raw, fleet, launch_raw, launch
 
 
 GIT_TIMEOUT = 60  # seconds each git command may take
 
 
-def _git(module, git, root, *args):
-    """(rc, stdout) of `git -C root args`, with a deadline that fails the module naming git and the host."""
+def _git(git, root, *args):
+    """(rc, stdout) of `git -C root args`, with a deadline that fails the step naming git and the host."""
     try:
         rc, out, _err = run_bounded([git, "-C", root] + list(args), GIT_TIMEOUT, {"LC_ALL": "C"})
     except CommandTimeoutError:
-        module.fail_json(msg="prepare refused, no run was created: 'git %s' in %s on host %s did not answer within "
-                             "%d s (timed out, killed); git hangs on an unreachable network file system or a held "
-                             "repository lock (.git/index.lock): check the checkout, then prepare again"
-                             % (" ".join(args), root, host_name(), GIT_TIMEOUT))
+        raise StepError("prepare refused, no run was created: 'git %s' in %s on host %s did not answer within "
+                         "%d s (timed out, killed); git hangs on an unreachable network file system or a held "
+                         "repository lock (.git/index.lock): check the checkout, then prepare again"
+                         % (" ".join(args), root, host_name(), GIT_TIMEOUT))
     except OSError as exc:
-        module.fail_json(msg="prepare refused, no run was created: git could not be started on host %s (%s)"
-                             % (host_name(), exc.strerror or exc))
+        raise StepError("prepare refused, no run was created: git could not be started on host %s (%s)"
+                         % (host_name(), exc.strerror or exc))
     return rc, out
 
 
-def revision(module, root):
+def revision(root):
     """(HEAD commit, dirty) of the checkout; (None, None) without git or outside a repository."""
-    git = module.get_bin_path("git")
+    git = bin_path("git")
     if not git:
         return None, None
-    rc, out = _git(module, git, root, "rev-parse", "HEAD")
+    rc, out = _git(git, root, "rev-parse", "HEAD")
     if rc != 0:
         return None, None
-    rc2, status = _git(module, git, root, "status", "--porcelain", "--untracked-files=no")
+    rc2, status = _git(git, root, "status", "--porcelain", "--untracked-files=no")
     return out.strip(), bool(status.strip()) if rc2 == 0 else None
 
 
-def collection_identity(module, collection):
+def collection_identity(collection):
     """{name, version, build} of the narwhal.deploy that prepares the run. Installed (ansible-galaxy): from its
     MANIFEST.json, the build being the sha256 of its FILES.json (the checksums of every file of that build). A
     checkout: galaxy.yml's version, the build being the checkout's git commit (-dirty with changes)."""
@@ -167,16 +169,16 @@ def collection_identity(module, collection):
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InputError("collection", "cannot read the version of the collection at %s (MANIFEST.json or galaxy.yml: "
                                        "%s); reinstall narwhal.deploy" % (collection, exc))
-    rev, dirty = revision(module, collection)
+    rev, dirty = revision(collection)
     about["build"] = ("git %s%s" % (rev, "-dirty" if dirty else "") if rev else
                       "source tree (no MANIFEST.json, not a git checkout)")
     return about
 
 
-def current_records(module, p, root, site, engines, paths):
+def current_records(task, p, root, site, engines, paths):
     """(records, launcher bytes, inputs digests) from the current fleet and launch config (discovery's output,
     checked against the current .env policy) and the launcher built from the collection."""
-    fleet_raw, fleet, launch_raw, launch = read_config(module, root, site, p["site"].get("nodes") or {}, paths)
+    fleet_raw, fleet, launch_raw, launch = read_config(task, root, site, p["site"].get("nodes") or {}, paths)
     check_documents(fleet, launch, site)
     records = launch["engines"]
     missing = [e for e in engines if e not in records]
@@ -243,7 +245,7 @@ def read_past_run(runs_dir, from_run, engines):
 
 
 def module_spec():
-    """The AnsibleModule keyword arguments of prepare_run (the module and its action plugin validate with them)."""
+    """The argument spec of prepare_run (its action plugin validates with it; the module documents it)."""
     return dict(
         argument_spec=dict(
             site=dict(type="dict", required=True),
@@ -258,13 +260,13 @@ def module_spec():
     )
 
 
-def prepare_run(module):
-    p = module.params
+def prepare_run(task):
+    p = task.params
     site, root, engines = p["site"]["site"], p["root"], sorted(p["engines"])
     try:
         # the run directory and the files prepare reads: each its own, none an input, git-ignored in the checkout
         paths = check_paths(root, site, engines, p["site"].get("env_file"),
-                            git_ignore_checker(module, root, GIT_TIMEOUT), os.path.realpath)
+                            git_ignore_checker(root, GIT_TIMEOUT), os.path.realpath)
         if p["from_run"]:
             # a relaunch: the earlier run is the recipe; the current .env policy is not applied (a rollback)
             records, launcher_bytes, earlier = read_past_run(paths["runs_dir"], p["from_run"], engines)
@@ -272,7 +274,7 @@ def prepare_run(module):
             inputs_sha = dict((k, earlier["inputs"].get(k)) for k in digests)
             inputs_sha["relaunched_from"] = p["from_run"]
         else:
-            records, launcher_bytes, inputs_sha = current_records(module, p, root, site, engines, paths)
+            records, launcher_bytes, inputs_sha = current_records(task, p, root, site, engines, paths)
         compatibility(records)
         shared_hosts(records)
         launcher_sha = hashlib.sha256(launcher_bytes).hexdigest()
@@ -281,8 +283,8 @@ def prepare_run(module):
         rid = run_id(engines, records, draft, launcher_sha, inputs_sha)
         derived = dict((e, derive(records[e], checkout, rid)) for e in engines)
         check_key_file(paths["api_key_file"])
-        collection = collection_identity(module, p["collection"])
-        rev, dirty = revision(module, root)
+        collection = collection_identity(p["collection"])
+        rev, dirty = revision(root)
         for e in engines:
             # The launcher records it in deployment.json with the container ID and its own digest.
             for host in [derived[e]] + list((derived[e].get("members") or {}).values()):
@@ -302,9 +304,9 @@ def prepare_run(module):
                             engine="%s (its host %s, narwhal_rank %d)" % (e, member["host"], member["member"]))
                 stale(view, p["hosts"].get("%s#%d" % (e, member["member"])) or {})
     except InputError as exc:
-        module.fail_json(msg="prepare refused, no run was created: %s" % exc, input=exc.key)
+        raise StepError("prepare refused, no run was created: %s" % exc, input=exc.key)
     except OutputError as exc:
-        module.fail_json(msg="prepare: %s" % exc, path=exc.path)
+        raise StepError("prepare: %s" % exc, path=exc.path)
     runs_dir = paths["runs_dir"]
     run_dir = os.path.join(runs_dir, rid)
     manifest = {
@@ -328,7 +330,7 @@ def prepare_run(module):
         manifest["relaunched_from"] = p["from_run"]
     errors = validation_errors(manifest, MANIFEST_SCHEMA)
     if errors:
-        module.fail_json(msg="the manifest fails its schema, no run was created: %s" % "; ".join(errors))
+        raise StepError("the manifest fails its schema, no run was created: %s" % "; ".join(errors))
     files = {os.path.join(run_dir, "manifest.json"): (json.dumps(manifest, indent=2) + "\n", 0o600),
              os.path.join(run_dir, "launch_engine.pyz"): (launcher_bytes, 0o600),
              os.path.join(run_dir, "launch_engine.pyz.sha256"): ("%s  launch_engine.pyz\n" % launcher_sha, 0o600)}
@@ -343,18 +345,18 @@ def prepare_run(module):
     # One lock for the runs directory (a second prepare waits, then is refused by name); a new run is built aside and
     # renamed into place, a changed one swapped through the journal (plugins/module_utils/_outputs/writer.py).
     try:
-        with OutputSet(runs_dir, "prepare", check_mode=module.check_mode) as runs:
+        with OutputSet(runs_dir, "prepare", check_mode=task.check_mode) as runs:
             changes = runs.plan(files)
-            if changes and not module.check_mode:
+            if changes and not task.check_mode:
                 if os.path.isdir(run_dir):
                     runs.apply(changes, kept="the previous files of %s are intact" % run_dir)
                 else:
                     runs.create_tree(run_dir, files)
     except OutputError as exc:
-        module.fail_json(msg="prepare: %s" % exc, path=exc.path)
+        raise StepError("prepare: %s" % exc, path=exc.path)
     for note in runs.notes:
-        module.warn(note)
+        task.warnings.append(note)
     result.update(changed=bool(changes), run_dir=run_dir, manifest=manifest)
-    if module._diff and changes:
+    if task.diff and changes:
         result["diff"] = {"before": "", "after": "\n".join(sorted(c[0] for c in changes)) + "\n"}
     return result

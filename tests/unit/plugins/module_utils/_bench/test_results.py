@@ -7,11 +7,11 @@ import json
 import os
 import stat
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._bench import results as step
 from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import bench_plan
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.validate import load_inputs
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import fleet_workers
-from ansible_collections.narwhal.deploy.plugins.module_utils._steps import bench_report as step
-from ansible_collections.narwhal.deploy.plugins.plugin_utils import _controller as __controller
+from ansible_collections.narwhal.deploy.plugins.plugin_utils._action import run_step
 
 FLEET = [{"engine": "engine-1", "role": "prefill", "url": "http://10.0.0.11:8000"},
          {"engine": "engine-2", "role": "decode", "url": "http://10.0.0.12:8000"}]
@@ -37,8 +37,7 @@ def _run(runs, results=None, check_mode=False, failures=None):
     args = {"runs_dir": str(runs), "plan": PLAN, "results": RESULTS if results is None else results}
     if failures:
         args["failures"] = failures
-    return __controller.run_step(step.bench_report, step.module_spec(), args, "narwhal.deploy.bench_report",
-                                 check_mode=check_mode)
+    return run_step(step.bench_report, step.module_spec(), args, "narwhal.deploy.bench_report", check_mode=check_mode)
 
 
 def test_writes_the_run_whole_with_a_real_plot(tmp_path):
