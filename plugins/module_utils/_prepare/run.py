@@ -260,62 +260,80 @@ def module_spec():
     )
 
 
-def prepare_run(task):
+def _records(task, paths, root, site, engines):
+    """(records, launcher bytes, input digests, the earlier run's manifest or None) of a new run or a relaunch."""
+    p = task.params
+    if not p["from_run"]:
+        records, launcher_bytes, inputs_sha = current_records(task, p, root, site, engines, paths)
+        return records, launcher_bytes, inputs_sha, None
+    # a relaunch: the earlier run is the recipe; the current .env policy is not applied (a rollback)
+    records, launcher_bytes, earlier = read_past_run(paths["runs_dir"], p["from_run"], engines)
+    digests = ("env_file_sha256", "fleet_sha256", "launch_config_sha256")
+    inputs_sha = dict((k, earlier["inputs"].get(k)) for k in digests)
+    inputs_sha["relaunched_from"] = p["from_run"]
+    return records, launcher_bytes, inputs_sha, earlier
+
+
+def _stamp_identity(derived, engines, rev, dirty, collection):
+    """The application revision and the collection in every host's role environment (the launcher records them in
+    deployment.json with the container ID and its own digest)."""
+    for e in engines:
+        for host in [derived[e]] + list((derived[e].get("members") or {}).values()):
+            host["role_env"]["NARWHAL_APP_REVISION"] = "%s%s" % (rev or "unknown", "-dirty" if dirty else "")
+            host["role_env"]["NARWHAL_COLLECTION"] = "%(name)s %(version)s (%(build)s)" % collection
+
+
+def _check_hosts(records, engines, hosts):
+    """The write stage's current inspection of each host of each engine against its record (stale)."""
+    for e in engines:
+        stale(records[e], hosts.get(e) or {})
+        for member in records[e].get("members") or []:  # each other host of an engine across hosts
+            view = dict(member_view(records[e], member["member"]),
+                        engine="%s (its host %s, narwhal_rank %d)" % (e, member["host"], member["member"]))
+            stale(view, hosts.get("%s#%d" % (e, member["member"])) or {})
+
+
+def _validate(task):
+    """The validate stage (and the write stage's checks): the result validate returns, and what the write needs."""
     p = task.params
     site, root, engines = p["site"]["site"], p["root"], sorted(p["engines"])
-    try:
-        # the run directory and the files prepare reads: each its own, none an input, git-ignored in the checkout
-        paths = check_paths(root, site, engines, p["site"].get("env_file"),
-                            git_ignore_checker(root, GIT_TIMEOUT), os.path.realpath)
-        if p["from_run"]:
-            # a relaunch: the earlier run is the recipe; the current .env policy is not applied (a rollback)
-            records, launcher_bytes, earlier = read_past_run(paths["runs_dir"], p["from_run"], engines)
-            digests = ("env_file_sha256", "fleet_sha256", "launch_config_sha256")
-            inputs_sha = dict((k, earlier["inputs"].get(k)) for k in digests)
-            inputs_sha["relaunched_from"] = p["from_run"]
-        else:
-            records, launcher_bytes, inputs_sha = current_records(task, p, root, site, engines, paths)
-        compatibility(records)
-        shared_hosts(records)
-        launcher_sha = hashlib.sha256(launcher_bytes).hexdigest()
-        checkout = site["NARWHAL_ENGINE_CHECKOUT"]
-        draft = dict((e, derive(records[e], checkout, "run-pending")) for e in engines)
-        rid = run_id(engines, records, draft, launcher_sha, inputs_sha)
-        derived = dict((e, derive(records[e], checkout, rid)) for e in engines)
-        check_key_file(paths["api_key_file"])
-        collection = collection_identity(p["collection"])
-        rev, dirty = revision(root)
-        for e in engines:
-            # The launcher records it in deployment.json with the container ID and its own digest.
-            for host in [derived[e]] + list((derived[e].get("members") or {}).values()):
-                host["role_env"]["NARWHAL_APP_REVISION"] = "%s%s" % (rev or "unknown", "-dirty" if dirty else "")
-                host["role_env"]["NARWHAL_COLLECTION"] = "%(name)s %(version)s (%(build)s)" % collection
-        # Each host's role environment as the write stage writes it ({engine: {"0": head, "<k>": narwhal_rank k}}):
-        # prepare reads what install would write with its host checks (roles/prepare, engine_prereqs' held).
-        texts = dict((e, role_env_texts(derived[e])) for e in engines)
-        result = {"changed": False, "run_id": rid, "records": dict((e, records[e]) for e in engines),
-                  "derived": derived, "launcher_sha256": launcher_sha, "role_env_texts": texts}
-        if p["stage"] == "validate":
-            return result
-        for e in engines:
-            stale(records[e], p["hosts"].get(e) or {})
-            for member in records[e].get("members") or []:  # each other host of an engine across hosts
-                view = dict(member_view(records[e], member["member"]),
-                            engine="%s (its host %s, narwhal_rank %d)" % (e, member["host"], member["member"]))
-                stale(view, p["hosts"].get("%s#%d" % (e, member["member"])) or {})
-    except InputError as exc:
-        raise StepError("prepare refused, no run was created: %s" % exc, input=exc.key)
-    except OutputError as exc:
-        raise StepError("prepare: %s" % exc, path=exc.path)
-    runs_dir = paths["runs_dir"]
-    run_dir = os.path.join(runs_dir, rid)
+    # the run directory and the files prepare reads: each its own, none an input, git-ignored in the checkout
+    paths = check_paths(root, site, engines, p["site"].get("env_file"),
+                        git_ignore_checker(root, GIT_TIMEOUT), os.path.realpath)
+    records, launcher_bytes, inputs_sha, earlier = _records(task, paths, root, site, engines)
+    compatibility(records)
+    shared_hosts(records)
+    launcher_sha = hashlib.sha256(launcher_bytes).hexdigest()
+    checkout = site["NARWHAL_ENGINE_CHECKOUT"]
+    draft = dict((e, derive(records[e], checkout, "run-pending")) for e in engines)
+    rid = run_id(engines, records, draft, launcher_sha, inputs_sha)
+    derived = dict((e, derive(records[e], checkout, rid)) for e in engines)
+    check_key_file(paths["api_key_file"])
+    collection = collection_identity(p["collection"])
+    rev, dirty = revision(root)
+    _stamp_identity(derived, engines, rev, dirty, collection)
+    # Each host's role environment as the write stage writes it ({engine: {"0": head, "<k>": narwhal_rank k}}):
+    # prepare reads what install would write with its host checks (roles/prepare, engine_prereqs' held).
+    texts = dict((e, role_env_texts(derived[e])) for e in engines)
+    result = {"changed": False, "run_id": rid, "records": dict((e, records[e]) for e in engines),
+              "derived": derived, "launcher_sha256": launcher_sha, "role_env_texts": texts}
+    if p["stage"] == "write":
+        _check_hosts(records, engines, p["hosts"])
+    run = {"paths": paths, "engines": engines, "records": records, "derived": derived, "texts": texts,
+           "launcher_bytes": launcher_bytes, "inputs_sha": inputs_sha, "earlier": earlier,
+           "application": {"revision": rev, "dirty": dirty}, "collection": collection}
+    return result, run
+
+
+def _manifest(p, run, rid, launcher_sha):
+    site, engines, records, derived = p["site"]["site"], run["engines"], run["records"], run["derived"]
     manifest = {
         "run_id": rid,
-        "application": {"revision": rev, "dirty": dirty},
-        "collection": collection,
+        "application": run["application"],
+        "collection": run["collection"],
         "launcher": {"file": "launch_engine.pyz", "sha256": launcher_sha},
-        "inputs": (dict(earlier["inputs"]) if p["from_run"] else
-                   dict(inputs_sha, env_file=p["site"].get("env_file"), fleet=site["NARWHAL_FLEET"],
+        "inputs": (dict(run["earlier"]["inputs"]) if p["from_run"] else
+                   dict(run["inputs_sha"], env_file=p["site"].get("env_file"), fleet=site["NARWHAL_FLEET"],
                         launch_config=site["NARWHAL_LAUNCH_CONFIG"])),
         "engines": dict((e, {"host": e, "role": records[e]["role"], "iid": records[e]["iid"],
                              "record_sha256": sha256_text(canonical(records[e])),
@@ -331,10 +349,16 @@ def prepare_run(task):
     errors = validation_errors(manifest, MANIFEST_SCHEMA)
     if errors:
         raise StepError("the manifest fails its schema, no run was created: %s" % "; ".join(errors))
+    return manifest
+
+
+def _run_files(run_dir, run, manifest, launcher_sha):
+    """{path: (content, mode)} of the run directory."""
+    records, derived, texts = run["records"], run["derived"], run["texts"]
     files = {os.path.join(run_dir, "manifest.json"): (json.dumps(manifest, indent=2) + "\n", 0o600),
-             os.path.join(run_dir, "launch_engine.pyz"): (launcher_bytes, 0o600),
+             os.path.join(run_dir, "launch_engine.pyz"): (run["launcher_bytes"], 0o600),
              os.path.join(run_dir, "launch_engine.pyz.sha256"): ("%s  launch_engine.pyz\n" % launcher_sha, 0o600)}
-    for e in engines:
+    for e in run["engines"]:
         files[os.path.join(run_dir, e, "engine-launch.%s.json" % e)] = (json.dumps(records[e], indent=2) + "\n", 0o600)
         files[os.path.join(run_dir, e, "%s.env" % e)] = (texts[e]["0"], 0o600)
         for k in sorted(derived[e].get("members") or {}):
@@ -342,6 +366,24 @@ def prepare_run(task):
         files[os.path.join(run_dir, e, "prepared.json")] = (json.dumps(
             {"environment": derived[e]["environment"], "vllm_args": derived[e]["vllm_args"],
              "container": derived[e]["container"], "plan_hash": derived[e]["plan_hash"]}, indent=2) + "\n", 0o600)
+    return files
+
+
+def prepare_run(task):
+    p = task.params
+    try:
+        result, run = _validate(task)
+    except InputError as exc:
+        raise StepError("prepare refused, no run was created: %s" % exc, input=exc.key)
+    except OutputError as exc:
+        raise StepError("prepare: %s" % exc, path=exc.path)
+    if p["stage"] == "validate":
+        return result
+    rid, launcher_sha = result["run_id"], result["launcher_sha256"]
+    runs_dir = run["paths"]["runs_dir"]
+    run_dir = os.path.join(runs_dir, rid)
+    manifest = _manifest(p, run, rid, launcher_sha)
+    files = _run_files(run_dir, run, manifest, launcher_sha)
     # One lock for the runs directory (a second prepare waits, then is refused by name); a new run is built aside and
     # renamed into place, a changed one swapped through the journal (plugins/module_utils/_outputs/writer.py).
     try:
