@@ -12,6 +12,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import 
 from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import bench_router_plan as plan_bench_router
 from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import from_record
 from ansible_collections.narwhal.deploy.plugins.module_utils._bench.report import progress
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import url_host
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError, PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import NODE_VAR, RANK_VAR
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import engine_hosts as hosts_of_engines
@@ -140,7 +141,7 @@ def probe_row(result):
     host = str(result.get("remote_host"))
     return "%s -> %s: %s, %s bytes of KV via %s:%s in %ss (decode %ss)%s%s%s%s" % (
         result.get("producer"), result.get("consumer"), verdict, _count(result.get("bytes")),
-        "[%s]" % host if ":" in host else host, result.get("remote_port"), result.get("latency_s"),
+        url_host(host), result.get("remote_port"), result.get("latency_s"),
         result.get("decode_s"), _figures(result), evidence, same, notes)
 
 

@@ -15,7 +15,9 @@ description:
     image with the recorded ID is present, that the model path exists and is readable, that every recorded device path
     exists, that the fabric interface exists, can carry traffic (operstate UP or UNKNOWN, administratively up, no
     C(NO-CARRIER) flag) and still carries the recorded address, and that nothing else
-    listens on the engine's HTTP, attestation or side-channel ports. Sockets held by processes of this engine's
+    listens on the ports this host's part of the engine binds (its HTTP and attestation ports, except on a headless
+    host after the head of an engine across hosts; its side-channel ports; the head's data-parallel RPC port).
+    Sockets held by processes of this engine's
     own running container, C(narwhal-<engine>), are allowed, so a prepare of the running engine is not refused.
   - A listener on the attestation port that answers a GET of the engine's attestation URL (O(attestation_url), by
     default the one discovery derives from the record, C(http://<node.address>:<node.attest_port>/v1/attestation))
@@ -166,11 +168,11 @@ import os
 import sys
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.six.moves.urllib.parse import urlsplit
 from ansible.module_utils.urls import open_url
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import attestation_url, url_port
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.held import HELD_FILE_SPEC, SRC_ON_CONTROLLER
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.ports import rpc_port, side_channel_range
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.ports import port_set
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.specs import (
     COMMAND_TIMEOUT_SPEC,
     DOCKER_ACCESS_SPEC,
@@ -185,7 +187,6 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools impor
     read_held,
     run_bounded,
 )
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.urls import attestation_url
 from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import Client, EngineAPIError
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.checkpoint import checkpoint_config_path
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.host import read_gpus, read_link_speed
@@ -241,18 +242,6 @@ def in_container(pid, container_id):
         return False
 
 
-def engine_ports(record):
-    """The ports this host's part of the engine binds: HTTP, attestation, every side-channel port and, on the head of
-    an engine across hosts, vLLM's DP handshake socket (--data-parallel-rpc-port, _common/ports.py::rpc_port).
-    `record` is the host's view of the record (_plan/container.py::member_view: `member.rank` 0 on the head)."""
-    node = record["node"]
-    side = side_channel_range(node)
-    ports = set([node["engine_port"], node["attest_port"]] + list(range(side[0], side[1] + 1)))
-    if rpc_port(record):
-        ports.add(rpc_port(record))
-    return ports
-
-
 def foreign_listeners(ports, container_id):
     """Ports something other than this engine's own container listens on."""
     sockets = listening_sockets(ports)
@@ -281,11 +270,7 @@ def attestation_check(node, url, busy, get, timeout):
     report = {"url": url, "port": port, "listening": port in busy, "answered": None, "status": None, "error": None}
     if port not in busy:
         return report, None
-    try:
-        url_port = urlsplit(url).port
-    except ValueError:
-        url_port = None
-    if url_port != port:
+    if url_port(url) != port:
         report.update(answered=False, error="the attestation URL is not on port %s" % port)
         return report, ("something already listens on port %s of host %s (the attestation port), and the attestation "
                         "URL %s is not on that port, so it cannot be the sidecar; set NARWHAL_NODE_<n>_ATTESTATION_URL "
@@ -418,7 +403,7 @@ def main():
             if node["address"] not in [a["address"] for a in addresses]:
                 problems.append("%s no longer carries the recorded address %s; rerun discovery"
                                 % (node["fabric_interface"], node["address"]))
-    ports = engine_ports(record)
+    ports = port_set(record)  # the host's view of the record (member_record): a headless host binds no HTTP port
     url = module.params["attestation_url"] or attestation_url(node["address"], node["attest_port"])
     attestation, busy_problems = port_problems(record, foreign_listeners(ports, own_container), url, get_status,
                                                module.params["attestation_timeout"])

@@ -22,6 +22,7 @@ import hashlib
 import json
 import re
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import with_port
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import ENTRY as ROUTER_ENTRY
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import KEY as ROUTER_KEY
@@ -154,14 +155,6 @@ def bench_router_args(site, worker):
             "--worker-startup-check-interval", str(STARTUP_CHECK_S)]
 
 
-def _with_port(url, port):
-    """url's scheme and host with another port (the router host as clients reach it)."""
-    scheme, rest = url.split("://", 1)
-    host = rest.split("/", 1)[0]
-    host = host[:host.rindex("]") + 1] if host.startswith("[") else host.rsplit(":", 1)[0]
-    return "%s://%s:%d" % (scheme, host, int(port))
-
-
 def bench_router_plan(record, site, workers):
     """The second router's plan from the fleet router's record (runs/routers/<router>.json: the same image and
     vllm-router version) and the router stage's start script and key file in NARWHAL_ROUTER_DIR:
@@ -173,10 +166,14 @@ def bench_router_plan(record, site, workers):
     config = {"args": bench_router_args(site, worker), "api_key_file": ROUTER_KEY,
               "api_key_validation_urls": [worker["url"] + "/v1/models"]}
     port = int(site["NARWHAL_BENCH_ROUTER_PORT"])
+    url = with_port(record["url"], port)  # the router host as clients reach it, on the second router's port
+    if url is None:
+        raise PlanError("the router's record has url %r, not http(s)://host:port; rerun the router stage"
+                        % record["url"], "runs/routers")
     plan = {"name": BENCH_ROUTER_NAME, "image": record["image"], "image_ref": record.get("image_ref"),
             "version": record["vllm_router_version"], "dir": site["NARWHAL_ROUTER_DIR"],
             "entrypoint": ["python3"], "command": [ROUTER_ENTRY, BENCH_ROUTER_CONFIG], "config": config,
-            "port": port, "url": _with_port(record["url"], port),
+            "port": port, "url": url,
             "local_url": local_url(site["NARWHAL_ROUTER_BIND"], port),
             "workers": {"prefill": [], "decode": [worker]}}
     hashed = dict((k, plan[k]) for k in ("image", "entrypoint", "command", "config", "dir"))

@@ -12,9 +12,16 @@ from __future__ import annotations
 import ipaddress
 import re
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import attestation_url, engine_url
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import engine_number
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.urls import attestation_url, engine_url
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.ports import (
+    ATTESTATION,
+    DP_RPC,
+    ENGINE,
+    SIDE_CHANNEL,
+    bound_ports,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.netaddr import USABLE_OPERSTATES
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import engine_settings
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.validate import parse_url
@@ -164,6 +171,44 @@ def _check_shared_hosts(nodes):
                         "its own ports with NARWHAL_NODE_<n>_ENGINE_PORT / _ATTEST_PORT"
                         % (other[0], x["engine"], port, other[1], kind))
                 seen[key] = (x["engine"], kind)
+
+
+def check_own_ports(record, keys):
+    """One engine's own ports on its head host must not overlap, checked where they are first all known (its record,
+    _discover/records.py::build_record): vLLM binds the NIXL side channel (VLLM_NIXL_SIDE_CHANNEL_PORT, a ZMQ socket)
+    and, on the head of an engine across hosts, its data-parallel RPC socket (--data-parallel-rpc-port:
+    vllm/v1/engine/utils.py::launch_core_engines) next to its HTTP server in one network namespace (network_mode
+    host), so one of them would fail with "Address already in use" at start (vLLM issue 20965). `keys`: the .env
+    input of the engine's HTTP and attestation ports (node_settings' `inputs`: engine_port, attest_port). Engines
+    sharing a host are prepare's check (_prepare/checks.py::shared_hosts)."""
+    ports = bound_ports(record)
+    key = {ENGINE: keys["engine_port"], ATTESTATION: keys["attest_port"], SIDE_CHANNEL: "NARWHAL_SIDE_CHANNEL_PORT"}
+    what = {ENGINE: "HTTP", ATTESTATION: "attestation", SIDE_CHANNEL: "side-channel"}
+    engine = record["engine"]
+    rpc = ports.get(DP_RPC)
+    for name in (ENGINE, ATTESTATION, SIDE_CHANNEL):
+        lo, hi = ports[name]
+        if rpc and lo <= rpc[0] <= hi:
+            raise InputError("NARWHAL_DATA_PARALLEL_RPC_PORT",
+                             "%s (an engine across hosts) would bind vLLM's data-parallel RPC port %d on its head, "
+                             "which holds its own %s %s (%s); one engine cannot bind both: set "
+                             "NARWHAL_DATA_PARALLEL_RPC_PORT to a free port outside the engines' HTTP, attestation "
+                             "and side-channel ports, or move the engine's %s port with %s, then rerun discovery"
+                             % (engine, rpc[0], what[name], _span(lo, hi), key[name], what[name], key[name]))
+    lo, hi = ports[SIDE_CHANNEL]
+    for name in (ENGINE, ATTESTATION):
+        port = ports[name][0]
+        if lo <= port <= hi:
+            raise InputError("NARWHAL_SIDE_CHANNEL_PORT",
+                             "%s would listen for NIXL's side channel on %s (from NARWHAL_SIDE_CHANNEL_PORT, the first "
+                             "side-channel port of each host), which holds its own %s port %d (%s); one engine cannot "
+                             "bind both: set NARWHAL_SIDE_CHANNEL_PORT outside the engines' HTTP and attestation "
+                             "ports, or move the engine's %s port with %s, then rerun discovery"
+                             % (engine, _span(lo, hi), what[name], port, key[name], what[name], key[name]))
+
+
+def _span(lo, hi):
+    return "port %d" % lo if lo == hi else "ports %d-%d" % (lo, hi)
 
 
 def render_env(entries, header):

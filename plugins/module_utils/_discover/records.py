@@ -22,6 +22,7 @@ import shlex
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError, PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import is_secret_name
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.versions import release_tuple
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover.fleet import check_own_ports
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.kv_pages import kv_cache_pages
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.members import (
     check_member,
@@ -585,6 +586,7 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
         items = list(record.items())
         at = [k for k, _v in items].index("tensor_parallel_size") + 1
         record = dict(items[:at] + extra + items[at:])
+    check_own_ports(record, node_settings(site, node_policy, n)["inputs"])  # its side channel and RPC port on its own
     # Refuse now what the launcher would refuse at start: the same planner, on a provisional role environment.
     # (The launcher's record check, _outputs/schemas.py::check_record, runs on the finished document in
     # _discover/outputs.py, once `sources` is complete.)

@@ -11,10 +11,9 @@ writes the same bytes.
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import re
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import split_url, target
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.words import natural_key
 
@@ -28,43 +27,12 @@ ROUTER_ROLE = "router"
 # /metrics of its metrics port, the path of a record's metrics_url).
 METRICS_PATH = "/metrics"
 
-# scheme :// host (a name, an IPv4 address or [an IPv6 address]) : port, then an optional path; no user info,
-# query or fragment. Written out here because a pure file imports no urllib (tests/unit/plugins/test_layout.py).
-URL = re.compile(r"^(?P<scheme>https?)://(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9][A-Za-z0-9.-]*))"
-                 r":(?P<port>[0-9]{1,5})(?P<path>/[^?#\s]*)?\Z")
-
 
 def fleet_name(path):
     """The fleet's label: the fleet file's name without .json (config/fleet.json -> fleet, fleet.lab.json ->
     fleet.lab)."""
     name = os.path.basename(str(path))
     return name[:-len(".json")] if name.endswith(".json") and len(name) > len(".json") else name
-
-
-def parse_url(url):
-    """-> (scheme, host, port, path) of an http(s) URL with a host and a port, the host without brackets; None for
-    anything else."""
-    m = URL.match(url) if isinstance(url, str) else None
-    if not m:
-        return None
-    port = int(m.group("port"))
-    if not 0 < port < 65536:
-        return None
-    host = m.group("v6")
-    if host is not None:
-        try:
-            if ipaddress.ip_address(host).version != 6:
-                return None
-        except ValueError:
-            return None
-    else:
-        host = m.group("name")
-    return m.group("scheme"), host, port, (m.group("path") or "").rstrip("/")
-
-
-def address(host, port):
-    """A Prometheus target: host:port, an IPv6 host in brackets."""
-    return "%s:%d" % ("[%s]" % host if ":" in host else host, port)
 
 
 def _refuse_url(where, who, url, fix):
@@ -87,11 +55,11 @@ def engine_targets(fleet, name, where="NARWHAL_FLEET"):
         if role not in ENGINE_ROLES:
             raise PlanError("%s: %s has role %r, not prefill or decode; set NARWHAL_NODE_<n>_ROLE and rerun "
                             "discovery" % (where, who, role), where)
-        parsed = parse_url(url)
+        parsed = split_url(url)
         if parsed is None:
             _refuse_url(where, who, url, "correct NARWHAL_NODE_<n>_URL (or the engine port) and rerun discovery")
         scheme, host, port, path = parsed
-        groups.append({"targets": [address(host, port)],
+        groups.append({"targets": [target(host, port)],
                        "labels": {"job": ENGINE_JOB, "engine": engine, "role": role, "host": host, "fleet": name,
                                   "__scheme__": scheme, "__metrics_path__": path + METRICS_PATH}})
     return sorted(groups, key=lambda g: natural_key(g["labels"]["engine"]))
@@ -108,12 +76,12 @@ def router_targets(routers, name, where="runs/routers"):
         if not (isinstance(router, str) and router):
             raise PlanError("%s: record %d names no router (its host); rerun the router stage" % (where, i), where)
         url = record.get("metrics_url")
-        parsed = parse_url(url)
+        parsed = split_url(url)
         if parsed is None:
             _refuse_url("%s/%s.json" % (where, router), "router %s" % router, url,
                         "rerun the router stage (narwhal.deploy.router) to record it")
         scheme, host, port, path = parsed
-        groups.append({"targets": [address(host, port)],
+        groups.append({"targets": [target(host, port)],
                        "labels": {"job": ROUTER_JOB, "router": router, "role": ROUTER_ROLE, "host": host,
                                   "fleet": name, "__scheme__": scheme, "__metrics_path__": path or METRICS_PATH}})
     return sorted(groups, key=lambda g: natural_key(g["labels"]["router"]))

@@ -13,8 +13,7 @@ import json
 import re
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import REGENERATE, InputError, PlanError
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_NAME
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.ports import rpc_port, side_channel_range
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.ports import bound_ports
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import (
     FLEET_SCHEMA,
     MANIFEST_SCHEMA,
@@ -63,11 +62,11 @@ def compatibility(records):
 
 
 def shared_hosts(records):
-    """Engines on one physical host must not overlap in GPUs, HTTP, attestation or side-channel ports, and no engine
-    may listen for NIXL's side channel on its own HTTP or attestation port."""
+    """Engines on one physical host must not overlap in GPUs, HTTP, attestation, side-channel or data-parallel RPC
+    ports (each host's ports: _common/ports.py::bound_ports). One engine's ports against each other are discovery's
+    check (_discover/fleet.py::check_own_ports): it knows them all first."""
     by_host = {}
     for r in records.values():
-        own_ports(r)
         by_host.setdefault(r["node"].get("host_id") or r["engine"], []).append(r)
         for member in r.get("members") or []:  # each other host of an engine across hosts: what it runs there
             view = member_view(r, member["member"])
@@ -82,60 +81,13 @@ def shared_hosts(records):
                 if gpus:
                     raise InputError("NARWHAL_NODE_<n>_GPU_IDS", "%s and both use GPU %s; %s"
                                      % (both, ",".join(map(str, gpus)), REGENERATE))
-                ports_a = _ports(a)
-                for name, (lo, hi) in _ports(b).items():
+                ports_a = bound_ports(a)
+                for name, (lo, hi) in bound_ports(b).items():
                     for other, (olo, ohi) in ports_a.items():
                         if lo <= ohi and olo <= hi:
                             raise InputError(_port_key(name, "<n>"),
                                              "%s and their %s / %s ports overlap (%d-%d and %d-%d); %s"
                                              % (both, other, name, olo, ohi, lo, hi, REGENERATE))
-
-
-def own_ports(r):
-    """One engine's side-channel range must not hold its own HTTP or attestation port: vLLM binds the NIXL side
-    channel (VLLM_NIXL_SIDE_CHANNEL_PORT, a ZMQ socket) next to the HTTP server in the same network namespace
-    (network_mode host), so one of them fails with "Address already in use" at start (vLLM issue 20965)."""
-    ports = _ports(r)
-    lo, hi = ports["side-channel"]
-    m = ENGINE_NAME.match(r["engine"] or "")
-    node = m.group(1) if m else "<n>"
-    rpc = ports.get("data-parallel RPC")
-    if rpc:
-        # the head of an engine across hosts binds vLLM's DP handshake socket on --data-parallel-rpc-port
-        # (vllm/v1/engine/utils.py::launch_core_engines: zmq ROUTER bound at tcp://<dp address>:<rpc port>), next to
-        # its HTTP server and side channel in the same network namespace
-        for name in ("engine", "attestation", "side-channel"):
-            if ports[name][0] <= rpc[0] <= ports[name][1]:
-                raise InputError("NARWHAL_DATA_PARALLEL_RPC_PORT",
-                                 "%s (an engine across hosts) would bind vLLM's data-parallel RPC port %d on its head, "
-                                 "which holds its own %s port(s) %d-%d: set NARWHAL_DATA_PARALLEL_RPC_PORT to a free "
-                                 "port outside the engines' HTTP, attestation and side-channel ports, or move the "
-                                 "engine's port with %s; %s" % (r["engine"], rpc[0], name, ports[name][0],
-                                                                ports[name][1], _port_key(name, node), REGENERATE))
-    for name in ("engine", "attestation"):
-        port = ports[name][0]
-        if lo <= port <= hi:
-            node_key = _port_key(name, node)
-            span = "port %d" % lo if lo == hi else "ports %d-%d" % (lo, hi)
-            raise InputError("NARWHAL_SIDE_CHANNEL_PORT",
-                             "%s would listen for NIXL's side channel on %s, which holds its own %s port %d (%s); "
-                             "one engine cannot bind both: set NARWHAL_SIDE_CHANNEL_PORT (the first side-channel "
-                             "port of each host) outside the engines' HTTP and attestation ports, or move the "
-                             "engine's port with %s; %s" % (r["engine"], span, name, port, node_key, node_key,
-                                                            REGENERATE))
-
-
-def _ports(r):
-    node = r["node"]
-    side = side_channel_range(node)
-    if r.get("headless"):  # a host after the head of an engine across hosts (shared_hosts' member views)
-        return {"side-channel": side}
-    ports = {"engine": (node["engine_port"], node["engine_port"]),
-             "attestation": (node["attest_port"], node["attest_port"]),
-             "side-channel": side}
-    if rpc_port(r):
-        ports["data-parallel RPC"] = (rpc_port(r), rpc_port(r))
-    return ports
 
 
 def _port_key(name, node):

@@ -24,11 +24,12 @@ PLANNER_PACKAGE = "ansible_collections/narwhal/deploy/plugins/module_utils"
 
 # Paths below plugins/module_utils: the planner and what it imports (a unit test checks that the launcher's import
 # closure is exactly this), the record check (_outputs/schemas.py::check_record, the validator discovery and prepare
-# use), the NIXL metrics parser (status) and the stdlib Docker Engine API client (no Docker SDK).
+# use), the NIXL metrics parser (status), the probes' URLs (_common/endpoints.py, health.py) and the stdlib Docker
+# Engine API client (no Docker SDK).
 PLANNER_FILES = (
-    "_common/errors.py", "_common/names.py", "_common/nixl_metrics.py", "_common/secrets.py", "_common/versions.py",
-    "_common/words.py", "_docker/engine_api.py", "_outputs/schemas.py", "_plan/args.py", "_plan/container.py",
-    "_plan/role_env.py", "_plan/subst.py",
+    "_common/endpoints.py", "_common/errors.py", "_common/names.py", "_common/nixl_metrics.py", "_common/secrets.py",
+    "_common/versions.py", "_common/words.py", "_docker/engine_api.py", "_outputs/schemas.py", "_plan/args.py",
+    "_plan/container.py", "_plan/role_env.py", "_plan/subst.py",
 )
 
 SHEBANG = b"#!/usr/bin/env python3\n"

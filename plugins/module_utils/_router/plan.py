@@ -15,6 +15,7 @@ import hashlib
 import json
 import re
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import http_url
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 
 __metaclass__ = type
@@ -137,7 +138,7 @@ def config_text(config):
 def local_url(bind, port):
     """Where the router host reaches its own router: loopback for a wildcard bind, else the bound address."""
     host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(bind, bind)
-    return "http://%s:%d" % ("[%s]" % host if ":" in host else host, int(port))
+    return http_url(host, port)
 
 
 def router_plan(site, fleet, image_id, version, entry_sha256, address=None, engines=None):
@@ -163,8 +164,8 @@ def router_plan(site, fleet, image_id, version, entry_sha256, address=None, engi
         "local_metrics_url": local_url(site["NARWHAL_ROUTER_BIND"], metrics),
     }
     if address:
-        plan["url"] = "http://%s:%d" % ("[%s]" % address if ":" in address else address, port)
-        plan["metrics_url"] = "http://%s:%d/metrics" % ("[%s]" % address if ":" in address else address, metrics)
+        plan["url"] = http_url(address, port)
+        plan["metrics_url"] = http_url(address, metrics, "/metrics")
     hashed = dict((k, plan[k]) for k in ("image", "entrypoint", "command", "config", "entry_sha256", "dir"))
     plan["hash"] = hashlib.sha256(json.dumps(hashed, sort_keys=True).encode("utf-8")).hexdigest()
     plan["labels"] = {ROLE_LABEL: "router", PLAN_HASH_LABEL: plan["hash"], VERSION_LABEL: version}

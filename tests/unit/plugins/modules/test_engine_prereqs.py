@@ -13,7 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from test_support.paths import HAND_LAUNCH_CONFIG
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.urls import attestation_url
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import attestation_url
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.ports import port_set
 from ansible_collections.narwhal.deploy.plugins.module_utils._docker import engine_api as _engine_api
 from ansible_collections.narwhal.deploy.plugins.modules import engine_prereqs, interface_facts
 
@@ -120,18 +121,42 @@ def test_an_attestation_url_on_another_port_cannot_vouch_for_the_listener(listen
 def test_the_head_of_an_engine_across_hosts_needs_its_data_parallel_rpc_port_free(listen):
     rec = record(free_port(), free_port(), free_port())
     node = rec["node"]
-    assert engine_prereqs.engine_ports(rec) == {node["engine_port"], node["attest_port"], node["side_channel_port"]}
+    assert port_set(rec) == {node["engine_port"], node["attest_port"], node["side_channel_port"]}
     head = dict(rec, data_parallel_rpc_port=free_port(), member={"rank": 0, "start_rank": 0, "head_address": "x"})
     headless = dict(head, member={"rank": 1, "start_rank": 2, "head_address": "x"})
-    assert head["data_parallel_rpc_port"] in engine_prereqs.engine_ports(head)
-    assert head["data_parallel_rpc_port"] not in engine_prereqs.engine_ports(headless)  # it connects, binds nothing
+    assert head["data_parallel_rpc_port"] in port_set(head)
+    # a headless host connects to the RPC port and serves no HTTP API or attestation: only its side channel is its own
+    assert port_set(headless) == {node["side_channel_port"]}
     listen(head["data_parallel_rpc_port"])
-    busy = engine_prereqs.foreign_listeners(engine_prereqs.engine_ports(head), None)
+    busy = engine_prereqs.foreign_listeners(port_set(head), None)
     _report, problems = engine_prereqs.port_problems(head, busy, attestation_url("127.0.0.1", node["attest_port"]),
                                                      engine_prereqs.get_status, 5)
     assert problems == ["something already listens on port %d of this host; stop it or give engine-2 other ports "
                         "(NARWHAL_NODE_<n>_ENGINE_PORT / _ATTEST_PORT, NARWHAL_SIDE_CHANNEL_PORT, "
                         "NARWHAL_DATA_PARALLEL_RPC_PORT)" % head["data_parallel_rpc_port"]]
+
+
+def test_a_headless_host_does_not_need_its_engines_http_or_attestation_port_free(listen):
+    """A host after the head of an engine across hosts (member_record's view, member.rank > 0) runs engine cores
+    only: another program on the engine's HTTP or attestation port there is no conflict; on its side channel it is."""
+    rec = record(free_port(), free_port(), free_port())
+    node = rec["node"]
+    headless = dict(rec, member={"rank": 1, "start_rank": 2, "head_address": "x"})
+    listen(node["engine_port"], handler=BaseHTTPRequestHandler)
+    listen(node["attest_port"], handler=BaseHTTPRequestHandler)
+    busy = engine_prereqs.foreign_listeners(port_set(headless), None)
+    assert busy == []
+    assert engine_prereqs.port_problems(headless, busy, attestation_url("127.0.0.1", node["attest_port"]),
+                                        engine_prereqs.get_status, 1)[1] == []
+    listen(node["side_channel_port"])
+    busy = engine_prereqs.foreign_listeners(port_set(headless), None)
+    assert busy == [node["side_channel_port"]]
+    assert engine_prereqs.port_problems(headless, busy, attestation_url("127.0.0.1", node["attest_port"]),
+                                        engine_prereqs.get_status, 1)[1][0].startswith(
+        "something already listens on port %d of this host" % node["side_channel_port"])
+    # the same listeners are the head's conflict
+    assert sorted(engine_prereqs.foreign_listeners(port_set(rec), None)) == sorted(
+        [node["engine_port"], node["attest_port"], node["side_channel_port"]])
 
 
 def test_the_sidecar_on_the_engine_port_is_still_a_conflict(listen):

@@ -5,6 +5,7 @@ import os
 import sys
 import time
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import http_url
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import REDACTED, redact_text
 from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import EngineAPIError
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import container_spec, plan_hash, role_port
@@ -34,9 +35,7 @@ def http_get(url, timeout):
 
 def probe_url(role_env, path, address=None):
     address = (address or role_env.get("NARWHAL_ADVERTISED_ADDRESS", "")).strip("[]") or "127.0.0.1"
-    if ":" in address:
-        address = "[%s]" % address
-    return "http://%s:%d%s" % (address, role_port(role_env, "NARWHAL_HTTP_PORT"), path)
+    return http_url(address, role_port(role_env, "NARWHAL_HTTP_PORT"), path)
 
 
 def _redact(text, secret):

@@ -121,3 +121,11 @@ def test_the_second_routers_ports_must_be_free(values, key):
 def test_a_router_record_without_its_url_is_refused():
     with pytest.raises(PlanError, match="rerun the router stage"):
         bench_router_plan(dict(RECORD, url=None), site(), fleet_workers(FLEET))
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.21", "10.0.0.21:30000", "http://[10.0.0.21]:30000"])
+def test_a_router_record_whose_url_names_no_host_and_port_is_refused(url):
+    with pytest.raises(PlanError) as err:
+        bench_router_plan(dict(RECORD, url=url), site(), fleet_workers(FLEET))
+    assert str(err.value) == ("the router's record has url %r, not http(s)://host:port; rerun the router stage"
+                              % url) and err.value.key == "runs/routers"

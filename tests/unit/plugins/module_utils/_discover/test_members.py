@@ -126,20 +126,34 @@ def test_each_host_of_an_engine_across_hosts_has_its_role_environment_file(tmp_p
     assert list(role_env_texts(derive(records["engine-2"], "/opt/narwhal", "run-x"))) == ["0"]
 
 
+@pytest.mark.parametrize("extra, own, key", [
+    ({"NARWHAL_DATA_PARALLEL_RPC_PORT": "8000"}, "HTTP port 8000", "NARWHAL_ENGINE_PORT"),
+    ({"NARWHAL_DATA_PARALLEL_RPC_PORT": "8010"}, "attestation port 8010", "NARWHAL_ATTEST_PORT"),
+    ({"NARWHAL_DATA_PARALLEL_RPC_PORT": "9000", "NARWHAL_NODE_1_ENGINE_PORT": "9000"}, "HTTP port 9000",
+     "NARWHAL_NODE_1_ENGINE_PORT"),
+    ({"NARWHAL_DATA_PARALLEL_RPC_PORT": "5601"}, "side-channel ports 5600-5601", "NARWHAL_SIDE_CHANNEL_PORT"),
+])
+def test_the_heads_data_parallel_rpc_port_on_its_own_port_is_refused_at_discovery(tmp_path, dev, extra, own, key):
+    """The head binds vLLM's DP handshake socket on --data-parallel-rpc-port, next to its HTTP server, attestation
+    sidecar and side channel: discovery, which first knows them all, refuses it on one of them by name."""
+    with pytest.raises(InputError) as err:
+        plan_site(tmp_path, extra)
+    assert err.value.key == "NARWHAL_DATA_PARALLEL_RPC_PORT"
+    rpc = int(extra["NARWHAL_DATA_PARALLEL_RPC_PORT"])
+    what = own.split(" port")[0]
+    assert str(err.value) == (
+        "NARWHAL_DATA_PARALLEL_RPC_PORT: engine-1 (an engine across hosts) would bind vLLM's data-parallel RPC port %d "
+        "on its head, which holds its own %s (%s); one engine cannot bind both: set NARWHAL_DATA_PARALLEL_RPC_PORT to "
+        "a free port outside the engines' HTTP, attestation and side-channel ports, or move the engine's %s port "
+        "with %s, then rerun discovery" % (rpc, own, key, what, key))
+
+
 def test_the_heads_data_parallel_rpc_port_is_one_of_its_hosts_ports(tmp_path, dev):
-    """The head binds vLLM's DP handshake socket on --data-parallel-rpc-port: not on one of its own ports, nor on
-    another engine's port of the same machine; a headless host binds none of it."""
+    """The head binds vLLM's DP handshake socket on --data-parallel-rpc-port: not on another engine's port of the
+    same machine (prepare's shared-host check); a headless host binds none of it."""
     _inputs, records, _extracts = plan_site(tmp_path)
     head = records["engine-1"]
     assert head["data_parallel_rpc_port"] == 29550
-    own = copy.deepcopy(records)
-    own["engine-1"]["data_parallel_rpc_port"] = own["engine-1"]["node"]["engine_port"]
-    with pytest.raises(InputError) as err:
-        shared_hosts(own)
-    assert err.value.key == "NARWHAL_DATA_PARALLEL_RPC_PORT"
-    assert ("engine-1 (an engine across hosts) would bind vLLM's data-parallel RPC port %d on its head, which holds "
-            "its own engine port(s)" % head["node"]["engine_port"]) in str(err.value)
-    assert "NARWHAL_NODE_1_ENGINE_PORT" in str(err.value)
     # engine-2 on the head's machine, its HTTP port on the RPC port
     clash = copy.deepcopy(records)
     clash["engine-2"]["node"].update(host_id=head["node"]["host_id"], engine_port=29550, side_channel_port=5700,

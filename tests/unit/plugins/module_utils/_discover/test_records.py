@@ -571,6 +571,43 @@ def test_side_channel_ranges_do_not_overlap(tmp_path, dev, vllm, tp, ports):
     assert apart["engine-2"]["node"]["side_channel_port"] == 5600
 
 
+@pytest.mark.parametrize("vllm, extra, shared, engine, span, port, key", [
+    # the site's side-channel base on every engine's HTTP port, or on its attestation port
+    ("0.33.0", {"NARWHAL_SIDE_CHANNEL_PORT": "8000"}, False, "engine-1", "port 8000", "HTTP port 8000",
+     "NARWHAL_ENGINE_PORT"),
+    ("0.33.0", {"NARWHAL_SIDE_CHANNEL_PORT": "8010"}, False, "engine-1", "port 8010", "attestation port 8010",
+     "NARWHAL_ATTEST_PORT"),
+    # vLLM <= 0.11: one port per TP worker, 7998-8001 over the HTTP port
+    ("0.11.0", {"NARWHAL_SIDE_CHANNEL_PORT": "7998"}, False, "engine-1", "ports 7998-8001", "HTTP port 8000",
+     "NARWHAL_ENGINE_PORT"),
+    # the second engine of a shared host takes the side channel after the first's: on its own per-node ports
+    ("0.33.0", {"NARWHAL_NODE_2_ENGINE_PORT": "5601"}, True, "engine-2", "port 5601", "HTTP port 5601",
+     "NARWHAL_NODE_2_ENGINE_PORT"),
+    ("0.33.0", {"NARWHAL_NODE_2_ATTEST_PORT": "5601"}, True, "engine-2", "port 5601", "attestation port 5601",
+     "NARWHAL_NODE_2_ATTEST_PORT"),
+])
+def test_a_side_channel_on_the_engines_own_port_is_refused_at_discovery(tmp_path, dev, vllm, extra, shared, engine,
+                                                                        span, port, key):
+    """Issue 24, checked once where both ports are first known (issue 34): vLLM binds the NIXL side channel next to
+    the engine's HTTP server and attestation sidecar on one host (network_mode host)."""
+    hosts = nv_pair(tmp_path, img=image(dict(CUDA_DISTS, vllm=vllm)))
+    err = refused(dict({"NARWHAL_GPUS_PER_ENGINE": "4"}, **extra), hosts, shared)
+    assert err.key == "NARWHAL_SIDE_CHANNEL_PORT"
+    assert str(err) == (
+        "NARWHAL_SIDE_CHANNEL_PORT: %s would listen for NIXL's side channel on %s (from NARWHAL_SIDE_CHANNEL_PORT, "
+        "the first side-channel port of each host), which holds its own %s (%s); one engine cannot bind both: set "
+        "NARWHAL_SIDE_CHANNEL_PORT outside the engines' HTTP and attestation ports, or move the engine's %s port "
+        "with %s, then rerun discovery" % (engine, span, port, key, port.split(" ")[0], key))
+
+
+def test_a_side_channel_next_to_the_engines_own_ports_passes(tmp_path, dev):
+    hosts = nv_pair(tmp_path, img=image(dict(CUDA_DISTS, vllm="0.11.0")))
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_SIDE_CHANNEL_PORT": "8001", "NARWHAL_ATTEST_PORT": "8005"},
+                 hosts, shared=False)
+    assert recs["engine-1"]["node"]["engine_port"] == 8000
+    assert recs["engine-1"]["node"]["side_channel_ports"] == [8001, 8004]
+
+
 # ------------------------------------------------------------------------------------------------
 # 5. schema
 

@@ -5,13 +5,13 @@ import json
 import pytest
 
 from ansible_collections.narwhal.deploy.plugins.filter.narwhal import prometheus_targets
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import split_url
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._monitor.targets import (
     ENGINE_JOB,
     ROUTER_JOB,
     file_sd,
     fleet_name,
-    parse_url,
 )
 
 # the resolved fleet (the fleet lookup's answer), out of order on purpose
@@ -72,7 +72,7 @@ def test_the_fleet_label_is_the_fleet_files_name(path, name):
                                  "http://[10.0.0.1]:8000", "http://user@10.0.0.1:8000", "http://10.0.0.1:8000?x=1",
                                  "${NARWHAL_NODE_2_URL}", None, 8000])
 def test_a_url_that_is_no_target_is_refused_naming_the_engine(url):
-    assert parse_url(url) is None
+    assert split_url(url) is None
     fleet = [FLEET[2], {"engine": "engine-2", "role": "decode", "url": url}]
     with pytest.raises(PlanError) as err:
         file_sd(fleet, [], "fleet")

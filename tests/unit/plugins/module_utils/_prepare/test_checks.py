@@ -96,29 +96,15 @@ def test_side_channel_ranges_adjacent_do_not_overlap(cohosted):
     shared_hosts(cohosted)
 
 
-@pytest.mark.parametrize("engine, node, port, key", [
-    ("engine-1", {"side_channel_port": 8000, "side_channel_ports": [8000, 8000]}, "engine port 8000",
-     "NARWHAL_NODE_1_ENGINE_PORT"),
-    ("engine-2", {"side_channel_port": 8010, "side_channel_ports": [8010, 8010]}, "attestation port 8010",
-     "NARWHAL_NODE_2_ATTEST_PORT"),
-    ("engine-1", {"side_channel_port": 7998, "side_channel_ports": [7998, 8001]}, "engine port 8000",
-     "NARWHAL_NODE_1_ENGINE_PORT"),  # vLLM <= 0.11: one port per TP rank
-    ("engine-2", {"engine_port": 5600, "attest_port": 5601}, "engine port 5600", "NARWHAL_NODE_2_ENGINE_PORT"),
+@pytest.mark.parametrize("node", [
+    {"side_channel_port": 8000, "side_channel_ports": [8000, 8000]},
+    {"side_channel_port": 8010, "side_channel_ports": [8010, 8010]},
 ])
-def test_side_channel_on_the_engines_own_port_is_refused(records, engine, node, port, key):
-    """Issue 24: not only clashes between engines: one engine's side channel on its own HTTP or attestation port."""
-    records[engine]["node"].update(node)
-    with pytest.raises(InputError) as err:
-        shared_hosts(records)
-    assert err.value.key == "NARWHAL_SIDE_CHANNEL_PORT"
-    msg = str(err.value)
-    assert "%s would listen for NIXL's side channel on port" % engine in msg
-    assert "which holds its own %s (%s)" % (port, key) in msg and "set NARWHAL_SIDE_CHANNEL_PORT" in msg
-
-
-def test_side_channel_next_to_the_engines_own_ports_passes(records):
-    records["engine-1"]["node"].update(engine_port=8000, attest_port=8004, side_channel_port=8001,
-                                       side_channel_ports=[8001, 8003])
+def test_one_engines_own_ports_are_discoverys_check_not_prepares(records, node):
+    """Each port rule is checked once, where both ports are first known: one engine's side channel on its own HTTP
+    or attestation port is refused by discovery (_discover/fleet.py::check_own_ports, tests/unit/plugins/
+    module_utils/_discover/test_records.py); prepare's shared-host check compares engines of one host."""
+    records["engine-1"]["node"].update(node)
     shared_hosts(records)
 
 

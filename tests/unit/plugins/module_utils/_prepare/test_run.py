@@ -182,16 +182,6 @@ def test_prepare_incompatible_pair_is_refused(root, run_module, pd_launch):
     _refused(root, result, "would fail vLLM's NIXL handshake: KV cache dtype differs (auto on engine-1")
 
 
-def test_prepare_side_channel_on_the_engines_http_port_is_refused(root, run_module, pd_launch):
-    node = pd_launch["engines"]["engine-2"]["node"]
-    node.update(side_channel_port=node["engine_port"], side_channel_ports=[node["engine_port"], node["engine_port"]])
-    (root / "config" / "engine-launch.local.json").write_text(json.dumps(pd_launch))
-    status, result = run_module(prep_args(root, "write", good_hosts()))
-    assert status == "fail" and result["input"] == "NARWHAL_SIDE_CHANNEL_PORT"
-    _refused(root, result, "engine-2 would listen for NIXL's side channel on port %d, which holds its own engine "
-                           "port %d (NARWHAL_NODE_2_ENGINE_PORT)" % (node["engine_port"], node["engine_port"]))
-
-
 def test_prepare_refuses_the_example_nvidia_amd_pair(root, run_module, launch):
     (root / "config" / "fleet.json").write_text(json.dumps(fleet_for(launch["engines"])))
     (root / "config" / "engine-launch.local.json").write_text(json.dumps(launch))
