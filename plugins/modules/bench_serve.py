@@ -105,90 +105,9 @@ removed:
   elements: str
 """
 
-import json
-import os
-import shlex
-import shutil
-import tempfile
-import time
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import KEY, OUT, ROLE_LABEL
-from ansible_collections.narwhal.deploy.plugins.module_utils._bench.report import kept
-from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import (
-    Client,
-    EngineAPIError,
-    NotFound,
-    container_config,
-)
-
-# The key from the mounted file into the load generator's own environment (never the container's settings).
-WRAPPER = 'OPENAI_API_KEY="$(cat %s)"; export OPENAI_API_KEY; exec vllm bench serve "$@"' % KEY
-
-
-def _remove(api, ref):
-    try:
-        api.remove(ref, force=True)
-    except NotFound:
-        pass
-
-
-def run_step(module, api):
-    p = module.params
-    for name in ("key_file", "model_path"):
-        if not os.path.exists(p[name]):
-            module.fail_json(msg="%s %s is not on this host; the benchmark host must be an engine host with the "
-                                 "engines' key and the model (rerun install there, or pick another host for the "
-                                 "inventory group benchmark)" % (name, p[name]))
-    try:
-        api.image(p["image"])
-    except NotFound:
-        module.fail_json(msg="the load generator's image %s is not on this host; set NARWHAL_BENCH_IMAGE to an image "
-                             "with vLLM that is here, or load it" % p["image"])
-    workdir = tempfile.mkdtemp(prefix="narwhal-bench-")
-    os.chmod(workdir, 0o700)
-    command = "vllm bench serve %s" % " ".join(shlex.quote(a) for a in p["argv"])
-    body = container_config(p["image"], entrypoint=["/bin/sh", "-c", WRAPPER, "vllm-bench"], command=p["argv"],
-                            labels={ROLE_LABEL: "bench"}, detach=True, network_mode="host",
-                            mounts=[{"type": "bind", "source": workdir, "target": OUT, "read_only": False},
-                                    {"type": "bind", "source": p["key_file"], "target": KEY, "read_only": True},
-                                    {"type": "bind", "source": p["model_path"], "target": p["model_path"],
-                                     "read_only": True}])
-    started = time.time()
-    code, tail, result = None, "", None
-    try:
-        _remove(api, p["name"])
-        created = api.create(p["name"], body)["Id"]
-        api.start(created)
-        try:
-            code = api.wait(created, timeout=p["timeout"]).get("StatusCode")
-        except EngineAPIError:
-            code = None  # past the timeout: stopped below, reported as failed
-        logs = api.logs(created, tail="40").decode("utf-8", "replace")
-        tail = "\n".join(logs.strip().splitlines()[-40:])
-        path = os.path.join(workdir, p["result_file"])
-        if os.path.isfile(path):
-            with open(path) as handle:
-                try:
-                    result = kept(json.load(handle))
-                except ValueError:
-                    result = None
-    finally:
-        try:
-            _remove(api, p["name"])
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-    seconds = round(time.time() - started, 2)
-    out = dict(changed=False, command=command, seconds=seconds, exit_code=code, result=result or {},
-               log_tail=tail if code != 0 or result is None else "")
-    if code is None:
-        module.fail_json(msg="the benchmark step %s ran past %d s (NARWHAL_BENCH_TIMEOUT) and was stopped"
-                             % (p["name"], p["timeout"]), **out)
-    if code != 0 or result is None:
-        module.fail_json(msg="vllm bench serve exited %s without a result (%s): %s"
-                             % (code, p["name"], tail[-600:] or "no output"), **out)
-    module.exit_json(**out)
+from ansible_collections.narwhal.deploy.plugins.module_utils._bench.serve import run_module
 
 
 def main():
@@ -206,20 +125,7 @@ def main():
         required_if=[("state", "run", ("image", "argv", "name", "key_file", "model_path", "result_file"))],
         supports_check_mode=True,
     )
-    api = Client.from_env(timeout=60)
-    try:
-        if module.params["state"] == "absent":
-            left = [c["Id"] for c in api.containers(filters={"label": ["%s=bench" % ROLE_LABEL]})]
-            if not module.check_mode:
-                for ref in left:
-                    _remove(api, ref)
-            module.exit_json(changed=bool(left), removed=left)
-        if module.check_mode:
-            module.exit_json(changed=False, skipped=True, msg="check mode: the benchmark step does not run",
-                             result={}, command="", seconds=0.0, exit_code=None, log_tail="")
-        run_step(module, api)
-    except EngineAPIError as exc:
-        module.fail_json(msg="Docker daemon on this host: %s" % exc)
+    run_module(module)
 
 
 if __name__ == "__main__":

@@ -98,86 +98,7 @@ container:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import (
-    Client,
-    EngineAPIError,
-    NotFound,
-    container_config,
-)
-from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import PLAN_HASH_LABEL
-
-VERSION_CODE = ("import importlib.metadata as m\ntry:\n    print(m.version('vllm-router'))\n"
-                "except m.PackageNotFoundError:\n    print('')\n")
-
-
-def _inspect(api, name):
-    try:
-        return api.container(name)
-    except NotFound:
-        return None
-
-
-def _brief(container):
-    if not container:
-        return None
-    return {"Id": container.get("Id"), "State": container.get("State"), "RestartCount": container.get("RestartCount"),
-            "Config": {"Labels": (container.get("Config") or {}).get("Labels") or {},
-                       "Image": (container.get("Config") or {}).get("Image")}, "Image": container.get("Image")}
-
-
-def read_image(api, image, timeout):
-    try:
-        found = api.image(image)
-    except NotFound:
-        return {"image_id": None, "version": None, "error": "no such image"}
-    image_id = found["Id"]
-    body = container_config(image_id, entrypoint=["python3"], command=["-c", VERSION_CODE], network_mode="none",
-                            labels={"org.narwhal.role": "router-version"})
-    created = api.create(None, body)["Id"]
-    try:
-        api.start(created)
-        status = api.wait(created, timeout=timeout).get("StatusCode")
-        out = api.logs(created).decode("utf-8", "replace").strip()
-    finally:
-        try:
-            api.remove(created, force=True)
-        except EngineAPIError:
-            pass
-    if status != 0:
-        return {"image_id": image_id, "version": None, "error": "python3 -c exited %s: %s" % (status, out[-300:])}
-    return {"image_id": image_id, "version": out.splitlines()[-1] if out else None,
-            "error": None if out else "no vllm-router distribution in the image's python3"}
-
-
-def started(module, api, plan):
-    existing = _inspect(api, plan["name"])
-    running = bool(existing and (existing.get("State") or {}).get("Running"))
-    same = bool(existing and ((existing.get("Config") or {}).get("Labels") or {}).get(PLAN_HASH_LABEL) == plan["hash"])
-    if same and running:
-        action = "restarted" if module.params["restart"] else "kept"
-    elif same:
-        action = "started"
-    else:
-        action = "replaced" if existing else "created"
-    if module.check_mode or action == "kept":
-        return action, existing
-    if action == "restarted":
-        api.stop(existing["Id"])
-        api.start(existing["Id"])
-    elif action == "started":
-        api.start(existing["Id"])
-    else:
-        if existing:
-            api.remove(existing["Id"], force=True)
-        # no proxy environment of the client's config.json (the SDK would inject it): the router must reach the
-        # engines directly
-        body = container_config(plan["image"], entrypoint=plan["entrypoint"], command=plan["command"],
-                                labels=plan["labels"], detach=True, network_mode="host",
-                                restart_policy={"Name": "unless-stopped", "MaximumRetryCount": 0},
-                                mounts=[{"type": "bind", "source": plan["dir"], "target": "/narwhal",
-                                         "read_only": True}])
-        api.start(api.create(plan["name"], body)["Id"])
-    return action, _inspect(api, plan["name"])
+from ansible_collections.narwhal.deploy.plugins.module_utils._router.container import run_module
 
 
 def main():
@@ -193,22 +114,7 @@ def main():
         required_if=[("state", "image", ("image",)), ("state", "started", ("plan",))],
         supports_check_mode=True,
     )
-    p = module.params
-    api = Client.from_env(timeout=p["timeout"])
-    try:
-        if p["state"] == "image":
-            module.exit_json(changed=False, **read_image(api, p["image"], p["timeout"]))
-        if p["state"] == "inspected":
-            module.exit_json(changed=False, container=_brief(_inspect(api, p["name"])))
-        if p["state"] == "absent":
-            existing = _inspect(api, p["name"])
-            if existing and not module.check_mode:
-                api.remove(existing["Id"], force=True)
-            module.exit_json(changed=bool(existing), action="removed" if existing else "absent")
-        action, container = started(module, api, p["plan"])
-        module.exit_json(changed=action != "kept", action=action, container=_brief(container))
-    except EngineAPIError as exc:
-        module.fail_json(msg="the Docker daemon of router host refused: %s" % exc)
+    run_module(module)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from ansible.module_utils.urls import Request, make_context
+from ansible.module_utils.urls import Request, make_context, open_url
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import host_name, read_regular
@@ -57,6 +57,21 @@ def call(url, key=None, body=None, request_id=None, timeout=120, extra_headers=N
         return status, json.loads(text)
     except (ValueError, RecursionError):
         return status, text
+
+
+def get_status(url, timeout):
+    """(HTTP status, None) of a GET of `url` that answered 2xx, else (status or None, why it did not: "HTTP <status>",
+    or the reason nothing answered, e.g. "timed out"). engine_prereqs' question to a listener on the attestation port
+    (_facts/prereqs.py): does it answer the attestation URL, i.e. is it the sidecar. So unlike call(): no redirect is
+    followed (a 3xx is an answer, not the sidecar's), no certificate is verified (whose listener it is, not whether
+    to trust it) and the body is not read."""
+    try:
+        resp = open_url(url, method="GET", timeout=timeout, validate_certs=False, follow_redirects="none")
+        status = resp.getcode()
+    except Exception as exc:  # noqa: BLE001 - an HTTP error carries its status; anything else did not answer
+        status = getattr(exc, "code", None)
+        return status, ("HTTP %s" % status) if status else str(getattr(exc, "reason", None) or exc)
+    return status, None if 200 <= status < 300 else "HTTP %s" % status
 
 
 def read_key_file(path, fix):

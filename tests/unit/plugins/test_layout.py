@@ -13,6 +13,8 @@ PREFIX = "ansible_collections.narwhal.deploy.plugins.module_utils."
 EDGES = {"_common/tools.py", "_facts/host.py", "_facts/checkpoint.py", "_facts/daemon.py", "_docker/engine_api.py",
          "_inputs/dotenv.py", "_inputs/paths.py", "_outputs/writer.py", "_prepare/launcher.py",
          "_router/client.py", "_common/http.py",
+         # the host modules' work (community.docker's _module_container): each its module's run_module
+         "_facts/prereqs.py", "_router/proof.py", "_router/container.py", "_bench/serve.py",
          # the steps, each the work of one task (_common/step.py): they read and write what their stage names
          "_inputs/site.py", "_discover/outputs.py", "_prepare/run.py", "_probe/transfer.py", "_bench/results.py",
          "_outputs/private_file.py"}
@@ -69,7 +71,7 @@ def test_pure_files_do_no_io(name):
 
 
 @pytest.mark.parametrize("module, forbidden", [
-    ("engine_prereqs", ("_discover/", "_inputs/", "_plan/", "_prepare/", "_outputs/")),
+    ("engine_prereqs", ("_discover/", "_inputs/", "_prepare/", "_outputs/")),  # _plan/: see the test below
     ("held_files", ("_discover/", "_inputs/", "_plan/", "_prepare/", "_outputs/", "_facts/", "_docker/")),
     ("engine_host_facts", ("_discover/", "_inputs/", "_plan/", "_prepare/", "_outputs/")),
     ("gpu_facts", ("_discover/", "_inputs/", "_plan/", "_docker/", "_common/secrets.py")),
@@ -84,6 +86,27 @@ def test_host_modules_ship_only_what_they_need(module, forbidden):
     shipped = _closure(_imports(REPO / "plugins" / "modules" / ("%s.py" % module)))
     assert shipped
     assert not [f for f in shipped if f.startswith(forbidden)], sorted(shipped)
+
+
+def test_engine_prereqs_ships_only_the_key_rule_of_the_planner():
+    """Its GET of the attestation URL is _common/http.py's, and that file reads the engines' key file by the
+    launcher's rule (_plan/role_env.py::api_key_from): the one planner file it may ship, pure and small."""
+    shipped = _closure(_imports(REPO / "plugins" / "modules" / "engine_prereqs.py"))
+    assert "_common/http.py" in shipped
+    assert [f for f in sorted(shipped) if f.startswith("_plan/")] == ["_plan/role_env.py"]
+
+
+def test_urls_are_opened_by_the_http_edges_only():
+    """One HTTP client: _common/http.py (the JSON request, the attestation GET) and _router/client.py (streams and
+    Prometheus text over its TLS context); no module and no other module_utils file opens a URL of its own."""
+    files = list((REPO / "plugins" / "modules").glob("*.py")) + [MU / f for f in _module_utils_files()]
+    openers = set()
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.ImportFrom) and node.module == "ansible.module_utils.urls"
+                    or isinstance(node, ast.Import) and "ansible.module_utils.urls" in [a.name for a in node.names]):
+                openers.add(path.relative_to(REPO / "plugins").as_posix())
+    assert openers == {"module_utils/_common/http.py", "module_utils/_router/client.py"}
 
 
 def test_the_launcher_carries_exactly_the_planner_files_it_imports():

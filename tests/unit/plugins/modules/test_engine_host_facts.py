@@ -156,34 +156,6 @@ def test_ip_that_hangs_is_killed_and_named(module_runner, host, tmp_path):
                                     "hangs when the kernel's netlink socket does not answer" % socket.gethostname())
 
 
-class _PrereqModule:
-    """The two things engine_prereqs.read_links asks of its AnsibleModule."""
-
-    def __init__(self, bindir, timeout=1):
-        self.params = {"command_timeout": timeout}
-        self.bindir = bindir
-
-    def get_bin_path(self, name):
-        path = self.bindir / name
-        return str(path) if path.exists() else None
-
-
-@pytest.mark.parametrize("script, needle", [
-    ("/bin/sleep 30", "did not answer within 1 s (timed out, killed)"),
-    ("echo '[1]'", "is not the JSON 'ip -j' writes ('[1]'): entry 0 is a JSON int"),
-    ("echo 'RTNETLINK answers: Operation not permitted' >&2; exit 2", "failed on host"),
-])
-def test_prereqs_name_ip_trouble_instead_of_a_missing_interface(tmp_path, script, needle):
-    from ansible_collections.narwhal.deploy.plugins.modules import engine_prereqs
-
-    (tmp_path / "ip").write_text("#!/bin/sh\n%s\n" % script)
-    (tmp_path / "ip").chmod(0o755)
-    problem = engine_prereqs.read_links(_PrereqModule(tmp_path))
-    assert isinstance(problem, str) and needle in problem and "'ip -j addr show'" in problem
-    assert socket.gethostname() in problem
-    assert engine_prereqs.read_links(_PrereqModule(tmp_path / "none")).startswith("'ip' (iproute2) is not installed")
-
-
 # ------------------------------------------------------------------------------------------------
 # a fabric interface that cannot carry KV (issue 24): refused on the host, naming the tool, the host and the fix
 

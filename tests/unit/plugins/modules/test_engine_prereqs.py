@@ -1,178 +1,19 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""engine_prereqs' port check: a listener on the attestation port that answers the engine's attestation URL is the
-attestation sidecar (accepted, reported); anything else on the engine's ports is refused, naming port and fix.
-Real listening sockets on 127.0.0.1 and real GETs (found through /proc/net/tcp as on an engine host)."""
+"""engine_prereqs through its main(): the Docker daemon and the image asked over the Engine API, prepare's one read
+of the fabric interface (returned as interface_facts returns it), what the host holds, and a fabric link that went
+down. Its port check and its read of `ip` are tested beside their code
+(tests/unit/plugins/module_utils/_facts/test_prereqs.py)."""
 
 import hashlib
 import json
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from test_support.paths import HAND_LAUNCH_CONFIG
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import attestation_url
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.ports import port_set
 from ansible_collections.narwhal.deploy.plugins.module_utils._docker import engine_api as _engine_api
 from ansible_collections.narwhal.deploy.plugins.modules import engine_prereqs, interface_facts
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Sidecar(BaseHTTPRequestHandler):
-    """Answers its attestation URL (/v1/attestation) with 200; everything else 404, like a plain web server."""
-
-    def do_GET(self):  # noqa: N802 - BaseHTTPRequestHandler's name
-        body = json.dumps({"evidence": "x"}).encode() if self.path == "/v1/attestation" else b"not found"
-        self.send_response(200 if self.path == "/v1/attestation" else 404)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def listen():
-    servers = []
-
-    def start(port, handler=Sidecar):
-        srv = ThreadingHTTPServer(("127.0.0.1", port), handler)
-        threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
-        servers.append(srv)
-        return srv
-
-    yield start
-    for srv in servers:
-        srv.shutdown()
-        srv.server_close()
-
-
-def record(attest, engine_port, side):
-    return {"engine": "engine-2", "node": {"address": "127.0.0.1", "engine_port": engine_port, "attest_port": attest,
-                                           "side_channel_port": side, "side_channel_ports": [side, side]}}
-
-
-def check(rec, url=None):
-    node = rec["node"]
-    ports = {node["engine_port"], node["attest_port"], node["side_channel_port"]}
-    busy = engine_prereqs.foreign_listeners(ports, None)
-    return engine_prereqs.port_problems(rec, busy, url or attestation_url(node["address"], node["attest_port"]),
-                                        engine_prereqs.get_status, 5)
-
-
-def test_nothing_listening_passes():
-    report, problems = check(record(free_port(), free_port(), free_port()))
-    assert problems == [] and report["listening"] is False and report["answered"] is None
-
-
-def test_the_attestation_sidecar_is_accepted_and_reported(listen):
-    rec = record(free_port(), free_port(), free_port())
-    listen(rec["node"]["attest_port"])
-    report, problems = check(rec)
-    assert problems == []
-    assert report == {"url": "http://127.0.0.1:%d/v1/attestation" % rec["node"]["attest_port"],
-                      "port": rec["node"]["attest_port"], "listening": True, "answered": True, "status": 200,
-                      "error": None}
-
-
-def test_another_program_on_the_attestation_port_is_refused(listen):
-    rec = record(free_port(), free_port(), free_port())
-    attest = rec["node"]["attest_port"]
-    listen(attest)
-    # the listener answers, but not at this engine's attestation URL: a plain web server, not the sidecar
-    report, problems = check(rec, "http://127.0.0.1:%d/other" % attest)
-    assert report["answered"] is False and report["status"] == 404
-    assert len(problems) == 1
-    assert problems[0].startswith("something already listens on port %d of host " % attest)
-    assert "does not answer the attestation URL http://127.0.0.1:%d/other (HTTP 404)" % attest in problems[0]
-    assert "NARWHAL_NODE_<n>_ATTEST_PORT" in problems[0]
-
-
-def test_a_silent_listener_on_the_attestation_port_is_refused():
-    rec = record(free_port(), free_port(), free_port())
-    with socket.socket() as sock:  # listens, never answers HTTP: the GET times out
-        sock.bind(("127.0.0.1", rec["node"]["attest_port"]))
-        sock.listen(1)
-        node = rec["node"]
-        busy = engine_prereqs.foreign_listeners({node["attest_port"]}, None)
-        report, problems = engine_prereqs.port_problems(rec, busy, attestation_url("127.0.0.1", node["attest_port"]),
-                                                        engine_prereqs.get_status, 1)
-    assert report["listening"] and report["answered"] is False and report["status"] is None and report["error"]
-    assert "is not the attestation sidecar" in problems[0]
-
-
-def test_an_attestation_url_on_another_port_cannot_vouch_for_the_listener(listen):
-    rec = record(free_port(), free_port(), free_port())
-    listen(rec["node"]["attest_port"])
-    elsewhere = listen(free_port())
-    report, problems = check(rec, "http://127.0.0.1:%d/v1/attestation" % elsewhere.server_address[1])
-    assert report["answered"] is False and "is not on that port" in problems[0]
-    assert "NARWHAL_NODE_<n>_ATTESTATION_URL" in problems[0]
-
-
-def test_the_head_of_an_engine_across_hosts_needs_its_data_parallel_rpc_port_free(listen):
-    rec = record(free_port(), free_port(), free_port())
-    node = rec["node"]
-    assert port_set(rec) == {node["engine_port"], node["attest_port"], node["side_channel_port"]}
-    head = dict(rec, data_parallel_rpc_port=free_port(), member={"rank": 0, "start_rank": 0, "head_address": "x"})
-    headless = dict(head, member={"rank": 1, "start_rank": 2, "head_address": "x"})
-    assert head["data_parallel_rpc_port"] in port_set(head)
-    # a headless host connects to the RPC port and serves no HTTP API or attestation: only its side channel is its own
-    assert port_set(headless) == {node["side_channel_port"]}
-    listen(head["data_parallel_rpc_port"])
-    busy = engine_prereqs.foreign_listeners(port_set(head), None)
-    _report, problems = engine_prereqs.port_problems(head, busy, attestation_url("127.0.0.1", node["attest_port"]),
-                                                     engine_prereqs.get_status, 5)
-    assert problems == ["something already listens on port %d of this host; stop it or give engine-2 other ports "
-                        "(NARWHAL_NODE_<n>_ENGINE_PORT / _ATTEST_PORT, NARWHAL_SIDE_CHANNEL_PORT, "
-                        "NARWHAL_DATA_PARALLEL_RPC_PORT)" % head["data_parallel_rpc_port"]]
-
-
-def test_a_headless_host_does_not_need_its_engines_http_or_attestation_port_free(listen):
-    """A host after the head of an engine across hosts (member_record's view, member.rank > 0) runs engine cores
-    only: another program on the engine's HTTP or attestation port there is no conflict; on its side channel it is."""
-    rec = record(free_port(), free_port(), free_port())
-    node = rec["node"]
-    headless = dict(rec, member={"rank": 1, "start_rank": 2, "head_address": "x"})
-    listen(node["engine_port"], handler=BaseHTTPRequestHandler)
-    listen(node["attest_port"], handler=BaseHTTPRequestHandler)
-    busy = engine_prereqs.foreign_listeners(port_set(headless), None)
-    assert busy == []
-    assert engine_prereqs.port_problems(headless, busy, attestation_url("127.0.0.1", node["attest_port"]),
-                                        engine_prereqs.get_status, 1)[1] == []
-    listen(node["side_channel_port"])
-    busy = engine_prereqs.foreign_listeners(port_set(headless), None)
-    assert busy == [node["side_channel_port"]]
-    assert engine_prereqs.port_problems(headless, busy, attestation_url("127.0.0.1", node["attest_port"]),
-                                        engine_prereqs.get_status, 1)[1][0].startswith(
-        "something already listens on port %d of this host" % node["side_channel_port"])
-    # the same listeners are the head's conflict
-    assert sorted(engine_prereqs.foreign_listeners(port_set(rec), None)) == sorted(
-        [node["engine_port"], node["attest_port"], node["side_channel_port"]])
-
-
-def test_the_sidecar_on_the_engine_port_is_still_a_conflict(listen):
-    """Only the attestation port may be held by the sidecar: the same program on the engine's HTTP or side-channel
-    port is refused with the message that names the port and the fix."""
-    rec = record(free_port(), free_port(), free_port())
-    listen(rec["node"]["attest_port"])
-    listen(rec["node"]["engine_port"])
-    listen(rec["node"]["side_channel_port"])
-    report, problems = check(rec)
-    assert report["answered"] is True
-    ports = sorted([rec["node"]["engine_port"], rec["node"]["side_channel_port"]])
-    assert problems == ["something already listens on port %s of this host; stop it or give engine-2 other ports "
-                        "(NARWHAL_NODE_<n>_ENGINE_PORT / _ATTEST_PORT, NARWHAL_SIDE_CHANNEL_PORT)"
-                        % ",".join(map(str, ports))]
-
 
 # ------------------------------------------------------------------------------------------ the Docker daemon
 

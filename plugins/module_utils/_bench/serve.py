@@ -1,0 +1,114 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""One step of the fleet load benchmark, run with vLLM's own load generator (`vllm bench serve`) in a short-lived
+container on the benchmark host: bench_serve's work (the module file, plugins/modules/bench_serve.py, holds the
+documentation, the argument spec and main(), as community.docker's plugins/modules/docker_container.py hands its module
+to plugins/module_utils/_module_container/module.py). An I/O edge: the host's Docker daemon (_docker/engine_api.py)
+and a temporary result directory; the steps are _bench/plan.py's, the figures kept _bench/report.py's."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import tempfile
+import time
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import KEY, OUT, ROLE_LABEL
+from ansible_collections.narwhal.deploy.plugins.module_utils._bench.report import kept
+from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import (
+    Client,
+    EngineAPIError,
+    NotFound,
+    container_config,
+)
+
+__metaclass__ = type
+
+# The key from the mounted file into the load generator's own environment (never the container's settings).
+WRAPPER = 'OPENAI_API_KEY="$(cat %s)"; export OPENAI_API_KEY; exec vllm bench serve "$@"' % KEY
+
+
+def _remove(api, ref):
+    try:
+        api.remove(ref, force=True)
+    except NotFound:
+        pass
+
+
+def run_step(module, api):
+    p = module.params
+    for name in ("key_file", "model_path"):
+        if not os.path.exists(p[name]):
+            module.fail_json(msg="%s %s is not on this host; the benchmark host must be an engine host with the "
+                                 "engines' key and the model (rerun install there, or pick another host for the "
+                                 "inventory group benchmark)" % (name, p[name]))
+    try:
+        api.image(p["image"])
+    except NotFound:
+        module.fail_json(msg="the load generator's image %s is not on this host; set NARWHAL_BENCH_IMAGE to an image "
+                             "with vLLM that is here, or load it" % p["image"])
+    workdir = tempfile.mkdtemp(prefix="narwhal-bench-")
+    os.chmod(workdir, 0o700)
+    command = "vllm bench serve %s" % " ".join(shlex.quote(a) for a in p["argv"])
+    body = container_config(p["image"], entrypoint=["/bin/sh", "-c", WRAPPER, "vllm-bench"], command=p["argv"],
+                            labels={ROLE_LABEL: "bench"}, detach=True, network_mode="host",
+                            mounts=[{"type": "bind", "source": workdir, "target": OUT, "read_only": False},
+                                    {"type": "bind", "source": p["key_file"], "target": KEY, "read_only": True},
+                                    {"type": "bind", "source": p["model_path"], "target": p["model_path"],
+                                     "read_only": True}])
+    started = time.time()
+    code, tail, result = None, "", None
+    try:
+        _remove(api, p["name"])
+        created = api.create(p["name"], body)["Id"]
+        api.start(created)
+        try:
+            code = api.wait(created, timeout=p["timeout"]).get("StatusCode")
+        except EngineAPIError:
+            code = None  # past the timeout: stopped below, reported as failed
+        logs = api.logs(created, tail="40").decode("utf-8", "replace")
+        tail = "\n".join(logs.strip().splitlines()[-40:])
+        path = os.path.join(workdir, p["result_file"])
+        if os.path.isfile(path):
+            with open(path) as handle:
+                try:
+                    result = kept(json.load(handle))
+                except ValueError:
+                    result = None
+    finally:
+        try:
+            _remove(api, p["name"])
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    seconds = round(time.time() - started, 2)
+    out = dict(changed=False, command=command, seconds=seconds, exit_code=code, result=result or {},
+               log_tail=tail if code != 0 or result is None else "")
+    if code is None:
+        module.fail_json(msg="the benchmark step %s ran past %d s (NARWHAL_BENCH_TIMEOUT) and was stopped"
+                             % (p["name"], p["timeout"]), **out)
+    if code != 0 or result is None:
+        module.fail_json(msg="vllm bench serve exited %s without a result (%s): %s"
+                             % (code, p["name"], tail[-600:] or "no output"), **out)
+    module.exit_json(**out)
+
+
+def run_module(module):
+    """bench_serve: remove leftover benchmark containers (state=absent) or run one step (state=run; nothing in
+    check mode) -> exit_json, or fail_json naming the step, the host's missing input or the daemon's refusal."""
+    api = Client.from_env(timeout=60)
+    try:
+        if module.params["state"] == "absent":
+            left = [c["Id"] for c in api.containers(filters={"label": ["%s=bench" % ROLE_LABEL]})]
+            if not module.check_mode:
+                for ref in left:
+                    _remove(api, ref)
+            module.exit_json(changed=bool(left), removed=left)
+        if module.check_mode:
+            module.exit_json(changed=False, skipped=True, msg="check mode: the benchmark step does not run",
+                             result={}, command="", seconds=0.0, exit_code=None, log_tail="")
+        run_step(module, api)
+    except EngineAPIError as exc:
+        module.fail_json(msg="Docker daemon on this host: %s" % exc)
+
