@@ -96,11 +96,11 @@ def bench_report(task):
     stamp = plan.get("stamp")
     if not steps or not stamp:
         raise StepError("bench_report: the plan has no steps or no stamp (the narwhal.deploy.bench_plan filter "
-                         "makes it)")
+                        "makes it)")
     dest = os.path.join(p["runs_dir"], "bench-%s" % stamp)
     if os.path.lexists(dest):
         raise StepError("%s already exists: a benchmark run of this stamp is kept there; rerun the benchmark "
-                         "(a new stamp) or remove it" % dest, dest=dest)
+                        "(a new stamp) or remove it" % dest, dest=dest)
     rows = [row(step, results.get(step["id"]) or {}) for step in steps]
     over = overhead(rows)
     found = problems(steps, results, p["failures"])
@@ -112,7 +112,7 @@ def bench_report(task):
     pyplot = plotting()
     if pyplot is None:
         raise StepError("matplotlib is not importable on the controller, and the benchmark's plot needs it: "
-                         "pip install -r requirements.txt (it pins matplotlib), then rerun the benchmark", **out)
+                        "pip install -r requirements.txt (it pins matplotlib), then rerun the benchmark", **out)
     if task.check_mode:
         return out
     if not os.path.isdir(p["runs_dir"]):

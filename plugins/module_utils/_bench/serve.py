@@ -111,4 +111,3 @@ def run_module(module):
         run_step(module, api)
     except EngineAPIError as exc:
         module.fail_json(msg="Docker daemon on this host: %s" % exc)
-

@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """HTTP to the engines and the routers (an I/O edge), shared by the transfer probe (_probe/transfer.py) and the
 router host's modules (_router/client.py): one JSON request with the engines' Bearer key, and the key file read by
-the launcher's rule (_plan/role_env.py::api_key_from). Errors carry the status and body, never the request headers,
+the launcher's rule (_common/api_key.py::api_key_from). Errors carry the status and body, never the request headers,
 so nothing here prints the key. Python 3.8 compatible (runs on engine and router hosts)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import os
 
 from ansible.module_utils.urls import Request, make_context, open_url
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.api_key import API_KEY_MAX_BYTES, api_key_from
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import host_name, read_regular
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import API_KEY_MAX_BYTES, api_key_from
 
 __metaclass__ = type
 
@@ -75,7 +75,7 @@ def get_status(url, timeout):
 
 
 def read_key_file(path, fix):
-    """The key in `path` by the launcher's rule (_plan/role_env.py::api_key_from); raises PlanError naming the file
+    """The key in `path` by the launcher's rule (_common/api_key.py::api_key_from); raises PlanError naming the file
     and ending with `fix` (how the caller's stage puts the file there)."""
     try:
         st = os.stat(path)

@@ -237,7 +237,7 @@ def discovery_outputs(task):
         files[index_path] = (dump(index), 0o600)
     if errors:
         raise StepError("discovery produced output that fails its schema, nothing was written: %s"
-                         % "; ".join(errors[:10]))
+                        % "; ".join(errors[:10]))
     # One lock for the set (a second discovery waits, then is refused by name); an interrupted write of a previous
     # run is completed or undone first; the swap is journaled (plugins/module_utils/_outputs/writer.py,
     # docs/outputs.md).

@@ -102,7 +102,7 @@ def site_inputs(task):
         raw = read_dotenv_bytes(path)
     except DotenvError as exc:
         raise StepError("site inputs: %s; copy .env.example to .env and fill it in, or point "
-                         "NARWHAL_ENV_FILE at the site's file" % exc)
+                        "NARWHAL_ENV_FILE at the site's file" % exc)
     try:
         text = decode_dotenv(path, raw)
         parsed = parse_dotenv(text)

@@ -27,9 +27,9 @@ PLANNER_PACKAGE = "ansible_collections/narwhal/deploy/plugins/module_utils"
 # use), the NIXL metrics parser (status), the probes' URLs (_common/endpoints.py, health.py) and the stdlib Docker
 # Engine API client (no Docker SDK).
 PLANNER_FILES = (
-    "_common/endpoints.py", "_common/errors.py", "_common/names.py", "_common/nixl_metrics.py", "_common/secrets.py",
-    "_common/versions.py", "_common/words.py", "_docker/engine_api.py", "_outputs/schemas.py", "_plan/args.py",
-    "_plan/container.py", "_plan/role_env.py", "_plan/subst.py",
+    "_common/api_key.py", "_common/endpoints.py", "_common/errors.py", "_common/names.py", "_common/nixl_metrics.py",
+    "_common/secrets.py", "_common/versions.py", "_common/words.py", "_docker/engine_api.py", "_outputs/schemas.py",
+    "_plan/args.py", "_plan/container.py", "_plan/role_env.py", "_plan/subst.py",
 )
 
 SHEBANG = b"#!/usr/bin/env python3\n"

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.api_key import API_KEY_MAX_BYTES, api_key_from
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import REGENERATE, InputError, PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_NAME, POLICY_FILE, SOURCES_FILE
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.step import StepError
@@ -32,8 +33,6 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas im
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.writer import OutputError, OutputSet
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import member_view
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import (
-    API_KEY_MAX_BYTES,
-    api_key_from,
     parse_role_env,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.checks import (
@@ -129,12 +128,12 @@ def _git(git, root, *args):
         rc, out, _err = run_bounded([git, "-C", root] + list(args), GIT_TIMEOUT, {"LC_ALL": "C"})
     except CommandTimeoutError:
         raise StepError("prepare refused, no run was created: 'git %s' in %s on host %s did not answer within "
-                         "%d s (timed out, killed); git hangs on an unreachable network file system or a held "
-                         "repository lock (.git/index.lock): check the checkout, then prepare again"
-                         % (" ".join(args), root, host_name(), GIT_TIMEOUT))
+                        "%d s (timed out, killed); git hangs on an unreachable network file system or a held "
+                        "repository lock (.git/index.lock): check the checkout, then prepare again"
+                        % (" ".join(args), root, host_name(), GIT_TIMEOUT))
     except OSError as exc:
         raise StepError("prepare refused, no run was created: git could not be started on host %s (%s)"
-                         % (host_name(), exc.strerror or exc))
+                        % (host_name(), exc.strerror or exc))
     return rc, out
 
 

@@ -250,8 +250,8 @@ def transfer_probe(task):
     bad = [pair for pair in p["pairs"] if len(pair) != 2]
     if unknown or bad:
         raise StepError("transfer probe: %s; pairs are [producer, consumer] names of engines"
-                         % ("pairs name engines that engines does not have: %s" % ", ".join(map(str, unknown))
-                            if unknown else "pairs must have two engines each: %s" % bad))
+                        % ("pairs name engines that engines does not have: %s" % ", ".join(map(str, unknown))
+                           if unknown else "pairs must have two engines each: %s" % bad))
     try:
         key = api_key(p)
     except PlanError as exc:
@@ -259,17 +259,17 @@ def transfer_probe(task):
     task.secrets.add(key)
     if p["parallel"] < 1:
         raise StepError("transfer probe: parallel must be 1 (one probe at a time) or more, got %d"
-                         % p["parallel"], input="parallel")
+                        % p["parallel"], input="parallel")
     if p["prompt_tokens"] < 0:
         raise StepError("transfer probe: prompt_tokens must be 0 (the short prompt) or more, got %d"
-                         % p["prompt_tokens"], input="prompt_tokens")
+                        % p["prompt_tokens"], input="prompt_tokens")
     if p["prompt_tokens"]:
         engines = sorted(set(e for pair in p["pairs"] for e in pair), key=natural_key)
         refused = prompt_refusals(p["prompt_tokens"], engines, p["max_model_len"])
         if refused:
             raise StepError("transfer probe: prompt_tokens (narwhal_probe_prompt_tokens) %d does not fit: %s; "
-                             "lower it, or raise --max-model-len and relaunch, nothing was probed"
-                             % (p["prompt_tokens"], "; ".join(refused)), input="prompt_tokens")
+                            "lower it, or raise --max-model-len and relaunch, nothing was probed"
+                            % (p["prompt_tokens"], "; ".join(refused)), input="prompt_tokens")
     rounds = probe_rounds(p["pairs"], p["parallel"])
     results = [None] * len(p["pairs"])
     for number, members in enumerate(rounds, 1):
@@ -281,6 +281,6 @@ def transfer_probe(task):
     failed = [r for r in results if not r["ok"]]
     if failed:
         raise StepError("transfer probe failed: %s" % "; ".join(
-        "%s -> %s: %s" % (r["producer"], r["consumer"], ", ".join(r["reasons"])) for r in failed), results=results)
+            "%s -> %s: %s" % (r["producer"], r["consumer"], ", ".join(r["reasons"])) for r in failed), results=results)
     return dict(changed=False, results=results, rounds=len(rounds), slowest=slowest(results),
                 slowest_rail=slowest_rail(results))

@@ -111,4 +111,3 @@ def run_module(module):
         module.exit_json(changed=action != "kept", action=action, container=_brief(container))
     except EngineAPIError as exc:
         module.fail_json(msg="the Docker daemon of router host refused: %s" % exc)
-

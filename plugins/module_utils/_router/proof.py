@@ -152,4 +152,3 @@ def run_module(module):
     if problems:
         module.fail_json(msg="traffic through the router at %s: %s" % (p["url"], " | ".join(problems)), **result)
     module.exit_json(**result)
-

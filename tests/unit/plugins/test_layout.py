@@ -71,7 +71,7 @@ def test_pure_files_do_no_io(name):
 
 
 @pytest.mark.parametrize("module, forbidden", [
-    ("engine_prereqs", ("_discover/", "_inputs/", "_prepare/", "_outputs/")),  # _plan/: see the test below
+    ("engine_prereqs", ("_discover/", "_inputs/", "_plan/", "_prepare/", "_outputs/")),
     ("held_files", ("_discover/", "_inputs/", "_plan/", "_prepare/", "_outputs/", "_facts/", "_docker/")),
     ("engine_host_facts", ("_discover/", "_inputs/", "_plan/", "_prepare/", "_outputs/")),
     ("gpu_facts", ("_discover/", "_inputs/", "_plan/", "_docker/", "_common/secrets.py")),
@@ -86,14 +86,6 @@ def test_host_modules_ship_only_what_they_need(module, forbidden):
     shipped = _closure(_imports(REPO / "plugins" / "modules" / ("%s.py" % module)))
     assert shipped
     assert not [f for f in shipped if f.startswith(forbidden)], sorted(shipped)
-
-
-def test_engine_prereqs_ships_only_the_key_rule_of_the_planner():
-    """Its GET of the attestation URL is _common/http.py's, and that file reads the engines' key file by the
-    launcher's rule (_plan/role_env.py::api_key_from): the one planner file it may ship, pure and small."""
-    shipped = _closure(_imports(REPO / "plugins" / "modules" / "engine_prereqs.py"))
-    assert "_common/http.py" in shipped
-    assert [f for f in sorted(shipped) if f.startswith("_plan/")] == ["_plan/role_env.py"]
 
 
 def test_urls_are_opened_by_the_http_edges_only():
@@ -113,3 +105,23 @@ def test_the_launcher_carries_exactly_the_planner_files_it_imports():
     parts = (REPO / LAUNCHER_DIR).rglob("*.py")
     needed = _closure(set().union(*(_imports(p) for p in parts)))
     assert needed == set(PLANNER_FILES)
+
+
+def _folder_table():
+    """The folders docs/architecture.md's folder table names (first column, a path in backticks ending in /)."""
+    import re
+
+    text = (REPO / "docs" / "architecture.md").read_text()
+    return {m.group(1).rstrip("/") for m in re.finditer(r"^\| `([^`]+/)`", text, re.M)}
+
+
+def test_the_architecture_pages_folder_table_is_the_tree():
+    """Every folder of plugins/, every stage folder of plugins/module_utils/ and the launcher's parts are in the
+    table, and every folder the table names exists (docs/architecture.md, "The folders")."""
+    table = _folder_table()
+    plugins = REPO / "plugins"
+    tree = {p.relative_to(REPO).as_posix() for p in plugins.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    tree |= {p.relative_to(REPO).as_posix() for p in MU.glob("_*") if p.is_dir()}
+    tree.add(LAUNCHER_DIR)
+    assert sorted(tree - table) == [], "folders missing from docs/architecture.md's table"
+    assert sorted(f for f in table if not (REPO / f).is_dir()) == [], "the table names folders that do not exist"

@@ -300,8 +300,8 @@ def test_a_step_error_is_a_failed_result_with_its_keys():
     def step(task):
         raise StepError("refused, fix it", input="NARWHAL_X")
 
-    assert run_step(step, {"argument_spec": {}}, {}, "x") == {"failed": True, "msg": "refused, fix it",
-                                                               "input": "NARWHAL_X"}
+    result = run_step(step, {"argument_spec": {}}, {}, "x")
+    assert result == {"failed": True, "msg": "refused, fix it", "input": "NARWHAL_X"}
 
 
 @pytest.mark.parametrize("transport, become, here", [("local", False, True), ("ssh", False, False),

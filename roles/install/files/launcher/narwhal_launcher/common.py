@@ -8,6 +8,7 @@ import os
 import stat
 import sys
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.api_key import api_key_from
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError as LaunchError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_NAME
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import register_secret
@@ -27,7 +28,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container imp
     plan_hash,
     redacted,
 )
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import api_key_from, parse_role_env
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import parse_role_env
 
 __all__ = ["LaunchError"]
 MAX_INPUT_BYTES = 4 * 1024 * 1024  # role env, record, check output: a bigger file is not ours
