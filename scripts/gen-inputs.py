@@ -89,8 +89,10 @@ written; these would otherwise pass silently or end up in generated files:
   environment are ignored, with a warning when they resemble an input. `NARWHAL_NODE_<n>_*` settings for an
   `engine-<n>` the inventory does not have are refused by discovery.
 - **Numbers** are written with the ASCII digits 0-9 (`8_000`, `+8000` and full-width digits are refused);
-  counts are at least 1, ports 1-65535; `NARWHAL_NODE_<n>_GPU_IDS` are distinct, non-negative and as many as
-  `NARWHAL_TP_SIZE` when that is set, and `NARWHAL_GPUS_PER_ENGINE` must equal `NARWHAL_TP_SIZE` when both are set.
+  counts are at least 1, ports 1-65535; `NARWHAL_NODE_<n>_GPU_IDS` are distinct and non-negative. An engine's GPU
+  count is TP x DP (`NARWHAL_TP_SIZE` x its data-parallel size): with `NARWHAL_TP_SIZE` set, its GPU ids, or
+  `NARWHAL_GPUS_PER_ENGINE`, times its hosts (`NARWHAL_NODE_<n>_HOSTS`) must come to that; unset, TP is the GPU
+  count divided by DP, which must divide it.
 - **Addresses.** `NARWHAL_NODE_<n>_IP` is an address of `NARWHAL_BIND_FAMILY`, never loopback, unspecified,
   link-local, multicast or IPv4-mapped (`::ffff:10.0.0.11`: write the IPv4 address). URL hosts are a dotted-quad
   IPv4 address, a bracketed IPv6 address or a DNS name: other numeric spellings (`127.1`, `0x7f.0.0.1`), loopback
@@ -106,8 +108,8 @@ written; these would otherwise pass silently or end up in generated files:
 - **Outputs of their own, out of git.** The fleet, the launch records, the files discovery writes into
   `NARWHAL_CONFIG_DIR` (`deployment.env`, `engine-launch.policy.json`, `engine-launch.sources.json`,
   `engine-launch.<engine>.inspection.json`) and the run directory each need a path of their own (compared after
-  resolving symbolic links), none may be the `.env` file or the API key file, and one inside the checkout must be
-  git-ignored (asked with `git check-ignore`; without git or a repository, the site paths of the shipped
+  resolving symbolic links), none may be the `.env` file or the API key file, and one inside the project directory
+  must be git-ignored (asked with `git check-ignore`; without git or a repository, the site paths of the shipped
   `.gitignore`: `config/fleet.json`, `config/fleet.*.json`, `config/engine-launch.*.json`, `config/deployment.env`,
   `config/<dir>/`, `config/*.key`, `runs/`). `NARWHAL_CONFIG_DIR=docs` is refused: the records would land in a
   tracked folder.
@@ -171,11 +173,22 @@ def _shown(value):
     return str(value).lower() if isinstance(value, bool) else value
 
 
+def _commented(spec):
+    """The value a commented-out line shows: the default, else the example, else nothing."""
+    if spec.get("default") not in (None, ""):
+        return _shown(spec["default"])
+    return "" if spec.get("example") is None else spec["example"]
+
+
 def env_example():
+    """The operator's first .env (narwhal.deploy.init copies it): set are only the inputs every site must decide
+    (the required ones and the engines' roles); every other input is commented out with its default or example."""
     out = ["# narwhal.deploy site inputs. Copy to .env (git-ignored) and fill in.",
            "# Generated from plugins/module_utils/_inputs/catalogue.py by scripts/gen-inputs.py; docs/inputs.md",
            "# explains every variable. The process environment overrides this file. Values are literal: ${VAR} is",
-           "# not expanded.", ""]
+           "# not expanded.",
+           "# The lines that are set are what every site must decide. Every other input is commented out with its",
+           "# default (or an example where it has none): remove the '# ' to set it.", ""]
     for spec in INPUTS:
         out.append("# %s" % spec["doc"])
         extra = ("required" if spec.get("required") else
@@ -183,7 +196,10 @@ def env_example():
         if spec.get("choices"):
             extra += "; one of %s" % ", ".join(spec["choices"])
         out.append("# (%s)" % extra)
-        out.append("%s=%s" % (spec["name"], "" if spec["example"] is None else spec["example"]))  # empty: unset
+        if spec.get("required"):
+            out.append("%s=%s" % (spec["name"], spec["example"]))
+        else:
+            out.append("# %s=%s" % (spec["name"], _commented(spec)))
         out.append("")
     out.append("# Per engine: node <n> is the inventory host with narwhal_node: <n> (or named engine-<n>). The "
                "two-engine minimum:")
@@ -201,7 +217,7 @@ def docs():
     out = ["# Site inputs (`.env`)", "",
            "Generated from `plugins/module_utils/_inputs/catalogue.py` (`make docs`); validation reads the same",
            "description.",
-           "The controller reads `.env` at the checkout root (or `$NARWHAL_ENV_FILE`) with python-dotenv;",
+           "The controller reads `.env` in the project directory (or `$NARWHAL_ENV_FILE`) with python-dotenv;",
            "`NARWHAL_*` variables of the process environment override it. Every bad value stops discovery with",
            "an error naming the variable, before anything is written.", "",
            "Values are literal: `${VAR}` in `.env` is not expanded from the controller's environment (python-dotenv",

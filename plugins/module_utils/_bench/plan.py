@@ -79,8 +79,9 @@ def check_lengths(site, max_model_len):
     total = int(site["NARWHAL_BENCH_INPUT_LEN"]) + int(site["NARWHAL_BENCH_OUTPUT_LEN"])
     if max_model_len and total > int(max_model_len):
         raise PlanError("NARWHAL_BENCH_INPUT_LEN + NARWHAL_BENCH_OUTPUT_LEN = %d tokens, more than the engines' "
-                        "--max-model-len %d: lower them (or raise --max-model-len in NARWHAL_ENGINE_EXTRA_ARGS and "
-                        "relaunch)" % (total, int(max_model_len)), "NARWHAL_BENCH_INPUT_LEN")
+                        "--max-model-len %d: lower them (or raise --max-model-len in NARWHAL_EXTRA_ARGS, or in "
+                        "NARWHAL_NODE_<n>_EXTRA_ARGS for one engine, then rerun discovery, prepare and launch)"
+                        % (total, int(max_model_len)), "NARWHAL_BENCH_INPUT_LEN")
 
 
 def bench_argv(site, url, model, tokenizer, step_id, seed, load, trust_remote_code=False):

@@ -1,8 +1,9 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Names: the engine name engine-<n> (an engine's identity in `.env`, records, fleet and runs: docs/architecture.md,
-"Engine endpoints and the fleet") and the inventory host that carries it (the host variable narwhal_node, or a host
-named engine-<n>), environment variable names, the names of the files discovery writes, and local-only hosts.
+"""Names: the engine name engine-<n> (an engine's identity in `.env`, records, fleet and runs:
+docs/vllm-requirements.md, "Engine endpoints and the fleet") and the inventory host that carries it (the host variable
+narwhal_node, or a host named engine-<n>), environment variable names, the names of the files discovery writes, and
+local-only hosts.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """KV-cache page planning (pure): the token-block size vLLM will use and the padded page bytes.
 
-Rules (docs/architecture.md, "KV page size", which names the vLLM files they are read from):
+Rules (docs/vllm-requirements.md, "KV page size", which names the vLLM files they are read from):
 
 * plain attention, per layer per token: ``2 * kv_heads_per_gpu * head_dim * dtype_bytes`` with
   ``kv_heads_per_gpu = max(1, num_kv_heads // tp)``;

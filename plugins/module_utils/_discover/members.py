@@ -1,6 +1,6 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Discovery, pure planning: the hosts of an engine across hosts (NARWHAL_NODE_<n>_HOSTS > 1; docs/architecture.md,
+"""Discovery, pure planning: the hosts of an engine across hosts (NARWHAL_NODE_<n>_HOSTS > 1; docs/vllm-requirements.md,
 "Engines across hosts").
 
 vLLM runs such an engine as one head and headless workers (vLLM docs/serving/data_parallel_deployment.md; 0.32.0

@@ -1,7 +1,7 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The launch policy: the `.env` inputs the launch records are built from, as discovery records them in
-`engine-launch.policy.json`, and the check that records still match the current inputs (docs/architecture.md,
+`engine-launch.policy.json`, and the check that records still match the current inputs (docs/vllm-requirements.md,
 "Launch records": "correct the named input, regenerate, prepare a new run so the manifest records the corrected
 state" only holds when prepare notices records older than their inputs).
 

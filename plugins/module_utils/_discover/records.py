@@ -1,7 +1,7 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Discovery part 2, pure planning: one launch record per engine from host, image and model inspection
-plus the launch policy in .env (docs/architecture.md, "Launch records" and "The runtime object").
+plus the launch policy in .env (docs/vllm-requirements.md, "Launch records" and "The runtime object").
 
 GPU numbering rule: the launcher gives a container only its engine's GPUs (NVIDIA: a device request for
 those GPUs; ROCm: only their render/card nodes), and the runtime numbers them from 0 inside, so host indices
@@ -351,7 +351,7 @@ def _transfer(engine, n, node, node_policy, site, host, gpus, platform, image_ke
         net_devices, transfer_devices, sources["transfer"] = choose_rdma(engine, n, node_policy, site,
                                                                          host.get("rdma"), gpus)
     else:
-        # the literal the specification records (docs/architecture.md, "Allocation and transport fields"); the
+        # the literal the specification records (docs/vllm-requirements.md, "Allocation and transport fields"); the
         # planner resolves it from the role environment, in one place (_plan/container.py::_net_devices)
         net_devices, transfer_devices = ["${NARWHAL_FABRIC_INTERFACE}"], []
         sources["transfer"] = "ucx_tcp over the fabric interface (%s on this node)" % node["interface"]

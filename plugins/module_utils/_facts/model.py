@@ -136,7 +136,7 @@ def has_auto_map(document):
 
 
 def ssm_conv_state(config):
-    """True when the (text) config has a convolutional SSM state key (docs/architecture.md, "Convolutional SSM
+    """True when the (text) config has a convolutional SSM state key (docs/vllm-requirements.md, "Convolutional SSM
     state")."""
     for source in (config, _text_config(config)):
         for key in ("conv_kernel", "mamba_d_conv", "conv_L_cache", "linear_conv_kernel_dim"):

@@ -33,8 +33,10 @@ INPUTS = [
      "doc": "Address family the engines are reached and bound on; discovery considers only global "
             "addresses of this family."},
     {"name": "NARWHAL_FLEET", "kind": "path", "default": "config/fleet.json", "example": "config/fleet.json",
-     "doc": "Fleet file written by discovery and read by the router, preflight and observability "
-            "(--fleet \"$NARWHAL_FLEET\"). Keep site files at config/fleet.json or config/fleet.*.json."},
+     "doc": "Fleet file written by discovery. Every later stage reads it from here, no --fleet argument: prepare "
+            "checks it against the launch records; launch, router, probe, monitoring and benchmark read it through "
+            "the narwhal.deploy.fleet lookup. To use another fleet, set this (in .env, or exported for one run). Keep "
+            "site files at config/fleet.json or config/fleet.*.json."},
     {"name": "NARWHAL_LAUNCH_CONFIG", "kind": "path", "default": "config/engine-launch.local.json",
      "example": "config/engine-launch.local.json",
      "doc": "Private launch-record file written by discovery (mode 0600, git-ignored)."},
@@ -54,7 +56,9 @@ INPUTS = [
      "doc": "Model dtype (vLLM --dtype); auto takes the checkpoint's, which must then be bfloat16 or float16."},
     {"name": "NARWHAL_GPUS_PER_ENGINE", "kind": "count_or_all", "default": "all", "example": "all",
      "doc": "GPUs each engine gets on each of its hosts (the lowest free indices of the host), or all; per node "
-            "NARWHAL_NODE_<n>_GPU_IDS picks explicit host indices."},
+            "NARWHAL_NODE_<n>_GPU_IDS picks explicit host indices. An engine's GPU count is TP x DP: with "
+            "NARWHAL_TP_SIZE set, this times the engine's hosts must equal NARWHAL_TP_SIZE x its data-parallel "
+            "size."},
     {"name": "NARWHAL_TP_SIZE", "kind": "int", "default": None, "example": None,
      "doc": "Tensor-parallel size; default: the number of GPUs of the engine divided by its data-parallel size. "
             "An engine's GPU count must equal TP x DP."},
@@ -109,7 +113,7 @@ INPUTS = [
     {"name": "NARWHAL_SIDE_CHANNEL_PORT", "kind": "port", "default": 5600, "example": 5600,
      "doc": "First NIXL side-channel port on each host (VLLM_NIXL_SIDE_CHANNEL_PORT); engines sharing a host "
             "get consecutive, non-overlapping ranges."},
-    {"name": "NARWHAL_EXTRA_ARGS", "kind": "args", "default": "", "example": "--max-model-len 8192",
+    {"name": "NARWHAL_EXTRA_ARGS", "kind": "args", "default": "", "example": "--max-num-seqs 64",
      "doc": "Model-specific vLLM arguments recorded in every launch record (shell words); launcher-managed flags "
             "(port, host, TP, kv-transfer config, served name, API key ...) and their --no- forms are refused. Per "
             "engine: NARWHAL_NODE_<n>_EXTRA_ARGS, recorded after these."},
@@ -199,7 +203,7 @@ INPUTS = [
      "doc": "Seconds one benchmark step may run before it is stopped and the benchmark fails naming the step."},
     {"name": "NARWHAL_CONFIG_DIR", "kind": "path", "default": "config", "example": "config",
      "doc": "Directory of the generated deployment.env and the launch-record extracts. Relative paths "
-            "in this file are relative to the checkout."},
+            "in this file are relative to the project directory (the one that holds .env)."},
 ]
 
 NODE_INPUTS = [
@@ -220,7 +224,8 @@ NODE_INPUTS = [
      "doc": "Engine image of engine-<n> when it differs from NARWHAL_IMAGE (e.g. a ROCm image on an AMD host)."},
     {"name": "GPU_IDS", "kind": "int_list", "example": None,
      "doc": "Explicit host GPU indices of engine-<n> (comma-separated, distinct), instead of "
-            "NARWHAL_GPUS_PER_ENGINE; as many as NARWHAL_TP_SIZE x the engine's data-parallel size when TP is set."},
+            "NARWHAL_GPUS_PER_ENGINE; with NARWHAL_TP_SIZE set, as many as TP x the engine's data-parallel size "
+            "(on each of its NARWHAL_NODE_<n>_HOSTS hosts: that divided by the hosts)."},
     {"name": "DATA_PARALLEL_SIZE", "kind": "int", "example": None,
      "doc": "Data-parallel ranks of engine-<n>, instead of NARWHAL_DATA_PARALLEL_SIZE."},
     {"name": "HOSTS", "kind": "int", "example": None,

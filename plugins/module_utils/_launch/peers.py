@@ -1,6 +1,6 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""After a launch (pure): the NIXL peers of the engines it started or replaced (docs/architecture.md, "The NIXL
+"""After a launch (pure): the NIXL peers of the engines it started or replaced (docs/vllm-requirements.md, "The NIXL
 lifecycle of a replaced engine").
 
 A replaced prefill comes back with a new NIXL agent (vLLM draws a new engine_id at every start; the planner never

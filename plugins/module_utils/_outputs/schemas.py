@@ -1,7 +1,7 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""JSON Schemas of the generated files: the fleet, the launch record (docs/architecture.md, "Allocation and transport
-fields" and "The runtime object") and the run manifest, and the one validator of them (docs/architecture.md,
+"""JSON Schemas of the generated files: the fleet, the launch record (docs/vllm-requirements.md, "Allocation and
+transport fields" and "The runtime object") and the run manifest, and the one validator of them (docs/architecture.md,
 "One record check").
 
 Every step that writes or reads them validates with `validation_errors`, a standard-library interpreter of the JSON

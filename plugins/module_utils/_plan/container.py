@@ -466,7 +466,7 @@ def _runtime_fields(record):
 
 def _net_devices(record, role_env):
     """transfer.net_devices resolved from the role environment: the one place ${NARWHAL_FABRIC_INTERFACE} is
-    resolved (docs/architecture.md, "Allocation and transport fields")."""
+    resolved (docs/vllm-requirements.md, "Allocation and transport fields")."""
     try:
         net_devices = resolve_values(record_field(record, "transfer.net_devices", list, allow_empty=False),
                                      dict((k, v) for k, v in role_env.items() if v),

@@ -1,6 +1,6 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""prepare, pure planning (docs/architecture.md, "Launch records" and "The runtime object"): validate the assigned
+"""prepare, pure planning (docs/vllm-requirements.md, "Launch records" and "The runtime object"): validate the assigned
 records and the P/D compatibility gate, compare them with the current host inspection, derive each engine's
 environment, vllm_args and role environment, and build the run manifest. Every refusal raises InputError naming
 the input and the fix.

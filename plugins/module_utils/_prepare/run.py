@@ -83,7 +83,7 @@ def check_key_file(path):
 
 
 def check_records_policy(root, site, inputs):
-    """Refuse records whose launch policy differs from the current inputs (docs/architecture.md, "Launch records":
+    """Refuse records whose launch policy differs from the current inputs (docs/vllm-requirements.md, "Launch records":
     a corrected input must reach the records before the manifest records it)."""
     config = _path(root, site["NARWHAL_CONFIG_DIR"])
     index_path, extract_path = os.path.join(config, SOURCES_FILE), os.path.join(config, POLICY_FILE)
@@ -340,7 +340,8 @@ def _manifest(p, run, rid, launcher_sha):
                              "container": derived[e]["container"], "plan_hash": derived[e]["plan_hash"],
                              "role_env": derived[e]["role_env"], "install": derived[e]["paths"]}) for e in engines),
     }
-    for e in engines:  # the other hosts of an engine across hosts: what each runs (docs/architecture.md)
+    # the other hosts of an engine across hosts: what each runs (docs/vllm-requirements.md, "Engines across hosts")
+    for e in engines:
         if derived[e].get("members"):
             manifest["engines"][e]["members"] = derived[e]["members"]
     if p["from_run"]:

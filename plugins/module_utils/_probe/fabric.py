@@ -1,7 +1,7 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The transfer probe's fabric figures: each engine's link with its nominal rate, and the measured KV rate of each
-pair against it (docs/architecture.md, "The transfer probe").
+pair against it (docs/vllm-requirements.md, "The transfer probe").
 
 An engine's link is what its launch record says it moves KV over (`transfer.transport`, `transfer.net_devices`: the
 fabric interface with ucx_tcp, the HCA:port rails with ucx_rdma) and what discovery read of those on its host

@@ -1,7 +1,7 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The transfer probe's schedule (pure): which [producer, consumer] pairs are probed at the same time
-(docs/architecture.md, "The transfer probe"), and the `cover` choice of pairs.
+(docs/vllm-requirements.md, "The transfer probe"), and the `cover` choice of pairs.
 
 A round is a matching over all engines: no engine is in two probes of one round, in either role. That is what
 keeps a probe's evidence its own while other probes run: the consumer's NIXL counters and the producer's lease

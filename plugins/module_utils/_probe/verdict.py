@@ -1,6 +1,6 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The transfer probe, pure parts: the P/D request pair (docs/architecture.md, "The transfer probe"), the
+"""The transfer probe, pure parts: the P/D request pair (docs/vllm-requirements.md, "The transfer probe"), the
 evidence that KV moved for THIS probe's request, and the verdict. The NIXL counters it reads are parsed
 by _common/nixl_metrics.py.
 """
@@ -158,7 +158,7 @@ def expiry_reasons(p_before, p_after):
     """(reasons, notes) from the producer's lease counters before and after one probe request.
 
     An expired lease is silent on the consumer: its read succeeds and it answers HTTP 200, from blocks the producer
-    had already freed (vLLM issues 25562 and 52234; docs/architecture.md, "The transfer probe"), so only the
+    had already freed (vLLM issues 25562 and 52234; docs/vllm-requirements.md, "The transfer probe"), so only the
     producer's counters show it. Absent counters (an engine without them) are a note, not a failure."""
     reasons, notes = [], []
     if p_before is None or p_after is None:
@@ -187,7 +187,7 @@ def verdict(producer, consumer, before, after, p_before=None, p_after=None):
     `producer`/`consumer` = (status, json or None); before/after = nixl_counters of the consumer; p_before/p_after =
     producer_counters of the producer (its KV lease counters must not grow: expiry_reasons). `evidence` says
     how KV was proven for this probe's request: "request" (the consumer's answer counts the prompt's tokens as
-    loaded, see docs/architecture.md, "The transfer probe"), "counters" (only the consumer's NIXL bytes grew), or
+    loaded, see docs/vllm-requirements.md, "The transfer probe"), "counters" (only the consumer's NIXL bytes grew), or
     None (not proven). Counters that moved more than this request explains are "concurrent traffic seen" (a note,
     not a failure)."""
     reasons, notes = [], []

@@ -1,6 +1,6 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The router's plan (docs/architecture.md, "The router"): vLLM's own P/D router (the `vllm-router` distribution)
+"""The router's plan (docs/vllm-requirements.md, "The router"): vLLM's own P/D router (the `vllm-router` distribution)
 in front of the fleet, its workers taken from the one resolved fleet (nothing typed twice), its container described
 completely before anything runs, and a hash that changes with everything that would change the running router.
 

@@ -1,6 +1,6 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Traffic through the router, pure parts (docs/architecture.md, "Traffic through the router"): the request matrix
+"""Traffic through the router, pure parts (docs/vllm-requirements.md, "Traffic through the router"): the request matrix
 (completions and chat completions, streamed and not, prompts shorter and longer than one KV block), the text of an
 answer or a stream, the evidence that KV moved for one request, and the verdict.
 

@@ -31,7 +31,7 @@ def release(version):
 dist("vllm", vllm_version, "vllm")
 if platform == "rocm":
     # ROCm images build NIXL from source as the distribution nixl-rocm (module nixl_rocm): there is no nixl-rocm
-    # on PyPI (docs/architecture.md, "Connector and NIXL modules").
+    # on PyPI (docs/vllm-requirements.md, "Connector and NIXL modules").
     dist("nixl-rocm", nixl_version, "nixl_rocm")
     os.makedirs(os.path.join(SITE, "nixl_rocm"), exist_ok=True)
     with open(os.path.join(SITE, "nixl_rocm", "__init__.py"), "w", encoding="utf-8") as fh:

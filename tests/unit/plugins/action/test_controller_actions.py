@@ -117,7 +117,7 @@ def test_site_inputs_action_sets_the_fact_the_module_returns(tmp_path, project, 
 def test_site_inputs_action_refusal_names_the_input_like_the_module(tmp_path, project, step_runner,
                                                                     no_narwhal_env):
     env = project / ".env"
-    env.write_text(env.read_text().replace("NARWHAL_ENGINE_PORT=8000", "NARWHAL_ENGINE_PORT=eighty"))
+    env.write_text(env.read_text() + "NARWHAL_ENGINE_PORT=eighty\n")  # .env.example has it commented out
     args = {"env_file": str(env), "root": str(project)}
     play = Play(tmp_path)
     rc, out, result = play.run([step_task("site_inputs", args, ignore_errors=True)])

@@ -1,4 +1,4 @@
-"""The launcher's command line (docs/architecture.md, "The launcher's duties"). Runs on the engine host as
+"""The launcher's command line (docs/vllm-requirements.md, "The launcher's duties"). Runs on the engine host as
 `python3 launch_engine.pyz`.
 
   launch_engine.pyz --role-env PATH plan         write <NARWHAL_RUN_DIR>/plan.json, print the docker run argv

@@ -41,7 +41,7 @@ def in_image_script():
 
 
 def connector_module(vllm_version):
-    """The NixlConnector module vLLM imports (docs/architecture.md, "Connector and NIXL modules": a package
+    """The NixlConnector module vLLM imports (docs/vllm-requirements.md, "Connector and NIXL modules": a package
     `v1.nixl` from 0.20, `v1.nixl_connector` before)."""
     return CONNECTOR_MODULES[0] if version_tuple(vllm_version) >= (0, 20) else CONNECTOR_MODULES[1]
 

@@ -1,6 +1,8 @@
 """The benchmark's plan (plugins/module_utils/_bench/plan.py): the targets and loads of a run, each step's exact
 `vllm bench serve` arguments (parsed here by vLLM's own argument names), the second router, and the refusals."""
 
+import re
+
 import pytest
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import (
@@ -10,6 +12,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import 
     from_record,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.catalogue import INPUTS, NODE_INPUTS
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.validate import load_inputs
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import fleet_workers
 
@@ -84,6 +87,11 @@ def test_lengths_beyond_the_engines_context_are_refused_by_name():
     with pytest.raises(PlanError) as err:
         plan(site(NARWHAL_BENCH_INPUT_LEN="200", NARWHAL_BENCH_OUTPUT_LEN="64"), record)
     assert err.value.key == "NARWHAL_BENCH_INPUT_LEN" and "264 tokens" in str(err.value) and "256" in str(err.value)
+    # the fix names the input that holds --max-model-len, and every key the message names is a real input
+    assert "raise --max-model-len in NARWHAL_EXTRA_ARGS" in str(err.value)
+    named = set(re.findall(r"NARWHAL_(?:NODE_<n>_)?[A-Z0-9_]*[A-Z0-9]", str(err.value)))
+    inputs = {spec["name"] for spec in INPUTS} | {"NARWHAL_NODE_<n>_%s" % spec["name"] for spec in NODE_INPUTS}
+    assert named and named <= inputs, named - inputs
     plan(site(NARWHAL_BENCH_INPUT_LEN="192", NARWHAL_BENCH_OUTPUT_LEN="64"), record)
 
 

@@ -236,7 +236,7 @@ vllm:request_success_total{{engine="{rank}",finished_reason="length",model_name=
 
 
 class DataParallelFleet:
-    """Data-parallel engines as vLLM 0.32.0 serves them (research in docs/architecture.md, "The transfer probe"):
+    """Data-parallel engines as vLLM 0.32.0 serves them (research in docs/vllm-requirements.md, "The transfer probe"):
     one HTTP port, X-data-parallel-rank picks the rank (else the balancer: rank 0 here), every per-engine family
     labelled engine="<rank>", a producer rank's params name <id>_dp<rank> and the side channel 5600 + rank.
     `liar`: an engine whose producer answers from rank 0 whatever rank was asked for."""

