@@ -28,7 +28,6 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers impor
     restart_refusal,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers import peer_facts as record_peer_facts
-from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers import probe_pairs as fleet_pairs
 from ansible_collections.narwhal.deploy.plugins.module_utils._monitor.targets import file_sd, fleet_name
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import member_view
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import install_paths, install_plan
@@ -39,6 +38,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._probe.fabric impor
     rate_text,
     share_text,
 )
+from ansible_collections.narwhal.deploy.plugins.module_utils._probe.pairs import probe_pairs as fleet_pairs
 from ansible_collections.narwhal.deploy.plugins.module_utils._probe.schedule import changed_pairs, cover_pairs
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import config_text, fleet_workers, local_url
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import router_plan as plan_router
@@ -362,7 +362,7 @@ PROBE_PAIR_CHOICES = ("auto", "all", "cover")
 
 
 def probe_pairs(fleet, engines=None, pairs="all", launched=None, done=None):
-    """The fleet's [producer, consumer] pairs, or only those one of `engines` is in (_launch/peers.py::probe_pairs);
+    """The fleet's [producer, consumer] pairs, or only those one of `engines` is in (_probe/pairs.py::probe_pairs);
     with pairs=cover, only enough of them for every engine to produce and consume once; with pairs=auto, the pairs
     this run's launch (`launched`: {engine: action}, `done`: the pairs it probed again) did not prove, and a cover,
     or every pair when nothing was launched (_probe/schedule.py)."""

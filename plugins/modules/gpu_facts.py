@@ -10,6 +10,8 @@ module: gpu_facts
 short_description: Inventory the GPUs of an engine host and the device nodes they need
 version_added: 0.1.0
 description:
+  - Public API for an operator's own playbooks (for example a GPU inventory or check). It is the same read, with
+    the same code and refusals, as M(narwhal.deploy.engine_host_facts), which reads all five in one module run.
   - NVIDIA hosts are read with C(nvidia-smi -q -x).
   - AMD hosts are read with C(amd-smi static --json) when C(amd-smi) exists, else with
     C(rocm-smi --showproductname --showbus --showuniqueid --json). The render and card nodes of each AMD GPU

@@ -10,6 +10,8 @@ module: image_facts
 short_description: Inspect an engine image on the host's Docker daemon and report its installed distributions
 version_added: 0.1.0
 description:
+  - Public API for an operator's own playbooks (for example a engine image inventory or check). It is the same read, with
+    the same code and refusals, as M(narwhal.deploy.engine_host_facts), which reads all five in one module run.
   - Inspects O(image) through the Docker daemon at O(docker_host) (image ID, tags, digests, entrypoint, env,
     labels).
   - Reads the versions of O(distributions) by running a short-lived container of that image with the entry point

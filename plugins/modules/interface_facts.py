@@ -10,6 +10,8 @@ module: interface_facts
 short_description: Read the global addresses of an engine host's fabric interface
 version_added: 0.1.0
 description:
+  - Public API for an operator's own playbooks (for example a fabric interface inventory or check). It is the same read, with
+    the same code and refusals, as M(narwhal.deploy.engine_host_facts), which reads all five in one module run.
   - Reads the interfaces with C(ip -j addr show) and returns the addresses of the named one, each classified as
     usable or not.
   - Usable addresses are global-scope unicast addresses only; loopback, link-local (also when labelled scope

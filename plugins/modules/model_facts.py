@@ -10,6 +10,8 @@ module: model_facts
 short_description: Describe a Hugging Face checkpoint for launch planning
 version_added: 0.1.0
 description:
+  - Public API for an operator's own playbooks (for example a checkpoint inventory or check). It is the same read, with
+    the same code and refusals, as M(narwhal.deploy.engine_host_facts), which reads all five in one module run.
   - Reads C(config.json) and C(tokenizer_config.json) of a checkpoint directory and reports the weights
     dtype, model type, architectures, whether remote code is needed (an C(auto_map) in either file), whether
     the model has convolutional SSM state, the quantization method and the KV-cache geometry used by cache

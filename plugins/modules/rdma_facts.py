@@ -10,6 +10,8 @@ module: rdma_facts
 short_description: Inventory the RDMA HCAs of an engine host, their ports and the verbs device nodes
 version_added: 0.1.0
 description:
+  - Public API for an operator's own playbooks (for example a RDMA inventory or check). It is the same read, with
+    the same code and refusals, as M(narwhal.deploy.engine_host_facts), which reads all five in one module run.
   - Reads C(class/infiniband) below O(sysfs_root) (HCA type, firmware, board id, ports with state, physical
     state, link layer, rate and netdev), C(class/infiniband/<hca>/device) for the NUMA node, PCI bus id and
     PCIe path (where that link resolves below C(devices/)), and C(class/infiniband_verbs/uverbs*/ibdev) for the

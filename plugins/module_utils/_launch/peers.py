@@ -13,6 +13,7 @@ from __future__ import annotations
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.versions import release_tuple
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import kv_transfer_config
+from ansible_collections.narwhal.deploy.plugins.module_utils._probe.pairs import probe_pairs
 
 __metaclass__ = type
 
@@ -77,18 +78,6 @@ def peer_facts(record):
         connector = None
     return {"vllm": runtime.get("vllm_version"), "nixl_distribution": nixl,
             "nixl": packages.get(nixl) if nixl else None, "connector": connector}
-
-
-def probe_pairs(fleet, engines=None):
-    """Every [producer, consumer] pair of the fleet (a list of {engine, role}, in its order): each prefill with each
-    decode, then each decode with each prefill (kv_both); with `engines`, only the pairs one of them is in."""
-    prefill = [e["engine"] for e in fleet if e.get("role") == "prefill"]
-    decode = [e["engine"] for e in fleet if e.get("role") == "decode"]
-    pairs = [[p, d] for p in prefill for d in decode] + [[d, p] for d in decode for p in prefill]
-    if engines is None:
-        return pairs
-    wanted = set(engines)
-    return [pair for pair in pairs if wanted & set(pair)]
 
 
 def _may_hold(decode, prefill, launched):

@@ -8,7 +8,7 @@ keeps a probe's evidence its own while other probes run: the consumer's NIXL cou
 counters move only for this pair's request (outside traffic aside, which the verdict already reports), so the
 "counters" evidence stays as attributable as in a serial run.
 
-Every pair of a fleet (_launch/peers.py::probe_pairs) joins a prefill and a decode, so the pairs form a bipartite
+Every pair of a fleet (_probe/pairs.py::probe_pairs) joins a prefill and a decode, so the pairs form a bipartite
 multigraph (prefills on one side, decodes on the other; both directions are edges between the same two sides). By
 König's theorem its edges can be coloured with as many colours as the largest number of pairs one engine is in
 (2 * max(P, D) for the whole fleet: max(P, D) rounds per direction), and with a bound of k probes at a time,

@@ -8,9 +8,9 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers impor
     after_launch,
     decode_restart,
     peer_facts,
-    probe_pairs,
     restart_refusal,
 )
+from ansible_collections.narwhal.deploy.plugins.module_utils._probe.pairs import probe_pairs
 
 GOOD = {"vllm": "0.32.0+cpu", "nixl": "1.5.1", "connector": "NixlConnector"}
 OLD_NIXL = dict(GOOD, nixl="1.4.1")
@@ -69,13 +69,6 @@ def test_peer_facts_come_from_the_record_and_the_planner(rec, facts):
 
 
 # ------------------------------------------------------------------ the pairs
-
-
-def test_probe_pairs_every_pair_or_those_of_some_engines():
-    assert probe_pairs(FLEET) == [["engine-1", "engine-2"], ["engine-1", "engine-3"], ["engine-2", "engine-1"],
-                                  ["engine-3", "engine-1"]]
-    assert probe_pairs(FLEET, ["engine-3"]) == [["engine-1", "engine-3"], ["engine-3", "engine-1"]]
-    assert probe_pairs(FLEET, []) == []
 
 
 def launched(**actions):
