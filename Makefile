@@ -40,7 +40,8 @@ bench: bootstrap      ## discovery/launch cost vs N on simulated hosts -> bench/
 bench-down:           ## remove the benchmark's simulated site (after an interrupted run or --keep)
 	bench/bench.py --down
 
-docs:                 ## regenerate .env.example, docs/inputs.md, the example launch config and the shapes
+docs:                 ## regenerate .env.example, docs/inputs.md, the example launch config, the shapes and the roles' option tables
 	$(VENV)/bin/python scripts/gen-inputs.py
 	$(VENV)/bin/python scripts/gen-example-record.py
 	$(VENV)/bin/python scripts/gen-shapes.py
+	$(VENV)/bin/python scripts/gen-role-docs.py
