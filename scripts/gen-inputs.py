@@ -20,7 +20,7 @@ engine-<n> only. Discovery records them in engine-<n>'s launch record ([launch r
 
 - `runtime.extra_args` = the derived flags (`--trust-remote-code` for a checkpoint with an `auto_map`), then
   `NARWHAL_EXTRA_ARGS`, then `NARWHAL_ENGINE_ARGS`, then `NARWHAL_NODE_<n>_EXTRA_ARGS`
-  (`_discover/records.py::_engine_args`). A flag given twice (site `--max-num-seqs 64`, node `--max-num-seqs 8`)
+  (`_discover/engine_args.py::engine_args`). A flag given twice (site `--max-num-seqs 64`, node `--max-num-seqs 8`)
   takes the later value: vLLM's argument parser keeps the last occurrence.
   `sources.extra_args` names each input with its words and the flags the node overrides.
 - `runtime.environment` = the image's environment, then `NARWHAL_ENGINE_ENV`, then `NARWHAL_NODE_<n>_ENGINE_ENV`;

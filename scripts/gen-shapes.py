@@ -56,10 +56,8 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes impor
     engine_settings,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.validate import load_inputs  # noqa: E402
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import (  # noqa: E402
-    docker_run_argv,
-    member_view,
-)
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import docker_run_argv  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.parallel import member_view  # noqa: E402
 from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.checks import (  # noqa: E402
     derive,
     shared_hosts,

@@ -34,8 +34,9 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._discover.outputs i
     collect_records,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts import gpu as _gpu  # noqa: E402
-from ansible_collections.narwhal.deploy.plugins.module_utils._facts import host as _host  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts import gpu_reader as _gpu_reader  # noqa: E402
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts import image as _image  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts import rdma_reader as _rdma_reader  # noqa: E402
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.netaddr import (  # noqa: E402
     interface_addresses,
     interface_facts,
@@ -48,7 +49,7 @@ HARNESS = ROOT / "tests" / "harness"
 REAL = ROOT / "tests" / "fixtures" / "real"
 # the GPU tools in read_gpus' order, with the parser each one's output goes through there
 GPU_TOOLS = (("nvidia-smi", _gpu.parse_nvidia_smi_xml, "nvidia-smi -q -x"),
-             ("rocm-smi", _gpu.parse_rocm_smi_json, "rocm-smi " + " ".join(_host.ROCM_SMI_ARGS)))
+             ("rocm-smi", _gpu.parse_rocm_smi_json, "rocm-smi " + " ".join(_gpu_reader.ROCM_SMI_ARGS)))
 STANDIN_IMAGES = {"narwhal-sim/engine-standin:latest": "Dockerfile",
                   "narwhal-sim/engine-standin-rocm:latest": "Dockerfile.rocm"}
 
@@ -84,8 +85,8 @@ def gpu_facts(profile, sysfs, dev_root):
         if script.exists():
             parsed = parser(replayed_capture(script).read_text())
             if tool == "nvidia-smi":
-                return _host.nvidia_facts(parsed, str(sysfs), str(dev_root), source)
-            return _host.amd_facts(parsed, str(sysfs), source)
+                return _gpu_reader.nvidia_facts(parsed, str(sysfs), str(dev_root), source)
+            return _gpu_reader.amd_facts(parsed, str(sysfs), source)
     return _gpu.empty_facts()
 
 
@@ -156,8 +157,8 @@ def host_facts(profile, dev_root, image, requested, model, sysfs=None):
     if not dev_root.exists():
         make_devices(profile, dev_root)
     return {"gpus": gpu_facts(profile, sysfs, dev_root),
-            "rdma": _host.rdma_facts(_host.read_sysfs_hcas(str(sysfs)), str(dev_root),
-                                     os.path.join(str(sysfs), "class", "infiniband")),
+            "rdma": _rdma_reader.rdma_facts(_rdma_reader.read_sysfs_hcas(str(sysfs)), str(dev_root),
+                                            os.path.join(str(sysfs), "class", "infiniband")),
             "image": image_facts(image, requested),
             "model": model}
 

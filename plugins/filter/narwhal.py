@@ -29,7 +29,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers impor
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers import peer_facts as record_peer_facts
 from ansible_collections.narwhal.deploy.plugins.module_utils._monitor.targets import file_sd, fleet_name
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import member_view
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.parallel import member_view
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import install_paths, install_plan
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.subst import SubstitutionError, resolve_values
 from ansible_collections.narwhal.deploy.plugins.module_utils._probe.fabric import (
@@ -91,7 +91,7 @@ def engine_hosts(groups, hostvars, site=None):
 
 def member_record(record, member=0):
     """The launch record as one host of its engine runs it: for an engine across hosts the view of its host of
-    narwhal_rank `member` (its own GPUs, devices, rails, address and side-channel ports: _plan/container.py::
+    narwhal_rank `member` (its own GPUs, devices, rails, address and side-channel ports: _plan/parallel.py::
     member_view); any other record as it is."""
     if not isinstance(record, dict):
         raise AnsibleFilterError("member_record takes a launch record (a dict), not %s" % type(record).__name__)

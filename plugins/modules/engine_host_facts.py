@@ -132,14 +132,12 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.specs impor
     HOST_ROOTS_SPEC,
     IMAGE_READ_SPEC,
 )
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.checkpoint import read_model
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.daemon import make_client, read_image
-from ansible_collections.narwhal.deploy.plugins.module_utils._facts.host import (
-    read_gpus,
-    read_interface,
-    read_model,
-    read_rdma,
-)
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.gpu_reader import read_gpus
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.image import DISCOVERY_DISTRIBUTIONS
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.interface_reader import read_interface
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.rdma_reader import read_rdma
 
 
 def main():

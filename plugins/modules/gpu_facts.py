@@ -122,7 +122,7 @@ ansible_facts:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.specs import COMMAND_TIMEOUT_SPEC, HOST_ROOTS_SPEC
-from ansible_collections.narwhal.deploy.plugins.module_utils._facts.host import read_gpus
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.gpu_reader import read_gpus
 
 
 def main():

@@ -120,7 +120,7 @@ ansible_facts:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.specs import COMMAND_TIMEOUT_SPEC
-from ansible_collections.narwhal.deploy.plugins.module_utils._facts.host import read_interface
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.interface_reader import read_interface
 
 
 def main():

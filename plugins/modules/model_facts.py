@@ -149,7 +149,7 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._facts.host import read_model
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.checkpoint import read_model
 
 
 def main():

@@ -118,7 +118,7 @@ ansible_facts:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.specs import COMMAND_TIMEOUT_SPEC, HOST_ROOTS_SPEC
-from ansible_collections.narwhal.deploy.plugins.module_utils._facts.host import read_rdma
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.rdma_reader import read_rdma
 
 
 def main():

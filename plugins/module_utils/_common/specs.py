@@ -25,8 +25,8 @@ __metaclass__ = type
 # Seconds a host tool may run (run_bounded's default in _common/tools.py, the command_timeout option's default).
 DEFAULT_TIMEOUT = 60
 
-# The host roots of the sysfs and /dev readers (module_utils/_facts/host.py read_gpus, read_rdma): tests and
-# simulated hosts point them at prepared trees.
+# The host roots of the sysfs and /dev readers (module_utils/_facts/gpu_reader.py read_gpus, rdma_reader.py
+# read_rdma): tests and simulated hosts point them at prepared trees.
 HOST_ROOTS_SPEC = dict(
     sysfs_root=dict(type="path", default="/sys"),
     dev_root=dict(type="path", default="/dev"),

@@ -70,7 +70,8 @@ def check_member(engine, head_host, head, host, facts, image_key):
 def member_entry(engine, n, rank, local, record, host, where, allocation, transfer, span, sources):
     """One entry of a record's `members`: what host `host` (narwhal_rank `rank`) runs of the engine.
     `where` = (address, fabric interface, host_id) of the host; `allocation` = (vendor, gpus, gpu_ids, reason, tp,
-    accelerator_devices) of _discover/records.py::_allocation; `span`: the side-channel ports of one host's ranks."""
+    accelerator_devices) of _discover/gpu_allocation.py::engine_allocation; `span`: the side-channel ports of one
+    host's ranks."""
     address, interface, host_id = where
     vendor, gpus, gpu_ids, reason_vis, _tp, accelerator_devices = allocation
     head = record["accelerator"]

@@ -24,14 +24,11 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.names impor
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.step import StepError
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.fleet import build_fleet, render_env
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.members import member_inspection
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover.parallelism import local_ranks
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy import (
     launch_policy,
 )
-from ansible_collections.narwhal.deploy.plugins.module_utils._discover.records import (
-    build_members,
-    build_record,
-    local_ranks,
-)
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover.records import build_members, build_record
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.paths import check_paths, git_ignore_checker
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import (
     FLEET_SCHEMA,
@@ -39,7 +36,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas im
     validation_errors,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.writer import OutputError, OutputSet
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import drain_warning
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.lifecycle import drain_warning
 
 __metaclass__ = type
 

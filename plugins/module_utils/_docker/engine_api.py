@@ -398,7 +398,7 @@ def plan_body(plan, labels, group_ids=None, secret_env=None, proxy_env=None):
     """The create body of an engine's container straight from its plan (_plan/container.py::container_spec), the
     one translation after the plan: the body docker-py 7 sends for the same container (container_config() of
     the equivalent containers.create(...) arguments; a unit test compares the two and the SDK's own). `labels`:
-    the create labels (_plan/container.py::create_labels); `group_ids`: the plan's group names -> the host's
+    the create labels (_plan/labels.py::create_labels); `group_ids`: the plan's group names -> the host's
     numeric IDs (a name the host lacks is left out); `secret_env`: values of the plan's placeholder variables
     (the API key), injected here only."""
     environment = dict(plan["environment"])

@@ -1,7 +1,8 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The one reader of a checkpoint directory on a host: config.json (or params.json), tokenizer_config.json
-and the names of the tokenizer files, each read as a bounded regular file (_common/tools.py).
+and the names of the tokenizer files, each read as a bounded regular file (_common/tools.py); read_model is the
+same read for a module (narwhal_model), failing it with the message that names the path.
 """
 
 from __future__ import annotations
@@ -109,3 +110,13 @@ def read_checkpoint(path):
         raise ModelConfigError(f"cannot list {path}: {exc}") from None
     tokenizer_files = [name for name in names if name in TOKENIZER_FILE_NAMES or name.endswith(".tiktoken")]
     return model_facts(path, config_bytes, config, tokenizer_config, tokenizer_files)
+
+
+def read_model(module, path):
+    """narwhal_model: the checkpoint's config (config.json, tokenizer_config.json); no container, no cache
+    (the read is two small files, as cheap as hashing them for a cache key)."""
+    try:
+        return read_checkpoint(path)
+    except ModelConfigError as exc:
+        module.fail_json(msg=str(exc))
+    return None  # not reached

@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """GPU tool output parsers (nvidia-smi -q -x and its text form, rocm-smi --json, amd-smi static --json):
 each takes the text a tool printed and returns plain dicts or raises GpuParseError. Pure; the sysfs side
-(NUMA nodes, KFD topology, DRM nodes, device paths) is in _facts/host.py.
+(NUMA nodes, KFD topology, DRM nodes, device paths) is in _facts/gpu_reader.py and render_nodes.py.
 
 A GPU's identity on a host is its PCI bus id; the tool index is what the container sees.
 Python 3.8 compatible (runs on engine hosts).

@@ -209,106 +209,134 @@ def attention_layer_count(config, num_layers):
     return num_layers, "all layers"
 
 
+def _kda_state(config, num_layers, mamba_layers):
+    """Kimi Delta Attention (``linear_attn_config`` with a short convolution)."""
+    linear = config.get("linear_attn_config")
+    if not isinstance(linear, dict) or linear.get("short_conv_kernel_size") is None:
+        return None
+    kda_layers = linear.get("kda_layers")
+    heads = _int(linear.get("num_heads"))
+    head_dim = _int(linear.get("head_dim"))
+    return {
+        "kind": "kda",
+        "d_conv": _int(linear.get("short_conv_kernel_size")),
+        "d_state": head_dim,
+        "n_heads": heads,
+        "head_dim": head_dim,
+        "n_groups": None,
+        "expand": None,
+        "intermediate_size": heads * head_dim if heads and head_dim else None,
+        "num_layers": len(kda_layers) if isinstance(kda_layers, list) else mamba_layers,
+    }
+
+
+def _gated_delta_net_state(config, num_layers, mamba_layers):
+    """Gated DeltaNet linear attention (``linear_conv_kernel_dim``)."""
+    if config.get("linear_conv_kernel_dim") is None:
+        return None
+    return {
+        "kind": "gated_delta_net",
+        "d_conv": _int(config.get("linear_conv_kernel_dim")),
+        "d_state": None,
+        "n_heads": _int(config.get("linear_num_value_heads")),
+        "head_dim": _int(config.get("linear_value_head_dim")),
+        "n_k_heads": _int(config.get("linear_num_key_heads")),
+        "head_k_dim": _int(config.get("linear_key_head_dim")),
+        "n_groups": None,
+        "expand": None,
+        "intermediate_size": None,
+        "num_layers": mamba_layers,
+    }
+
+
+def _short_conv_state(config, num_layers, mamba_layers):
+    """Short convolution layers (``conv_L_cache``)."""
+    if config.get("conv_L_cache") is None:
+        return None
+    return {
+        "kind": "short_conv",
+        "d_conv": _int(config.get("conv_L_cache")),
+        "d_state": None,
+        "n_heads": None,
+        "head_dim": None,
+        "n_groups": None,
+        "expand": None,
+        "intermediate_size": _first_int(config, "conv_dim", "hidden_size"),
+        "num_layers": mamba_layers,
+    }
+
+
+def _mamba_prefixed_state(config, num_layers, mamba_layers):
+    """Mamba layers described by ``mamba_*`` keys (``mamba_d_conv``); Falcon-H1 has mamba in every layer."""
+    if config.get("mamba_d_conv") is None:
+        return None
+    n_heads = _first_int(config, "mamba_n_heads", "mamba_num_heads")
+    head_dim = _first_int(config, "mamba_d_head", "mamba_head_dim")
+    expand = _first_int(config, "mamba_expand")
+    hidden = _first_int(config, "hidden_size")
+    intermediate = _first_int(config, "mamba_intermediate_size")
+    if intermediate is None:
+        intermediate = (
+            n_heads * head_dim if n_heads and head_dim else (expand * hidden if expand and hidden else None)
+        )
+    if str(config.get("model_type") or "") == "falcon_h1":
+        mamba_layers = num_layers  # parallel hybrid: every layer has attention and mamba
+    return {
+        "kind": "mamba2" if n_heads else "mamba1",
+        "d_conv": _int(config.get("mamba_d_conv")),
+        "d_state": _first_int(config, "mamba_d_state", "mamba_state_size"),
+        "n_heads": n_heads,
+        "head_dim": head_dim,
+        "n_groups": _first_int(config, "mamba_n_groups", "mamba_ngroups"),
+        "expand": expand,
+        "intermediate_size": intermediate,
+        "num_layers": mamba_layers,
+    }
+
+
+def _conv_kernel_state(config, num_layers, mamba_layers):
+    """Mamba layers described by plain keys (``conv_kernel``); a ``hybrid_override_pattern`` counts them (``M``)."""
+    if config.get("conv_kernel") is None:
+        return None
+    n_heads = _first_int(config, "mamba_num_heads", "num_heads")
+    head_dim = _first_int(config, "mamba_head_dim", "head_dim") if n_heads else None
+    expand = _first_int(config, "expand")
+    hidden = _first_int(config, "hidden_size")
+    if n_heads and head_dim:
+        intermediate = n_heads * head_dim
+    else:
+        intermediate = _first_int(config, "intermediate_size") or (expand * hidden if expand and hidden else None)
+    pattern = config.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and pattern:
+        mamba_layers = pattern.count("M")
+    return {
+        "kind": "mamba2" if n_heads else "mamba1",
+        "d_conv": _int(config.get("conv_kernel")),
+        "d_state": _first_int(config, "ssm_state_size", "state_size"),
+        "n_heads": n_heads,
+        "head_dim": head_dim,
+        "n_groups": _first_int(config, "n_groups") if n_heads else None,
+        "expand": expand,
+        "intermediate_size": intermediate,
+        "num_layers": mamba_layers,
+    }
+
+
+# The state layouts of SSM / linear-attention layers, in the order they are tried: the first whose key the config
+# has describes the model.
+_STATE_READERS = (_kda_state, _gated_delta_net_state, _short_conv_state, _mamba_prefixed_state, _conv_kernel_state)
+
+
 def _mamba_geometry(config, num_layers, num_attention_layers):
     """State-shape inputs of the SSM / linear-attention layers, or None for a pure-attention model."""
-    model_type = str(config.get("model_type") or "")
     mamba_layers = None
     if num_layers is not None and num_attention_layers is not None:
         mamba_layers = num_layers - num_attention_layers
-    ssm_dtype = normalize_dtype(config.get("mamba_ssm_cache_dtype"))
-    linear = config.get("linear_attn_config")
-    if isinstance(linear, dict) and linear.get("short_conv_kernel_size") is not None:
-        kda_layers = linear.get("kda_layers")
-        heads = _int(linear.get("num_heads"))
-        head_dim = _int(linear.get("head_dim"))
-        return {
-            "kind": "kda",
-            "d_conv": _int(linear.get("short_conv_kernel_size")),
-            "d_state": head_dim,
-            "n_heads": heads,
-            "head_dim": head_dim,
-            "n_groups": None,
-            "expand": None,
-            "intermediate_size": heads * head_dim if heads and head_dim else None,
-            "num_layers": len(kda_layers) if isinstance(kda_layers, list) else mamba_layers,
-            "ssm_cache_dtype": ssm_dtype,
-        }
-    if config.get("linear_conv_kernel_dim") is not None:
-        return {
-            "kind": "gated_delta_net",
-            "d_conv": _int(config.get("linear_conv_kernel_dim")),
-            "d_state": None,
-            "n_heads": _int(config.get("linear_num_value_heads")),
-            "head_dim": _int(config.get("linear_value_head_dim")),
-            "n_k_heads": _int(config.get("linear_num_key_heads")),
-            "head_k_dim": _int(config.get("linear_key_head_dim")),
-            "n_groups": None,
-            "expand": None,
-            "intermediate_size": None,
-            "num_layers": mamba_layers,
-            "ssm_cache_dtype": ssm_dtype,
-        }
-    if config.get("conv_L_cache") is not None:
-        return {
-            "kind": "short_conv",
-            "d_conv": _int(config.get("conv_L_cache")),
-            "d_state": None,
-            "n_heads": None,
-            "head_dim": None,
-            "n_groups": None,
-            "expand": None,
-            "intermediate_size": _first_int(config, "conv_dim", "hidden_size"),
-            "num_layers": mamba_layers,
-            "ssm_cache_dtype": ssm_dtype,
-        }
-    if config.get("mamba_d_conv") is not None:
-        n_heads = _first_int(config, "mamba_n_heads", "mamba_num_heads")
-        head_dim = _first_int(config, "mamba_d_head", "mamba_head_dim")
-        expand = _first_int(config, "mamba_expand")
-        hidden = _first_int(config, "hidden_size")
-        intermediate = _first_int(config, "mamba_intermediate_size")
-        if intermediate is None:
-            intermediate = (
-                n_heads * head_dim if n_heads and head_dim else (expand * hidden if expand and hidden else None)
-            )
-        if model_type == "falcon_h1":
-            mamba_layers = num_layers  # parallel hybrid: every layer has attention and mamba
-        return {
-            "kind": "mamba2" if n_heads else "mamba1",
-            "d_conv": _int(config.get("mamba_d_conv")),
-            "d_state": _first_int(config, "mamba_d_state", "mamba_state_size"),
-            "n_heads": n_heads,
-            "head_dim": head_dim,
-            "n_groups": _first_int(config, "mamba_n_groups", "mamba_ngroups"),
-            "expand": expand,
-            "intermediate_size": intermediate,
-            "num_layers": mamba_layers,
-            "ssm_cache_dtype": ssm_dtype,
-        }
-    if config.get("conv_kernel") is not None:
-        n_heads = _first_int(config, "mamba_num_heads", "num_heads")
-        head_dim = _first_int(config, "mamba_head_dim", "head_dim") if n_heads else None
-        expand = _first_int(config, "expand")
-        hidden = _first_int(config, "hidden_size")
-        if n_heads and head_dim:
-            intermediate = n_heads * head_dim
-        else:
-            intermediate = _first_int(config, "intermediate_size") or (expand * hidden if expand and hidden else None)
-        pattern = config.get("hybrid_override_pattern")
-        if isinstance(pattern, str) and pattern:
-            mamba_layers = pattern.count("M")
-        return {
-            "kind": "mamba2" if n_heads else "mamba1",
-            "d_conv": _int(config.get("conv_kernel")),
-            "d_state": _first_int(config, "ssm_state_size", "state_size"),
-            "n_heads": n_heads,
-            "head_dim": head_dim,
-            "n_groups": _first_int(config, "n_groups") if n_heads else None,
-            "expand": expand,
-            "intermediate_size": intermediate,
-            "num_layers": mamba_layers,
-            "ssm_cache_dtype": ssm_dtype,
-        }
+    for reader in _STATE_READERS:
+        state = reader(config, num_layers, mamba_layers)
+        if state is not None:
+            state["ssm_cache_dtype"] = normalize_dtype(config.get("mamba_ssm_cache_dtype"))
+            return state
     return None
 
 

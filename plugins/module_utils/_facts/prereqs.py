@@ -27,7 +27,8 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools impor
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import Client, EngineAPIError
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.checkpoint import checkpoint_config_path
-from ansible_collections.narwhal.deploy.plugins.module_utils._facts.host import read_gpus, read_link_speed
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.gpu_reader import read_gpus
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.interface_reader import read_link_speed
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.model import ModelConfigError
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.netaddr import (
     interface_addresses,

@@ -1,7 +1,7 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """RDMA tool output parsers (ibstat, ibv_devinfo, ibstatus) and the HCA/port entries the sysfs reader
-(_facts/host.py) fills in the same shape. Pure. Python 3.8 compatible (runs on engine hosts).
+(_facts/rdma_reader.py) fills in the same shape. Pure. Python 3.8 compatible (runs on engine hosts).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.versions import release_tuple
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import kv_transfer_config
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.transfer import kv_transfer_config
 from ansible_collections.narwhal.deploy.plugins.module_utils._probe.pairs import probe_pairs
 
 __metaclass__ = type
@@ -68,7 +68,7 @@ def decode_restart(vllm_version, nixl_version, connector):
 def peer_facts(record):
     """What the rule reads from an engine's launch record: runtime.vllm_version, the version of its NIXL
     distribution (runtime.expected_packages[runtime.nixl_distribution], what the image check confirms in the image)
-    and the connector the planner writes into --kv-transfer-config (_plan/container.py::kv_transfer_config)."""
+    and the connector the planner writes into --kv-transfer-config (_plan/transfer.py::kv_transfer_config)."""
     runtime = (record or {}).get("runtime") or {}
     packages = runtime.get("expected_packages") or {}
     nixl = runtime.get("nixl_distribution")

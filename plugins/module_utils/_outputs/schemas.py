@@ -30,7 +30,7 @@ _COUNT = {"type": ["integer", "null"], "minimum": 1}
 
 # The value of the visibility variable (CUDA_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES) holds the record's gpu_ids
 # joined by commas, so one entry is one GPU: a container-relative index or an NVIDIA GPU UUID
-# (_discover/records.py::visibility_ids), never a list ("0,1") that would widen the visibility past the GPUs the
+# (_discover/gpu_allocation.py::visibility_ids), never a list ("0,1") that would widen the visibility past the GPUs the
 # container is given.
 GPU_ID_PATTERN = ("^(0|[1-9][0-9]{0,3}|GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
                   "[0-9a-fA-F]{12})$")
@@ -361,7 +361,7 @@ def _semantic_errors(record):
         out.append(("accelerator.count", "%d is not the number of gpu_ids (%d)"
                     % (record["accelerator"]["count"], len(gpu_ids))))
     members = record.get("members") or []
-    view = record.get("member")  # one host's view of an engine across hosts (_plan/container.py::member_view)
+    view = record.get("member")  # one host's view of an engine across hosts (_plan/parallel.py::member_view)
     hosts = 1 + len(members) if view is None else dp // max(1, record.get("data_parallel_size_local") or 1)
     if gpu_ids and tp * dp != len(gpu_ids) * hosts:
         out.append(("tensor_parallel_size", "%d%s is not the number of gpu_ids (%d%s): vLLM runs one rank per GPU"

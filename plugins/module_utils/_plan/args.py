@@ -64,7 +64,7 @@ DERIVED_ENV = (SSM_LAYOUT_ENV,)  # managed (no extra may set it) but carried in 
 
 
 # The KV lease: how long a prefill keeps KV blocks a decode has not read yet. One input owns it
-# (NARWHAL_KV_LEASE_SECONDS) and the planner writes the name the image's vLLM reads (_plan/container.py::kv_lease):
+# (NARWHAL_KV_LEASE_SECONDS) and the planner writes the name the image's vLLM reads (_plan/lifecycle.py::kv_lease):
 # - vLLM <= 0.21: the environment variable VLLM_NIXL_ABORT_REQUEST_TIMEOUT (vLLM 0.21.0 vllm/envs.py:205,1472-1474,
 #   read by nixl/scheduler.py:555-566), default 480 s;
 # - vLLM >= 0.22: kv_connector_extra_config.kv_lease_duration of --kv-transfer-config (vLLM 0.22.0

@@ -21,12 +21,9 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas im
     validation_errors,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan import role_env as _role_env
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import (
-    container_spec,
-    member_view,
-    plan_hash,
-    redacted,
-)
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import container_spec
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.labels import plan_hash, redacted
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.parallel import member_view
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import install_paths, role_environment
 from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.gate import check_pairs
 

@@ -31,7 +31,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy im
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.paths import check_paths, git_ignore_checker
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import MANIFEST_SCHEMA, validation_errors
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.writer import OutputError, OutputSet
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import member_view
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.parallel import member_view
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import (
     parse_role_env,
 )

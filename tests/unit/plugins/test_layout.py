@@ -9,8 +9,11 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.launcher i
 
 MU = REPO / "plugins" / "module_utils"
 PREFIX = "ansible_collections.narwhal.deploy.plugins.module_utils."
+# Discover's host readers: the tool runner, the sysfs reads and the readers of GPUs, RDMA and the fabric interface.
+HOST_READERS = ("_facts/tool_runner.py", "_facts/sysfs.py", "_facts/gpu_reader.py", "_facts/rdma_reader.py",
+                "_facts/interface_reader.py")
 # The files that may read the disk, run tools or talk to a daemon: the edges. Everything else is pure.
-EDGES = {"_common/tools.py", "_facts/host.py", "_facts/checkpoint.py", "_facts/daemon.py", "_docker/engine_api.py",
+EDGES = {"_common/tools.py", *HOST_READERS, "_facts/checkpoint.py", "_facts/daemon.py", "_docker/engine_api.py",
          "_inputs/dotenv.py", "_inputs/paths.py", "_outputs/writer.py", "_prepare/launcher.py",
          "_router/client.py", "_common/http.py",
          # the host modules' work (community.docker's _module_container): each its module's run_module
@@ -18,6 +21,10 @@ EDGES = {"_common/tools.py", "_facts/host.py", "_facts/checkpoint.py", "_facts/d
          # the steps, each the work of one task (_common/step.py): they read and write what their stage names
          "_inputs/site.py", "_discover/outputs.py", "_prepare/run.py", "_probe/transfer.py", "_bench/results.py",
          "_outputs/private_file.py"}
+# The container planner (what turns a record into a container), which a host module that only reads the role
+# environment (_plan/role_env.py) does not ship.
+CONTAINER_PLANNER = ("_plan/container.py", "_plan/fields.py", "_plan/labels.py", "_plan/lifecycle.py",
+                     "_plan/parallel.py", "_plan/transfer.py")
 IO_MODULES = {"subprocess", "socket", "glob", "shutil", "http", "urllib", "fcntl", "tempfile", "pathlib", "io"}
 
 
@@ -75,10 +82,10 @@ def test_pure_files_do_no_io(name):
     ("held_files", ("_discover/", "_inputs/", "_plan/", "_prepare/", "_outputs/", "_facts/", "_docker/")),
     ("engine_host_facts", ("_discover/", "_inputs/", "_plan/", "_prepare/", "_outputs/")),
     ("gpu_facts", ("_discover/", "_inputs/", "_plan/", "_docker/", "_common/secrets.py")),
-    ("image_facts", ("_discover/", "_inputs/", "_plan/", "_facts/host.py")),
-    ("transfer_probe", ("_discover/", "_inputs/", "_plan/container.py", "_facts/")),
-    ("router_workers", ("_discover/", "_inputs/", "_plan/container.py", "_facts/", "_prepare/", "_docker/")),
-    ("router_traffic", ("_discover/", "_inputs/", "_plan/container.py", "_facts/", "_prepare/", "_docker/")),
+    ("image_facts", ("_discover/", "_inputs/", "_plan/", *HOST_READERS)),
+    ("transfer_probe", ("_discover/", "_inputs/", *CONTAINER_PLANNER, "_facts/")),
+    ("router_workers", ("_discover/", "_inputs/", *CONTAINER_PLANNER, "_facts/", "_prepare/", "_docker/")),
+    ("router_traffic", ("_discover/", "_inputs/", *CONTAINER_PLANNER, "_facts/", "_prepare/", "_docker/")),
     ("router_container", ("_discover/", "_inputs/", "_plan/", "_facts/", "_prepare/", "_router/client.py",
                           "_router/traffic.py", "_outputs/")),
 ])

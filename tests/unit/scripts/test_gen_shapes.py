@@ -15,7 +15,7 @@ import yaml
 from test_support.paths import REPO, load_file
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
-from ansible_collections.narwhal.deploy.plugins.module_utils._facts import host as _host
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.rdma_reader import read_sysfs_hcas
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import check_record, launch_config_errors
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import docker_run_argv
 from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.checks import derive, shared_hosts
@@ -51,7 +51,7 @@ def _variant(tmp_path, shape, *lines):
 
 
 def _active_ib_ports():
-    return ["%s:%d" % (h["name"], p["port"]) for h in _host.read_sysfs_hcas(str(PROFILE_SYS))
+    return ["%s:%d" % (h["name"], p["port"]) for h in read_sysfs_hcas(str(PROFILE_SYS))
             for p in h["ports"] if p["active"] and p["link_layer"] == "InfiniBand"]
 
 

@@ -19,17 +19,24 @@ from narwhal_launcher import cli, common, health, image_check, in_image, start, 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common import secrets as _secrets  # noqa: E402
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan import args as _args  # noqa: E402
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan import container as _container  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan import fields as _fields  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan import labels as _labels  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan import lifecycle as _lifecycle  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan import parallel as _parallel  # noqa: E402
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan import role_env as _role_env  # noqa: E402
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan import transfer as _transfer  # noqa: E402
 from ansible_collections.narwhal.deploy.plugins.module_utils._prepare import launcher as _launcher  # noqa: E402
 
-MODULES = {"plan": _container, "common": common, "image_check": image_check, "health": health, "start": start,
+MODULES = {"plan": _container, "fields": _fields, "labels": _labels, "lifecycle": _lifecycle, "parallel": _parallel,
+           "transfer": _transfer, "common": common, "image_check": image_check, "health": health, "start": start,
            "cli": cli,
            "in_image": in_image, "status": status, "stop": stop}
 
 
 def _namespace():
     names = {}
-    for module in (_secrets, _args, _role_env, _container, common, image_check, health, start, stop, status, cli):
+    for module in (_secrets, _args, _role_env, _fields, _labels, _lifecycle, _parallel, _transfer, _container, common,
+                   image_check, health, start, stop, status, cli):
         names.update((k, v) for k, v in vars(module).items() if not k.startswith("__"))
     names["build_plan"] = lambda role_env, record: _container.container_spec(record, role_env)
     return types.SimpleNamespace(**names)

@@ -2,8 +2,9 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Launch records built from the real fact producers (GPU / RDMA / image / model facts over real
 captures and the simulated sysfs trees) through discovery's own planning, and the discovery_outputs module's
-arguments: the builders of tests/unit/plugins/module_utils/_discover/test_records.py, shared with the gate,
-the planner contract, the output-set and the action plugin tests."""
+arguments: the builders of the discover tests (tests/unit/plugins/module_utils/_discover/test_records.py,
+test_gpu_allocation.py, test_transfer.py, test_runtime.py, test_engine_args.py, test_parallelism.py), shared with the
+gate, the planner contract, the output-set and the action plugin tests."""
 
 from __future__ import annotations
 
@@ -12,12 +13,16 @@ import os
 import pathlib
 import shutil
 
+import pytest
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover import outputs as _discovery_outputs
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.fleet import build_fleet
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts import checkpoint as _checkpoint
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts import gpu as _gpu
-from ansible_collections.narwhal.deploy.plugins.module_utils._facts import host as _host
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts import gpu_reader as _gpu_reader
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts import image as _image
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts import rdma_reader as _rdma_reader
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.netaddr import interface_addresses
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.validate import load_inputs
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import (
@@ -43,6 +48,19 @@ LLAMA = "aiconf__meta-llama--Meta-Llama-3.1-8B"
 BASE = {"NARWHAL_FABRIC_INTERFACE": "eth1", "NARWHAL_NODE_1_ROLE": "prefill", "NARWHAL_NODE_2_ROLE": "decode",
         "NARWHAL_IMAGE": "vllm/vllm-openai:v0.33.0", "NARWHAL_MODEL_PATH": "/srv/models/Meta-Llama-3.1-8B"}
 
+# the GPU UUIDs of the default NVIDIA capture (nvidia(): datakit__gtx-8card.xml, 8x Tesla V100S)
+V100S_UUIDS = [
+    "GPU-76098dc1-d3bc-9a1b-7ea6-f7b48837829e",
+    "GPU-bbf7a241-bf9a-eb90-b2fb-d213294faf48",
+    "GPU-8f75e71c-23dd-a060-d997-4caf592954db",
+    "GPU-3181eb56-505c-8214-ba05-c132f68f89b8",
+    "GPU-2aa87d54-d4ff-2900-812b-1a4b7e119583",
+    "GPU-39c3a168-9034-0b5a-223a-1042f30a9242",
+    "GPU-d2446f91-171e-1b54-515d-9d9b03484ddf",
+    "GPU-1d955959-c95b-4f40-2cac-100d3006ffe2",
+]
+
+
 # two engines on one physical host need their own ports
 SHARED = {"NARWHAL_NODE_2_ENGINE_PORT": "8001", "NARWHAL_NODE_2_ATTEST_PORT": "8011"}
 
@@ -50,12 +68,12 @@ SHARED = {"NARWHAL_NODE_2_ENGINE_PORT": "8001", "NARWHAL_NODE_2_ATTEST_PORT": "8
 def nvidia(dev_root, capture="datakit__gtx-8card.xml", sysfs=NVIDIA_SYS):
     text = (REAL / "nvidia" / capture).read_text()
     parsed = _gpu.parse_nvidia_smi_xml(text) if capture.endswith(".xml") else _gpu.parse_nvidia_smi_text(text)
-    return _host.nvidia_facts(parsed, str(sysfs), str(dev_root), "nvidia-smi")
+    return _gpu_reader.nvidia_facts(parsed, str(sysfs), str(dev_root), "nvidia-smi")
 
 
 def amd():
     parsed = _gpu.parse_rocm_smi_json((REAL / "amd" / "telegraf__mi100_rocm602.json").read_text())
-    return _host.amd_facts(parsed, str(AMD_SYS), "rocm-smi")
+    return _gpu_reader.amd_facts(parsed, str(AMD_SYS), "rocm-smi")
 
 
 def rdma(dev_root, sysfs=NVIDIA_SYS):
@@ -63,7 +81,7 @@ def rdma(dev_root, sysfs=NVIDIA_SYS):
     ib.mkdir(parents=True, exist_ok=True)
     for name in ["uverbs%d" % i for i in range(9)] + ["rdma_cm"]:
         (ib / name).write_text("")
-    return _host.rdma_facts(_host.read_sysfs_hcas(str(sysfs)), str(dev_root), "sysfs")
+    return _rdma_reader.rdma_facts(_rdma_reader.read_sysfs_hcas(str(sysfs)), str(dev_root), "sysfs")
 
 
 def image(dists=None, env=None, ref="vllm/vllm-openai:v0.33.0"):
@@ -108,6 +126,13 @@ def build(extra, hosts, shared=True):
     for record in document["engines"].values():
         assert validation_errors(record, RECORD_SCHEMA) == []
     return document["engines"]
+
+
+def refused(extra, hosts, shared=True):
+    """The InputError with which build refuses the site `extra` over `hosts`."""
+    with pytest.raises(InputError) as err:
+        build(extra, hosts, shared)
+    return err.value
 
 
 def host(gpus, tmp_path, img=None, mdl=None, rd=None):

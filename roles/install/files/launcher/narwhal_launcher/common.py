@@ -21,13 +21,8 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api 
     Timeout,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import check_record
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import (
-    ENGINE_LABEL,
-    container_spec,
-    docker_run_argv,
-    plan_hash,
-    redacted,
-)
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import container_spec, docker_run_argv
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.labels import ENGINE_LABEL, plan_hash, redacted
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import parse_role_env
 
 __all__ = ["LaunchError"]

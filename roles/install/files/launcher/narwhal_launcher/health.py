@@ -8,7 +8,9 @@ import time
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import http_url
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import REDACTED, redact_text
 from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import EngineAPIError
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import container_spec, plan_hash, role_port
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import container_spec
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.fields import role_port
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.labels import plan_hash
 from narwhal_launcher.common import (
     LaunchError,
     container_state,

@@ -13,7 +13,9 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets imp
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.versions import version_tuple
 from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import EngineAPIError, NotFound
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.args import LEASE_EXTRA_KEY, SSM_LAYOUT_ENV
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import ENGINE_LABEL, kv_lease, record_field
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.fields import record_field
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.labels import ENGINE_LABEL
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.lifecycle import kv_lease
 from narwhal_launcher.common import (
     LaunchError,
     check_host,
@@ -97,20 +99,19 @@ def check_spec(plan, record):
     return spec
 
 
-def decide_check(report, spec, image_id, digest):
-    """The verdict over the check container's JSON (pure). Returns the checked.json document or raises one
-    LaunchError naming every failed field and its fix."""
-    failures, checks = [], ["image_identity"]
+def _ok(report, name):
+    entry = report.get(name)
+    return isinstance(entry, dict) and entry.get("ok") is True
 
-    def ok(name):
-        entry = report.get(name)
-        return isinstance(entry, dict) and entry.get("ok") is True
 
-    def error(name):
-        entry = report.get(name)
-        return " ".join(str(entry.get("error", "no result")).split()) if isinstance(entry, dict) else "no result"
+def _error(report, name):
+    entry = report.get(name)
+    return " ".join(str(entry.get("error", "no result")).split()) if isinstance(entry, dict) else "no result"
 
-    found = report.get("packages") or {}
+
+def _packages_failures(report, spec, image_id):
+    """Each recorded package that the image lacks or has in another version."""
+    failures, found = [], report.get("packages") or {}
     for name in spec["packages"]:
         expected, actual = spec["expected_packages"][name], found.get(name)
         if actual is None:
@@ -119,37 +120,53 @@ def decide_check(report, spec, image_id, digest):
         elif actual != expected:
             failures.append("launch record runtime.expected_packages.%s=%s but image %s has %s %s; use the "
                             "recorded image or rerun discovery" % (name, expected, image_id, name, actual))
-    checks.append("packages")
-    api_version = None
-    if ok("vllm_api_version"):
-        api_version = report["vllm_api_version"]["value"]
-        try:
-            same = version_tuple(api_version)[:3] == version_tuple(spec["vllm_version"])[:3]
-        except LaunchError:
-            same = False
-        if not same:
-            failures.append("launch record runtime.vllm_version=%s but the image's vllm.version.__version__ is %s; "
-                            "rerun discovery" % (spec["vllm_version"], api_version))
-    else:
-        failures.append("vllm.version.__version__ cannot be read in image %s (%s); the image has no usable vLLM, "
-                        "use the recorded image or rerun discovery" % (image_id, error("vllm_api_version")))
-    checks.append("vllm_api_version")
-    if not ok("kv_transfer_config"):
-        failures.append("--kv-transfer-config %s is rejected by the image's KVTransferConfig (%s); rerun discovery "
-                        "so runtime.vllm_version matches the image, or update the launcher"
-                        % (json.dumps(spec["kv_transfer_config"], separators=(",", ":")), error("kv_transfer_config")))
-    checks.append("kv_transfer_config")
-    if not ok("serve_args"):
-        failures.append("the image's own vLLM argument parser refuses the recorded `vllm serve` command: %s; correct "
-                        "the argument in NARWHAL_EXTRA_ARGS or NARWHAL_NODE_<n>_EXTRA_ARGS (runtime.extra_args) and "
-                        "rerun discovery" % error("serve_args"))
-    checks.append("serve_args")
-    for name, what in (("connector_module", "NixlConnector module"), ("nixl_module", "NIXL module")):
-        if not ok(name):
-            failures.append("%s %s does not import in the image (%s); check runtime.vllm_version/runtime.platform "
-                            "and the image's NIXL (runtime.expected_packages)" % (what, spec[name], error(name)))
-        checks.append(name)
-    auto_map = report.get("auto_map") or {}
+    return failures
+
+
+def _vllm_version_failures(report, spec, image_id):
+    """The image's vllm.version.__version__: readable, and the recorded release."""
+    if not _ok(report, "vllm_api_version"):
+        return ["vllm.version.__version__ cannot be read in image %s (%s); the image has no usable vLLM, use the "
+                "recorded image or rerun discovery" % (image_id, _error(report, "vllm_api_version"))]
+    api_version = report["vllm_api_version"]["value"]
+    try:
+        same = version_tuple(api_version)[:3] == version_tuple(spec["vllm_version"])[:3]
+    except LaunchError:
+        same = False
+    if not same:
+        return ["launch record runtime.vllm_version=%s but the image's vllm.version.__version__ is %s; rerun "
+                "discovery" % (spec["vllm_version"], api_version)]
+    return []
+
+
+def _kv_transfer_config_failures(report, spec):
+    if _ok(report, "kv_transfer_config"):
+        return []
+    return ["--kv-transfer-config %s is rejected by the image's KVTransferConfig (%s); rerun discovery so "
+            "runtime.vllm_version matches the image, or update the launcher"
+            % (json.dumps(spec["kv_transfer_config"], separators=(",", ":")), _error(report, "kv_transfer_config"))]
+
+
+def _serve_args_failures(report):
+    if _ok(report, "serve_args"):
+        return []
+    return ["the image's own vLLM argument parser refuses the recorded `vllm serve` command: %s; correct the "
+            "argument in NARWHAL_EXTRA_ARGS or NARWHAL_NODE_<n>_EXTRA_ARGS (runtime.extra_args) and rerun discovery"
+            % _error(report, "serve_args")]
+
+
+def _module_failures(report, spec, name, what):
+    """The connector or NIXL module `name` (spec[name]) does not import in the image."""
+    if _ok(report, name):
+        return []
+    return ["%s %s does not import in the image (%s); check runtime.vllm_version/runtime.platform and the image's "
+            "NIXL (runtime.expected_packages)" % (what, spec[name], _error(report, name))]
+
+
+def _remote_code_failures(report, spec):
+    """The checkpoint's configs are readable, and --trust-remote-code is in the command exactly when one of them
+    has an auto_map."""
+    failures, auto_map = [], report.get("auto_map") or {}
     for fname in ("config.json", "tokenizer_config.json"):
         entry = auto_map.get(fname) or {}
         if entry.get("error"):
@@ -164,48 +181,74 @@ def decide_check(report, spec, image_id, digest):
         failures.append("--trust-remote-code is in the command but checkpoint %s has no auto_map in config.json or "
                         "tokenizer_config.json; remove it from runtime.extra_args/NARWHAL_EXTRA_ARGS (rerun "
                         "discovery)" % spec["mount"])
-    checks.append("trust_remote_code")
-    if not ok("tokenizer"):
-        failures.append("the checkpoint tokenizer does not construct: AutoTokenizer.from_pretrained(%s, "
-                        "trust_remote_code=%s) failed (%s); stage the tokenizer files with the model"
-                        % (spec["mount"], spec["trust_remote_code"], error("tokenizer")))
-    checks.append("tokenizer")
+    return failures
+
+
+def _tokenizer_failures(report, spec):
+    if _ok(report, "tokenizer"):
+        return []
+    return ["the checkpoint tokenizer does not construct: AutoTokenizer.from_pretrained(%s, trust_remote_code=%s) "
+            "failed (%s); stage the tokenizer files with the model"
+            % (spec["mount"], spec["trust_remote_code"], _error(report, "tokenizer"))]
+
+
+def _ssm_layout_failures(report):
+    """The seed: the image check "checks the pinned image's convolutional-state layout for SSM models": the image
+    must accept the plan's DS and resolve the layout its Mamba layers use to DS (in_image.py::ssm_layout)."""
+    entry = report.get("ssm_layout") or {}
+    value = entry.get("value") if isinstance(entry.get("value"), dict) else {}
+    if not entry.get("ok"):
+        return ["launch record runtime.ssm_conv_state is true but the image's vLLM does not accept %s=DS under the "
+                "plan's environment (%s): use an image whose vLLM knows the DS layout (vLLM >= 0.22)"
+                % (SSM_LAYOUT_ENV, " ".join(str(entry.get("error", "no result")).split()))]
+    if value.get("layout") != "DS":
+        return ["launch record runtime.ssm_conv_state is true but the image resolves the SSM convolutional-state "
+                "layout to %r (%s, %s=%r), not DS: the plan's runtime.derived_environment must carry %s=DS (rerun "
+                "discovery), and the image must honour it"
+                % (value.get("layout"), value.get("resolver"), SSM_LAYOUT_ENV, value.get("env"), SSM_LAYOUT_ENV)]
+    return []
+
+
+def _kv_lease_failures(report, spec):
+    """The name the planner wrote the KV lease under is one the image's vLLM reads."""
+    lease, entry = spec["kv_lease"], report.get("kv_lease_read") or {}
+    if entry.get("ok") and entry.get("value"):
+        return []
+    where = ("the NixlConnector module %s does not read kv_connector_extra_config key %s"
+             % (spec["connector_module"], lease["name"]) if lease["where"] == "extra_config" else
+             "the image's vllm.envs.environment_variables has no %s" % lease["name"])
+    return ["NARWHAL_KV_LEASE_SECONDS is written as %s for runtime.vllm_version=%s, but %s%s, so the lease would be "
+            "ignored; rerun discovery so runtime.vllm_version matches the image, or unset NARWHAL_KV_LEASE_SECONDS"
+            % (lease["name"], spec["vllm_version"], where, " (%s)" % entry["error"] if entry.get("error") else "")]
+
+
+def decide_check(report, spec, image_id, digest):
+    """The verdict over the check container's JSON (pure). Returns the checked.json document or raises one
+    LaunchError naming every failed field and its fix (in the order of the checks)."""
+    verdicts = [
+        ("packages", _packages_failures(report, spec, image_id)),
+        ("vllm_api_version", _vllm_version_failures(report, spec, image_id)),
+        ("kv_transfer_config", _kv_transfer_config_failures(report, spec)),
+        ("serve_args", _serve_args_failures(report)),
+        ("connector_module", _module_failures(report, spec, "connector_module", "NixlConnector module")),
+        ("nixl_module", _module_failures(report, spec, "nixl_module", "NIXL module")),
+        ("trust_remote_code", _remote_code_failures(report, spec)),
+        ("tokenizer", _tokenizer_failures(report, spec)),
+    ]
     if spec["ssm_conv_state"]:
-        # the seed: the image check "checks the pinned image's convolutional-state layout for SSM models": the
-        # image must accept the plan's DS and resolve the layout its Mamba layers use to DS (in_image.py::ssm_layout)
-        entry = report.get("ssm_layout") or {}
-        value = entry.get("value") if isinstance(entry.get("value"), dict) else {}
-        if not entry.get("ok"):
-            failures.append("launch record runtime.ssm_conv_state is true but the image's vLLM does not accept "
-                            "%s=DS under the plan's environment (%s): use an image whose vLLM knows the DS layout "
-                            "(vLLM >= 0.22)" % (SSM_LAYOUT_ENV, " ".join(str(entry.get("error", "no result")).split())))
-        elif value.get("layout") != "DS":
-            failures.append("launch record runtime.ssm_conv_state is true but the image resolves the SSM "
-                            "convolutional-state layout to %r (%s, %s=%r), not DS: the plan's "
-                            "runtime.derived_environment must carry %s=DS (rerun discovery), and the image must "
-                            "honour it"
-                            % (value.get("layout"), value.get("resolver"), SSM_LAYOUT_ENV, value.get("env"),
-                               SSM_LAYOUT_ENV))
-        checks.append("ssm_conv_state_layout")
+        verdicts.append(("ssm_conv_state_layout", _ssm_layout_failures(report)))
     if spec.get("kv_lease"):
-        lease, entry = spec["kv_lease"], report.get("kv_lease_read") or {}
-        if not (entry.get("ok") and entry.get("value")):
-            where = ("the NixlConnector module %s does not read kv_connector_extra_config key %s"
-                     % (spec["connector_module"], lease["name"]) if lease["where"] == "extra_config" else
-                     "the image's vllm.envs.environment_variables has no %s" % lease["name"])
-            failures.append("NARWHAL_KV_LEASE_SECONDS is written as %s for runtime.vllm_version=%s, but %s%s, so the "
-                            "lease would be ignored; rerun discovery so runtime.vllm_version matches the image, or "
-                            "unset NARWHAL_KV_LEASE_SECONDS" % (lease["name"], spec["vllm_version"], where,
-                                                                " (%s)" % entry["error"] if entry.get("error") else ""))
-        checks.append("kv_lease_name")
+        verdicts.append(("kv_lease_name", _kv_lease_failures(report, spec)))
+    failures = [failure for _check, found in verdicts for failure in found]
     if failures:
         raise LaunchError("image check failed: " + "; ".join(failures))
+    found = report.get("packages") or {}
     return {
-        "vllm_api_version": api_version,
+        "vllm_api_version": report["vllm_api_version"]["value"],
         "plan_hash": digest,
         "image_id": image_id,
         "checked_packages": {name: found[name] for name in spec["packages"]},
-        "checks": checks,
+        "checks": ["image_identity"] + [check for check, _found in verdicts],
         "kv_transfer_config": spec["kv_transfer_config"],
         "connector_module": spec["connector_module"],
         "nixl_module": spec["nixl_module"],

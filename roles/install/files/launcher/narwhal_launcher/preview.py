@@ -18,11 +18,7 @@ import os
 import stat
 import sys
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import (
-    PLAN_HASH_LABEL,
-    RUN_ID_LABEL,
-    redacted,
-)
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.labels import PLAN_HASH_LABEL, RUN_ID_LABEL, redacted
 from narwhal_launcher.common import container_labels, container_state, installed, read_json_file, role
 from narwhal_launcher.status import docker_facts, redact_strings
 

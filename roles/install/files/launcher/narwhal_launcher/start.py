@@ -13,13 +13,13 @@ import time
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import API_KEY_ENV, redact_text
 from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import EngineAPIError, NotFound
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import (
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.labels import (
     PLAN_HASH_LABEL,
     RUN_ID_LABEL,
     create_labels,
     plan_hash,
-    stop_grace,
 )
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.lifecycle import stop_grace
 from narwhal_launcher.common import (
     FAILED_SUFFIX,
     PREVIOUS_SUFFIX,
@@ -85,7 +85,7 @@ def served_port(attrs, default):
 
 def container_grace(attrs):
     """The seconds between SIGTERM and SIGKILL when this container is stopped: from its own command line and
-    environment (its --shutdown-timeout N + VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS + a margin, _plan/container.py::
+    environment (its --shutdown-timeout N + VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS + a margin, _plan/lifecycle.py::
     stop_grace), so a container keeps the drain it was started with whatever plan is installed now; STOP_TIMEOUT for
     one started without the flag (read at call time)."""
     config = attrs.get("Config") or {}

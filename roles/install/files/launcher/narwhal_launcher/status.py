@@ -13,11 +13,11 @@ import time
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.nixl_metrics import metric_sum, nixl_counters
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import redact_text
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import (
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.fields import role_port
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.labels import (
     ENGINE_LABEL,
     PLAN_HASH_LABEL,
     RUN_ID_LABEL,
-    role_port,
 )
 from narwhal_launcher.common import (
     PREVIOUS_SUFFIX,

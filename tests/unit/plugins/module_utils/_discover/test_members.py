@@ -16,7 +16,8 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._discover import ou
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.fleet import build_fleet
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.validate import load_inputs
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import record_errors
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import container_spec, member_view
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import container_spec
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.parallel import member_view
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import render_role_env, role_environment
 from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.checks import derive, role_env_texts, shared_hosts
 

@@ -175,7 +175,7 @@ GROUP_IDS = {"video": "44", "render": "105"}
 
 
 def _plan_labels(plan):
-    return MODULES["plan"].create_labels(plan, "r1", "f" * 64)
+    return MODULES["labels"].create_labels(plan, "r1", "f" * 64)
 
 
 def _sdk_create_kwargs(plan, api_key, group_ids):

@@ -1,26 +1,23 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""GPU facts: the parsers of plugins/module_utils/_facts/gpu.py over every real capture, the sysfs mapping of
-plugins/module_utils/_facts/host.py over the simulated trees, and the module itself (plugins/modules/gpu_facts.py)."""
+"""GPU facts: the parsers of plugins/module_utils/_facts/gpu.py over every real capture and the module itself
+(plugins/modules/gpu_facts.py); the sysfs mapping of the reader is in test_gpu_reader.py."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import time
 
 import pytest
-from test_support.gpu import NVIDIA, NVIDIA_SYS, replay
-from test_support.paths import PROFILES, REAL
+from test_support.gpu import AMD_SYS, MI100, NVIDIA, NVIDIA_SYS, replay, without_render
+from test_support.paths import REAL
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts import gpu as _gpu
-from ansible_collections.narwhal.deploy.plugins.module_utils._facts import host as _host
 from ansible_collections.narwhal.deploy.plugins.modules import gpu_facts
 
 AMD = REAL / "amd"
-AMD_SYS = PROFILES / "amd-4gpu-rdma" / "sys"
 
 # ------------------------------------------------------------------------------------------------
 # nvidia-smi -q -x: every capture, expected values written out
@@ -342,7 +339,6 @@ def test_text_parser_rejects_the_default_table():
 # rocm-smi --json: every capture
 # (file, driver, [(index, uuid, name, pci_bus_id, memory_mib, numa_node)])
 
-MI100 = "Arcturus GL-XL [Instinct MI100]"
 NAVI22 = "Navi 22 [Radeon RX 6700/6700 XT / 6800M]"
 ROCM_EXPECTED = {
     "gpustack__amd-gpu-6.2.4-rocm-smi.json": (
@@ -465,150 +461,6 @@ def test_normalize_pci_bus_id(raw, expected):
     assert _gpu.normalize_pci_bus_id(raw) == expected
 
 
-def test_kfd_topology_of_the_amd_profile():
-    nodes = _host.read_kfd_topology(str(AMD_SYS))
-    assert [(n["node"], n["drm_render_minor"], n["pci_bus_id"]) for n in nodes] == [
-        (2, 128, "0000:83:00.0"),
-        (3, 129, "0000:a3:00.0"),
-        (4, 130, "0000:c3:00.0"),
-        (5, 131, "0000:e3:00.0"),
-    ]
-    assert nodes[0]["unique_id"] == 0x79CCD55167A2124A
-
-
-def test_drm_class_of_the_amd_profile():
-    assert _host.read_drm_nodes(str(AMD_SYS)) == {
-        "0000:83:00.0": {"render": [128], "card": [0]},
-        "0000:a3:00.0": {"render": [129], "card": [1]},
-        "0000:c3:00.0": {"render": [130], "card": [2]},
-        "0000:e3:00.0": {"render": [131], "card": [3]},
-    }
-
-
-def _amd_profile_gpus(sysfs_root):
-    parsed = _gpu.parse_rocm_smi_json((AMD / "telegraf__mi100_rocm602.json").read_text())
-    return _host.amd_facts(parsed, str(sysfs_root), "rocm-smi")
-
-
-def test_amd_facts_topology_first(tmp_path):
-    facts = _amd_profile_gpus(AMD_SYS)
-    assert facts["vendor"] == "amd" and facts["devices"] == ["/dev/kfd"]
-    assert [g["devices"] for g in facts["gpus"]] == [
-        ["/dev/dri/renderD128", "/dev/dri/card0"],
-        ["/dev/dri/renderD129", "/dev/dri/card1"],
-        ["/dev/dri/renderD130", "/dev/dri/card2"],
-        ["/dev/dri/renderD131", "/dev/dri/card3"],
-    ]
-    assert {g["device_source"] for g in facts["gpus"]} == {"kfd-topology+drm-class"}
-    assert {g["numa_node"] for g in facts["gpus"]} == {1}
-
-
-def test_amd_facts_drm_class_only(tmp_path):
-    root = tmp_path / "sys"
-    shutil.copytree(AMD_SYS, root, symlinks=True)
-    shutil.rmtree(root / "class" / "kfd")
-    facts = _amd_profile_gpus(root)
-    assert facts["gpus"][2]["devices"] == ["/dev/dri/renderD130", "/dev/dri/card2"]
-    assert facts["gpus"][2]["device_source"] == "drm-class"
-
-
-def test_amd_facts_topology_only(tmp_path):
-    root = tmp_path / "sys"
-    shutil.copytree(AMD_SYS, root, symlinks=True)
-    shutil.rmtree(root / "class" / "drm")
-    facts = _amd_profile_gpus(root)
-    assert facts["gpus"][3]["devices"] == ["/dev/dri/renderD131"]
-    assert facts["gpus"][3]["device_source"] == "kfd-topology"
-
-
-def test_amd_facts_with_dereferenced_links_use_uevent(tmp_path):
-    root = tmp_path / "sys"
-    shutil.copytree(AMD_SYS, root, symlinks=False)  # what a naive copy does to the device links
-    shutil.rmtree(root / "class" / "kfd")
-    assert not os.path.islink(root / "class" / "drm" / "card1" / "device")
-    facts = _amd_profile_gpus(root)
-    assert facts["gpus"][1]["devices"] == ["/dev/dri/renderD129", "/dev/dri/card1"]
-
-
-def test_amd_facts_without_sysfs_keep_capture_numa(tmp_path):
-    facts = _amd_profile_gpus(tmp_path)
-    assert [g["devices"] for g in facts["gpus"]] == [[], [], [], []]
-    assert {g["numa_node"] for g in facts["gpus"]} == {1}
-
-
-def test_amd_facts_by_kfd_node_id_when_no_bus_id():
-    parsed = _gpu.parse_rocm_smi_json((AMD / "gpustack__amd-gpu-6.2.4-rocm-smi.json").read_text())
-    nodes = [{"node": 1, "gpu_id": 1, "drm_render_minor": 128, "pci_bus_id": "0000:03:00.0", "unique_id": None}]
-    devices, how, bdf = _host.amd_gpu_devices(parsed["gpus"][0], nodes, {})
-    assert (devices, how, bdf) == (["/dev/dri/renderD128"], ["kfd-topology"], "0000:03:00.0")
-
-
-def test_nvidia_facts_numa_and_devices(tmp_path):
-    (tmp_path / "nvidiactl").write_text("")
-    (tmp_path / "nvidia-uvm").write_text("")
-    parsed = _gpu.parse_nvidia_smi_xml((NVIDIA / "datakit__gtx-8card.xml").read_text())
-    facts = _host.nvidia_facts(parsed, str(NVIDIA_SYS), str(tmp_path), "nvidia-smi -q -x")
-    assert facts["devices"] == ["/dev/nvidiactl", "/dev/nvidia-uvm"]
-    assert [g["numa_node"] for g in facts["gpus"]] == [0, 0, 0, 0, 1, 1, 1, 1]
-    assert [g["devices"] for g in facts["gpus"]] == [[f"/dev/nvidia{i}"] for i in range(8)]
-
-
-def test_nvidia_profile_pci_paths():
-    """nvidia-8gpu-rdma: root port 00:0k.0 per pair of GPUs, a first-level switch per root port, one
-    second-level switch per GPU (its HCA behind the same one, see _facts/test_rdma.py)."""
-    parsed = _gpu.parse_nvidia_smi_xml((NVIDIA / "datakit__gtx-8card.xml").read_text())
-    facts = _host.nvidia_facts(parsed, str(NVIDIA_SYS), str(NVIDIA_SYS), "nvidia-smi -q -x")
-    for gpu in facts["gpus"]:
-        k, j = divmod(gpu["index"], 2)
-        base, sub = 0x10 * (k + 1), 0x10 * (k + 1) + 2 + 4 * j
-        assert gpu["pci_path"] == ["pci0000:00", "0000:00:%02x.0" % (k + 1), "0000:%02x:00.0" % base,
-                                   "0000:%02x:%02x.0" % (base + 1, j), "0000:%02x:00.0" % sub,
-                                   "0000:%02x:00.0" % (sub + 1)]
-
-
-def test_amd_profile_pci_paths():
-    """amd-4gpu-rdma: one root complex per GPU (pci0000:80/a0/c0/e0), root port, one switch."""
-    paths = [g["pci_path"] for g in _amd_profile_gpus(AMD_SYS)["gpus"]]
-    assert paths == [["pci0000:%02x" % r, "0000:%02x:01.1" % r, "0000:%02x:00.0" % (r + 1), "0000:%02x:00.0" % (r + 2)]
-                     for r in (0x80, 0xA0, 0xC0, 0xE0)]
-
-
-def test_pci_path_unknown_without_a_devices_tree(tmp_path):
-    root = tmp_path / "sys"
-    shutil.copytree(AMD_SYS, root, symlinks=False)  # bus/pci/devices/<bdf> now real directories
-    assert [g["pci_path"] for g in _amd_profile_gpus(root)["gpus"]] == [None] * 4
-    assert [g["pci_path"] for g in _amd_profile_gpus(tmp_path / "none")["gpus"]] == [None] * 4
-    assert _host.read_pci_path(str(AMD_SYS), None) is None
-
-
-@pytest.mark.parametrize(
-    "location, expected",
-    [
-        ("pci0000:00/0000:00:1e.0", ["pci0000:00"]),  # on the root bus
-        ("pci0000:80/0000:80:01.1/0000:81:00.0/0000:82:00.0/0000:83:00.0",
-         ["pci0000:80", "0000:80:01.1", "0000:81:00.0", "0000:82:00.0"]),
-        # Hyper-V: the root bus sits below platform nodes
-        ("LNXSYSTM:00/LNXSYBUS:00/PNP0A03:00/device:07/VMBUS:01/47505500-0001-0000-3130-444531444234/pci0001:00/"
-         "0001:00:00.0", ["pci0001:00"]),
-        ("platform/soc/0000:00:00.0", None),  # no root bus directory
-        ("pci0000:00/0000:00:01.0/usb1/0000:01:00.0", None),  # something else than PCI functions in between
-    ],
-)
-def test_pci_path_of_a_sysfs_location(tmp_path, location, expected):
-    (tmp_path / "devices" / location).mkdir(parents=True)
-    link = tmp_path / "bus" / "pci" / "devices" / location.rsplit("/", 1)[1]
-    link.parent.mkdir(parents=True)
-    os.symlink(os.path.relpath(tmp_path / "devices" / location, link.parent), link)
-    assert _host.read_pci_path(str(tmp_path), link.name) == expected
-
-
-def test_nvidia_device_node_follows_minor_number(tmp_path):
-    parsed = _gpu.parse_nvidia_smi_xml((NVIDIA / "telegraf__dual_a5000-v13.xml").read_text())
-    facts = _host.nvidia_facts(parsed, str(tmp_path), str(tmp_path), "nvidia-smi -q -x")
-    assert [(g["index"], g["devices"]) for g in facts["gpus"]] == [(0, ["/dev/nvidia1"]), (1, ["/dev/nvidia0"])]
-    assert [g["numa_node"] for g in facts["gpus"]] == [None, None]
-
-
 @pytest.mark.parametrize(
     "raw, unit, expected",
     [("81920 MiB", "MiB", 81920), ("34342961152", "B", 32752), ("N/A", "MiB", None), ("1.5 GiB", "MiB", 1536)],
@@ -718,44 +570,6 @@ def test_module_amd_smi_preferred(module_runner, tmp_path, no_host_tools):
 # TP; refused naming the tool, the host, the GPU and the fix
 
 
-def _without_render(tmp_path, *bdfs):
-    """The AMD profile's sysfs with the KFD nodes and DRM entries of the GPUs at `bdfs` removed."""
-    root = tmp_path / "sys"
-    shutil.copytree(AMD_SYS, root, symlinks=True)
-    nodes = {n["pci_bus_id"]: n["node"] for n in _host.read_kfd_topology(str(AMD_SYS))}
-    drm = _host.read_drm_nodes(str(AMD_SYS))
-    for bdf in bdfs:
-        shutil.rmtree(root / "class" / "kfd" / "kfd" / "topology" / "nodes" / str(nodes[bdf]))
-        for minor in drm[bdf]["render"]:
-            shutil.rmtree(root / "class" / "drm" / f"renderD{minor}")
-    return root
-
-
-def test_render_node_refusal_names_every_gpu_without_one(tmp_path):
-    root = _without_render(tmp_path, "0000:c3:00.0", "0000:e3:00.0")
-    facts = _amd_profile_gpus(root)
-    assert [g["devices"] for g in facts["gpus"]][2:] == [["/dev/dri/card2"], ["/dev/dri/card3"]]
-    message = _host.render_node_refusal(facts, str(root), "host engine-1")
-    assert message.startswith(f"'rocm-smi' on host engine-1 lists AMD GPUs 2 (0000:c3:00.0, {MI100}), 3 "
-                              f"(0000:e3:00.0, {MI100}) without a render node: neither the KFD topology ")
-    assert "so a container given it would see fewer GPUs than the engine's tensor parallel size" in message
-    assert _host.render_node_refusal(_amd_profile_gpus(AMD_SYS), str(AMD_SYS), "host engine-1") is None
-    nothing = _host.render_node_refusal(_amd_profile_gpus(tmp_path / "none"), str(tmp_path / "none"), "host x")
-    assert "lists AMD GPUs 0 (0000:83:00.0" in nothing and "3 (0000:e3:00.0" in nothing
-
-
-def test_render_node_refusal_of_two_gpus_on_one_node(tmp_path):
-    """A KFD topology that gives two of the tool's GPUs one render node: the tool and sysfs disagree, refused."""
-    root = tmp_path / "sys"
-    shutil.copytree(AMD_SYS, root, symlinks=True)
-    properties = root / "class" / "kfd" / "kfd" / "topology" / "nodes" / "3" / "properties"
-    properties.write_text(properties.read_text().replace("drm_render_minor 129", "drm_render_minor 128"))
-    facts = _amd_profile_gpus(root)
-    message = _host.render_node_refusal(facts, str(root), "host engine-1")
-    assert message.startswith("'rocm-smi' on host engine-1 lists AMD GPUs 0 and 1, and sysfs below ")
-    assert "maps both to /dev/dri/renderD128; one device node cannot be two GPUs" in message
-
-
 @pytest.mark.parametrize("tool, stub_args, removed, expected", [
     ("rocm-smi", "--showproductname --showbus --showuniqueid --json", ["0000:a3:00.0"],
      f"lists AMD GPU 1 (0000:a3:00.0, {MI100}) without a render node"),
@@ -764,7 +578,7 @@ def test_render_node_refusal_of_two_gpus_on_one_node(tmp_path):
 def test_module_refuses_an_amd_gpu_without_render_node(module_runner, tmp_path, no_host_tools, tool, stub_args,
                                                        removed, expected):
     if tool == "rocm-smi":
-        source, root = AMD / "telegraf__mi100_rocm602.json", _without_render(tmp_path, *removed)
+        source, root = AMD / "telegraf__mi100_rocm602.json", without_render(tmp_path, *removed)
     else:
         source, root = tmp_path / "static.json", tmp_path / "empty-sys"
         source.write_text(json.dumps([AMD_SMI_GPU]))

@@ -1,14 +1,13 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Address choice over real `ip -j addr` captures (tests/fixtures/real/net):
-plugins/module_utils/_facts/netaddr.py; the interface's nominal speed from its sysfs `speed` file (link_speed, and
-the reader _facts/host.py::read_link_speed over trees laid out as the kernel lays them out)."""
+plugins/module_utils/_facts/netaddr.py; the interface's nominal speed from its sysfs `speed` file (link_speed; the
+reader over trees laid out as the kernel lays them out is in test_interface_reader.py)."""
 
 
 import pytest
 from test_support.paths import REAL
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._facts.host import read_link_speed
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.netaddr import (
     global_addresses,
     interface_addresses,
@@ -151,27 +150,3 @@ def test_link_speed(text, virtual, mbps, why):
         assert speed["why"] is None
     else:
         assert why in speed["why"] and (text is not None or "Invalid argument" in speed["why"])
-
-
-def _net_tree(root, name, speed, virtual):
-    """<root>/class/net/<name> linked into devices/ as the kernel links it: devices/virtual/net/<name> for a veth,
-    devices/pci0000:00/0000:00:03.0/net/<name> for a NIC."""
-    device = root / "devices" / ("virtual" if virtual else "pci0000:00/0000:00:03.0") / "net" / name
-    device.mkdir(parents=True)
-    if speed is not None:
-        (device / "speed").write_text(speed)
-    (root / "class" / "net").mkdir(parents=True, exist_ok=True)
-    (root / "class" / "net" / name).symlink_to(device)
-
-
-def test_read_link_speed_of_a_nic_a_veth_and_a_missing_interface(tmp_path):
-    _net_tree(tmp_path, "ens1f0", "100000\n", False)
-    _net_tree(tmp_path, "eth1", "10000\n", True)
-    _net_tree(tmp_path, "lo", None, True)
-    assert read_link_speed(str(tmp_path), "ens1f0") == {"mbps": 100000, "virtual": False, "why": None}
-    veth = read_link_speed(str(tmp_path), "eth1")
-    assert veth["mbps"] == 10000 and veth["virtual"] is True and "a veth always reports 10000" in veth["why"]
-    lo = read_link_speed(str(tmp_path), "lo")
-    assert lo["mbps"] is None and "cannot read %s" % (tmp_path / "class" / "net" / "lo" / "speed") in lo["why"]
-    gone = read_link_speed(str(tmp_path), "eth9")
-    assert gone["mbps"] is None and gone["virtual"] is False and "No such file" in gone["why"]

@@ -1,127 +1,36 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""RDMA facts (plugins/module_utils/_facts/rdma.py parsers, host.py sysfs reader, plugins/modules/rdma_facts.py):
-the real sysfs dump, the simulated host's tree, ibstat / ibv_devinfo / ibstatus captures, the module."""
+"""RDMA facts (plugins/module_utils/_facts/rdma.py parsers, plugins/modules/rdma_facts.py): ibstat / ibv_devinfo /
+ibstatus captures, the simulated host's tree against the real dump and its generator, the module. The sysfs reader
+(_facts/rdma_reader.py) is tested in test_rdma_reader.py."""
 
 from __future__ import annotations
 
 import os
 import pathlib
-import shutil
 import socket
 import subprocess
 import sys
 import time
 
 import pytest
-from test_support.paths import PROFILES, REAL, REPO
+from test_support.paths import REAL, REPO
+from test_support.rdma import (
+    H100_HCAS,
+    REAL_TREE,
+    SIM_DEVICES,
+    SIM_PLACEMENT,
+    SIM_SYS,
+    real_sysfs_root,
+    sim_hca_path,
+    summary,
+)
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._facts import host as _host
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts import rdma as _rdma
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts import rdma_reader as _rdma_reader
 from ansible_collections.narwhal.deploy.plugins.modules import rdma_facts
 
 NET = REAL / "net"
-REAL_TREE = NET / "gpud__sys-class-infiniband-h100.0"
-SIM_SYS = PROFILES / "nvidia-8gpu-rdma" / "sys"
-SIM_DEVICES = PROFILES / "nvidia-8gpu-rdma" / "devices"
-
-H100_HCAS = ["mlx5_0", "mlx5_1", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7", "mlx5_8", "mlx5_9", "mlx5_bond_0"]
-
-
-def _summary(hcas):
-    return [
-        (
-            h["name"],
-            h["hca_type"],
-            h["fw_ver"],
-            h["board_id"],
-            [(p["port"], p["state"], p["phys_state"], p["link_layer"], p["rate"], p["active"]) for p in h["ports"]],
-        )
-        for h in hcas
-    ]
-
-
-CX7_SYSFS = (
-    "MT4129",
-    "28.41.1000",
-    "MT_0000000838",
-    [(1, "ACTIVE", "LinkUp", "InfiniBand", "400 Gb/sec (4X NDR)", True)],
-)
-BF3_SYSFS = (
-    "MT41692",
-    "32.38.3056",
-    "MT_0000000884",
-    [(1, "ACTIVE", "LinkUp", "Ethernet", "200 Gb/sec (2X NDR)", True)],
-)
-SYSFS_EXPECTED = [(name, *CX7_SYSFS) for name in H100_HCAS[:-1]] + [("mlx5_bond_0", *BF3_SYSFS)]
-
-
-@pytest.fixture
-def real_sysfs(tmp_path):
-    """The real dump of /sys/class/infiniband placed at <root>/class/infiniband."""
-    (tmp_path / "class").mkdir()
-    os.symlink(REAL_TREE, tmp_path / "class" / "infiniband")
-    return tmp_path
-
-
-def test_real_sysfs_dump(real_sysfs):
-    hcas = _host.read_sysfs_hcas(str(real_sysfs))
-    assert _summary(hcas) == SYSFS_EXPECTED
-    # a plain dump: no device links, no infiniband_verbs, no ndevs
-    for hca in hcas:
-        assert (hca["numa_node"], hca["pci_bus_id"], hca["pci_path"], hca["uverbs"]) == (None, None, None, None)
-        assert hca["ports"][0]["netdev"] is None
-
-
-def test_no_infiniband_class(tmp_path):
-    assert _host.read_sysfs_hcas(str(tmp_path)) is None
-
-
-SIM_PLACEMENT = [
-    ("mlx5_0", 0, "0000:00:15.0", "/dev/infiniband/uverbs0"),
-    ("mlx5_1", 0, "0000:00:16.0", "/dev/infiniband/uverbs1"),
-    ("mlx5_4", 0, "0000:00:17.0", "/dev/infiniband/uverbs2"),
-    ("mlx5_5", 0, "0000:00:18.0", "/dev/infiniband/uverbs3"),
-    ("mlx5_6", 1, "0000:00:19.0", "/dev/infiniband/uverbs4"),
-    ("mlx5_7", 1, "0000:00:1a.0", "/dev/infiniband/uverbs5"),
-    ("mlx5_8", 1, "0000:00:1b.0", "/dev/infiniband/uverbs6"),
-    ("mlx5_9", 1, "0000:00:1c.0", "/dev/infiniband/uverbs7"),
-    ("mlx5_bond_0", 0, "0000:00:1d.0", "/dev/infiniband/uverbs8"),
-]
-
-
-def test_simulated_host_tree():
-    hcas = _host.read_sysfs_hcas(str(SIM_SYS))
-    assert _summary(hcas) == SYSFS_EXPECTED
-    assert [(h["name"], h["numa_node"], h["pci_bus_id"], h["uverbs"]) for h in hcas] == SIM_PLACEMENT
-
-
-def _sim_hca_path(rail):
-    """nvidia-8gpu-rdma (tests/harness/profiles/nvidia-8gpu-rdma/sys/README.md): rail i shares the second-level
-    PCIe switch of GPU i."""
-    k, j = divmod(rail, 2)
-    base, sub = 0x10 * (k + 1), 0x10 * (k + 1) + 2 + 4 * j
-    return ["pci0000:00", "0000:00:%02x.0" % (k + 1), "0000:%02x:00.0" % base, "0000:%02x:%02x.0" % (base + 1, j),
-            "0000:%02x:00.0" % sub, "0000:%02x:01.0" % (sub + 1)]
-
-
-def test_simulated_host_pci_paths():
-    hcas = _host.read_sysfs_hcas(str(SIM_SYS))
-    assert [h["pci_path"] for h in hcas] == [_sim_hca_path(i) for i in range(8)] + [["pci0000:00", "0000:00:05.0"]]
-
-
-def test_amd_profile_pci_paths():
-    """amd-4gpu-rdma: mlx5_6..9 share a PCIe switch with the MI100s (bus 83, a3, c3, e3), the rest stand alone."""
-    hcas = _host.read_sysfs_hcas(str(SIM_SYS.parent.parent / "amd-4gpu-rdma" / "sys"))
-    assert [(h["name"], h["numa_node"], h["pci_bus_id"], h["uverbs"]) for h in hcas] == [
-        (name, numa, bdf, uverbs) for (name, numa, _bdf, uverbs), bdf in zip(SIM_PLACEMENT, (
-            "0000:01:00.0", "0000:21:00.0", "0000:41:00.0", "0000:61:00.0",
-            "0000:84:00.0", "0000:a4:00.0", "0000:c4:00.0", "0000:e4:00.0", "0000:02:00.0"), strict=True)]
-    paths = {h["name"]: h["pci_path"] for h in hcas}
-    assert paths["mlx5_6"] == ["pci0000:80", "0000:80:01.1", "0000:81:00.0", "0000:82:01.0"]
-    assert paths["mlx5_9"] == ["pci0000:e0", "0000:e0:01.1", "0000:e1:00.0", "0000:e2:01.0"]
-    assert paths["mlx5_1"] == ["pci0000:20", "0000:20:01.1"]
-    assert paths["mlx5_bond_0"] == ["pci0000:00", "0000:00:03.1"]
 
 
 def test_simulated_pci_trees_are_what_the_generator_writes():
@@ -143,30 +52,6 @@ def test_simulated_uverbs_match_the_profile_devices():
         line.split()[-1] for line in SIM_DEVICES.read_text().splitlines() if "/dev/infiniband/uverbs" in line
     )
     assert sorted(p[3] for p in SIM_PLACEMENT) == listed
-
-
-def test_dereferenced_links_fall_back_to_uevent(tmp_path):
-    root = tmp_path / "sys"
-    shutil.copytree(SIM_SYS / "bus", root / "bus")
-    shutil.copytree(
-        SIM_SYS / "class" / "infiniband" / "mlx5_6", root / "class" / "infiniband" / "mlx5_6", symlinks=False
-    )
-    hca = _host.read_sysfs_hcas(str(root))[0]
-    assert (hca["numa_node"], hca["pci_bus_id"], hca["uverbs"]) == (1, "0000:00:19.0", None)
-    assert hca["pci_path"] is None  # no devices/ tree to place it in
-
-
-def test_ndevs_netdev_and_natural_order(tmp_path):
-    for name, state in (("mlx5_10", "1: DOWN"), ("mlx5_2", "4: ACTIVE")):
-        port = tmp_path / "class" / "infiniband" / name / "ports" / "1"
-        (port / "gid_attrs" / "ndevs").mkdir(parents=True)
-        (port / "state").write_text(state + "\n")
-        (port / "phys_state").write_text("5: LinkUp\n")
-        (port / "link_layer").write_text("Ethernet\n")
-        (port / "gid_attrs" / "ndevs" / "0").write_text(f"ens{name[-1]}\n")
-    hcas = _host.read_sysfs_hcas(str(tmp_path))
-    assert [h["name"] for h in hcas] == ["mlx5_2", "mlx5_10"]
-    assert [(h["ports"][0]["netdev"], h["ports"][0]["active"]) for h in hcas] == [("ens2", True), ("ens0", False)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -220,17 +105,17 @@ def test_every_text_capture_has_expectations():
 
 @pytest.mark.parametrize("name", sorted(IBSTAT_EXPECTED))
 def test_parse_ibstat(name):
-    assert _summary(_rdma.parse_ibstat((NET / name).read_text())) == IBSTAT_EXPECTED[name]
+    assert summary(_rdma.parse_ibstat((NET / name).read_text())) == IBSTAT_EXPECTED[name]
 
 
 @pytest.mark.parametrize("name", sorted(IBV_DEVINFO_EXPECTED))
 def test_parse_ibv_devinfo(name):
-    assert _summary(_rdma.parse_ibv_devinfo((NET / name).read_text())) == IBV_DEVINFO_EXPECTED[name]
+    assert summary(_rdma.parse_ibv_devinfo((NET / name).read_text())) == IBV_DEVINFO_EXPECTED[name]
 
 
 @pytest.mark.parametrize("name", sorted(IBSTATUS_EXPECTED))
 def test_parse_ibstatus(name):
-    assert _summary(_rdma.parse_ibstatus((NET / name).read_text())) == IBSTATUS_EXPECTED[name]
+    assert summary(_rdma.parse_ibstatus((NET / name).read_text())) == IBSTATUS_EXPECTED[name]
 
 
 def _rates(hcas):
@@ -250,10 +135,16 @@ RATES_EXPECTED = {
 }
 
 
+@pytest.fixture
+def real_sysfs(tmp_path):
+    """The real dump of /sys/class/infiniband placed at <root>/class/infiniband."""
+    return real_sysfs_root(tmp_path)
+
+
 @pytest.mark.parametrize("name", sorted(RATES_EXPECTED))
 def test_port_rates_in_bits_from_the_real_captures(name, real_sysfs):
     if name == "sysfs":
-        hcas = _host.read_sysfs_hcas(str(real_sysfs))
+        hcas = _rdma_reader.read_sysfs_hcas(str(real_sysfs))
     else:
         parser = {"ibstat": _rdma.parse_ibstat, "ibv_devinfo": _rdma.parse_ibv_devinfo,
                   "ibstatus": _rdma.parse_ibstatus}[name.split("__")[1].split(".")[0]]
@@ -330,7 +221,7 @@ def test_module_simulated_host(module_runner, sim_dev):
     assert facts["devices"] == [f"/dev/infiniband/uverbs{i}" for i in range(9)] + ["/dev/infiniband/rdma_cm"]
     assert facts["source"] == os.path.join(str(SIM_SYS), "class", "infiniband")
     assert [(h["name"], h["numa_node"], h["pci_bus_id"], h["uverbs"]) for h in facts["hcas"]] == SIM_PLACEMENT
-    assert facts["hcas"][0]["pci_path"] == _sim_hca_path(0)
+    assert facts["hcas"][0]["pci_path"] == sim_hca_path(0)
     assert facts["hcas"][0]["ports"] == [
         {
             "port": 1,

@@ -140,60 +140,6 @@ def test_without_the_lease_input_nothing_of_it_is_written_and_the_drain_defaults
     assert plan["command"][-4:] == ["--block-size", "16", "--shutdown-timeout", "30"]
 
 
-@pytest.mark.parametrize("runtime,words", [
-    ({"environment": {"VLLM_NIXL_ABORT_REQUEST_TIMEOUT": "60"}},
-     "launch record runtime.environment sets VLLM_NIXL_ABORT_REQUEST_TIMEOUT, the KV lease, by hand; the image's "
-     "vLLM 0.33.0 reads the KV lease from kv_connector_extra_config.kv_lease_duration"),
-    ({"environment": {"VLLM_KV_LEASE_DURATION": "60"}}, "sets VLLM_KV_LEASE_DURATION, the KV lease, by hand"),
-    ({"extra_args": ["--kv-transfer-config.kv_connector_extra_config.kv_lease_duration=60"]},
-     "the KV lease, by hand"),
-    ({"extra_args": ["--shutdown-timeout", "5"]}, "overrides launcher-managed --shutdown-timeout"),
-    ({"kv_lease_seconds": 0}, "runtime.kv_lease_seconds=0 must be a whole number of seconds from 1 to 86400"),
-    ({"shutdown_timeout": -1}, "runtime.shutdown_timeout=-1 must be a whole number of seconds from 0 to 3600"),
-    ({"shutdown_timeout": 30, "vllm_version": "0.17.1", "expected_packages": {"vllm": "0.17.1", "nixl": "0.7.1"}},
-     "runtime.shutdown_timeout=30 but the image's vLLM 0.17.1 has no --shutdown-timeout"),
-])
-def test_a_hand_set_lease_or_drain_is_refused_by_the_planner(runtime, words):
-    from test_support.launcher import le, record, role_env
-
-    rec = record("engine-1")
-    rec["runtime"].update(runtime)
-    with pytest.raises(le.LaunchError, match=words.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
-        le.build_plan(role_env(), rec)
-
-
-@pytest.mark.parametrize("command,environment,grace", [
-    (["serve", "/m", "--shutdown-timeout", "30"], {}, 45),
-    (["serve", "/m", "--shutdown-timeout=0"], {}, 15),
-    (["serve", "/m", "--shutdown-timeout", "120"], {"VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "20"}, 150),
-    (["serve", "/m"], {}, 30),  # started before the input: the grace every stop gave
-])
-def test_stop_grace_is_the_drain_plus_worker_teardown_plus_a_margin(command, environment, grace):
-    from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import stop_grace
-
-    assert stop_grace(command, environment) == grace
-
-
-@pytest.mark.parametrize("role,runtime,warned", [
-    ("prefill", {"shutdown_timeout": 10}, "NARWHAL_SHUTDOWN_TIMEOUT=10 is shorter than its KV lease of 30 s"),
-    ("prefill", {"shutdown_timeout": 60, "kv_lease_seconds": 90}, "shorter than its KV lease of 90 s"),
-    ("prefill", {"shutdown_timeout": 30}, None),
-    ("prefill", {"shutdown_timeout": 10, "kv_lease_seconds": 5}, None),
-    ("decode", {"shutdown_timeout": 0}, None),
-    ("prefill", {"shutdown_timeout": 30, "vllm_version": "0.21.0"}, "shorter than its KV lease of 480 s"),
-])
-def test_a_prefill_whose_drain_is_shorter_than_its_lease_is_warned(role, runtime, warned):
-    from test_support.launcher import record
-
-    from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import drain_warning
-
-    rec = record("engine-1")
-    rec["role"] = role
-    rec["runtime"].update(runtime)
-    warning = drain_warning(rec)
-    assert (warning is None) if warned is None else (warned in warning)
-
-
 # ------------------------------------------------------------------------------ data- and expert-parallel engines
 
 def test_dp_and_ep_engines_get_their_flags_after_tp_and_every_gpu(tmp_path):

@@ -1,0 +1,48 @@
+# Copyright: narwhal.deploy contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A plan's identity (pure, standard library only): its hash (sha256 of the canonical JSON, the API key excluded:
+the same on the controller and the host) and the labels its container carries (the engine, the plan hash, the run
+that created it), which the launcher's start, status and preview read back."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import API_KEY_ENV, REDACTED
+
+__metaclass__ = type
+
+
+PLAN_HASH_LABEL = "org.narwhal.plan-hash"
+
+ENGINE_LABEL = "org.narwhal.engine"
+
+
+# The run that created the container: set at create time next to the plan hash, never part of the plan (so the
+# hash stays run-independent and an unchanged engine survives a new run); `status` reads it to say which run serves.
+RUN_ID_LABEL = "org.narwhal.run-id"
+
+
+def redacted(plan):
+    plan = copy.deepcopy(plan)
+    if API_KEY_ENV in plan.get("environment", {}):
+        plan["environment"][API_KEY_ENV] = REDACTED
+    return plan
+
+
+def plan_hash(plan):
+    """sha256 of the canonical JSON of the plan, the API key excluded: the same on the controller and host."""
+    canonical = json.dumps(redacted(plan), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def create_labels(plan, run_id=None, digest=None):
+    """The container's labels: the plan's, the plan hash (`digest` when the caller has it), and the run that
+    creates it (RUN_ID_LABEL, when given). The last two are added at create time, outside the hashed plan."""
+    labels = dict(plan["labels"])
+    labels[PLAN_HASH_LABEL] = digest or plan_hash(plan)
+    if run_id:
+        labels[RUN_ID_LABEL] = run_id
+    return labels
