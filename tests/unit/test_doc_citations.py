@@ -1,0 +1,51 @@
+"""Comments and pages cite the docs by page and heading (`docs/architecture.md, "One planner"`): every such citation
+in the tracked files names a page that exists and a heading of it (a heading that starts with the cited words, as
+"The image" cites "The image (`tests/harness/images/vllm-cpu`)"). A renamed or moved heading fails here until its
+citations follow it (docs/architecture.md keeps the design; docs/vllm-requirements.md the facts it rests on)."""
+import re
+import subprocess
+
+from test_support.paths import REPO
+
+CITATION = re.compile(r'docs/([\w-]+\.md)[,:]?\s*\(?"([A-Z][^"]*)"((?:(?:, | and )"[A-Z][^"]*")*)')
+SUFFIXES = (".py", ".yml", ".md", ".j2", ".sh", ".txt", ".cfg")
+
+
+def _headings(page):
+    path = REPO / "docs" / page
+    if not path.is_file():
+        return None
+    return [re.sub(r"^#+\s*", "", line).strip() for line in path.read_text().splitlines() if line.startswith("#")]
+
+
+def citations():
+    """(file, page, heading) of every citation in the tracked files (comments folded onto one line)."""
+    files = subprocess.run(["git", "-C", str(REPO), "ls-files"], capture_output=True, text=True,
+                           check=True).stdout.split()
+    found = []
+    for name in files:
+        if not name.endswith(SUFFIXES) or name.startswith(("tests/fixtures/", "changelogs/")):
+            continue
+        text = re.sub(r"\s*\n\s*(?:#\s*)?", " ", (REPO / name).read_text(errors="replace"))
+        for match in CITATION.finditer(text):
+            more = re.findall(r'"([^"]+)"', match.group(3))
+            found.extend((name, match.group(1), heading) for heading in [match.group(2)] + more)
+    return found
+
+
+def test_every_citation_names_a_page_and_one_of_its_headings():
+    found = citations()
+    assert len(found) > 40  # the pattern still sees the citations
+    wrong = []
+    for name, page, heading in found:
+        headings = _headings(page)
+        if headings is None or not any(h.startswith(heading) for h in headings):
+            wrong.append("%s cites docs/%s, %r" % (name, page, heading))
+    assert wrong == []
+
+
+def test_a_citation_of_a_missing_heading_is_found(tmp_path):
+    text = 'see docs/architecture.md, "No such heading" and docs/architecture.md, "One planner"'
+    cited = [(m.group(1), m.group(2)) for m in CITATION.finditer(text)]
+    assert cited == [("architecture.md", "No such heading"), ("architecture.md", "One planner")]
+    assert not any(h.startswith("No such heading") for h in _headings("architecture.md"))
