@@ -9,6 +9,7 @@ from test_support.paths import REPO
 
 CITATION = re.compile(r'docs/([\w-]+\.md)[,:]?\s*\(?"([A-Z][^"]*)"((?:(?:, | and )"[A-Z][^"]*")*)')
 SUFFIXES = (".py", ".yml", ".md", ".j2", ".sh", ".txt", ".cfg")
+THIS = "tests/unit/test_doc_citations.py"  # its own example of a wrong citation
 
 
 def _headings(page):
@@ -24,7 +25,7 @@ def citations():
                            check=True).stdout.split()
     found = []
     for name in files:
-        if not name.endswith(SUFFIXES) or name.startswith(("tests/fixtures/", "changelogs/")):
+        if not name.endswith(SUFFIXES) or name.startswith(("tests/fixtures/", "changelogs/")) or name == THIS:
             continue
         text = re.sub(r"\s*\n\s*(?:#\s*)?", " ", (REPO / name).read_text(errors="replace"))
         for match in CITATION.finditer(text):
