@@ -156,29 +156,9 @@ def kv_cache_pages(geometry, tp, block_size, kv_cache_dtype, model_dtype):
         attention_layers = geometry.get("num_layers")
 
     if mla:
-        kv_heads_per_gpu = 1
-        latent = (geometry.get("kv_lora_rank") or 0) + (geometry.get("qk_rope_head_dim") or 0)
-        if latent <= 0:
-            raise ValueError("MLA geometry needs kv_lora_rank and qk_rope_head_dim")
-        if _dtype_name(kv_cache_dtype) == "fp8_ds_mla":
-            per_token = FP8_DS_MLA_BYTES_PER_TOKEN
-            notes.append("fp8_ds_mla: 656 bytes per token (512 fp8 latent + scales + 64 bf16 rope)")
-        else:
-            per_token = latent * elem
-        notes.append(f"MLA: one latent KV head of {latent}, shared by all TP ranks (not split by TP)")
-        align = MLA_ATTENTION_ALIGN
+        per_token, kv_heads_per_gpu, align = _mla_attention(geometry, kv_cache_dtype, elem, notes)
     else:
-        num_kv_heads = geometry.get("num_kv_heads")
-        head_dim = geometry.get("head_dim")
-        if not num_kv_heads or not head_dim:
-            raise ValueError("geometry needs num_kv_heads and head_dim")
-        kv_heads_per_gpu = max(1, num_kv_heads // tp)
-        if num_kv_heads < tp:
-            notes.append(f"{num_kv_heads} KV heads < TP {tp}: each KV head is replicated on {tp // num_kv_heads} GPUs")
-        elif num_kv_heads % tp:
-            notes.append(f"{num_kv_heads} KV heads are not divisible by TP {tp}; vLLM will refuse this TP size")
-        per_token = 2 * kv_heads_per_gpu * head_dim * elem
-        align = ATTENTION_ALIGN
+        per_token, kv_heads_per_gpu, align = _plain_attention(geometry, tp, elem, notes)
 
     result = {
         "bytes_per_token_per_layer": per_token,
@@ -194,7 +174,46 @@ def kv_cache_pages(geometry, tp, block_size, kv_cache_dtype, model_dtype):
     }
     if not mamba:
         return result
+    return _pad_for_mamba(result, mamba, tp, model_dtype, attention_layers, mla)
 
+
+def _mla_attention(geometry, kv_cache_dtype, elem, notes):
+    """MLA's (bytes per token per layer, KV heads per GPU, block alignment): one latent head, not split by TP."""
+    kv_heads_per_gpu = 1
+    latent = (geometry.get("kv_lora_rank") or 0) + (geometry.get("qk_rope_head_dim") or 0)
+    if latent <= 0:
+        raise ValueError("MLA geometry needs kv_lora_rank and qk_rope_head_dim")
+    if _dtype_name(kv_cache_dtype) == "fp8_ds_mla":
+        per_token = FP8_DS_MLA_BYTES_PER_TOKEN
+        notes.append("fp8_ds_mla: 656 bytes per token (512 fp8 latent + scales + 64 bf16 rope)")
+    else:
+        per_token = latent * elem
+    notes.append(f"MLA: one latent KV head of {latent}, shared by all TP ranks (not split by TP)")
+    return per_token, kv_heads_per_gpu, MLA_ATTENTION_ALIGN
+
+
+def _plain_attention(geometry, tp, elem, notes):
+    """Plain attention's (bytes per token per layer, KV heads per GPU, block alignment): K and V of the KV heads
+    one GPU holds."""
+    num_kv_heads = geometry.get("num_kv_heads")
+    head_dim = geometry.get("head_dim")
+    if not num_kv_heads or not head_dim:
+        raise ValueError("geometry needs num_kv_heads and head_dim")
+    kv_heads_per_gpu = max(1, num_kv_heads // tp)
+    if num_kv_heads < tp:
+        notes.append(f"{num_kv_heads} KV heads < TP {tp}: each KV head is replicated on {tp // num_kv_heads} GPUs")
+    elif num_kv_heads % tp:
+        notes.append(f"{num_kv_heads} KV heads are not divisible by TP {tp}; vLLM will refuse this TP size")
+    per_token = 2 * kv_heads_per_gpu * head_dim * elem
+    return per_token, kv_heads_per_gpu, ATTENTION_ALIGN
+
+
+def _pad_for_mamba(result, mamba, tp, model_dtype, attention_layers, mla):
+    """A hybrid attention + Mamba model: `result` (kv_cache_pages's plan of the attention pages) with the block
+    size raised until one attention page holds one Mamba state page, and the Mamba page padded to it (the block size
+    left as requested when the state shape is not derivable; one state page per sequence without attention)."""
+    notes, align = result["notes"], result["attention_align"]
+    per_token, block_size = result["bytes_per_token_per_layer"], result["requested_block_size"]
     mamba_page = mamba_page_bytes(mamba, tp, model_dtype)
     result["mamba_page_bytes"] = mamba_page
     if mamba_page is None:

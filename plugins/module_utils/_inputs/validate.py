@@ -99,54 +99,23 @@ def _check(spec, key, raw):
     if kind == "bool":
         return _bool(key, value)
     if kind == "port":
-        number = _whole(key, value)
-        if not 1 <= number <= 65535:
-            raise InputError(key, "port %d is out of range 1-65535; %s" % (number, FIX))
-        return number
+        return _port(key, value)
     if kind == "seconds":
-        number = _whole(key, value)
-        if not spec["min"] <= number <= spec["max"]:
-            raise InputError(key, "%d seconds is out of range %d-%d; %s" % (number, spec["min"], spec["max"], FIX))
-        return number
+        return _seconds(spec, key, value)
     if kind == "count_or_all":
         if value == "all":
             return value
         return _positive(key, value)
     if kind == "int_list":
-        items = [x.strip() for x in value.split(",")]
-        if not all(WHOLE.match(x) for x in items):
-            raise InputError(key, "%r is not a comma-separated list of GPU indices like 4,5,6,7 (ASCII digits 0-9); %s"
-                             % (raw, FIX))
-        items = [int(x, 10) for x in items]
-        if any(i < 0 for i in items) or len(set(items)) != len(items):
-            raise InputError(key, "%r has negative or repeated GPU indices; %s" % (raw, FIX))
-        return items
+        return _gpu_indices(key, raw, value)
     if kind == "rate_list":
         return rate_list(key, raw, value)
     if kind == "number":
         return _number(key, raw, value)
     if kind == "abspath":
-        parts = value.split("/")
-        if not value.startswith("/") or not value.strip("/"):
-            raise InputError(key, "%r is not an absolute path below / on the engine hosts; %s" % (raw, FIX))
-        if "," in value or any(p in (".", "..") for p in parts):
-            raise InputError(key, "%r has a ',' or a '.'/'..' component; an engine-host path is mounted into the "
-                                  "container (docker --mount separates options by commas) and must not leave its "
-                                  "directory: write it plainly; %s" % (raw, FIX))
-        # One spelling per directory: /srv/models/x/ is /srv/models/x. Every stage takes the served model name from
-        # the last component of NARWHAL_MODEL_PATH (records, the probe's and the router's `basename`), and a trailing
-        # '/' would make that component '' for `basename` while the records strip it, so the probe would ask the
-        # engines for model "". vLLM itself would serve the --model string exactly as given when no
-        # --served-model-name is set (vllm/config/model.py, get_served_model_name: "the fallback is to use
-        # self.model"); the launcher always sets --served-model-name, so the name is the one derived here.
-        return value.rstrip("/")
+        return _engine_host_path(key, raw, value)
     if kind == "path":
-        if not value:
-            raise InputError(key, "is empty; %s" % FIX)
-        if ".." in value.split("/") or value.startswith("~"):
-            raise InputError(key, "%r has a '..' component or a '~' (which nothing expands); write the path "
-                                  "without them: relative to the checkout, or absolute for a place outside it; %s"
-                             % (raw, FIX))
+        return _checkout_path(key, raw, value)
     if kind == "choice" and value not in spec["choices"]:
         raise InputError(key, "%r is not one of %s; %s" % (raw, ", ".join(spec["choices"]), FIX))
     if kind == "role" and value not in ("prefill", "decode"):
@@ -164,24 +133,89 @@ def _check(spec, key, raw):
     if kind == "ip":
         return _address(key, raw, value)
     if kind == "bind":
-        try:
-            return str(ipaddress.ip_address(value))
-        except ValueError:
-            raise InputError(key, "%r is not an IPv4 or IPv6 address to bind on (0.0.0.0 or :: for every interface; "
-                                  "no brackets, no port); %s" % (raw, FIX))
+        return _bind_address(key, raw, value)
     if kind in ("url", "url_path"):
         parse_url(key, value, allow_path=kind == "url_path")
     if kind in ("args", "env"):
-        # the planner's rules (launcher-managed flags and variables, secret-looking names), refused at the first
-        # stage that reads the input
-        try:
-            if kind == "args":
-                check_args(split_args(value, key), key)
-            else:
-                parse_env_words(value, key)
-        except PlanError as exc:
-            raise InputError(key, "%s; %s" % (exc, FIX))
+        _planner_words(kind, key, value)
     return value
+
+
+def _port(key, value):
+    number = _whole(key, value)
+    if not 1 <= number <= 65535:
+        raise InputError(key, "port %d is out of range 1-65535; %s" % (number, FIX))
+    return number
+
+
+def _seconds(spec, key, value):
+    number = _whole(key, value)
+    if not spec["min"] <= number <= spec["max"]:
+        raise InputError(key, "%d seconds is out of range %d-%d; %s" % (number, spec["min"], spec["max"], FIX))
+    return number
+
+
+def _gpu_indices(key, raw, value):
+    """A comma-separated list of distinct GPU indices (ASCII digits) as ints."""
+    items = [x.strip() for x in value.split(",")]
+    if not all(WHOLE.match(x) for x in items):
+        raise InputError(key, "%r is not a comma-separated list of GPU indices like 4,5,6,7 (ASCII digits 0-9); %s"
+                         % (raw, FIX))
+    items = [int(x, 10) for x in items]
+    if any(i < 0 for i in items) or len(set(items)) != len(items):
+        raise InputError(key, "%r has negative or repeated GPU indices; %s" % (raw, FIX))
+    return items
+
+
+def _engine_host_path(key, raw, value):
+    """An absolute path on the engine hosts (kind abspath), without a trailing '/'."""
+    parts = value.split("/")
+    if not value.startswith("/") or not value.strip("/"):
+        raise InputError(key, "%r is not an absolute path below / on the engine hosts; %s" % (raw, FIX))
+    if "," in value or any(p in (".", "..") for p in parts):
+        raise InputError(key, "%r has a ',' or a '.'/'..' component; an engine-host path is mounted into the "
+                              "container (docker --mount separates options by commas) and must not leave its "
+                              "directory: write it plainly; %s" % (raw, FIX))
+    # One spelling per directory: /srv/models/x/ is /srv/models/x. Every stage takes the served model name from
+    # the last component of NARWHAL_MODEL_PATH (records, the probe's and the router's `basename`), and a trailing
+    # '/' would make that component '' for `basename` while the records strip it, so the probe would ask the
+    # engines for model "". vLLM itself would serve the --model string exactly as given when no
+    # --served-model-name is set (vllm/config/model.py, get_served_model_name: "the fallback is to use
+    # self.model"); the launcher always sets --served-model-name, so the name is the one derived here.
+    return value.rstrip("/")
+
+
+def _checkout_path(key, raw, value):
+    """A path relative to the checkout or absolute (kind path): not empty, no '..' component, no leading '~'."""
+    if not value:
+        raise InputError(key, "is empty; %s" % FIX)
+    if ".." in value.split("/") or value.startswith("~"):
+        raise InputError(key, "%r has a '..' component or a '~' (which nothing expands); write the path "
+                              "without them: relative to the checkout, or absolute for a place outside it; %s"
+                         % (raw, FIX))
+    return value
+
+
+def _bind_address(key, raw, value):
+    """An IPv4 or IPv6 address to bind on, as `ipaddress` writes it."""
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise InputError(key, "%r is not an IPv4 or IPv6 address to bind on (0.0.0.0 or :: for every interface; "
+                              "no brackets, no port); %s" % (raw, FIX))
+
+
+def _planner_words(kind, key, value):
+    """Extra vLLM arguments (kind args) or environment words (kind env) under the planner's rules
+    (launcher-managed flags and variables, secret-looking names), refused at the first stage that reads the
+    input."""
+    try:
+        if kind == "args":
+            check_args(split_args(value, key), key)
+        else:
+            parse_env_words(value, key)
+    except PlanError as exc:
+        raise InputError(key, "%s; %s" % (exc, FIX))
 
 
 BOOL_WORDS = {"true": True, "false": False}

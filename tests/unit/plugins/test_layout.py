@@ -132,3 +132,39 @@ def test_the_architecture_pages_folder_table_is_the_tree():
     tree.add(LAUNCHER_DIR)
     assert sorted(tree - table) == [], "folders missing from docs/architecture.md's table"
     assert sorted(f for f in table if not (REPO / f).is_dir()) == [], "the table names folders that do not exist"
+
+
+MAX_FUNCTION_LINES = 80  # issue 34, item 5: a longer function is split into named helpers, one job each
+
+
+def _long_functions(paths, root=REPO, limit=MAX_FUNCTION_LINES):
+    """path::name (lines) of each function or method in `paths` longer than `limit` lines, a function's lines counted
+    from its def to its last line (ast's end_lineno - lineno + 1); paths relative to `root`."""
+    found = []
+    for path in sorted(paths):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > limit:
+                    found.append("%s::%s (%d)" % (path.relative_to(root).as_posix(), node.name, lines))
+    return found
+
+
+def test_no_function_is_longer_than_80_lines():
+    """Every function and method of the collection's plugins and of the launcher fits in 80 lines."""
+    paths = list((REPO / "plugins").rglob("*.py")) + list((REPO / LAUNCHER_DIR).rglob("*.py"))
+    assert len(paths) > 50
+    offenders = _long_functions(paths)
+    assert offenders == [], "functions over %d lines (split them into named helpers): %s" % (
+        MAX_FUNCTION_LINES, ", ".join(offenders))
+
+
+def test_the_length_rule_counts_functions_and_methods(tmp_path):
+    """The rule sees a function and a method just over the limit (decorators not counted), and passes 80 lines."""
+    source = tmp_path / "pkg" / "long.py"
+    source.parent.mkdir()
+    source.write_text(
+        "def fits():\n" + "    x = 1\n" * 79 + "\n\n"
+        "@staticmethod\ndef over():\n" + "    x = 1\n" * 80 + "\n\n"
+        "class C:\n    async def method(self):\n" + "        y = 2\n" * 81)
+    assert _long_functions([source], root=tmp_path) == ["pkg/long.py::over (81)", "pkg/long.py::method (82)"]

@@ -269,77 +269,70 @@ def wait_running(api, name, settle, secret=None, seen=None):
         time.sleep(0.25)
 
 
-def start(role_env_path, force=False, out=None, ready_timeout=None, interval=1.0, hold_previous=False):
-    """Start (or keep) the engine as planned; see the module's docstring. `hold_previous`: a host after the head of
-    an engine across hosts keeps its replaced container as <name>-previous (stopped) until `finish` says whether
-    the head came up (drop it) or not (roll back to it)."""
-    prepared = prepare(role_env_path)
-    role_env, record, plan, digest = prepared.role_env, prepared.record, prepared.plan, prepared.digest
-    quiet = headless(plan)
-    timeout = ready_timeout_from(role_env, ready_timeout)
-    api_key = read_api_key(role_env.get("NARWHAL_API_KEY_FILE", ""))
-    check_host(plan)
-    api = engine_api()
-    # the image check: refuses (nothing started) on failure; a checked.json of this plan hash, image ID and
-    # launcher is reused unless --force. Its verdict goes to stderr, stdout keeps the one start line.
-    checked, check_how = image_check(role_env, record, plan, digest, api=api, reuse=not force, out=sys.stderr)
-    directory = run_dir(role_env)
-    run_id = role_env.get("NARWHAL_RUN_ID", "")
-    found = companions(api, plan["name"])
-    existing = found[plan["name"]]
-    if existing is not None:
-        refuse_foreign(existing, plan["name"], plan["engine"])
-    previous, seen = None, {}
-    if existing is not None and container_state(existing) == "running" \
-            and container_labels(existing).get(PLAN_HASH_LABEL) == digest and not force:
-        container_id, action = existing["Id"], "unchanged"
-        # it must still serve this run's checked version (what `probe-version` does): nothing was changed, so a
-        # failure is only reported (exit 2), never rolled back
-        try:
-            if quiet:
-                wait_running(api, container_id, 0, api_key, seen)
-            else:
-                wait_ready(role_env, container_id, checked, digest, timeout, directory, interval=interval, api=api,
-                           secret=api_key, seen=seen)
-        except NotReadyError as exc:
-            raise LaunchError("%s: the running container of this plan (%s) does not serve: %s"
-                              % (plan["engine"], plan["name"], exc))
+def _wait_started(api, prepared, container_id, checked, settle, timeout, directory, interval, api_key, seen):
+    """Wait until the container serves: a headless host's keeps running `settle` seconds (wait_running), any other
+    answers /health and then /version equal to checked.json's within `timeout` (wait_ready). NotReadyError
+    otherwise."""
+    if headless(prepared.plan):
+        wait_running(api, container_id, settle, api_key, seen)
     else:
-        action = "started" if existing is None else "replaced"
-        previous = set_aside(api, found, plan)
-        container_id = None
+        wait_ready(prepared.role_env, container_id, checked, prepared.digest, timeout, directory, interval=interval,
+                   api=api, secret=api_key, seen=seen)
+
+
+def _probe_unchanged(api, prepared, container_id, checked, timeout, directory, interval, api_key, seen):
+    """The running container of this plan is kept: it must still serve this run's checked version (what
+    `probe-version` does); nothing was changed, so a failure is only reported (exit 2), never rolled back."""
+    plan = prepared.plan
+    try:
+        _wait_started(api, prepared, container_id, checked, 0, timeout, directory, interval, api_key, seen)
+    except NotReadyError as exc:
+        raise LaunchError("%s: the running container of this plan (%s) does not serve: %s"
+                          % (plan["engine"], plan["name"], exc))
+
+
+def _create_and_wait(api, prepared, found, checked, timeout, directory, interval, api_key, seen):
+    """Set the current container aside, create and start the planned one and wait until it serves; whatever stops
+    it, the previous one comes back (roll_back raises the one message). Returns (container id, Previous or None)."""
+    plan, role_env, digest = prepared.plan, prepared.role_env, prepared.digest
+    run_id = role_env.get("NARWHAL_RUN_ID", "")
+    previous = set_aside(api, found, plan)
+    container_id = None
+    try:
         try:
-            try:
-                body = api.plan_config(plan, create_labels(plan, run_id, digest), prepared.group_ids,
-                                       {API_KEY_ENV: api_key})
-                container_id = api.create(plan["name"], body)["Id"]
-                api.start(container_id)
-            except EngineAPIError as exc:
-                raise refused(plan, exc, api_key, container_id is not None)
-            if quiet:
-                wait_running(api, container_id, min(HEADLESS_SETTLE, timeout), api_key, seen)
-            else:
-                wait_ready(role_env, container_id, checked, digest, timeout, directory, interval=interval, api=api,
-                           secret=api_key, seen=seen)
-        except Exception as exc:  # noqa: BLE001 - whatever stopped the new container, the previous one comes back
-            if isinstance(exc, NotReadyError):
-                cause, tail = exc.cause, exc.tail
-            else:
-                cause = redact_text(" ".join(str(exc).split()) or type(exc).__name__, (api_key,))
-                tail = container_logs(api, container_id, api_key, LOG_LINES) if container_id else None
-            roll_back(api, plan, role_env, container_id, previous, cause, tail, timeout, interval, api_key,
-                      wait=not across_hosts(plan))
-        if previous is not None and not hold_previous:
-            notes = []
-            _remove(api, previous.id, plan["name"] + PREVIOUS_SUFFIX, notes)
-            for note in notes:
-                print("launch_engine: warning: %s; it is removed by the next start" % note, file=sys.stderr)
-    path = os.path.join(directory, "deployment.json")
-    write = action != "unchanged" or not os.path.exists(path)
-    if write and not seen.get("Id") == container_id:  # the health wait inspected it after start, or nobody did
-        seen = api.container(container_id)
-    deployment = {
-        "engine": plan["engine"], "run_id": run_id, "action": action,
+            body = api.plan_config(plan, create_labels(plan, run_id, digest), prepared.group_ids,
+                                   {API_KEY_ENV: api_key})
+            container_id = api.create(plan["name"], body)["Id"]
+            api.start(container_id)
+        except EngineAPIError as exc:
+            raise refused(plan, exc, api_key, container_id is not None)
+        _wait_started(api, prepared, container_id, checked, min(HEADLESS_SETTLE, timeout), timeout, directory,
+                      interval, api_key, seen)
+    except Exception as exc:  # noqa: BLE001 - whatever stopped the new container, the previous one comes back
+        if isinstance(exc, NotReadyError):
+            cause, tail = exc.cause, exc.tail
+        else:
+            cause = redact_text(" ".join(str(exc).split()) or type(exc).__name__, (api_key,))
+            tail = container_logs(api, container_id, api_key, LOG_LINES) if container_id else None
+        roll_back(api, plan, role_env, container_id, previous, cause, tail, timeout, interval, api_key,
+                  wait=not across_hosts(plan))
+    return container_id, previous
+
+
+def _drop_previous(api, previous, plan):
+    """Remove the replaced container (<name>-previous); a failure is a warning on stderr (the next start removes
+    it)."""
+    notes = []
+    _remove(api, previous.id, plan["name"] + PREVIOUS_SUFFIX, notes)
+    for note in notes:
+        print("launch_engine: warning: %s; it is removed by the next start" % note, file=sys.stderr)
+
+
+def _deployment(prepared, action, container_id, seen, previous, checked, check_how):
+    """deployment.json's document: the application revision, launcher digest and container of this start."""
+    plan, role_env, digest = prepared.plan, prepared.role_env, prepared.digest
+    return {
+        "engine": plan["engine"], "run_id": role_env.get("NARWHAL_RUN_ID", ""), "action": action,
         "app_revision": role_env.get("NARWHAL_APP_REVISION", ""),
         "collection": role_env.get("NARWHAL_COLLECTION", ""),
         "container_id": container_id, "container_name": plan["name"], "plan_hash": digest,
@@ -353,6 +346,42 @@ def start(role_env_path, force=False, out=None, ready_timeout=None, interval=1.0
         "checked_sha256": checked_sha256(checked), "check": check_how,
         "vllm_api_version": checked["vllm_api_version"],
     }
+
+
+def start(role_env_path, force=False, out=None, ready_timeout=None, interval=1.0, hold_previous=False):
+    """Start (or keep) the engine as planned; see the module's docstring. `hold_previous`: a host after the head of
+    an engine across hosts keeps its replaced container as <name>-previous (stopped) until `finish` says whether
+    the head came up (drop it) or not (roll back to it)."""
+    prepared = prepare(role_env_path)
+    role_env, record, plan, digest = prepared.role_env, prepared.record, prepared.plan, prepared.digest
+    timeout = ready_timeout_from(role_env, ready_timeout)
+    api_key = read_api_key(role_env.get("NARWHAL_API_KEY_FILE", ""))
+    check_host(plan)
+    api = engine_api()
+    # the image check: refuses (nothing started) on failure; a checked.json of this plan hash, image ID and
+    # launcher is reused unless --force. Its verdict goes to stderr, stdout keeps the one start line.
+    checked, check_how = image_check(role_env, record, plan, digest, api=api, reuse=not force, out=sys.stderr)
+    directory = run_dir(role_env)
+    found = companions(api, plan["name"])
+    existing = found[plan["name"]]
+    if existing is not None:
+        refuse_foreign(existing, plan["name"], plan["engine"])
+    previous, seen = None, {}
+    if existing is not None and container_state(existing) == "running" \
+            and container_labels(existing).get(PLAN_HASH_LABEL) == digest and not force:
+        container_id, action = existing["Id"], "unchanged"
+        _probe_unchanged(api, prepared, container_id, checked, timeout, directory, interval, api_key, seen)
+    else:
+        action = "started" if existing is None else "replaced"
+        container_id, previous = _create_and_wait(api, prepared, found, checked, timeout, directory, interval,
+                                                  api_key, seen)
+        if previous is not None and not hold_previous:
+            _drop_previous(api, previous, plan)
+    path = os.path.join(directory, "deployment.json")
+    write = action != "unchanged" or not os.path.exists(path)
+    if write and not seen.get("Id") == container_id:  # the health wait inspected it after start, or nobody did
+        seen = api.container(container_id)
+    deployment = _deployment(prepared, action, container_id, seen, previous, checked, check_how)
     if write:
         # An unchanged engine keeps the record of the deployment that is still running (idempotence).
         write_private(path, deployment)
