@@ -23,7 +23,7 @@ def side_channel_range(node):
 def headless(r):
     """Whether `r` is a host after the head of an engine across hosts: engine cores only (vllm serve --headless, 0.32.0
     entrypoints/cli/serve.py run_headless), no HTTP API and no attestation sidecar there. `r` is a host's view of a
-    record (_plan/container.py::member_view: `member.rank` > 0; the views of _prepare/checks.py::shared_hosts:
+    record (_plan/parallel.py::member_view: `member.rank` > 0; the views of _prepare/checks.py::shared_hosts:
     `headless`); a record itself is its head's."""
     return bool(r.get("headless") or (r.get("member") or {}).get("rank"))
 

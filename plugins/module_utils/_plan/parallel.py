@@ -85,7 +85,7 @@ def member_view(record, rank):
 def member_record(record, role_env):
     """The record as this host runs it: for an engine across hosts (`members` in the record) the view of the host
     the role environment names (NARWHAL_ENGINE_MEMBER=k for the k-th host after the head, unset for the head:
-    _discover/members.py::member_view); any other record as it is. A member the record does not have, or a member
+    member_view); any other record as it is. A member the record does not have, or a member
     for a record of one host, is refused."""
     raw = role_env.get(MEMBER_ENV)
     if raw in (None, "") and not record.get("members") and "data_parallel_size_local" not in record:

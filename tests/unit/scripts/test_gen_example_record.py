@@ -21,7 +21,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.gate impor
 SCRIPT = REPO / "scripts" / "gen-example-record.py"
 EXAMPLE = REPO / "docs" / "examples" / "engine-launch.example.json"
 SCENARIO = REPO / "extensions" / "molecule" / "default"
-# every key of `sources` discovery writes (records.py::build_record, discovery_outputs.py::collect_records)
+# every key of `sources` discovery writes (records.py::build_record, _discover/outputs.py::collect_records)
 # every source discovery writes for this site (kv_lease only where NARWHAL_KV_LEASE_SECONDS is set; shutdown on
 # vLLM >= 0.18, which the stand-in image is)
 SOURCES = {"allocation", "transfer", "ucx_tls", "extra_args", "environment", "visibility", "host", "image", "model",
