@@ -209,6 +209,17 @@ def attention_layer_count(config, num_layers):
     return num_layers, "all layers"
 
 
+# The shape of every state layout, in this key order; n_k_heads and head_k_dim only where a layout has them.
+_STATE_KEYS = ("kind", "d_conv", "d_state", "n_heads", "head_dim", "n_k_heads", "head_k_dim", "n_groups", "expand",
+               "intermediate_size", "num_layers")
+_STATE_OPTIONAL = ("n_k_heads", "head_k_dim")
+
+
+def _state(**values):
+    """One layout's state inputs: every key of the shape in its order, None where the layout has no value."""
+    return dict((k, values.get(k)) for k in _STATE_KEYS if k in values or k not in _STATE_OPTIONAL)
+
+
 def _kda_state(config, num_layers, mamba_layers):
     """Kimi Delta Attention (``linear_attn_config`` with a short convolution)."""
     linear = config.get("linear_attn_config")
@@ -217,53 +228,28 @@ def _kda_state(config, num_layers, mamba_layers):
     kda_layers = linear.get("kda_layers")
     heads = _int(linear.get("num_heads"))
     head_dim = _int(linear.get("head_dim"))
-    return {
-        "kind": "kda",
-        "d_conv": _int(linear.get("short_conv_kernel_size")),
-        "d_state": head_dim,
-        "n_heads": heads,
-        "head_dim": head_dim,
-        "n_groups": None,
-        "expand": None,
-        "intermediate_size": heads * head_dim if heads and head_dim else None,
-        "num_layers": len(kda_layers) if isinstance(kda_layers, list) else mamba_layers,
-    }
+    return _state(kind="kda", d_conv=_int(linear.get("short_conv_kernel_size")), d_state=head_dim, n_heads=heads,
+                  head_dim=head_dim, intermediate_size=heads * head_dim if heads and head_dim else None,
+                  num_layers=len(kda_layers) if isinstance(kda_layers, list) else mamba_layers)
 
 
 def _gated_delta_net_state(config, num_layers, mamba_layers):
     """Gated DeltaNet linear attention (``linear_conv_kernel_dim``)."""
     if config.get("linear_conv_kernel_dim") is None:
         return None
-    return {
-        "kind": "gated_delta_net",
-        "d_conv": _int(config.get("linear_conv_kernel_dim")),
-        "d_state": None,
-        "n_heads": _int(config.get("linear_num_value_heads")),
-        "head_dim": _int(config.get("linear_value_head_dim")),
-        "n_k_heads": _int(config.get("linear_num_key_heads")),
-        "head_k_dim": _int(config.get("linear_key_head_dim")),
-        "n_groups": None,
-        "expand": None,
-        "intermediate_size": None,
-        "num_layers": mamba_layers,
-    }
+    return _state(kind="gated_delta_net", d_conv=_int(config.get("linear_conv_kernel_dim")),
+                  n_heads=_int(config.get("linear_num_value_heads")),
+                  head_dim=_int(config.get("linear_value_head_dim")),
+                  n_k_heads=_int(config.get("linear_num_key_heads")),
+                  head_k_dim=_int(config.get("linear_key_head_dim")), num_layers=mamba_layers)
 
 
 def _short_conv_state(config, num_layers, mamba_layers):
     """Short convolution layers (``conv_L_cache``)."""
     if config.get("conv_L_cache") is None:
         return None
-    return {
-        "kind": "short_conv",
-        "d_conv": _int(config.get("conv_L_cache")),
-        "d_state": None,
-        "n_heads": None,
-        "head_dim": None,
-        "n_groups": None,
-        "expand": None,
-        "intermediate_size": _first_int(config, "conv_dim", "hidden_size"),
-        "num_layers": mamba_layers,
-    }
+    return _state(kind="short_conv", d_conv=_int(config.get("conv_L_cache")),
+                  intermediate_size=_first_int(config, "conv_dim", "hidden_size"), num_layers=mamba_layers)
 
 
 def _mamba_prefixed_state(config, num_layers, mamba_layers):
@@ -281,17 +267,10 @@ def _mamba_prefixed_state(config, num_layers, mamba_layers):
         )
     if str(config.get("model_type") or "") == "falcon_h1":
         mamba_layers = num_layers  # parallel hybrid: every layer has attention and mamba
-    return {
-        "kind": "mamba2" if n_heads else "mamba1",
-        "d_conv": _int(config.get("mamba_d_conv")),
-        "d_state": _first_int(config, "mamba_d_state", "mamba_state_size"),
-        "n_heads": n_heads,
-        "head_dim": head_dim,
-        "n_groups": _first_int(config, "mamba_n_groups", "mamba_ngroups"),
-        "expand": expand,
-        "intermediate_size": intermediate,
-        "num_layers": mamba_layers,
-    }
+    return _state(kind="mamba2" if n_heads else "mamba1", d_conv=_int(config.get("mamba_d_conv")),
+                  d_state=_first_int(config, "mamba_d_state", "mamba_state_size"), n_heads=n_heads, head_dim=head_dim,
+                  n_groups=_first_int(config, "mamba_n_groups", "mamba_ngroups"), expand=expand,
+                  intermediate_size=intermediate, num_layers=mamba_layers)
 
 
 def _conv_kernel_state(config, num_layers, mamba_layers):
@@ -309,17 +288,10 @@ def _conv_kernel_state(config, num_layers, mamba_layers):
     pattern = config.get("hybrid_override_pattern")
     if isinstance(pattern, str) and pattern:
         mamba_layers = pattern.count("M")
-    return {
-        "kind": "mamba2" if n_heads else "mamba1",
-        "d_conv": _int(config.get("conv_kernel")),
-        "d_state": _first_int(config, "ssm_state_size", "state_size"),
-        "n_heads": n_heads,
-        "head_dim": head_dim,
-        "n_groups": _first_int(config, "n_groups") if n_heads else None,
-        "expand": expand,
-        "intermediate_size": intermediate,
-        "num_layers": mamba_layers,
-    }
+    return _state(kind="mamba2" if n_heads else "mamba1", d_conv=_int(config.get("conv_kernel")),
+                  d_state=_first_int(config, "ssm_state_size", "state_size"), n_heads=n_heads, head_dim=head_dim,
+                  n_groups=_first_int(config, "n_groups") if n_heads else None, expand=expand,
+                  intermediate_size=intermediate, num_layers=mamba_layers)
 
 
 # The state layouts of SSM / linear-attention layers, in the order they are tried: the first whose key the config
