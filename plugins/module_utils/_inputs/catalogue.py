@@ -141,6 +141,22 @@ INPUTS = [
      "example": "config/engine-api.key",
      "doc": "Controller file holding the engines' API key (one line, mode 0600, git-ignored); install copies it "
             "to each engine host (0600) and the launcher passes it by environment. Never logged."},
+    {"name": "NARWHAL_ENGINE_BIND", "kind": "bind", "default": "", "example": "",
+     "doc": "Address every engine's HTTP server binds (vllm serve --host). Empty (the default): the address the fleet "
+            "advertises for the engine (its fabric address, node.address of its launch record), so the engine "
+            "answers on the fabric only. 0.0.0.0 or :: bind every interface of the engine host."},
+    {"name": "NARWHAL_TLS", "kind": "choice", "choices": ["site", "operator", "off"], "default": "site",
+     "example": "site",
+     "doc": "TLS on every hop that carries prompts or the key (engines' HTTP, the router's ports and its connections "
+            "to the engines, the probes, Prometheus scrapes). site: the collection makes a site CA and each host's "
+            "certificate in NARWHAL_TLS_DIR; operator: the operator puts ca.crt and hosts/<host>.crt and .key there "
+            "(checked: signed by ca.crt, valid, the host's addresses in its names); off: plain HTTP."},
+    {"name": "NARWHAL_TLS_DIR", "kind": "path", "default": "config/tls", "example": "config/tls",
+     "doc": "Controller directory of the TLS material: ca.crt, ca.key (site mode, 0600), hosts/<inventory host>.crt "
+            "and hosts/<inventory host>.key (0600). Git-ignored under config/."},
+    {"name": "NARWHAL_TLS_CERT_DAYS", "kind": "int", "default": 365, "example": 365,
+     "doc": "Days a certificate the site CA issues is valid; it is issued again when fewer than 30 days are left, "
+            "when the host's addresses change or when it is not signed by the site CA."},
     {"name": "NARWHAL_RUNS_DIR", "kind": "path", "default": "runs", "example": "runs",
      "doc": "Controller directory of prepared runs (runs/<run-id>/: manifest, role environments, records, launcher "
             "snapshot)."},
@@ -153,8 +169,10 @@ INPUTS = [
      "doc": "Port the router serves clients on (OpenAI API: /v1/completions, /v1/chat/completions, /v1/models)."},
     {"name": "NARWHAL_ROUTER_METRICS_PORT", "kind": "port", "default": 29000, "example": 29000,
      "doc": "Port of the router's Prometheus /metrics (no key needed; bound like the router)."},
-    {"name": "NARWHAL_ROUTER_BIND", "kind": "bind", "default": "0.0.0.0", "example": "0.0.0.0",
-     "doc": "Address the router binds its two ports on (0.0.0.0 or :: for every interface of the router host)."},
+    {"name": "NARWHAL_ROUTER_BIND", "kind": "bind", "default": "", "example": "",
+     "doc": "Address the router binds its two ports on. Empty (the default): the address clients reach the router "
+            "host at (its router_address, an IP address). 0.0.0.0 or :: bind every interface (refused with "
+            "NARWHAL_TLS on: the TLS front needs the router's loopback ports)."},
     {"name": "NARWHAL_ROUTER_POLICY", "kind": "choice",
      "choices": ["round_robin", "random", "cache_aware", "kv_aware", "power_of_two", "consistent_hash",
                  "sticky_least_loaded"],

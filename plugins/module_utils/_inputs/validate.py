@@ -197,7 +197,10 @@ def _checkout_path(key, raw, value):
 
 
 def _bind_address(key, raw, value):
-    """An IPv4 or IPv6 address to bind on, as `ipaddress` writes it."""
+    """An IPv4 or IPv6 address to bind on, as `ipaddress` writes it; empty: the stage's own address (the engine's
+    advertised address, the router host's address)."""
+    if value == "":
+        return value
     try:
         return str(ipaddress.ip_address(value))
     except ValueError:
