@@ -199,7 +199,8 @@ def make_leaf(ca_key, ca_cert, host, names, now, days):
                           data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
                           encipher_only=False, decipher_only=False)
     ca_ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
-    not_after = min(now + datetime.timedelta(days=days), ca_cert.not_valid_after_utc)
+    ca_after = ca_cert.not_valid_after_utc
+    not_after = ca_after if days >= (ca_after - now).days else now + datetime.timedelta(days=days)
     cert = (x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host[:64])]))
             .issuer_name(ca_cert.subject).public_key(key.public_key())

@@ -199,6 +199,14 @@ def test_a_certificate_of_another_ca_is_issued_again_by_the_site_ca(tls):
     leaf.verify_directly_issued_by(site_ca)
 
 
+def test_a_certificate_lasts_at_most_as_long_as_the_site_ca(tls):
+    status, result = tls(cert_days=10 ** 7)
+    ca = x509.load_pem_x509_certificate((tls.root / "ca.crt").read_bytes())
+    assert status == "exit" and result["hosts"]["engine-1"]["not_after"] == ca.not_valid_after_utc.strftime(
+        "%Y-%m-%dT%H:%M:%SZ"), result
+    assert tls(cert_days=10 ** 7)[1]["changed"] is False
+
+
 def test_a_key_left_readable_by_others_is_set_back_to_0600_unchanged(tls):
     tls()
     key = tls.root / "hosts" / "engine-1.key"
