@@ -42,6 +42,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._probe.pairs import
 from ansible_collections.narwhal.deploy.plugins.module_utils._probe.schedule import changed_pairs, cover_pairs
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import config_text, fleet_workers, local_url
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import router_plan as plan_router
+from ansible_collections.narwhal.deploy.plugins.module_utils._tls.certs import engine_host_names
 from ansible_collections.narwhal.deploy.plugins.plugin_utils._hostvars import host_inspection
 
 
@@ -403,6 +404,15 @@ def launch_peers(hosts, fleet, records=None, mode="auto", check=False):
     return plan
 
 
+def tls_hosts(play_hosts, engines, members, fleet, launch=None):
+    """tls_material's `hosts` for the engine hosts of a play: each with its engine's fleet URL host (the head's for
+    an engine across hosts) and its own address from the launch records (_tls/certs.py::engine_host_names)."""
+    if not isinstance(fleet, list):
+        raise AnsibleFilterError("tls_hosts takes the resolved fleet (a list, lookup('narwhal.deploy.fleet')), not %s"
+                                 % type(fleet).__name__)
+    return engine_host_names(list(play_hosts), engines or {}, members or {}, fleet, launch or {})
+
+
 class FilterModule:
     def filters(self):
         return {"resolve_values": resolve_values_filter, "table_row": table_row, "inspection": inspection,
@@ -417,4 +427,5 @@ class FilterModule:
                 "router_local_url": router_local_url, "router_status_row": router_status_row,
                 "traffic_row": traffic_row, "prometheus_targets": prometheus_targets,
                 "bench_plan": bench_plan, "bench_router_plan": bench_router_plan, "bench_progress": bench_progress,
-                "peer_facts": peer_facts, "probe_pairs": probe_pairs, "launch_peers": launch_peers}
+                "peer_facts": peer_facts, "probe_pairs": probe_pairs, "launch_peers": launch_peers,
+                "tls_hosts": tls_hosts}
