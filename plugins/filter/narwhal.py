@@ -28,7 +28,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers impor
     restart_refusal,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers import peer_facts as record_peer_facts
-from ansible_collections.narwhal.deploy.plugins.module_utils._monitor.targets import file_sd, fleet_name
+from ansible_collections.narwhal.deploy.plugins.module_utils._monitor.targets import file_sd, fleet_name, scrape_config
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.parallel import member_view
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import install_paths, install_plan
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.subst import SubstitutionError, resolve_values
@@ -334,6 +334,15 @@ def prometheus_targets(fleet, routers, fleet_file):
         raise AnsibleFilterError(str(exc))
 
 
+def prometheus_scrape(targets_file, ca_file=None):
+    """The scrape-config fragment of the monitoring stage (_monitor/targets.py::scrape_config): one job over the
+    targets file, with tls_config ca_file when `ca_file` (NARWHAL_TLS on) is given."""
+    try:
+        return scrape_config(targets_file, ca_file or None)
+    except PlanError as exc:
+        raise AnsibleFilterError(str(exc))
+
+
 def router_status_row(status, problems_only=False):
     """One line of the routers' status table, or with problems_only its refusal (router: problems)."""
     if problems_only:
@@ -416,5 +425,6 @@ class FilterModule:
                 "launcher_command": launcher_command, "router_plan": router_plan,
                 "router_local_url": router_local_url, "router_status_row": router_status_row,
                 "traffic_row": traffic_row, "prometheus_targets": prometheus_targets,
+                "prometheus_scrape": prometheus_scrape,
                 "bench_plan": bench_plan, "bench_router_plan": bench_router_plan, "bench_progress": bench_progress,
                 "peer_facts": peer_facts, "probe_pairs": probe_pairs, "launch_peers": launch_peers}

@@ -128,3 +128,35 @@ def test_every_url_field_of_every_fleet_entry_is_checked():
     assert str(err.value).startswith("NARWHAL_FLEET: entry 1, field attestation_url: ") and SECRET not in str(err.value)
     assert refuse_fleet_userinfo(fleet[:1]) == fleet[:1]
     assert refuse_fleet_userinfo("not a list") == "not a list"  # the readers' own checks name that
+
+
+def _readers():
+    """Every reader of the resolved fleet after the lookup, each as a call of that fleet (the router's and the
+    benchmark's plans, their filters, the monitoring targets)."""
+    from ansible_collections.narwhal.deploy.plugins.filter import narwhal
+    from ansible_collections.narwhal.deploy.plugins.module_utils._monitor.targets import file_sd
+    from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import fleet_workers
+
+    return {"fleet_workers": fleet_workers, "file_sd": lambda f: file_sd(f, [], "fleet"),
+            "router_plan": lambda f: narwhal.router_plan({"site": {}}, f, "sha256:x", "0.1.17", "x"),
+            "bench_plan": lambda f: narwhal.bench_plan({"site": {}}, f, "https://10.0.0.21:30000",
+                                                       "https://10.0.0.21:30001", "20261202T201500Z"),
+            "bench_router_plan": lambda f: narwhal.bench_router_plan({"url": "https://10.0.0.21:30000"}, {}, f),
+            "prometheus_targets": lambda f: narwhal.prometheus_targets(f, [], "config/fleet.json")}
+
+
+@pytest.mark.parametrize("reader", sorted(_readers()))
+@pytest.mark.parametrize("field, url", [("url", "https://narwhal:%s@10.0.0.12:8000" % SECRET),
+                                        ("url", "https://%s@10.0.0.12:8000" % SECRET),
+                                        ("attestation_url", "http://op:%s@10.0.0.12:8010/v1/attestation" % SECRET)])
+def test_every_reader_of_the_fleet_refuses_a_url_with_credentials_by_the_one_rule(reader, field, url):
+    fleet = [{"engine": "engine-1", "role": "prefill", "url": "https://10.0.0.11:8000",
+              "attestation_url": "http://10.0.0.11:8010/v1/attestation"},
+             {"engine": "engine-2", "role": "decode", "url": "https://10.0.0.12:8000",
+              "attestation_url": "http://10.0.0.12:8010/v1/attestation"}]
+    fleet[1][field] = url
+    with pytest.raises(Exception) as err:  # noqa: B017 - PlanError, or the filters' AnsibleFilterError of it
+        _readers()[reader](fleet)
+    text = str(err.value)
+    assert "NARWHAL_FLEET: engine-2, field %s: the URL http" % field in text and "carries user information" in text
+    assert SECRET not in text and "<redacted>@10.0.0.12" in text
