@@ -169,6 +169,16 @@ def _short(value, n=12):
     return value.split(":", 1)[-1][:n]
 
 
+def cert_days(status):
+    """The status table's cert column: the days left of the certificate the engine serves (the launcher's status
+    `tls`: {days_left, not_after}) as `<n>d`, `expired` when none are left, `-` without TLS (NARWHAL_TLS=off, a
+    headless host, an engine that did not answer)."""
+    days = (status.get("tls") or {}).get("days_left")
+    if not isinstance(days, int) or isinstance(days, bool):
+        return "-"
+    return "%dd" % days if days > 0 else "expired"
+
+
 def status_row(status):
     """One engine of the status table (the launcher's `status` document)."""
     container = status.get("container") or {}
@@ -176,12 +186,13 @@ def status_row(status):
     if container.get("restart_count"):
         state = "%s/%sr" % (state, container["restart_count"])
     nixl = status.get("nixl") or {}
-    return "%-10s %-20s %-8s %-9s %-12s %-14s %-7s %-9s %-13s %s" % (
+    return "%-10s %-20s %-8s %-9s %-12s %-14s %-7s %-9s %-13s %-7s %s" % (
         status.get("engine"), status.get("inventory_host") or status.get("engine"), status.get("role") or "-",
         state, _short(container.get("id")),
         _short(status.get("plan_hash_running")),
         "-" if status.get("headless") else "ok" if (status.get("health") or {}).get("ok") else "FAIL",
         (status.get("version") or {}).get("served") or "-", _count(nixl.get("bytes_transferred", "-")),
+        cert_days(status),
         "; ".join(status.get("problems") or []) or "; ".join(["serving as recorded"] + (status.get("notes") or [])))
 
 
