@@ -201,3 +201,12 @@ def test_discovery_refuses_what_only_it_can_see(extra, interfaces, key, words):
 
 def test_an_unknown_operstate_is_not_refused():
     plan({}, dict(TWO, **{"engine-1": dict(TWO["engine-1"], operstate="UNKNOWN")}))
+
+
+@pytest.mark.parametrize("key, url", [("NARWHAL_NODE_1_URL", "https://narwhal:%s@10.0.0.11:8000"),
+                                      ("NARWHAL_NODE_1_ATTESTATION_URL", "http://%s@10.0.0.11:8010/v1/attestation")])
+def test_a_url_input_with_credentials_is_refused_without_showing_them(key, url):
+    secret = "Zq7yK3pW9mXv2LtR"  # discovery writes nothing: deployment.env and the fleet never hold it
+    with pytest.raises(InputError) as err:
+        plan({key: url % secret})
+    assert err.value.key == key and "user information" in str(err.value) and secret not in str(err.value)
