@@ -2,7 +2,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """A temporary certificate authority for the TLS client tests (`cryptography`, a dependency of ansible-core): a CA,
 server certificates it signs for the names a server is reached at (IP addresses as iPAddress, names as dNSName, EC
-P-256, serverAuth, as the collection's site CA issues them), expired ones, and HTTPS servers on loopback that present them (http.server wrapped with ssl, as uvicorn wraps its socket)."""
+P-256, serverAuth, as the collection's site CA issues them), expired ones, and HTTPS servers on loopback that present
+them (http.server wrapped with ssl, as uvicorn wraps its socket)."""
 import datetime
 import ipaddress
 import ssl
