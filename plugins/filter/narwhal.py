@@ -28,7 +28,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers impor
     restart_refusal,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers import peer_facts as record_peer_facts
-from ansible_collections.narwhal.deploy.plugins.module_utils._monitor.targets import file_sd, fleet_name
+from ansible_collections.narwhal.deploy.plugins.module_utils._monitor.targets import file_sd, fleet_name, scrape_config
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.parallel import member_view
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import install_paths, install_plan
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.subst import SubstitutionError, resolve_values
@@ -170,6 +170,16 @@ def _short(value, n=12):
     return value.split(":", 1)[-1][:n]
 
 
+def cert_days(status):
+    """The status table's cert column: the days left of the certificate the engine serves (the launcher's status
+    `tls`: {days_left, not_after}) as `<n>d`, `expired` when none are left, `-` without TLS (NARWHAL_TLS=off, a
+    headless host, an engine that did not answer)."""
+    days = (status.get("tls") or {}).get("days_left")
+    if not isinstance(days, int) or isinstance(days, bool):
+        return "-"
+    return "%dd" % days if days > 0 else "expired"
+
+
 def status_row(status):
     """One engine of the status table (the launcher's `status` document)."""
     container = status.get("container") or {}
@@ -177,12 +187,13 @@ def status_row(status):
     if container.get("restart_count"):
         state = "%s/%sr" % (state, container["restart_count"])
     nixl = status.get("nixl") or {}
-    return "%-10s %-20s %-8s %-9s %-12s %-14s %-7s %-9s %-13s %s" % (
+    return "%-10s %-20s %-8s %-9s %-12s %-14s %-7s %-9s %-13s %-7s %s" % (
         status.get("engine"), status.get("inventory_host") or status.get("engine"), status.get("role") or "-",
         state, _short(container.get("id")),
         _short(status.get("plan_hash_running")),
         "-" if status.get("headless") else "ok" if (status.get("health") or {}).get("ok") else "FAIL",
         (status.get("version") or {}).get("served") or "-", _count(nixl.get("bytes_transferred", "-")),
+        cert_days(status),
         "; ".join(status.get("problems") or []) or "; ".join(["serving as recorded"] + (status.get("notes") or [])))
 
 
@@ -335,6 +346,15 @@ def prometheus_targets(fleet, routers, fleet_file):
         raise AnsibleFilterError(str(exc))
 
 
+def prometheus_scrape(targets_file, ca_file=None):
+    """The scrape-config fragment of the monitoring stage (_monitor/targets.py::scrape_config): one job over the
+    targets file, with tls_config ca_file when `ca_file` (NARWHAL_TLS on) is given."""
+    try:
+        return scrape_config(targets_file, ca_file or None)
+    except PlanError as exc:
+        raise AnsibleFilterError(str(exc))
+
+
 def router_status_row(status, problems_only=False):
     """One line of the routers' status table, or with problems_only its refusal (router: problems)."""
     if problems_only:
@@ -426,6 +446,7 @@ class FilterModule:
                 "launcher_command": launcher_command, "router_plan": router_plan,
                 "router_local_url": router_local_url, "router_status_row": router_status_row,
                 "traffic_row": traffic_row, "prometheus_targets": prometheus_targets,
+                "prometheus_scrape": prometheus_scrape,
                 "bench_plan": bench_plan, "bench_router_plan": bench_router_plan, "bench_progress": bench_progress,
                 "peer_facts": peer_facts, "probe_pairs": probe_pairs, "launch_peers": launch_peers,
                 "tls_hosts": tls_hosts}

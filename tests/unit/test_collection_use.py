@@ -7,6 +7,7 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
 import yaml
 from test_support.paths import REPO
 
@@ -153,6 +154,19 @@ def test_status_rows_and_problems():
     assert status_row(named).split()[:3] == ["engine-2", "gpu-b03.dc1.example", "-"]
     assert status_problems(named) == ("engine-2 (gpu-b03.dc1.example): container narwhal-engine-2 is exited "
                                       "(code 137)")
+
+
+@pytest.mark.parametrize("tls, cert", [(None, "-"), ({"days_left": 364, "not_after": "2027-12-05T10:00:00Z"}, "364d"),
+                                       ({"days_left": 1}, "1d"), ({"days_left": 0}, "expired"),
+                                       ({"days_left": -3}, "expired"), ({"days_left": None}, "-"), ({}, "-")])
+def test_the_status_row_shows_the_days_left_of_the_engines_certificate(tls, cert):
+    status = {"engine": "engine-1", "role": "prefill", "problems": [], "health": {"ok": True},
+              "container": {"id": "0123456789abcdef", "state": "running"}, "plan_hash_running": "sha256:feedface",
+              "version": {"served": "0.33.0"}, "nixl": {"bytes_transferred": 4096}}
+    if tls is not None:
+        status["tls"] = tls
+    assert status_row(status).split()[7:10] == ["0.33.0", "4096", cert]
+    assert status_row(status).endswith("serving as recorded")
 
 
 def test_summary_entry_and_row():

@@ -12,6 +12,7 @@ import hashlib
 import json
 import re
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import refuse_fleet_userinfo
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import REGENERATE, InputError, PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.ports import bound_ports
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import (
@@ -43,6 +44,10 @@ def check_documents(fleet, launch_config, site):
     if errors:
         raise InputError("NARWHAL_FLEET", "%s fails the fleet schema (%s); %s"
                          % (site["NARWHAL_FLEET"], "; ".join(errors[:5]), REGENERATE))
+    try:  # a URL written into the fleet file itself (its ${NAME} values are the fleet lookup's to check)
+        refuse_fleet_userinfo(fleet, site["NARWHAL_FLEET"])
+    except PlanError as exc:
+        raise InputError("NARWHAL_FLEET", str(exc))
     errors = launch_config_errors(launch_config)
     if errors:
         raise InputError("NARWHAL_LAUNCH_CONFIG", "%s fails the launch-record schema (%s); %s"

@@ -15,7 +15,7 @@ import hashlib
 import json
 import re
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import http_url
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import http_url, refuse_fleet_userinfo
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 
 __metaclass__ = type
@@ -47,6 +47,7 @@ def fleet_workers(fleet, where="NARWHAL_FLEET"):
     cannot serve (no prefill or no decode engine, an entry without role or URL, a URL twice)."""
     if not isinstance(fleet, list):
         raise PlanError("%s: the fleet is not a list of engines; rerun discovery" % where, where)
+    refuse_fleet_userinfo(fleet, where)  # a credential in a URL would reach the router's command line and router.json
     workers, seen = {"prefill": [], "decode": []}, {}
     for i, entry in enumerate(fleet):
         if not isinstance(entry, dict):

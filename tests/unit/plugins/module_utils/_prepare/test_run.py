@@ -201,6 +201,32 @@ def test_prepare_fleet_disagreeing_with_records_is_refused(root, run_module, pd_
     _refused(root, result, "engine-2")
 
 
+# a credential no other rule knows: it looks like nothing secret_values or the token shapes would hide
+URL_SECRET = "Zq7yK3pW9mXv2LtR"
+
+
+@pytest.mark.parametrize("stage", ["validate", "write"])
+@pytest.mark.parametrize("field, url", [
+    ("url", "https://narwhal:%s@10.0.0.12:8000" % URL_SECRET),
+    ("url", "https://%s@10.0.0.12:8000" % URL_SECRET),  # the key as the user name: no password to spot
+    ("attestation_url", "http://op:%s/x@10.0.0.12:8010" % URL_SECRET),  # a / in the password ends the authority
+])
+def test_prepare_refuses_a_fleet_url_with_credentials_and_shows_none(root, run_module, pd_launch, stage, field, url):
+    fleet = fleet_for(pd_launch["engines"])
+    fleet[1][field] = url
+    (root / "config" / "fleet.json").write_text(json.dumps(fleet))
+    before = sorted(p for p in root.rglob("*") if "collection" not in p.parts)
+    status, result = run_module(prep_args(root, stage, good_hosts()))
+    assert status == "fail" and result["input"] == "NARWHAL_FLEET"
+    _refused(root, result, "config/fleet.json: engine-2, field %s" % field, "carries user information",
+             "<redacted>@10.0.0.12", "NARWHAL_API_KEY_FILE")
+    assert URL_SECRET not in json.dumps(result)
+    # nothing was written: no run, no other file, and the credential is only where the operator put it
+    assert sorted(p for p in root.rglob("*") if "collection" not in p.parts) == before
+    assert [p.name for p in root.rglob("*") if p.is_file() and URL_SECRET in p.read_text(errors="replace")] == [
+        "fleet.json"]
+
+
 def test_prepare_missing_launch_config_is_refused(root, run_module):
     (root / "config" / "engine-launch.local.json").unlink()
     status, result = run_module(prep_args(root))
@@ -252,6 +278,25 @@ def test_prepare_names_every_changed_policy_input(root, run_module):
              "NARWHAL_NODE_1_ENGINE_ENV changed since discovery (records: VLLM_LOGGING_LEVEL=DEBUG, .env now: unset); "
              "NARWHAL_NODE_2_GPU_IDS changed since discovery (records: 0,1, .env now: 2,3); "
              "NARWHAL_NODE_3_ROLE changed since discovery (records: unset, .env now: decode)")
+
+
+def test_prepare_refuses_records_discovered_with_another_narwhal_tls(root, run_module):
+    # the engines' URLs in deployment.env carry NARWHAL_TLS's scheme (_discover/fleet.py): a change needs discovery
+    write_policy(root, site={"NARWHAL_TLS": "site"})
+    assert run_module(prep_args(root, site={"NARWHAL_TLS": "site"}))[0] == "exit"
+    status, result = run_module(prep_args(root, "write", good_hosts(), site={"NARWHAL_TLS": "off"}))
+    assert status == "fail" and result["input"] == "NARWHAL_TLS"
+    _refused(root, result, "NARWHAL_TLS changed since discovery (records: site, .env now: off)", "rerun discovery")
+
+
+def test_check_policy_refuses_an_extract_from_before_narwhal_tls():
+    # its deployment.env holds http URLs: with TLS on by default, discovery must write them again
+    inputs = {"site": dict(SITE, NARWHAL_TLS="site"), "nodes": NODES}
+    recorded = launch_policy(inputs, ["engine-1", "engine-2"])
+    del recorded["site"]["NARWHAL_TLS"]
+    with pytest.raises(InputError) as err:
+        check_policy(recorded, inputs)
+    assert err.value.key == "NARWHAL_TLS" and "records: not recorded, .env now: site" in str(err.value)
 
 
 def test_prepare_non_policy_input_changes_need_no_discovery(root, run_module):
