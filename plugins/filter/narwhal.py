@@ -227,13 +227,15 @@ def summary_row(entry):
         entry.get("probe") or "-")
 
 
-def install_plan_filter(paths, record, role_env_text, launcher_sha256, api_key_file, owner="root"):
+def install_plan_filter(paths, record, role_env_text, launcher_sha256, api_key_file, owner="root", sources=None):
     """What install writes on an engine host and held_files' list of what the host should then hold
     (_plan/role_env.py::install_plan, the one owner; roles/install and roles/prepare)."""
     if not isinstance(paths, dict) or not isinstance(record, dict) or not isinstance(role_env_text, str):
         raise AnsibleFilterError("install_plan takes the install paths (a dict), the launch record (a dict) and the "
                                  "role environment's text")
-    return install_plan(paths, record, role_env_text, launcher_sha256, api_key_file, owner)
+    if sources is not None and not isinstance(sources, dict):
+        raise AnsibleFilterError("install_plan's sources must be prepare_run's install_sources of the host (a dict)")
+    return install_plan(paths, record, role_env_text, launcher_sha256, api_key_file, owner, sources)
 
 
 def install_paths_filter(checkout, engine):
