@@ -169,6 +169,13 @@ def _short(value, n=12):
     return value.split(":", 1)[-1][:n]
 
 
+def _cert_days(tls):
+    """The status table's cert column: the served certificate's days left, FAIL when it fails, - without TLS."""
+    if not tls:
+        return "-"
+    return "FAIL" if tls.get("error") or tls.get("days_left") is None else "%dd" % tls["days_left"]
+
+
 def status_row(status):
     """One engine of the status table (the launcher's `status` document)."""
     container = status.get("container") or {}
@@ -176,12 +183,13 @@ def status_row(status):
     if container.get("restart_count"):
         state = "%s/%sr" % (state, container["restart_count"])
     nixl = status.get("nixl") or {}
-    return "%-10s %-20s %-8s %-9s %-12s %-14s %-7s %-9s %-13s %s" % (
+    return "%-10s %-20s %-8s %-9s %-12s %-14s %-7s %-9s %-6s %-13s %s" % (
         status.get("engine"), status.get("inventory_host") or status.get("engine"), status.get("role") or "-",
         state, _short(container.get("id")),
         _short(status.get("plan_hash_running")),
         "-" if status.get("headless") else "ok" if (status.get("health") or {}).get("ok") else "FAIL",
-        (status.get("version") or {}).get("served") or "-", _count(nixl.get("bytes_transferred", "-")),
+        (status.get("version") or {}).get("served") or "-", _cert_days(status.get("tls")),
+        _count(nixl.get("bytes_transferred", "-")),
         "; ".join(status.get("problems") or []) or "; ".join(["serving as recorded"] + (status.get("notes") or [])))
 
 

@@ -502,6 +502,11 @@ def test_start_refuses_missing_host_inputs(tmp_path):
     pathlib.Path(env["NARWHAL_RECORD"]).write_text(json.dumps(rec))
     with pytest.raises(le.LaunchError, match="runtime.model_path .* is not a directory"):
         le.start(str(env_path))
+    (tmp_path / "no-model").mkdir()
+    shutil.rmtree(env["NARWHAL_GUARD_DIR"])
+    with pytest.raises(le.LaunchError, match=r"/guard \(mounted at /narwhal/guard\) is not a directory on this "
+                                             r"host: install writes it; rerun prepare"):
+        le.start(str(env_path))
 
 
 # ------------------------------------------------------------------------------------------ docker
