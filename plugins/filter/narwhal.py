@@ -170,14 +170,11 @@ def _short(value, n=12):
     return value.split(":", 1)[-1][:n]
 
 
-def cert_days(status):
-    """The status table's cert column: the days left of the certificate the engine serves (the launcher's status
-    `tls`: {days_left, not_after}) as `<n>d`, `expired` when none are left, `-` without TLS (NARWHAL_TLS=off, a
-    headless host, an engine that did not answer)."""
-    days = (status.get("tls") or {}).get("days_left")
-    if not isinstance(days, int) or isinstance(days, bool):
+def _cert_days(tls):
+    """The status table's cert column: the served certificate's days left, FAIL when it fails, - without TLS."""
+    if not tls:
         return "-"
-    return "%dd" % days if days > 0 else "expired"
+    return "FAIL" if tls.get("error") or tls.get("days_left") is None else "%dd" % tls["days_left"]
 
 
 def status_row(status):
@@ -187,13 +184,13 @@ def status_row(status):
     if container.get("restart_count"):
         state = "%s/%sr" % (state, container["restart_count"])
     nixl = status.get("nixl") or {}
-    return "%-10s %-20s %-8s %-9s %-12s %-14s %-7s %-9s %-13s %-7s %s" % (
+    return "%-10s %-20s %-8s %-9s %-12s %-14s %-7s %-9s %-6s %-13s %s" % (
         status.get("engine"), status.get("inventory_host") or status.get("engine"), status.get("role") or "-",
         state, _short(container.get("id")),
         _short(status.get("plan_hash_running")),
         "-" if status.get("headless") else "ok" if (status.get("health") or {}).get("ok") else "FAIL",
-        (status.get("version") or {}).get("served") or "-", _count(nixl.get("bytes_transferred", "-")),
-        cert_days(status),
+        (status.get("version") or {}).get("served") or "-", _cert_days(status.get("tls")),
+        _count(nixl.get("bytes_transferred", "-")),
         "; ".join(status.get("problems") or []) or "; ".join(["serving as recorded"] + (status.get("notes") or [])))
 
 
@@ -239,13 +236,15 @@ def summary_row(entry):
         entry.get("probe") or "-")
 
 
-def install_plan_filter(paths, record, role_env_text, launcher_sha256, api_key_file, owner="root"):
+def install_plan_filter(paths, record, role_env_text, launcher_sha256, api_key_file, owner="root", sources=None):
     """What install writes on an engine host and held_files' list of what the host should then hold
     (_plan/role_env.py::install_plan, the one owner; roles/install and roles/prepare)."""
     if not isinstance(paths, dict) or not isinstance(record, dict) or not isinstance(role_env_text, str):
         raise AnsibleFilterError("install_plan takes the install paths (a dict), the launch record (a dict) and the "
                                  "role environment's text")
-    return install_plan(paths, record, role_env_text, launcher_sha256, api_key_file, owner)
+    if sources is not None and not isinstance(sources, dict):
+        raise AnsibleFilterError("install_plan's sources must be prepare_run's install_sources of the host (a dict)")
+    return install_plan(paths, record, role_env_text, launcher_sha256, api_key_file, owner, sources)
 
 
 def install_paths_filter(checkout, engine):

@@ -146,6 +146,10 @@ def test_status_rows_and_problems():
     row = status_row(healthy)
     assert row.split()[:7] == ["engine-1", "engine-1", "prefill", "running/1r", "0123456789ab", "feedfacecafe", "ok"]
     assert row.endswith("serving as recorded")
+    assert row.split()[8] == "-"  # the served certificate's days left: no TLS
+    assert status_row(dict(healthy, tls={"days_left": 364, "not_after": "x"})).split()[8] == "364d"
+    assert status_row(dict(healthy, tls={"url": "https://x", "error": "certificate verify failed"})).split()[8] == \
+        "FAIL"
     down = {"engine": "engine-2", "problems": ["container narwhal-engine-2 is exited (code 137)"]}
     assert status_row(down).split()[:5] == ["engine-2", "engine-2", "-", "absent", "-"]
     assert status_problems(down) == "engine-2: container narwhal-engine-2 is exited (code 137)"
