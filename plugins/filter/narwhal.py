@@ -171,10 +171,17 @@ def _short(value, n=12):
 
 
 def _cert_days(tls):
-    """The status table's cert column: the served certificate's days left, FAIL when it fails, - without TLS."""
+    """The status table's cert column (the launcher's status `tls`: {days_left, not_after, error}): the served
+    certificate's days left as `<n>d`, `expired` when none are left, FAIL when it fails verification, `-` without
+    TLS (NARWHAL_TLS=off, a headless host)."""
     if not tls:
         return "-"
-    return "FAIL" if tls.get("error") or tls.get("days_left") is None else "%dd" % tls["days_left"]
+    days = tls.get("days_left")
+    if tls.get("error") and not (isinstance(days, int) and days <= 0):
+        return "FAIL"
+    if not isinstance(days, int) or isinstance(days, bool):
+        return "FAIL"
+    return "%dd" % days if days > 0 else "expired"
 
 
 def status_row(status):

@@ -56,7 +56,9 @@ SITE = {"NARWHAL_FLEET": "config/fleet.json", "NARWHAL_LAUNCH_CONFIG": "config/e
         "NARWHAL_RUNS_DIR": "runs", "NARWHAL_CONFIG_DIR": "config",
         # launch policy (what discovery recorded in engine-launch.policy.json)
         "NARWHAL_IMAGE": "vllm/vllm-openai:v0.33.0", "NARWHAL_KV_CACHE_DTYPE": "auto", "NARWHAL_BLOCK_SIZE": 16,
-        "NARWHAL_EXTRA_ARGS": "", "NARWHAL_TP_SIZE": None}
+        "NARWHAL_EXTRA_ARGS": "", "NARWHAL_TP_SIZE": None,
+        # the hand-shaped fleet's URLs are http: discovery recorded TLS off
+        "NARWHAL_TLS": "off"}
 NODES = {"1": {"ROLE": "prefill"}, "2": {"ROLE": "decode", "GPU_IDS": [0, 1], "RDMA_DEVICES": "mlx5_6:1"}}
 
 

@@ -158,6 +158,7 @@ def test_prepare_with_tls_serves_each_engines_certificate_and_always_the_guard(r
             "vllm_args"]
         assert plain["install_sources"][e] == {"0": {"guard_sha256": guard_sha, "tls": None}}
     tls = _tls(root)
+    write_policy(root, site={"NARWHAL_TLS": "site"})  # discovery recorded the mode (a policy key)
     args = prep_args(root, "write", good_hosts(), site={"NARWHAL_TLS": "site", "NARWHAL_ENGINE_BIND": "0.0.0.0"})
     status, result = run_module(dict(args, tls=tls))
     assert status == "exit", result
@@ -184,6 +185,7 @@ def test_prepare_with_tls_serves_each_engines_certificate_and_always_the_guard(r
 
 def test_prepare_takes_the_certificate_of_the_inventory_host_that_runs_the_engine(root, run_module):
     tls = _tls(root, hosts=("gpu-a", "engine-2"))
+    write_policy(root, site={"NARWHAL_TLS": "operator"})
     args = dict(prep_args(root, site={"NARWHAL_TLS": "operator"}), tls=dict(tls, mode="operator"),
                 engine_hosts={"engine-1": "gpu-a"})
     status, result = run_module(args)
@@ -204,6 +206,7 @@ def test_prepare_takes_the_certificate_of_the_inventory_host_that_runs_the_engin
 ])
 @pytest.mark.parametrize("stage", ["validate", "write"])
 def test_prepare_refuses_tls_material_that_does_not_fit(root, run_module, site, tls_of, key, words, stage):
+    write_policy(root, site=site)
     args = prep_args(root, stage, good_hosts(), site=site)
     if tls_of is not None:
         args["tls"] = tls_of(_tls(root))
@@ -370,7 +373,7 @@ def test_prepare_names_every_changed_policy_input(root, run_module):
 def test_prepare_refuses_records_discovered_with_another_narwhal_tls(root, run_module):
     # the engines' URLs in deployment.env carry NARWHAL_TLS's scheme (_discover/fleet.py): a change needs discovery
     write_policy(root, site={"NARWHAL_TLS": "site"})
-    assert run_module(prep_args(root, site={"NARWHAL_TLS": "site"}))[0] == "exit"
+    assert run_module(dict(prep_args(root, site={"NARWHAL_TLS": "site"}), tls=_tls(root)))[0] == "exit"
     status, result = run_module(prep_args(root, "write", good_hosts(), site={"NARWHAL_TLS": "off"}))
     assert status == "fail" and result["input"] == "NARWHAL_TLS"
     _refused(root, result, "NARWHAL_TLS changed since discovery (records: site, .env now: off)", "rerun discovery")
