@@ -20,21 +20,28 @@ __metaclass__ = type
 
 
 _CONTEXT = []
+_CA_CONTEXTS = {}
 
 
-def tls_context():
-    """One verifying TLS context per process. Ansible's open_url builds a new one for every request, plain HTTP
+def tls_context(cafile=None):
+    """One verifying TLS context per process (per CA file: `cafile`, when given, is the only trust anchor, as
+    ssl.create_default_context(cafile=...) makes it). Ansible's open_url builds a new one for every request, plain HTTP
     included (ansible/module_utils/urls.py, Request.open: make_context reads the CA certificates), which cost ~20 ms of
     CPU per request on the controller: most of the transfer probe's controller cost per pair (docs/benchmarks.md).
     Threads may race to build it; each context is the same and one of them is kept."""
+    if cafile:
+        if cafile not in _CA_CONTEXTS:
+            _CA_CONTEXTS[cafile] = make_context(cafile=cafile, validate_certs=True)
+        return _CA_CONTEXTS[cafile]
     if not _CONTEXT:
         _CONTEXT.append(make_context(validate_certs=True))
     return _CONTEXT[0]
 
 
-def call(url, key=None, body=None, request_id=None, timeout=120, extra_headers=None):
+def call(url, key=None, body=None, request_id=None, timeout=120, extra_headers=None, cafile=None):
     """GET (or POST `body` as JSON) -> (status, parsed JSON or text); status 0 when nothing answered.
-    `extra_headers` are sent as well (the transfer probe's X-data-parallel-rank)."""
+    `extra_headers` are sent as well (the transfer probe's X-data-parallel-rank); `cafile`: an https URL's
+    certificate is verified against that CA only (tls_context)."""
     headers = dict(extra_headers or {})
     headers["Content-Type"] = "application/json"
     if key:
@@ -42,7 +49,7 @@ def call(url, key=None, body=None, request_id=None, timeout=120, extra_headers=N
     if request_id:
         headers["X-Request-Id"] = request_id
     try:
-        request = Request(context=tls_context())
+        request = Request(context=tls_context(cafile))
         resp = request.open("POST" if body is not None else "GET", url, headers=headers, timeout=timeout,
                             validate_certs=True, data=json.dumps(body) if body is not None else None)
         text = resp.read().decode("utf-8", "replace")
