@@ -1,17 +1,22 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """HTTP to the router and the engines from the router host (an I/O edge), beside the one JSON request and key-file
-reader of _common/http.py: Server-Sent-Event streams, Prometheus text, and the router host's key file.
-Nothing here prints the key: errors carry the status and body, never the request headers."""
+reader of _common/http.py: Server-Sent-Event streams, Prometheus text, the router host's key file and CA certificate.
+With TLS every request verifies the server's certificate against the router directory's CA (`cafile`, the only
+trust anchor: _common/http.py::tls_context). Nothing here prints the key: errors carry the status and body, never
+the request headers."""
 
 from __future__ import annotations
 
 import json
+import os
 import time
 
 from ansible.module_utils.urls import Request
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call, read_key_file, tls_context
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import host_name
 
 __metaclass__ = type
 
@@ -19,6 +24,17 @@ __metaclass__ = type
 def read_key(path):
     """The engines' key the router stage installed on this host (_common/http.py::read_key_file)."""
     return read_key_file(path, "rerun the router stage, which installs it")
+
+
+def check_ca(path):
+    """`path` (the modules' ca_file) when it is a file on this host, None when unset; refuses a missing one by name
+    (ssl would only say "No such file" for each request)."""
+    if not path:
+        return None
+    if not os.path.isfile(path):
+        raise PlanError("the CA certificate %s is not on router host %s (NARWHAL_TLS is on); rerun the router stage, "
+                        "which installs it" % (path, host_name()), "NARWHAL_TLS")
+    return path
 
 
 def _headers(key, extra=None):
@@ -38,12 +54,12 @@ def _error(exc):
     return status, text
 
 
-def stream(url, key, body, timeout=60):
+def stream(url, key, body, timeout=60, cafile=None):
     """POST a streaming request -> (status, [parsed event data], seconds to the first event, raw tail). The events
     are the JSON documents of the `data:` lines before `data: [DONE]`."""
     # the process's one TLS context (_common/http.py::tls_context), built before the clock starts: open_url would read
     # the CA certificates for every request, inside the time to the first event
-    request = Request(context=tls_context())
+    request = Request(context=tls_context(cafile))
     started = time.time()
     first = None
     try:
@@ -70,7 +86,7 @@ def stream(url, key, body, timeout=60):
     return resp.getcode(), events, first, ("" if done else "stream ended without data: [DONE] " + tail).strip()
 
 
-def metrics(url, timeout=15):
+def metrics(url, timeout=15, cafile=None):
     """The Prometheus text of url + /metrics, or None when it does not answer."""
-    status, text = call(url.rstrip("/") + "/metrics", timeout=timeout)
+    status, text = call(url.rstrip("/") + "/metrics", timeout=timeout, cafile=cafile)
     return text if status == 200 and isinstance(text, str) else None

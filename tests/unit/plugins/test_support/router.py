@@ -10,20 +10,30 @@ import sys
 import time
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call
-from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import fleet_workers, router_config
+from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import (
+    fleet_workers,
+    router_config,
+    tls_fronts,
+)
 from test_support.paths import REPO
 from test_support.standin import free_port
 
 ENTRY = REPO / "roles" / "router" / "files" / "narwhal_router.py"
 
 
-def router_process(tmp_path, engines, key, health_interval_s=1, health_failures=2):
+def router_process(tmp_path, engines, key, health_interval_s=1, health_failures=2, tls=None):
     """-> {url, metrics_url, proc, log, key_file} of a router on free loopback ports, once its /workers answers
-    (every engine answered /health). The caller terminates `proc`."""
+    (every engine answered /health). The caller terminates `proc`. `tls` ({cert, key, ca}: paths): vllm-router on
+    127.0.0.1 behind the start script's TLS front on 127.0.0.2 (the same port numbers, as the plan's tls_fronts
+    puts them), the URLs https and /workers asked with the CA."""
     port, metrics = free_port(), free_port()
     site = {"NARWHAL_ROUTER_BIND": "127.0.0.1", "NARWHAL_ROUTER_PORT": port, "NARWHAL_ROUTER_METRICS_PORT": metrics,
-            "NARWHAL_ROUTER_POLICY": "round_robin", "NARWHAL_ROUTER_READY_TIMEOUT": 60}
+            "NARWHAL_ROUTER_POLICY": "round_robin", "NARWHAL_ROUTER_READY_TIMEOUT": 60, "NARWHAL_TLS": "off"}
     config = router_config(site, fleet_workers(engines))
+    host, scheme, cafile = "127.0.0.1", "http", None
+    if tls:
+        host, scheme, cafile = "127.0.0.2", "https", tls["ca"]
+        config["tls"] = dict(tls_fronts(host, (port, metrics)), cert=tls["cert"], key=tls["key"])
     key_file = tmp_path / "router-api.key"
     key_file.write_text(key + "\n")
     key_file.chmod(0o600)
@@ -37,12 +47,74 @@ def router_process(tmp_path, engines, key, health_interval_s=1, health_failures=
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, str(ENTRY), str(tmp_path / "router.json")], stdout=out,
                                 stderr=subprocess.STDOUT, env=env)
-    url = "http://127.0.0.1:%d" % port
+    url = "%s://%s:%d" % (scheme, host, port)
     deadline = time.time() + 60
-    while call(url + "/workers", key, timeout=2)[0] != 200:
+    while call(url + "/workers", key, timeout=2, cafile=cafile)[0] != 200:
         if proc.poll() is not None or time.time() > deadline:
             proc.kill()
             raise AssertionError("the router did not serve: %s" % log.read_text(errors="replace")[-2000:])
         time.sleep(0.2)
-    return {"url": url, "metrics_url": "http://127.0.0.1:%d/metrics" % metrics, "proc": proc, "log": log,
+    return {"url": url, "metrics_url": "%s://%s:%d/metrics" % (scheme, host, metrics), "proc": proc, "log": log,
             "key_file": str(key_file)}
+
+
+def make_ca(directory, name="narwhal test CA"):
+    """A CA of its own (EC P-256, made with `cryptography`) in `directory`: -> {cert (path), key (object), crt
+    (object)}."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.UTC)
+    crt = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+           .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+           .not_valid_after(now + datetime.timedelta(days=30))
+           .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+           .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                        content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                        key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+           .sign(key, hashes.SHA256()))
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "ca.crt"
+    path.write_bytes(crt.public_bytes(serialization.Encoding.PEM))
+    return {"cert": str(path), "key": key, "crt": crt}
+
+
+def make_leaf(ca, directory, names=("127.0.0.1",)):
+    """A server certificate `ca` signs for `names` (IP addresses as iPAddress, others as dNSName) in `directory`:
+    server.crt and server.key (0600) -> (cert path, key path)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    sans = []
+    for name in names:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            sans.append(x509.DNSName(name))
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    crt = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
+           .issuer_name(ca["crt"].subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+           .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=30))
+           .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+           .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+           .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+           .sign(ca["key"], hashes.SHA256()))
+    directory.mkdir(parents=True, exist_ok=True)
+    cert, private = directory / "server.crt", directory / "server.key"
+    cert.write_bytes(crt.public_bytes(serialization.Encoding.PEM))
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    private.chmod(0o600)
+    return str(cert), str(private)
