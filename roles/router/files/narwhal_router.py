@@ -96,7 +96,10 @@ def server_context(tls):
 def listen(host, port):
     """A listening TCP socket on host:port (IPv6 only for an IPv6 address), refused by name when the host lacks it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP
+    # (asyncio/base_events.py::_set_nodelay), and an accepted connection inherits the listener's proto; with Nagle
+    # left on, a small TLS record waits for the client's delayed ACK (40 ms per request, measured)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if family == socket.AF_INET6:

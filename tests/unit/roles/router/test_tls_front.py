@@ -189,6 +189,21 @@ def test_a_key_readable_by_others_or_a_foreign_key_is_refused_by_name(tmp_path, 
     assert "cannot load the TLS certificate %s with its key %s" % (cert, key2) in capsys.readouterr().err
 
 
+def test_accepted_connections_are_tcp_so_asyncio_turns_nagle_off():
+    """asyncio sets TCP_NODELAY only on a socket whose proto is IPPROTO_TCP (asyncio/base_events.py::_set_nodelay), and
+    an accepted connection inherits the listener's: with proto 0 every small TLS record of a stream waited for the
+    client's delayed ACK (40 ms, bench/router_tls_front.py)."""
+    import asyncio.base_events
+
+    listener = FRONT.listen("127.0.0.1", free_port())
+    listener.setblocking(True)
+    with listener, socket.create_connection(listener.getsockname()[:2], timeout=5):
+        conn, _peer = listener.accept()
+        with conn:
+            asyncio.base_events._set_nodelay(conn)
+            assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+
 def test_an_address_the_host_lacks_is_refused_by_name(capsys):
     with pytest.raises(SystemExit):
         FRONT.listen("192.0.2.1", free_port())  # TEST-NET-1: on no host
