@@ -360,9 +360,9 @@ def router_status_row(status, problems_only=False):
     """One line of the routers' status table, or with problems_only its refusal (router: problems)."""
     if problems_only:
         return "%s: %s" % (status.get("router"), "; ".join(status.get("problems") or []))
-    return "%-10s %-9s %-8s %-12s %-8s %s" % (
+    return "%-10s %-9s %-8s %-12s %-8s %-5s %s" % (
         status.get("router"), status.get("state"), status.get("version"), status.get("plan"),
-        status.get("workers"), "; ".join(status.get("problems") or []) or "-")
+        status.get("workers"), status.get("cert", "-"), "; ".join(status.get("problems") or []) or "-")
 
 
 def traffic_row(entry):

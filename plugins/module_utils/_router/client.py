@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import ssl
 import time
 
 from ansible.module_utils.urls import Request
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import split_url
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call, read_key_file, tls_context
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import host_name
@@ -90,3 +93,22 @@ def metrics(url, timeout=15, cafile=None):
     """The Prometheus text of url + /metrics, or None when it does not answer."""
     status, text = call(url.rstrip("/") + "/metrics", timeout=timeout, cafile=cafile)
     return text if status == 200 and isinstance(text, str) else None
+
+
+def served_certificate(url, cafile, timeout=10):
+    """The certificate an https `url` serves, verified against `cafile` with its host name checked: {"not_after":
+    ISO UTC, "days_left": whole days}, or {"error": why} when the handshake fails (an expired certificate or one of
+    another CA: "certificate verify failed: ..."); None for an http URL."""
+    parsed = split_url(url)
+    if parsed is None or parsed[0] != "https":
+        return None
+    host, port = parsed[1], parsed[2]
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as raw:
+            with tls_context(cafile).wrap_socket(raw, server_hostname=host) as conn:
+                cert = conn.getpeercert()
+    except (OSError, ssl.SSLError, ssl.CertificateError) as exc:
+        return {"error": str(exc)}
+    expires = ssl.cert_time_to_seconds(cert["notAfter"])
+    return {"not_after": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires)),
+            "days_left": int((expires - time.time()) // 86400)}

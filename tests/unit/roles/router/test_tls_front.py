@@ -18,6 +18,7 @@ from test_support.router import make_ca, make_leaf, router_process
 from test_support.standin import engine_process, free_port
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call
+from ansible_collections.narwhal.deploy.plugins.modules import router_traffic, router_workers
 
 FRONT = load_file("narwhal_router", REPO / "roles" / "router" / "files" / "narwhal_router.py")
 KEY = "sk-narwhal-front-test-key-0123456789abcdef"
@@ -219,11 +220,11 @@ def tls_router(tmp_path):
     cert, key = make_leaf(ca, tmp_path / "tls", ("127.0.0.2",))
     procs, engines = [], []
     for n, role in ((1, "prefill"), (2, "decode")):
-        url, proc = engine_process(tmp_path, str(n), KEY)
+        url, proc = engine_process(tmp_path, str(n), KEY, "--enable-prompt-tokens-details")
         procs.append(proc)
         engines.append({"engine": "engine-%d" % n, "role": role, "url": url})
     started = router_process(tmp_path, engines, KEY, tls={"cert": cert, "key": key, "ca": ca["cert"]})
-    yield dict(started, ca=ca["cert"])
+    yield dict(started, ca=ca["cert"], engines=engines, tmp=tmp_path)
     for proc in procs + [started["proc"]]:
         if proc.poll() is None:
             proc.kill()
@@ -272,3 +273,29 @@ def test_sigterm_stops_the_front_and_the_router(tls_router):
     front.send_signal(signal.SIGTERM)  # docker stop
     assert front.wait(15) == 0
     assert _gone(router)
+
+
+def test_router_workers_verifies_the_router_with_the_ca_and_reports_its_certificate(tls_router, module_runner):
+    args = {"url": tls_router["url"], "engines": tls_router["engines"], "api_key_file": tls_router["key_file"],
+            "ca_file": tls_router["ca"]}
+    status, result = module_runner(router_workers.main, args)
+    assert status == "exit" and result["report"]["ok"], result
+    assert result["certificate"]["days_left"] in (29, 30) and result["certificate"]["not_after"].endswith("Z")
+    other = make_ca(tls_router["tmp"] / "other", "another CA")
+    status, result = module_runner(router_workers.main, dict(args, ca_file=other["cert"]))
+    assert status == "fail" and "certificate verify failed" in result["msg"]
+    assert "certificate verify failed" in result["certificate"]["error"]
+    status, result = module_runner(router_workers.main, dict(args, ca_file=str(tls_router["tmp"] / "absent.crt")))
+    assert status == "fail" and "the CA certificate %s is not on router host" % (tls_router["tmp"] / "absent.crt") \
+        in result["msg"] and result["input"] == "NARWHAL_TLS"
+
+
+def test_traffic_through_the_front_streams_and_all(tls_router, module_runner):
+    """router_traffic's whole matrix (completions and chat, streamed and not) over https through the front."""
+    status, result = module_runner(router_traffic.main, {
+        "url": tls_router["url"], "engines": tls_router["engines"], "model": "tiny",
+        "api_key_file": tls_router["key_file"], "ca_file": tls_router["ca"], "timeout": 20})
+    assert status == "exit", result["msg"] if status == "fail" else result
+    assert len(result["requests"]) == 8 and all(r["ok"] and r["equal"] for r in result["requests"])
+    assert all(r["ttft_s"] is not None for r in result["requests"] if r["stream"])
+    assert result["auth"] == {"none": 401, "wrong": 401, "key": 200}
