@@ -72,8 +72,8 @@ certificate:
   type: dict
 not_answering:
   description:
-    - Fleet engines whose own C(/health) did not answer, each C(engine (role URL): why) (an HTTP status, or why
-      nothing answered, e.g. C(certificate verify failed)).
+    - Fleet engines whose own C(/health) did not answer, each C(engine (role URL)) followed by why - an HTTP status,
+      or why nothing answered, e.g. C(certificate verify failed).
   returned: always
   type: list
   elements: str
