@@ -73,17 +73,10 @@ class Upstream:
         self.sock.close()
 
 
-@pytest.fixture
-def front(tmp_path):
-    """-> {port, ca, upstream}: the front on 127.0.0.1:<port> before the upstream, served by an asyncio loop in a
-    thread, as run_front serves it."""
-    ca = make_ca(tmp_path / "ca")
-    cert, key = make_leaf(ca, tmp_path / "tls", ("127.0.0.1", "localhost"))
-    upstream = Upstream()
-    port = free_port()
-    fronts = [{"listen": ["127.0.0.1", port], "upstream": ["127.0.0.1", upstream.port]}]
+def serve_fronts(fronts, cert, key):
+    """The start script's TLS fronts served by an asyncio loop in a thread, as run_front serves them -> stop()."""
     context = FRONT.server_context({"cert": cert, "key": key})
-    sockets = [FRONT.listen("127.0.0.1", port)]
+    sockets = [FRONT.listen(*f["listen"]) for f in fronts]
     loop = asyncio.new_event_loop()
     loop.set_exception_handler(FRONT.quiet)
     ready = threading.Event()
@@ -97,7 +90,6 @@ def front(tmp_path):
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     assert ready.wait(10)
-    yield {"port": port, "ca": ca, "upstream": upstream, "tmp": tmp_path}
 
     async def shutdown():
         pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
@@ -106,9 +98,24 @@ def front(tmp_path):
         await asyncio.gather(*pending, return_exceptions=True)
         loop.stop()
 
-    asyncio.run_coroutine_threadsafe(shutdown(), loop)
-    thread.join(10)
-    loop.close()
+    def stop():
+        asyncio.run_coroutine_threadsafe(shutdown(), loop)
+        thread.join(10)
+        loop.close()
+
+    return stop
+
+
+@pytest.fixture
+def front(tmp_path):
+    """-> {port, ca, upstream}: the front on 127.0.0.1:<port> before the upstream."""
+    ca = make_ca(tmp_path / "ca")
+    cert, key = make_leaf(ca, tmp_path / "tls", ("127.0.0.1", "localhost"))
+    upstream = Upstream()
+    port = free_port()
+    stop = serve_fronts([{"listen": ["127.0.0.1", port], "upstream": ["127.0.0.1", upstream.port]}], cert, key)
+    yield {"port": port, "ca": ca, "upstream": upstream, "tmp": tmp_path}
+    stop()
     upstream.close()
 
 
@@ -299,3 +306,52 @@ def test_traffic_through_the_front_streams_and_all(tls_router, module_runner):
     assert len(result["requests"]) == 8 and all(r["ok"] and r["equal"] for r in result["requests"])
     assert all(r["ttft_s"] is not None for r in result["requests"] if r["stream"])
     assert result["auth"] == {"none": 401, "wrong": 401, "key": 200}
+
+
+@pytest.fixture
+def https_engines(tmp_path):
+    """Two stand-in engines reached over https: each behind a TLS front of its own on 127.0.0.3 (the same port), its
+    certificate for 127.0.0.3 from the site CA -> {engines, ca, other_ca, tmp}."""
+    ca = make_ca(tmp_path / "ca")
+    cert, key = make_leaf(ca, tmp_path / "engine-tls", ("127.0.0.3",))
+    procs, engines, fronts = [], [], []
+    for n, role in ((1, "prefill"), (2, "decode")):
+        url, proc = engine_process(tmp_path, str(n), KEY)
+        procs.append(proc)
+        port = int(url.rsplit(":", 1)[1])
+        fronts.append({"listen": ["127.0.0.3", port], "upstream": ["127.0.0.1", port]})
+        engines.append({"engine": "engine-%d" % n, "role": role, "url": "https://127.0.0.3:%d" % port})
+    stop = serve_fronts(fronts, cert, key)
+    yield {"engines": engines, "ca": ca["cert"], "other_ca": make_ca(tmp_path / "other", "another CA")["cert"],
+           "tmp": tmp_path}
+    stop()
+    for proc in procs:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_the_router_verifies_https_engines_against_ssl_cert_file(https_engines):
+    """vllm-router's client (reqwest) verifies the engines' certificates against SSL_CERT_FILE, as the router container
+    sets it (_router/plan.py::tls_container): with the site CA every worker is healthy and a request is served; with
+    another CA no worker becomes healthy, so the router does not serve."""
+    (https_engines["tmp"] / "good").mkdir()
+    good = router_process(https_engines["tmp"] / "good", https_engines["engines"], KEY,
+                          env={"SSL_CERT_FILE": https_engines["ca"]})
+    try:
+        status, answer = call(good["url"] + "/workers", KEY)
+        assert status == 200 and all(w["is_healthy"] for w in answer["workers"]) and len(answer["workers"]) == 2
+        assert call(good["url"] + "/v1/completions", KEY, {"model": "tiny", "prompt": "over tls", "max_tokens": 4},
+                    timeout=20)[0] == 200
+    finally:
+        good["proc"].terminate()
+        good["proc"].wait(10)
+    (https_engines["tmp"] / "bad").mkdir()
+    bad = router_process(https_engines["tmp"] / "bad", https_engines["engines"], KEY,
+                         env={"SSL_CERT_FILE": https_engines["other_ca"]}, wait=False)
+    try:
+        time.sleep(5)  # the good router served within about 2 s here; this one never does
+        assert call(bad["url"] + "/workers", KEY, timeout=2)[0] != 200
+        assert bad["proc"].poll() is None
+    finally:
+        bad["proc"].terminate()
+        bad["proc"].wait(10)
