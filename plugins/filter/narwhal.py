@@ -28,7 +28,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers impor
     restart_refusal,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers import peer_facts as record_peer_facts
-from ansible_collections.narwhal.deploy.plugins.module_utils._monitor.targets import file_sd, fleet_name
+from ansible_collections.narwhal.deploy.plugins.module_utils._monitor.targets import file_sd, fleet_name, scrape_config
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.parallel import member_view
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import install_paths, install_plan
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.subst import SubstitutionError, resolve_values
@@ -49,6 +49,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import
     tls_on,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import router_plan as plan_router
+from ansible_collections.narwhal.deploy.plugins.module_utils._tls.certs import engine_host_names
 from ansible_collections.narwhal.deploy.plugins.plugin_utils._hostvars import host_inspection
 
 
@@ -176,6 +177,20 @@ def _short(value, n=12):
     return value.split(":", 1)[-1][:n]
 
 
+def _cert_days(tls):
+    """The status table's cert column (the launcher's status `tls`: {days_left, not_after, error}): the served
+    certificate's days left as `<n>d`, `expired` when none are left, FAIL when it fails verification, `-` without
+    TLS (NARWHAL_TLS=off, a headless host)."""
+    if not tls:
+        return "-"
+    days = tls.get("days_left")
+    if tls.get("error") and not (isinstance(days, int) and days <= 0):
+        return "FAIL"
+    if not isinstance(days, int) or isinstance(days, bool):
+        return "FAIL"
+    return "%dd" % days if days > 0 else "expired"
+
+
 def status_row(status):
     """One engine of the status table (the launcher's `status` document)."""
     container = status.get("container") or {}
@@ -183,12 +198,13 @@ def status_row(status):
     if container.get("restart_count"):
         state = "%s/%sr" % (state, container["restart_count"])
     nixl = status.get("nixl") or {}
-    return "%-10s %-20s %-8s %-9s %-12s %-14s %-7s %-9s %-13s %s" % (
+    return "%-10s %-20s %-8s %-9s %-12s %-14s %-7s %-9s %-6s %-13s %s" % (
         status.get("engine"), status.get("inventory_host") or status.get("engine"), status.get("role") or "-",
         state, _short(container.get("id")),
         _short(status.get("plan_hash_running")),
         "-" if status.get("headless") else "ok" if (status.get("health") or {}).get("ok") else "FAIL",
-        (status.get("version") or {}).get("served") or "-", _count(nixl.get("bytes_transferred", "-")),
+        (status.get("version") or {}).get("served") or "-", _cert_days(status.get("tls")),
+        _count(nixl.get("bytes_transferred", "-")),
         "; ".join(status.get("problems") or []) or "; ".join(["serving as recorded"] + (status.get("notes") or [])))
 
 
@@ -234,13 +250,15 @@ def summary_row(entry):
         entry.get("probe") or "-")
 
 
-def install_plan_filter(paths, record, role_env_text, launcher_sha256, api_key_file, owner="root"):
+def install_plan_filter(paths, record, role_env_text, launcher_sha256, api_key_file, owner="root", sources=None):
     """What install writes on an engine host and held_files' list of what the host should then hold
     (_plan/role_env.py::install_plan, the one owner; roles/install and roles/prepare)."""
     if not isinstance(paths, dict) or not isinstance(record, dict) or not isinstance(role_env_text, str):
         raise AnsibleFilterError("install_plan takes the install paths (a dict), the launch record (a dict) and the "
                                  "role environment's text")
-    return install_plan(paths, record, role_env_text, launcher_sha256, api_key_file, owner)
+    if sources is not None and not isinstance(sources, dict):
+        raise AnsibleFilterError("install_plan's sources must be prepare_run's install_sources of the host (a dict)")
+    return install_plan(paths, record, role_env_text, launcher_sha256, api_key_file, owner, sources)
 
 
 def install_paths_filter(checkout, engine):
@@ -356,6 +374,15 @@ def prometheus_targets(fleet, routers, fleet_file):
         raise AnsibleFilterError(str(exc))
 
 
+def prometheus_scrape(targets_file, ca_file=None):
+    """The scrape-config fragment of the monitoring stage (_monitor/targets.py::scrape_config): one job over the
+    targets file, with tls_config ca_file when `ca_file` (NARWHAL_TLS on) is given."""
+    try:
+        return scrape_config(targets_file, ca_file or None)
+    except PlanError as exc:
+        raise AnsibleFilterError(str(exc))
+
+
 def router_status_row(status, problems_only=False):
     """One line of the routers' status table, or with problems_only its refusal (router: problems)."""
     if problems_only:
@@ -425,6 +452,15 @@ def launch_peers(hosts, fleet, records=None, mode="auto", check=False):
     return plan
 
 
+def tls_hosts(play_hosts, engines, members, fleet, launch=None):
+    """tls_material's `hosts` for the engine hosts of a play: each with its engine's fleet URL host (the head's for
+    an engine across hosts) and its own address from the launch records (_tls/certs.py::engine_host_names)."""
+    if not isinstance(fleet, list):
+        raise AnsibleFilterError("tls_hosts takes the resolved fleet (a list, lookup('narwhal.deploy.fleet')), not %s"
+                                 % type(fleet).__name__)
+    return engine_host_names(list(play_hosts), engines or {}, members or {}, fleet, launch or {})
+
+
 class FilterModule:
     def filters(self):
         return {"resolve_values": resolve_values_filter, "table_row": table_row, "inspection": inspection,
@@ -439,5 +475,7 @@ class FilterModule:
                 "router_local_url": router_local_url, "router_tls_names": router_tls_names,
                 "router_status_row": router_status_row,
                 "traffic_row": traffic_row, "prometheus_targets": prometheus_targets,
+                "prometheus_scrape": prometheus_scrape,
                 "bench_plan": bench_plan, "bench_router_plan": bench_router_plan, "bench_progress": bench_progress,
-                "peer_facts": peer_facts, "probe_pairs": probe_pairs, "launch_peers": launch_peers}
+                "peer_facts": peer_facts, "probe_pairs": probe_pairs, "launch_peers": launch_peers,
+                "tls_hosts": tls_hosts}

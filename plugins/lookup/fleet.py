@@ -14,6 +14,9 @@ description:
   - The C(.env) files are read with literal values (python-dotenv's own C(${VAR}) expansion is off); only a fleet
     value that is exactly C(${NAME}) is substituted. Secret-looking values in error messages show as
     C(<redacted>).
+  - A resolved C(url) or C(attestation_url) with user information (C(http://user:KEY@host:port)) is refused, naming
+    the fleet file, the entry and the field, with the user information shown as C(<redacted>); the engines take the
+    key as a Bearer header from C(NARWHAL_API_KEY_FILE), never from a URL.
   - Without a path, the site's fleet - C(narwhal_site.paths.fleet) with C(narwhal_site.env_file) and
     C(narwhal_site.paths.deployment_env), the fact the opening play sets (playbooks/boilerplate.yml). The fleet is
     then resolved once per run - the opening play keeps it as the fact C(narwhal_fleet) (O(stamped)) - and returned
@@ -61,6 +64,8 @@ import os
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import refuse_fleet_userinfo
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import redact_text, secret_values
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import read_regular
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.dotenv import (
@@ -125,9 +130,12 @@ class LookupModule(LookupBase):
         out = []
         for term in terms:
             try:
-                out.append(resolve_values(json.loads(read_regular(term).decode("utf-8")), env))
+                out.append(refuse_fleet_userinfo(resolve_values(json.loads(read_regular(term).decode("utf-8")), env),
+                                                 term))
             except SubstitutionError as exc:
                 raise AnsibleLookupError(redact_text("%s: %s" % (term, exc), secrets))
+            except PlanError as exc:  # names the fleet file itself
+                raise AnsibleLookupError(redact_text(str(exc), secrets))
             except (OSError, ValueError, RecursionError) as exc:
                 if isinstance(exc, RecursionError):
                     exc = "nested too deeply to be a fleet"

@@ -22,6 +22,9 @@ description:
     i.e. the factors of its compatibility hash such as vLLM version, model, dtype, KV geometry, attention backend
     and KV cache dtype, and its checks of block size, TP ratio and KV layout) and the shared-host gate (no
     overlapping GPUs, HTTP, attestation or side-channel ports).
+  - Who gets in - every engine's role environment names the address it binds (C(NARWHAL_ENGINE_BIND), else its
+    advertised address), the key guard (its sha256) and, with TLS (O(tls)), its certificate; a mode of O(tls) that
+    is not C(NARWHAL_TLS), or an engine host without a certificate in it, is refused before anything is created.
   - With O(stage=validate) it only returns the records and the derived values. With O(stage=write) it also compares
     each record with the current host inspection (stale records are refused), checks the API key file, and only
     then creates C(runs/<run-id>/) with the manifest, each engine's record copy, role environment and derived
@@ -84,6 +87,24 @@ options:
         not (the point of a rollback). The launcher snapshot is reused byte for byte (same sha256), the manifest
         records C(relaunched_from), and the return values have the shape of a normal prepare.
     type: str
+  tls:
+    description:
+      - The result of M(narwhal.deploy.tls_material) for the engine hosts of the play (the prepare role runs it first
+        and passes it) - C(mode) (C(site), C(operator) or C(off)), C(ca) (the controller path of the CA certificate)
+        and C(hosts), per inventory host C({cert, key, sha256, not_after, days_left, names}).
+      - Its C(mode) must be C(NARWHAL_TLS); without it C(NARWHAL_TLS) must be C(off). With TLS each engine's role
+        environment names its TLS directory C(<checkout>/tls/<engine>) and the sha256 of the certificate of the
+        inventory host that runs it (the head's, for an engine across hosts), so a new certificate is a new run and
+        replaces the engine; C(install_sources) names the controller files install copies there. Every engine binds
+        C(NARWHAL_ENGINE_BIND) (empty - its advertised address) and runs the key guard whether TLS is on or off.
+    type: dict
+  engine_hosts:
+    description:
+      - The inventory host that runs each engine, by engine name (the head for an engine across hosts), to find its
+        certificate in O(tls). An engine not in it is run by the host of its name.
+      - When not given, read from the facts C(narwhal_engines) and C(narwhal_members) of the opening play.
+    type: dict
+    default: {}
 attributes:
   check_mode:
     description: Validates and reports the run that would be written, writes nothing.
@@ -151,6 +172,17 @@ role_env_texts:
   returned: success
   type: dict
   sample: {"engine-1": {"0": "# Role environment of engine-1, written by narwhal.deploy prepare/install...\n"}}
+install_sources:
+  description:
+    - Per engine and C(narwhal_rank) (as a string, like C(role_env_texts)), what install takes from the controller
+      besides the run - C(guard_sha256), the sha256 of the key guard (C(roles/install/files/guard/narwhal_guard.py)),
+      and C(tls), C({cert, key, ca}), the controller files of the engine's certificate, key and CA (null when TLS is
+      off, and for the hosts after the head of an engine across hosts, which serve no HTTP). The filter
+      C(narwhal.deploy.install_plan) takes it as its C(sources).
+  returned: success
+  type: dict
+  sample: {"engine-1": {"0": {"guard_sha256": "3f1c...", "tls": {"cert": "/srv/p/config/tls/hosts/engine-1.crt",
+           "key": "/srv/p/config/tls/hosts/engine-1.key", "ca": "/srv/p/config/tls/ca.crt"}}}}
 manifest:
   description: The run's manifest; with O(from_run) it has C(relaunched_from) (the earlier run ID) and the earlier
     run's C(inputs).

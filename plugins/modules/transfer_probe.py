@@ -45,6 +45,10 @@ description:
     each HCA port's rate for C(ucx_rdma)); the module names the slowest pair and the slowest rail. With O(prompt_tokens)
     the prompt is that long, so that the transfer rather than the request's overhead makes the figure. The figures
     never fail a pair.
+  - An C(https) engine URL is verified against O(ca_file), the site CA, and the engine's certificate must name the
+    URL's host; an engine whose certificate does not verify (another CA, expired, another name) fails each of its
+    pairs, naming the engine, its URL and the TLS reason (C(certificate verify failed) and OpenSSL's why), and
+    nothing is sent to the pair.
   - Read-only for the fleet; never reports a change. Fails when any pair fails, naming it and the reason.
 options:
   engines:
@@ -134,6 +138,15 @@ options:
         extracts. An engine not named has an unknown link; its pairs then have no C(utilisation).
     type: dict
     default: {}
+  ca_file:
+    description:
+      - The CA certificate (PEM) the engines' certificates must be signed by, on the host that runs the probe -
+        trusted alone, the system's CAs are not. The probe role passes the controller's C(<NARWHAL_TLS_DIR>/ca.crt)
+        and, from a consumer's host, the engine checkout's C(<NARWHAL_ENGINE_CHECKOUT>/tls/ca.crt) that install
+        writes; none with C(NARWHAL_TLS=off) (the URLs are C(http)).
+      - Without it an C(https) URL is verified against the system's CAs. A file that cannot be read as certificates
+        fails the module before any probe, naming it.
+    type: path
 attributes:
   check_mode:
     description: Probes in check mode too (nothing changes).
@@ -156,6 +169,18 @@ EXAMPLES = r"""
     pairs: [[engine-1, engine-2], [engine-2, engine-1]]
     model: llama-3.1-8b
     api_key_file: /srv/narwhal/config/engine-api.key
+  delegate_to: localhost
+  run_once: true
+
+- name: Probe engines that serve TLS, verified against the site CA
+  narwhal.deploy.transfer_probe:
+    engines:
+      engine-1: {url: "https://10.0.0.11:8000", role: prefill}
+      engine-2: {url: "https://10.0.0.12:8000", role: decode}
+    pairs: [[engine-1, engine-2]]
+    model: llama-3.1-8b
+    api_key_file: /srv/narwhal/config/engine-api.key
+    ca_file: /srv/narwhal/config/tls/ca.crt
   delegate_to: localhost
   run_once: true
 

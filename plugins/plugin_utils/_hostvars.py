@@ -93,9 +93,15 @@ def discovery_facts(args, hostvars, hosts=None, members=None):
 
 def prepare_facts(args, hostvars, hosts=None, members=None):
     """prepare_run's arguments with the write stage's `hosts` read from the engines' host variables where the task
-    does not give it."""
+    does not give it, and with `tls`, the inventory host that runs each engine (`engine_hosts`: whose certificate it
+    serves)."""
     engines = _engines(args, hostvars, hosts, members)
-    if engines is None or "hosts" in args or args.get("stage") != "write":
+    if engines is None:
+        return args
+    if args.get("tls") is not None and "engine_hosts" not in args:
+        inventory = _heads(hosts, members)
+        args = dict(args, engine_hosts=dict((e, inventory.get(e, e)) for e, _found in engines))
+    if "hosts" in args or args.get("stage") != "write":
         return args
     current = dict((e, current_inspection(found)) for e, found in engines)
     for engine, _found in engines:  # the other hosts of an engine across hosts, as <engine>#<narwhal_rank>

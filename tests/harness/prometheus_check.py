@@ -1,15 +1,18 @@
-"""The real scenario's monitoring check (extensions/molecule/real/verify_monitoring.yml): a real Prometheus over the
-targets file the monitoring stage wrote scrapes the real engines and the router; every target must be `up`, and every
-panel query of the dashboard is run (its variables substituted as Grafana does) and shown with its series count; the
-dashboard's TTFT and KV-transfer panels must return series from the real engines.
+"""The real scenario's monitoring check (extensions/molecule/real/verify_monitoring.yml): a real Prometheus with the
+scrape-config fragment the monitoring stage wrote (its job over the targets file, and with TLS its tls_config ca_file:
+the site CA) scrapes the real engines and the router; every target must be `up`, and every panel query of the
+dashboard is run (its variables substituted as Grafana does) and shown with its series count; the dashboard's TTFT and
+KV-transfer panels must return series from the real engines.
 
-    python3 prometheus_check.py TARGETS_FILE DASHBOARD_FILE FLEET_NAME WORKDIR [ROUTER_URL KEY_FILE MODEL]
+    python3 prometheus_check.py SCRAPE_FILE DASHBOARD_FILE FLEET_NAME WORKDIR [ROUTER_URL KEY_FILE MODEL]
 
 With ROUTER_URL, KEY_FILE and MODEL, a client sends completions through the router (two a second) while
-Prometheus scrapes, so that the rate panels show the fleet serving rather than NaN.
+Prometheus scrapes, so that the rate panels show the fleet serving rather than NaN; an https router is verified
+against the fragment's CA.
 """
 import json
 import pathlib
+import ssl
 import sys
 import threading
 import time
@@ -22,9 +25,11 @@ from test_support import prometheus  # noqa: E402 - the test helpers' package, b
 REQUIRED = ("Scrape targets up", "Time to first token", "NIXL bytes transferred", "Running requests")
 
 
-def traffic(router_url, key_file, model, stop, answered):
-    """Completions through the router until `stop` is set; answered[status] counts the answers."""
+def traffic(router_url, key_file, model, stop, answered, ca_file=None):
+    """Completions through the router until `stop` is set; answered[status] counts the answers. An https router's
+    certificate is verified against `ca_file` (the site CA)."""
     key = pathlib.Path(key_file).read_text().strip()
+    context = ssl.create_default_context(cafile=ca_file) if ca_file else None
     n = 0
     while not stop.is_set():
         n += 1
@@ -33,7 +38,7 @@ def traffic(router_url, key_file, model, stop, answered):
         req = urllib.request.Request(router_url.rstrip("/") + "/v1/completions", data=body, method="POST",
                                      headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
+            with urllib.request.urlopen(req, timeout=30, context=context) as resp:
                 status = resp.status
         except Exception as exc:  # noqa: BLE001 - counted, not raised: the check reports it
             status = getattr(exc, "code", type(exc).__name__)
@@ -41,16 +46,22 @@ def traffic(router_url, key_file, model, stop, answered):
         stop.wait(0.5)
 
 
-def main(targets_file, dashboard_file, fleet, workdir, router_url=None, key_file=None, model=None):
-    targets, dashboard, where = pathlib.Path(targets_file), pathlib.Path(dashboard_file), pathlib.Path(workdir)
+def main(scrape_file, dashboard_file, fleet, workdir, router_url=None, key_file=None, model=None):
+    scrape, dashboard, where = pathlib.Path(scrape_file), pathlib.Path(dashboard_file), pathlib.Path(workdir)
     where.mkdir(parents=True, exist_ok=True)
-    expected = sum(len(group["targets"]) for group in json.loads(targets.read_text()))
+    (job,) = prometheus.scrape_configs(scrape)
+    ca_file = (job.get("tls_config") or {}).get("ca_file")
+    files = [name for sd in job["file_sd_configs"] for name in sd["files"]]
+    expected = sum(len(group["targets"]) for name in files for group in json.loads(pathlib.Path(name).read_text()))
+    print("scrape job %s over %s, %s" % (job["job_name"], ", ".join(files),
+                                          "TLS verified against %s" % ca_file if ca_file else "no TLS"))
     stop, answered = threading.Event(), {}
     client = None
     if router_url:
-        client = threading.Thread(target=traffic, args=(router_url, key_file, model, stop, answered), daemon=True)
+        client = threading.Thread(target=traffic, args=(router_url, key_file, model, stop, answered, ca_file),
+                                  daemon=True)
         client.start()
-    url, proc = prometheus.start(where, targets)
+    url, proc = prometheus.start(where, scrape)
     failed = []
     try:
         if client:

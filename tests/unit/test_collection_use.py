@@ -7,6 +7,7 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
 import yaml
 from test_support.paths import REPO
 
@@ -145,6 +146,10 @@ def test_status_rows_and_problems():
     row = status_row(healthy)
     assert row.split()[:7] == ["engine-1", "engine-1", "prefill", "running/1r", "0123456789ab", "feedfacecafe", "ok"]
     assert row.endswith("serving as recorded")
+    assert row.split()[8] == "-"  # the served certificate's days left: no TLS
+    assert status_row(dict(healthy, tls={"days_left": 364, "not_after": "x"})).split()[8] == "364d"
+    assert status_row(dict(healthy, tls={"url": "https://x", "error": "certificate verify failed"})).split()[8] == \
+        "FAIL"
     down = {"engine": "engine-2", "problems": ["container narwhal-engine-2 is exited (code 137)"]}
     assert status_row(down).split()[:5] == ["engine-2", "engine-2", "-", "absent", "-"]
     assert status_problems(down) == "engine-2: container narwhal-engine-2 is exited (code 137)"
@@ -153,6 +158,19 @@ def test_status_rows_and_problems():
     assert status_row(named).split()[:3] == ["engine-2", "gpu-b03.dc1.example", "-"]
     assert status_problems(named) == ("engine-2 (gpu-b03.dc1.example): container narwhal-engine-2 is exited "
                                       "(code 137)")
+
+
+@pytest.mark.parametrize("tls, cert", [(None, "-"), ({"days_left": 364, "not_after": "2027-12-05T10:00:00Z"}, "364d"),
+                                       ({"days_left": 1}, "1d"), ({"days_left": 0}, "expired"),
+                                       ({"days_left": -3}, "expired"), ({"days_left": None}, "-"), ({}, "-")])
+def test_the_status_row_shows_the_days_left_of_the_engines_certificate(tls, cert):
+    status = {"engine": "engine-1", "role": "prefill", "problems": [], "health": {"ok": True},
+              "container": {"id": "0123456789abcdef", "state": "running"}, "plan_hash_running": "sha256:feedface",
+              "version": {"served": "0.33.0"}, "nixl": {"bytes_transferred": 4096}}
+    if tls is not None:
+        status["tls"] = tls
+    assert status_row(status).split()[7:10] == ["0.33.0", "4096", cert]
+    assert status_row(status).endswith("serving as recorded")
 
 
 def test_summary_entry_and_row():

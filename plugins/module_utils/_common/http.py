@@ -3,12 +3,19 @@
 """HTTP to the engines and the routers (an I/O edge), shared by the transfer probe (_probe/transfer.py) and the
 router host's modules (_router/client.py): one JSON request with the engines' Bearer key, and the key file read by
 the launcher's rule (_common/api_key.py::api_key_from). Errors carry the status and body, never the request headers,
-so nothing here prints the key. Python 3.8 compatible (runs on engine and router hosts)."""
+so nothing here prints the key. Python 3.8 compatible (runs on engine and router hosts).
+
+An https URL is verified: against the site CA when the caller names its file (`cafile`: the controller's
+<NARWHAL_TLS_DIR>/ca.crt, an engine host's <checkout>/tls/ca.crt), that CA alone and the hostname checked; else
+against the system's CAs. A certificate that fails (another CA, expired, not naming the URL's host) answers status 0
+with the TLS reason, "certificate verify failed: <why>" (tls_failure tells it from other failures)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import ssl
 
 from ansible.module_utils.urls import Request, make_context, open_url
 
@@ -19,29 +26,55 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools impor
 __metaclass__ = type
 
 
-_CONTEXT = []
-_CA_CONTEXTS = {}
+_CONTEXTS = {}
 
 
 def tls_context(cafile=None):
-    """One verifying TLS context per process (per CA file: `cafile`, when given, is the only trust anchor, as
-    ssl.create_default_context(cafile=...) makes it). Ansible's open_url builds a new one for every request, plain HTTP
-    included (ansible/module_utils/urls.py, Request.open: make_context reads the CA certificates), which cost ~20 ms of
-    CPU per request on the controller: most of the transfer probe's controller cost per pair (docs/benchmarks.md).
-    Threads may race to build it; each context is the same and one of them is kept."""
-    if cafile:
-        if cafile not in _CA_CONTEXTS:
-            _CA_CONTEXTS[cafile] = make_context(cafile=cafile, validate_certs=True)
-        return _CA_CONTEXTS[cafile]
-    if not _CONTEXT:
-        _CONTEXT.append(make_context(validate_certs=True))
-    return _CONTEXT[0]
+    """One verifying TLS context per CA file per process (None: the system's CAs). Ansible's open_url builds a new one
+    for every request, plain HTTP included (ansible/module_utils/urls.py, Request.open: make_context reads the CA
+    certificates), which cost ~20 ms of CPU per request on the controller: most of the transfer probe's controller cost
+    per pair (docs/benchmarks.md). With `cafile`, make_context trusts that file alone (ssl.create_default_context(
+    cafile=...): no system CA is added) and checks the hostname. Threads may race to build it; each context is the
+    same and one of them is kept. Raises OSError or ssl.SSLError when `cafile` cannot be read as certificates."""
+    context = _CONTEXTS.get(cafile)
+    if context is None:
+        built = make_context(validate_certs=True) if cafile is None else make_context(cafile=cafile,
+                                                                                      validate_certs=True)
+        context = _CONTEXTS.setdefault(cafile, built)
+    return context
+
+
+# the text of an answer that failed in TLS (tls_reason): a certificate that does not verify, or no TLS handshake
+CERT_FAILED = "certificate verify failed"
+HANDSHAKE_FAILED = "TLS handshake failed"
+_SSL_SOURCE = re.compile(r"\s*\(_ssl\.c:[0-9]+\)$")
+
+
+def tls_reason(exc):
+    """Why a request failed in TLS, or None: "certificate verify failed: <OpenSSL's reason>" (another CA: unable to
+    get local issuer certificate; certificate has expired; IP address mismatch / Hostname mismatch) or "TLS handshake
+    failed: <the SSL error>" (e.g. a plain HTTP server at an https URL). urllib wraps it in URLError.reason."""
+    reason = getattr(exc, "reason", None)
+    reason = reason if isinstance(reason, ssl.SSLError) else exc
+    if isinstance(reason, ssl.SSLCertVerificationError):
+        return "%s: %s" % (CERT_FAILED, reason.verify_message or _SSL_SOURCE.sub("", str(reason)))
+    if isinstance(reason, ssl.SSLError):
+        return "%s: %s" % (HANDSHAKE_FAILED, _SSL_SOURCE.sub("", str(reason)))
+    return None
+
+
+def tls_failure(answer):
+    """The TLS reason of a call() answer that failed in TLS (status 0, tls_reason's text), else None."""
+    status, text = answer
+    if status == 0 and isinstance(text, str) and text.startswith((CERT_FAILED + ":", HANDSHAKE_FAILED + ":")):
+        return text
+    return None
 
 
 def call(url, key=None, body=None, request_id=None, timeout=120, extra_headers=None, cafile=None):
-    """GET (or POST `body` as JSON) -> (status, parsed JSON or text); status 0 when nothing answered.
-    `extra_headers` are sent as well (the transfer probe's X-data-parallel-rank); `cafile`: an https URL's
-    certificate is verified against that CA only (tls_context)."""
+    """GET (or POST `body` as JSON) -> (status, parsed JSON or text); status 0 when nothing answered (the text says
+    why: tls_reason's for a TLS failure). `extra_headers` are sent as well (the transfer probe's X-data-parallel-rank);
+    `cafile`: the CA an https URL's certificate must be signed by (tls_context)."""
     headers = dict(extra_headers or {})
     headers["Content-Type"] = "application/json"
     if key:
@@ -59,7 +92,7 @@ def call(url, key=None, body=None, request_id=None, timeout=120, extra_headers=N
         try:
             text = exc.read().decode("utf-8", "replace")
         except Exception:  # noqa: BLE001
-            text = str(exc)
+            text = (tls_reason(exc) if not status else None) or str(exc)
     try:
         return status, json.loads(text)
     except (ValueError, RecursionError):

@@ -12,7 +12,11 @@ from __future__ import annotations
 import ipaddress
 import re
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import attestation_url, engine_url
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import (
+    attestation_url,
+    engine_scheme,
+    engine_url,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import engine_number
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.ports import (
@@ -74,12 +78,19 @@ def _is_ip(value):
         return False
 
 
-def _override(n, node, kind, port_key, default_url, port):
+def _override(n, node, kind, port_key, default_url, port, tls=None):
+    """NARWHAL_NODE_<n>_<kind> when set, else `default_url`; its port must be the node's. With `tls` (NARWHAL_TLS, for
+    the engine URL) its scheme must be the engines' (engine_scheme): https with TLS, http without."""
     key = "NARWHAL_NODE_%d_%s" % (n, kind)
     url = node.get(kind)
     if not url:
         return default_url
-    url_port = parse_url(key, url)[2]
+    scheme, _host, url_port, _path = parse_url(key, url)
+    if tls is not None and scheme != engine_scheme(tls):
+        raise InputError(key, "%s is %s but NARWHAL_TLS is %s, so the engines serve %s; write the URL with %s:// (or "
+                              "set NARWHAL_TLS%s), then rerun discovery"
+                         % (url, scheme, tls, engine_scheme(tls), engine_scheme(tls),
+                            "=off for plain HTTP" if scheme == "http" else " to site or operator"))
     if url_port != port:
         raise InputError(key, "%s uses port %d but node %d's %s port is %d; set NARWHAL_NODE_%d_%s=%d "
                               "(or correct the URL)" % (url, url_port, n, port_key.split("_")[0].lower(),
@@ -126,7 +137,9 @@ def build_fleet(inputs, engines, interfaces):
                              % (interface, host, facts["operstate"], interface))
         address = select_address(n, host, interface, facts, family, settings["ip"])
         engine_port, attest_port = settings["engine_port"], settings["attest_port"]
-        url = _override(n, node, "URL", "ENGINE_PORT", engine_url(address, engine_port), engine_port)
+        tls = site["NARWHAL_TLS"]
+        url = _override(n, node, "URL", "ENGINE_PORT", engine_url(address, engine_port, engine_scheme(tls)),
+                        engine_port, tls)
         att = _override(n, node, "ATTESTATION_URL", "ATTEST_PORT", attestation_url(address, attest_port),
                         attest_port)
         nodes.append({"n": n, "engine": host, "role": node["ROLE"], "interface": interface,

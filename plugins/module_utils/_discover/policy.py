@@ -24,16 +24,18 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.catalogue i
 __metaclass__ = type
 
 
-# Site inputs the records (and the fleet) are derived from. Every per-node input (NARWHAL_NODE_<n>_*) of an
-# engine is policy too. Inputs that prepare, install and launch read directly (paths, checkout, API key file,
-# ready timeout) are not: they take effect without rerunning discovery.
+# Site inputs the records (and the fleet) are derived from (NARWHAL_TLS: the scheme of the engines' URLs in
+# deployment.env, _discover/fleet.py). Every per-node input (NARWHAL_NODE_<n>_*) of an engine is policy too. Inputs
+# that prepare, install and launch read directly (paths, checkout, API key file, ready timeout) are not: they take
+# effect without rerunning discovery.
 POLICY_KEYS = ("NARWHAL_IMAGE", "NARWHAL_MODEL_PATH", "NARWHAL_SERVED_MODEL_NAME", "NARWHAL_MODEL_DTYPE",
                "NARWHAL_GPUS_PER_ENGINE", "NARWHAL_TP_SIZE", "NARWHAL_TRANSPORT", "NARWHAL_RDMA_DEVICES",
                "NARWHAL_KV_CACHE_DTYPE", "NARWHAL_KV_LOAD_FAILURE_POLICY", "NARWHAL_BLOCK_SIZE",
                "NARWHAL_SIDE_CHANNEL_PORT", "NARWHAL_EXTRA_ARGS", "NARWHAL_ENGINE_ARGS", "NARWHAL_ENGINE_ENV",
                "NARWHAL_EXPECTED_PACKAGES", "NARWHAL_BIND_FAMILY", "NARWHAL_FABRIC_INTERFACE", "NARWHAL_ENGINE_PORT",
                "NARWHAL_ATTEST_PORT", "NARWHAL_KV_LEASE_SECONDS", "NARWHAL_SHUTDOWN_TIMEOUT",
-               "NARWHAL_DATA_PARALLEL_SIZE", "NARWHAL_ENABLE_EXPERT_PARALLEL", "NARWHAL_DATA_PARALLEL_RPC_PORT")
+               "NARWHAL_DATA_PARALLEL_SIZE", "NARWHAL_ENABLE_EXPERT_PARALLEL", "NARWHAL_DATA_PARALLEL_RPC_PORT",
+               "NARWHAL_TLS")
 
 
 RERUN = "rerun discovery (ansible-playbook narwhal.deploy.discover), then prepare a new run"

@@ -63,6 +63,8 @@ def _entries(root, site, engines, env_file, resolve):
     out.append(entry("NARWHAL_RUNS_DIR", "the run directory", site["NARWHAL_RUNS_DIR"], "dir"))
     out.append(entry("NARWHAL_FLEET", "the fleet file", site["NARWHAL_FLEET"], "file"))
     out.append(entry("NARWHAL_LAUNCH_CONFIG", "the launch records", site["NARWHAL_LAUNCH_CONFIG"], "file"))
+    if "NARWHAL_TLS_DIR" in site:
+        out.append(entry("NARWHAL_TLS_DIR", "the TLS material", site["NARWHAL_TLS_DIR"], "dir"))
     return out
 
 
@@ -81,8 +83,8 @@ def check_paths(root, site, engines=(), env_file=None, ignored=None, resolve=Non
 
     `ignored(relative_paths)` returns the set of those git ignores, or None when git cannot tell (then the
     shipped .gitignore's site paths, FALLBACK_IGNORED, decide); `resolve` maps a normalised path to the file it
-    reaches (os.path.realpath). Returns {"fleet", "launch_config", "config_dir", "runs_dir", "api_key_file"}:
-    the normalised (unresolved) paths to use.
+    reaches (os.path.realpath). Returns {"fleet", "launch_config", "config_dir", "runs_dir", "api_key_file",
+    "tls_dir"}: the normalised (unresolved) paths to use.
     """
     resolve = resolve or (lambda p: p)
     entries = _entries(root, site, list(engines or ()), env_file, resolve)
@@ -110,7 +112,8 @@ def check_paths(root, site, engines=(), env_file=None, ignored=None, resolve=Non
     _check_ignored(root, site, entries, ignored, resolve)
     by_key = dict((e[0], e[2]) for e in entries if e[0] != "NARWHAL_CONFIG_DIR")
     return {"fleet": by_key["NARWHAL_FLEET"], "launch_config": by_key["NARWHAL_LAUNCH_CONFIG"],
-            "config_dir": config[2], "runs_dir": runs[2], "api_key_file": by_key["NARWHAL_API_KEY_FILE"]}
+            "config_dir": config[2], "runs_dir": runs[2], "api_key_file": by_key["NARWHAL_API_KEY_FILE"],
+            "tls_dir": by_key.get("NARWHAL_TLS_DIR")}
 
 
 def _check_ignored(root, site, entries, ignored, resolve):
@@ -119,7 +122,9 @@ def _check_ignored(root, site, entries, ignored, resolve):
     for key, what, path, real, kind in entries:
         if key == "NARWHAL_ENV_FILE" or (kind == "dir" and key == "NARWHAL_CONFIG_DIR"):
             continue  # .env is the operator's; the config directory is checked file by file
-        if kind == "dir":
+        if key == "NARWHAL_TLS_DIR":  # private keys: the site CA's and each host's
+            real, what = os.path.join(real, "ca.key"), "the site CA's private key (%s/ca.key)" % path
+        elif kind == "dir":
             real, what = os.path.join(real, "run-0"), "a prepared run (%s/<run-id>)" % path
         rel = os.path.relpath(real, real_root)
         if rel != ".." and not rel.startswith(".." + os.sep) and not os.path.isabs(rel):

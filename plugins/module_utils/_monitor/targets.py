@@ -13,7 +13,13 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import split_url, target
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import (
+    redact_userinfo,
+    refuse_fleet_userinfo,
+    refuse_userinfo,
+    split_url,
+    target,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.words import natural_key
 
@@ -37,13 +43,14 @@ def fleet_name(path):
 
 def _refuse_url(where, who, url, fix):
     raise PlanError("%s: %s has URL %r; a Prometheus target needs an http or https URL with a host and a port "
-                    "(http://10.0.0.11:8000); %s" % (where, who, url, fix), where)
+                    "(http://10.0.0.11:8000); %s" % (where, who, redact_userinfo(url), fix), where)
 
 
 def engine_targets(fleet, name, where="NARWHAL_FLEET"):
     """One target group per fleet engine: its /metrics, job narwhal-engine, labels engine, role, host, fleet."""
     if not isinstance(fleet, list):
         raise PlanError("%s: the fleet is not a list of engines; rerun discovery" % where, where)
+    refuse_fleet_userinfo(fleet, where)  # the one rule of every fleet reader: a credential would be in the targets
     groups = []
     for i, entry in enumerate(fleet):
         if not isinstance(entry, dict):
@@ -76,6 +83,8 @@ def router_targets(routers, name, where="runs/routers"):
         if not (isinstance(router, str) and router):
             raise PlanError("%s: record %d names no router (its host); rerun the router stage" % (where, i), where)
         url = record.get("metrics_url")
+        refuse_userinfo(url, "%s/%s.json: router %s, field metrics_url" % (where, router, router), where,
+                        "rerun the router stage (narwhal.deploy.router) to record it again")
         parsed = split_url(url)
         if parsed is None:
             _refuse_url("%s/%s.json" % (where, router), "router %s" % router, url,
@@ -102,3 +111,24 @@ def file_sd(fleet, routers, name):
                             % (seen[key], who, key[0], key[1], key[2]), "NARWHAL_FLEET")
         seen[key] = who
     return groups
+
+
+# The scrape job of the fragment; each target's own `job` label (narwhal-engine, narwhal-router) replaces it.
+SCRAPE_JOB = "narwhal"
+
+
+def scrape_config(targets_file, ca_file=None):
+    """The scrape-config fragment the stage writes beside the targets (config/prometheus/narwhal-scrape.yml): one job
+    reading the targets file, and with TLS (NARWHAL_TLS site or operator: `ca_file`, the controller's
+    <NARWHAL_TLS_DIR>/ca.crt) a tls_config that verifies the engines' and routers' certificates against the site CA,
+    the target's host as the server name (Prometheus' default: the certificates name the address the fleet's URL
+    holds). A Prometheus includes it with scrape_config_files (2.43 and later) or takes its scrape_configs entry into
+    prometheus.yml. Both paths must be absolute: Prometheus reads a relative one against its own config's directory."""
+    for name, path in (("the targets file", targets_file), ("the CA certificate", ca_file)):
+        if (path is not None or name == "the targets file") and not (isinstance(path, str) and path.startswith("/")):
+            raise PlanError("monitoring: %s %r is not an absolute path; Prometheus would read it against its own "
+                            "configuration's directory: give an absolute path" % (name, path), "monitoring")
+    job = {"job_name": SCRAPE_JOB, "file_sd_configs": [{"files": [targets_file]}]}
+    if ca_file:
+        job["tls_config"] = {"ca_file": ca_file}
+    return {"scrape_configs": [job]}

@@ -30,11 +30,18 @@ MANAGED_LONG_FLAGS = (
     "--enable-expert-parallel", "--data-parallel-rank", "--data-parallel-start-rank", "--data-parallel-size-local",
     "--data-parallel-address", "--data-parallel-rpc-port", "--data-parallel-backend", "--data-parallel-hybrid-lb",
     "--data-parallel-external-lb", "--data-parallel-multi-port-external-lb", "--headless",
+    # who gets in (issue 35): the key guard (--middleware narwhal_guard.KeyGuard, the only middleware), the TLS of
+    # the HTTP server (vLLM 0.32.0 entrypoints/launchers/cli_args.py:336-351: --ssl-keyfile, --ssl-certfile,
+    # --ssl-ca-certs, --ssl-cert-reqs, --ssl-ciphers, handed to uvicorn by launchers/api_server/entry.py:147-158)
+    # and --host above
+    "--middleware", "--ssl-keyfile", "--ssl-certfile", "--ssl-ca-certs", "--ssl-cert-reqs", "--ssl-ciphers",
 )
 
 # managed flags one input owns
 FLAG_INPUTS = {"--shutdown-timeout": "NARWHAL_SHUTDOWN_TIMEOUT", "--data-parallel-size": "NARWHAL_DATA_PARALLEL_SIZE",
-               "--enable-expert-parallel": "NARWHAL_ENABLE_EXPERT_PARALLEL"}
+               "--enable-expert-parallel": "NARWHAL_ENABLE_EXPERT_PARALLEL", "--host": "NARWHAL_ENGINE_BIND",
+               "--ssl-keyfile": "NARWHAL_TLS", "--ssl-certfile": "NARWHAL_TLS", "--ssl-ca-certs": "NARWHAL_TLS",
+               "--ssl-cert-reqs": "NARWHAL_TLS", "--ssl-ciphers": "NARWHAL_TLS"}
 
 MANAGED_SHORT_FLAGS = {"-tp": "--tensor-parallel-size", "-dp": "--data-parallel-size",
                        "-pp": "--pipeline-parallel-size", "-ep": "--enable-expert-parallel",
@@ -61,6 +68,11 @@ MANAGED_ENV = VISIBILITY_ENV + (
 )
 
 DERIVED_ENV = (SSM_LAYOUT_ENV,)  # managed (no extra may set it) but carried in runtime.derived_environment
+
+# Prefixed by the planner: the key guard's directory goes first on PYTHONPATH (_plan/container.py), before the value
+# the record's runtime.environment carries (the image's own PYTHONPATH, which discovery copies from the image's
+# Env: _facts/image.py ENV_PREFIXES). So a record may carry it, but no operator input may set it.
+PREFIXED_ENV = ("PYTHONPATH",)
 
 
 # The KV lease: how long a prefill keeps KV blocks a decode has not read yet. One input owns it
@@ -201,5 +213,8 @@ def parse_env_words(text, where, release=None):
             raise PlanError("%s entry %r is not KEY=VALUE" % (where, entry), where)
         if key in result:
             raise PlanError("%s sets %s twice" % (where, key), where)
+        if key in PREFIXED_ENV:
+            raise PlanError("%s sets %s, which is launcher-managed (the launcher puts the engine's key guard first on "
+                            "it, then the image's own %s); remove it" % (where, key, key), where)
         result[key] = value
     return check_env(result, where, release=release)

@@ -12,7 +12,7 @@ launcher-managed flags and variables (_plan/args.py), the UCX transports and the
 (_plan/transfer.py), the KV lease and the drain (_plan/lifecycle.py), data and expert parallelism and the hosts of
 an engine across hosts (_plan/parallel.py), the record fields and role-environment keys (_plan/fields.py), the plan
 hash and labels (_plan/labels.py), the role environment (_plan/role_env.py), the ${NAME} resolution of record
-values (_plan/subst.py).
+values (_plan/subst.py); who gets in (the bind address, the key guard, TLS) is _access and bind_address here.
 
 Every refusal raises PlanError(message, key): `key` names the input or record field to correct.
 """
@@ -31,13 +31,20 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._plan.args import (
     DERIVED_ENV,
     DERIVED_FLAGS,
     LEASE_ENV,
+    PREFIXED_ENV,
     SSM_LAYOUT_ENV,
     VISIBILITY_BY_VENDOR,
     check_args,
     check_env,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.fields import record_field, role_port, role_value
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.labels import ENGINE_LABEL, create_labels, redacted
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.labels import (
+    ENGINE_LABEL,
+    GUARD_LABEL,
+    TLS_CERT_LABEL,
+    create_labels,
+    redacted,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.lifecycle import (
     SHUTDOWN_FLAG,
     kv_lease,
@@ -48,7 +55,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._plan.parallel impo
     member_record,
     parallel_flags,
 )
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import model_mount
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import TLS_FILES, model_mount
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.subst import SubstitutionError, resolve_values
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.transfer import (
     NETWORK_TRANSPORTS,
@@ -63,7 +70,15 @@ __metaclass__ = type
 # policy (no input sets it), so the plan's is this constant.
 RESTART_POLICY = "unless-stopped"
 
-BIND_HOSTS = {"ipv4": "0.0.0.0", "ipv6": "::"}
+BIND_FAMILIES = ("ipv4", "ipv6")
+WILDCARDS = ("0.0.0.0", "::")
+
+# Who gets in (issue 35): every engine runs the key guard through vLLM's own --middleware option
+# (roles/install/files/guard/narwhal_guard.py says why), mounted read-only and first on PYTHONPATH, and with TLS
+# serves its certificate from its TLS directory, mounted read-only (vllm serve --ssl-certfile/--ssl-keyfile).
+GUARD_TARGET = "/narwhal/guard"
+GUARD_MIDDLEWARE = "narwhal_guard.KeyGuard"
+TLS_TARGET = "/narwhal/tls"
 
 
 def side_channel_host(address):
@@ -217,15 +232,59 @@ def _model(record, role_env):
     return mount, model_path, served
 
 
+def bind_address(role_env):
+    """NARWHAL_BIND_ADDRESS, the address `vllm serve --host` binds: an IP address (the engine's advertised address,
+    or NARWHAL_ENGINE_BIND, which may be 0.0.0.0 or ::), as ipaddress writes it."""
+    value = role_value(role_env, "NARWHAL_BIND_ADDRESS")
+    try:
+        return str(ipaddress.ip_address(value.strip("[]")))
+    except ValueError:
+        raise PlanError("role env NARWHAL_BIND_ADDRESS=%r is not an IP address; it is the engine's advertised address "
+                        "or NARWHAL_ENGINE_BIND: correct NARWHAL_ENGINE_BIND and prepare a new run" % value,
+                        "NARWHAL_BIND_ADDRESS")
+
+
 def _endpoints(role_env):
     """(bind host, HTTP port, side-channel host, side-channel port) of the role environment."""
     family = role_value(role_env, "NARWHAL_BIND_FAMILY")
-    if family not in BIND_HOSTS:
+    if family not in BIND_FAMILIES:
         raise PlanError("role env NARWHAL_BIND_FAMILY=%r must be ipv4 or ipv6" % family, "NARWHAL_BIND_FAMILY")
     http_port = role_port(role_env, "NARWHAL_HTTP_PORT")
     side_port = role_port(role_env, "NARWHAL_SIDE_CHANNEL_PORT")
     side_host = side_channel_host(role_env.get("NARWHAL_ADVERTISED_ADDRESS", ""))
-    return BIND_HOSTS[family], http_port, side_host, side_port
+    return bind_address(role_env), http_port, side_host, side_port
+
+
+def _sha256(role_env, key, required):
+    value = role_env.get(key, "")
+    if (value or required) and not re.match(r"^[0-9a-f]{64}\Z", value):
+        raise PlanError("role env %s=%r is not a sha256 (64 hex digits); prepare a new run" % (key, value), key)
+    return value
+
+
+def _access(role_env):
+    """(mounts, flags, labels) of the key guard and the engine's TLS (who gets in): the guard's directory mounted at
+    GUARD_TARGET and --middleware; with NARWHAL_TLS_DIR, that directory at TLS_TARGET and --ssl-certfile and
+    --ssl-keyfile. The sha256 of the guard and of the certificate are labels, so that a new one changes the plan."""
+    guard_dir = _abs_path(role_value(role_env, "NARWHAL_GUARD_DIR"), "role env NARWHAL_GUARD_DIR")
+    mounts = [{"type": "bind", "source": guard_dir, "target": GUARD_TARGET, "read_only": True}]
+    flags = ["--middleware", GUARD_MIDDLEWARE]
+    guard_sha = _sha256(role_env, "NARWHAL_GUARD_SHA256", False)
+    labels = {GUARD_LABEL: guard_sha} if guard_sha else {}
+    tls_dir = role_env.get("NARWHAL_TLS_DIR", "")
+    if tls_dir:
+        mounts.append({"type": "bind", "source": _abs_path(tls_dir, "role env NARWHAL_TLS_DIR"), "target": TLS_TARGET,
+                       "read_only": True})
+        flags += ["--ssl-certfile", "%s/%s" % (TLS_TARGET, TLS_FILES["cert"]),
+                  "--ssl-keyfile", "%s/%s" % (TLS_TARGET, TLS_FILES["key"])]
+        labels[TLS_CERT_LABEL] = _sha256(role_env, "NARWHAL_TLS_CERT_SHA256", True)
+    return mounts, flags, labels
+
+
+def python_path(runtime_env):
+    """PYTHONPATH of the engine: the key guard first, then the record's (the image's own) PYTHONPATH."""
+    own = runtime_env.get(PREFIXED_ENV[0], "")
+    return GUARD_TARGET + (":" + own if own else "")
 
 
 def _environment(record, vendor, gpu_ids, runtime_env, derived_env, managed):
@@ -248,14 +307,16 @@ def _environment(record, vendor, gpu_ids, runtime_env, derived_env, managed):
     return dict(sorted(environment.items()))
 
 
-def _serve_command(record, mount, served, bind_host, http_port, tp, drain, extra_args):
-    """The `vllm serve` command: the model, the bind address and port, the parallelism, the connector, the dtypes
-    and block size, the drain (when the record has one) and, last, the record's extra arguments."""
+def _serve_command(record, mount, served, bind_host, http_port, access, tp, drain, extra_args):
+    """The `vllm serve` command: the model, the bind address and port, the key guard and TLS (`access`), the
+    parallelism, the connector, the dtypes and block size, the drain (when the record has one) and, last, the
+    record's extra arguments."""
     return [
         "serve", mount,
         "--served-model-name", served,
         "--host", bind_host,
         "--port", str(http_port),
+    ] + access + [
         "--tensor-parallel-size", str(tp),
     ] + parallel_flags(record) + [
         "--kv-transfer-config", json.dumps(kv_transfer_config(record), separators=(",", ":")),
@@ -280,6 +341,7 @@ def container_spec(record, role_env):
     runtime_env, derived_env, extra_args = _runtime_fields(record)
     mount, model_path, served = _model(record, role_env)
     bind_host, http_port, side_host, side_port = _endpoints(role_env)
+    access_mounts, access_flags, access_labels = _access(role_env)
     net_devices = _net_devices(record, role_env)
     devices, device_requests, verify_devices = _device_mappings(vendor, host_indices, accel_devices,
                                                                 transfer_devices)
@@ -288,9 +350,10 @@ def container_spec(record, role_env):
         "UCX_TLS": ",".join(tls),
         "VLLM_NIXL_SIDE_CHANNEL_HOST": side_host,
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_port),
+        PREFIXED_ENV[0]: python_path(runtime_env),
     })
     drain = shutdown_timeout(record)
-    command = _serve_command(record, mount, served, bind_host, http_port, tp, drain, extra_args)
+    command = _serve_command(record, mount, served, bind_host, http_port, access_flags, tp, drain, extra_args)
     rdma = transport == "ucx_rdma"
     return {
         "engine": engine,
@@ -309,8 +372,8 @@ def container_spec(record, role_env):
         "cap_add": ["IPC_LOCK"] if rdma else [],
         "ulimits": [{"name": "memlock", "soft": -1, "hard": -1}] if rdma else [],
         "security_opt": ["seccomp=unconfined"] if vendor == "amd" else [],
-        "mounts": [{"type": "bind", "source": model_path, "target": mount, "read_only": True}],
-        "labels": {ENGINE_LABEL: engine},
+        "mounts": [{"type": "bind", "source": model_path, "target": mount, "read_only": True}] + access_mounts,
+        "labels": dict(access_labels, **{ENGINE_LABEL: engine}),
         "restart_policy": {"name": RESTART_POLICY},
     }
 

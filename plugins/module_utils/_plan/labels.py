@@ -19,6 +19,11 @@ PLAN_HASH_LABEL = "org.narwhal.plan-hash"
 
 ENGINE_LABEL = "org.narwhal.engine"
 
+# In the plan (so in its hash): the sha256 of the key guard the engine runs and of the certificate it serves, so that
+# a new guard or certificate replaces the engine (_plan/container.py)
+GUARD_LABEL = "org.narwhal.guard-sha256"
+TLS_CERT_LABEL = "org.narwhal.tls-cert-sha256"
+
 
 # The run that created the container: set at create time next to the plan hash, never part of the plan (so the
 # hash stays run-independent and an unchanged engine survives a new run); `status` reads it to say which run serves.

@@ -1,7 +1,8 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The role environment: the one file per engine that install writes and the launcher reads (its keys,
-format and parser), the install paths it names, and the engine API key file it points at.
+format and parser), the install paths it names (the record, the launcher, the API key file, the key guard and the
+engine's TLS files), and what install writes there.
 """
 
 from __future__ import annotations
@@ -19,30 +20,48 @@ __metaclass__ = type
 ROLE_ENV_KEYS = ("NARWHAL_ENGINE", "NARWHAL_RECORD", "NARWHAL_MODEL_MOUNT", "NARWHAL_SERVED_MODEL_NAME",
                  "NARWHAL_BIND_FAMILY", "NARWHAL_HTTP_PORT", "NARWHAL_ADVERTISED_ADDRESS", "NARWHAL_SIDE_CHANNEL_PORT",
                  "NARWHAL_FABRIC_INTERFACE", "NARWHAL_API_KEY_FILE", "NARWHAL_RUN_ID", "NARWHAL_RUN_DIR",
-                 "NARWHAL_APP_REVISION", "NARWHAL_COLLECTION", "NARWHAL_ENGINE_MEMBER")
+                 "NARWHAL_APP_REVISION", "NARWHAL_COLLECTION", "NARWHAL_ENGINE_MEMBER", "NARWHAL_BIND_ADDRESS",
+                 "NARWHAL_TLS_DIR", "NARWHAL_TLS_CERT_SHA256", "NARWHAL_GUARD_DIR", "NARWHAL_GUARD_SHA256")
+
+# The engine's TLS files in its directory <checkout>/tls/<engine> (NARWHAL_TLS_DIR; one directory per engine: two
+# engines on one host are two inventory hosts, each with its own certificate): the leaf certificate and key vLLM
+# serves (--ssl-certfile, --ssl-keyfile) and the CA the launcher's probes verify against.
+TLS_FILES = {"cert": "server.crt", "key": "server.key", "ca": "ca.crt"}
+# The key guard (roles/install/files/guard/narwhal_guard.py) in <checkout>/guard (NARWHAL_GUARD_DIR)
+GUARD_FILE = "narwhal_guard.py"
 
 
 # ----------------------------------------------------------------------------------------- role environment
 
 def install_paths(checkout, engine, run_id):
     """Where install puts an engine's files in the engine checkout, and the launcher's run directory."""
+    tls_dir = "%s/tls/%s" % (checkout, engine)
     return {
         "record": "%s/config/engine-launch.%s.json" % (checkout, engine),
         "role_env": "%s/config/%s.env" % (checkout, engine),
         "launcher": "%s/bin/launch_engine.pyz" % checkout,
         "api_key": "%s/config/engine-api.key" % checkout,
         "run_dir": "%s/runs/%s" % (checkout, run_id),
+        "guard_dir": "%s/guard" % checkout,
+        "guard": "%s/guard/%s" % (checkout, GUARD_FILE),
+        "tls_dir": tls_dir,
+        "tls_cert": "%s/%s" % (tls_dir, TLS_FILES["cert"]),
+        "tls_key": "%s/%s" % (tls_dir, TLS_FILES["key"]),
+        "tls_ca": "%s/%s" % (tls_dir, TLS_FILES["ca"]),
     }
 
 
-def install_plan(paths, record, role_env_text, launcher_sha256, api_key_file, owner="root"):
+def install_plan(paths, record, role_env_text, launcher_sha256, api_key_file, owner="root", sources=None):
     """What install writes on an engine host and what the host should then hold (roles/install; roles/prepare reads
     the same list with its host checks): `record_text` (the launch record as ansible's to_nice_json(indent=2) writes
     it, and a newline) and `wanted`, held_files' list - the checkout's directories, then the record, role environment,
-    launcher (its prepared sha256) and API key (`src`, the controller file, digested by the action plugin)."""
+    launcher (its prepared sha256) and API key (`src`, the controller file, digested by the action plugin), then what
+    `sources` (prepare_run's install_sources of this host: {guard_sha256, tls: {cert, key, ca} or None}) names: the
+    key guard (its sha256: install copies the install role's own file) and, with TLS, the engine's TLS directory and
+    its certificate, key (0600) and CA (`src`: the controller files of the tls_material step)."""
     record_text = json.dumps(record, indent=2, sort_keys=True, separators=(",", ": ")) + "\n"
     parent = dict((key, posixpath.dirname(paths[key])) for key in ("record", "launcher", "run_dir"))
-    return {"record_text": record_text, "wanted": [
+    wanted = [
         {"path": parent["record"], "state": "directory", "mode": "0700", "owner": owner},
         {"path": parent["launcher"], "state": "directory", "mode": "0755", "owner": owner},
         {"path": parent["run_dir"], "state": "directory", "mode": "0700", "owner": owner},
@@ -52,7 +71,24 @@ def install_plan(paths, record, role_env_text, launcher_sha256, api_key_file, ow
          "mode": "0600", "owner": owner},
         {"path": paths["launcher"], "sha256": launcher_sha256, "mode": "0755", "owner": owner},
         {"path": paths["api_key"], "src": api_key_file, "mode": "0600", "owner": owner},
-    ]}
+    ]
+    return {"record_text": record_text, "wanted": wanted + _engine_files(paths, sources or {}, owner)}
+
+
+def _engine_files(paths, sources, owner):
+    """The key guard's and the TLS files' entries of install's wanted list (install_plan)."""
+    wanted = []
+    if sources.get("guard_sha256"):
+        wanted += [{"path": paths["guard_dir"], "state": "directory", "mode": "0755", "owner": owner},
+                   {"path": paths["guard"], "sha256": sources["guard_sha256"], "mode": "0644", "owner": owner}]
+    tls = sources.get("tls") or {}
+    if tls:
+        wanted += [{"path": posixpath.dirname(paths["tls_dir"]), "state": "directory", "mode": "0700", "owner": owner},
+                   {"path": paths["tls_dir"], "state": "directory", "mode": "0700", "owner": owner},
+                   {"path": paths["tls_cert"], "src": tls["cert"], "mode": "0644", "owner": owner},
+                   {"path": paths["tls_key"], "src": tls["key"], "mode": "0600", "owner": owner},
+                   {"path": paths["tls_ca"], "src": tls["ca"], "mode": "0644", "owner": owner}]
+    return wanted
 
 
 def model_mount(record):
@@ -61,10 +97,13 @@ def model_mount(record):
     return "/models/%s" % served.replace("/", "_")
 
 
-def role_environment(record, checkout, run_id, revision=None, member=0):
+def role_environment(record, checkout, run_id, revision=None, member=0, bind="", tls=None, guard_sha256=""):
     """The role environment prepare writes and the launcher reads (-> {key: value}). `member`: which host of an
     engine across hosts it is for (0 the head; k > 0 the k-th host after it, NARWHAL_ENGINE_MEMBER=k, whose own
-    address and interface it carries: members[k-1].node)."""
+    address and interface it carries: members[k-1].node). `bind`: NARWHAL_ENGINE_BIND ("": the host's advertised
+    address). `tls`: the engine's entry of the tls_material step's `hosts` ({cert, key, sha256, ...}; None: TLS off),
+    for the head only (a host after the head serves no HTTP: vllm serve --headless). `guard_sha256`: the key guard's
+    sha256 (prepare reads it; in the plan, so that a new guard replaces the engine)."""
     node = dict(record["node"])
     if member:
         entry = next(m for m in record.get("members") or [] if m.get("member") == member)
@@ -83,6 +122,11 @@ def role_environment(record, checkout, run_id, revision=None, member=0):
         "NARWHAL_API_KEY_FILE": paths["api_key"],
         "NARWHAL_RUN_ID": run_id,
         "NARWHAL_RUN_DIR": paths["run_dir"],
+        "NARWHAL_BIND_ADDRESS": bind or node["address"],
+        "NARWHAL_TLS_DIR": paths["tls_dir"] if tls and not member else "",
+        "NARWHAL_TLS_CERT_SHA256": tls["sha256"] if tls and not member else "",
+        "NARWHAL_GUARD_DIR": paths["guard_dir"],
+        "NARWHAL_GUARD_SHA256": guard_sha256,
     }
     if revision is not None:
         env["NARWHAL_APP_REVISION"] = revision

@@ -12,6 +12,7 @@ import hashlib
 import json
 import re
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import refuse_fleet_userinfo
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import REGENERATE, InputError, PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.ports import bound_ports
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import (
@@ -43,6 +44,10 @@ def check_documents(fleet, launch_config, site):
     if errors:
         raise InputError("NARWHAL_FLEET", "%s fails the fleet schema (%s); %s"
                          % (site["NARWHAL_FLEET"], "; ".join(errors[:5]), REGENERATE))
+    try:  # a URL written into the fleet file itself (its ${NAME} values are the fleet lookup's to check)
+        refuse_fleet_userinfo(fleet, site["NARWHAL_FLEET"])
+    except PlanError as exc:
+        raise InputError("NARWHAL_FLEET", str(exc))
     errors = launch_config_errors(launch_config)
     if errors:
         raise InputError("NARWHAL_LAUNCH_CONFIG", "%s fails the launch-record schema (%s); %s"
@@ -129,9 +134,9 @@ def stale(record, current):
             record["runtime"]["image"], current.get("image_id") or "absent", record["runtime"]["image_id"])))
 
 
-def _derive_host(record, checkout, run_id, member=0):
+def _derive_host(record, checkout, run_id, member=0, access=None):
     engine = record["engine"]
-    role_env = role_environment(record, checkout, run_id, member=member)
+    role_env = role_environment(record, checkout, run_id, member=member, **(access or {}))
     try:
         _role_env.render_role_env(role_env)  # every value one line of text (the role env is a line-based file)
         plan = container_spec(record, role_env)
@@ -142,14 +147,16 @@ def _derive_host(record, checkout, run_id, member=0):
             "plan_hash": plan_hash(plan), "role_env": role_env}
 
 
-def derive(record, checkout, run_id):
+def derive(record, checkout, run_id, access=None):
     """-> {"environment", "vllm_args", "container", "plan_hash", "role_env", "paths"} for one engine: the
     planner's container (the one the launcher starts), so the manifest records what the container gets. An engine
-    across hosts adds `members`: {"<k>": the same (without paths) for its host of narwhal_rank k}."""
-    derived = _derive_host(record, checkout, run_id)
+    across hosts adds `members`: {"<k>": the same (without paths) for its host of narwhal_rank k}. `access`: who
+    gets in, role_environment's `bind`, `tls` and `guard_sha256` ({}: the advertised address, TLS off, no guard
+    digest)."""
+    derived = _derive_host(record, checkout, run_id, access=access)
     derived["paths"] = install_paths(checkout, record["engine"], run_id)
     if record.get("members"):
-        derived["members"] = dict((str(m["member"]), dict(_derive_host(record, checkout, run_id, m["member"]),
+        derived["members"] = dict((str(m["member"]), dict(_derive_host(record, checkout, run_id, m["member"], access),
                                                           host=m["host"]))
                                   for m in record["members"])
     return derived
@@ -170,9 +177,12 @@ def role_env_texts(derived):
 
 
 def run_id(engines, records, derived, launcher_sha256, inputs_sha):
+    # the plan hash too: it holds what the environment and arguments do not show (the key guard's and the served
+    # certificate's sha256, labels of the container), so a new certificate is a new run
     material = canonical({"engines": sorted(engines), "records": dict((e, records[e]) for e in engines),
                           "derived": dict((e, {"environment": derived[e]["environment"],
-                                               "vllm_args": derived[e]["vllm_args"]}) for e in engines),
+                                               "vllm_args": derived[e]["vllm_args"],
+                                               "plan_hash": derived[e]["plan_hash"]}) for e in engines),
                           "launcher": launcher_sha256, "inputs": inputs_sha})
     return "run-" + sha256_text(material)[:12]
 

@@ -19,6 +19,10 @@ __metaclass__ = type
 
 LAUNCHER_DIR = os.path.join("roles", "install", "files", "launcher")
 
+# The engines' key guard (_plan/container.py runs it with vllm serve --middleware): install copies it from the install
+# role's files, prepare puts its sha256 in every plan.
+GUARD_SOURCE = os.path.join("roles", "install", "files", "guard", "narwhal_guard.py")
+
 PLANNER_PACKAGE = "ansible_collections/narwhal/deploy/plugins/module_utils"
 
 

@@ -49,7 +49,11 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.checks imp
     shared_hosts,
     stale,
 )
-from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.launcher import build_zipapp, launcher_sources
+from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.launcher import (
+    GUARD_SOURCE,
+    build_zipapp,
+    launcher_sources,
+)
 
 __metaclass__ = type
 
@@ -254,9 +258,59 @@ def module_spec():
             stage=dict(type="str", default="validate", choices=["validate", "write"]),
             hosts=dict(type="dict", default={}),
             from_run=dict(type="str"),
+            tls=dict(type="dict"),
+            engine_hosts=dict(type="dict", default={}),
         ),
         supports_check_mode=True,
     )
+
+
+TLS_FIX = "the prepare role runs narwhal.deploy.tls_material before prepare_run and passes its result as `tls`"
+
+
+def _tls_entry(tls, engine, host):
+    """The tls_material result's certificate of the inventory host `host` that runs `engine`, checked."""
+    entry = (tls.get("hosts") or {}).get(host)
+    if not isinstance(entry, dict):
+        raise InputError("tls", "the tls argument (tls_material's result, mode %s) has no certificate for inventory "
+                                "host %s, which runs %s; %s for every engine host of the play"
+                         % (tls.get("mode"), host, engine, TLS_FIX))
+    for name, path in (("cert", entry.get("cert")), ("key", entry.get("key")), ("ca", tls.get("ca"))):
+        if not isinstance(path, str) or not os.path.isabs(path) or not os.path.isfile(path):
+            raise InputError("tls", "the %s of inventory host %s (%s) in the tls argument is %r, not a file on the "
+                                    "controller; %s" % (name, host, engine, path, TLS_FIX))
+    if not isinstance(entry.get("sha256"), str) or len(entry["sha256"]) != 64:
+        raise InputError("tls", "the certificate of inventory host %s (%s) in the tls argument has no sha256; %s"
+                         % (host, engine, TLS_FIX))
+    return entry
+
+
+def engine_access(p, site, engines):
+    """{engine: role_environment's who-gets-in arguments (bind, tls, guard_sha256)} and {engine: {narwhal_rank:
+    install sources}}: NARWHAL_ENGINE_BIND, the certificate of the inventory host that runs the engine (`tls`, the
+    tls_material step's result; `engine_hosts` maps an engine to that host, else the host of its name) and the
+    sha256 of the collection's key guard. A TLS mode that is not NARWHAL_TLS's is refused by name."""
+    wanted, tls = site.get("NARWHAL_TLS") or "off", p.get("tls")
+    mode = (tls or {}).get("mode", "off")
+    if (tls is None and wanted != "off") or (tls is not None and "NARWHAL_TLS" in site and mode != wanted):
+        raise InputError("NARWHAL_TLS", "NARWHAL_TLS=%s but the tls argument is %s; %s"
+                         % (wanted, "missing" if tls is None else "for mode %r" % mode, TLS_FIX))
+    if mode not in ("off", "site", "operator"):
+        raise InputError("tls", "the tls argument's mode %r is not site, operator or off; %s" % (mode, TLS_FIX))
+    guard = os.path.join(p["collection"], GUARD_SOURCE)
+    try:
+        guard_sha = hashlib.sha256(read_regular(guard)).hexdigest()
+    except OSError as exc:
+        raise InputError("collection", "cannot read the key guard %s (%s); reinstall narwhal.deploy"
+                         % (guard, exc.strerror or exc))
+    access, sources = {}, {}
+    for engine in engines:
+        host = (p.get("engine_hosts") or {}).get(engine) or engine
+        entry = _tls_entry(tls, engine, host) if mode != "off" else None
+        access[engine] = {"bind": site.get("NARWHAL_ENGINE_BIND") or "", "tls": entry, "guard_sha256": guard_sha}
+        sources[engine] = {"0": {"guard_sha256": guard_sha, "tls": entry and {
+            "cert": entry["cert"], "key": entry["key"], "ca": tls["ca"]}}}
+    return access, sources
 
 
 def _records(task, paths, root, site, engines):
@@ -304,9 +358,12 @@ def _validate(task):
     shared_hosts(records)
     launcher_sha = hashlib.sha256(launcher_bytes).hexdigest()
     checkout = site["NARWHAL_ENGINE_CHECKOUT"]
-    draft = dict((e, derive(records[e], checkout, "run-pending")) for e in engines)
+    access, sources = engine_access(p, site, engines)
+    draft = dict((e, derive(records[e], checkout, "run-pending", access[e])) for e in engines)
     rid = run_id(engines, records, draft, launcher_sha, inputs_sha)
-    derived = dict((e, derive(records[e], checkout, rid)) for e in engines)
+    derived = dict((e, derive(records[e], checkout, rid, access[e])) for e in engines)
+    for e in engines:  # the hosts after the head of an engine across hosts: the guard, no TLS (no HTTP server)
+        sources[e].update((k, dict(sources[e]["0"], tls=None)) for k in derived[e].get("members") or {})
     check_key_file(paths["api_key_file"])
     collection = collection_identity(p["collection"])
     rev, dirty = revision(root)
@@ -315,7 +372,8 @@ def _validate(task):
     # prepare reads what install would write with its host checks (roles/prepare, engine_prereqs' held).
     texts = dict((e, role_env_texts(derived[e])) for e in engines)
     result = {"changed": False, "run_id": rid, "records": dict((e, records[e]) for e in engines),
-              "derived": derived, "launcher_sha256": launcher_sha, "role_env_texts": texts}
+              "derived": derived, "launcher_sha256": launcher_sha, "role_env_texts": texts,
+              "install_sources": sources}
     if p["stage"] == "write":
         _check_hosts(records, engines, p["hosts"])
     run = {"paths": paths, "engines": engines, "records": records, "derived": derived, "texts": texts,

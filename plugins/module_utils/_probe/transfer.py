@@ -10,12 +10,13 @@ Python 3.8 compatible (runs on engine hosts).
 
 from __future__ import annotations
 
+import ssl
 import threading
 import time
 import uuid
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call, tls_context, tls_failure
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import read_key_file as _read_key_file
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.nixl_metrics import (
     consumer_reading,
@@ -75,6 +76,21 @@ def installed_key_file(checkout, engine):
     return path
 
 
+def tls_refusals(p, answers):
+    """The reasons a pair fails when an engine's certificate did not verify against the probe's CA (`ca_file`):
+    `answers` are (engine, URL, the call() answer of its first request); one reason per engine that failed in TLS,
+    naming it, its URL and the TLS reason ("certificate verify failed: ...")."""
+    reasons = []
+    for engine, url, answer in answers:
+        why = tls_failure(answer)
+        if why:
+            reasons.append("%s (%s): TLS refused, %s; its certificate must be valid, name the URL's host and be signed "
+                           "by the CA %s (rerun prepare and launch: NARWHAL_TLS=site reissues it; with operator "
+                           "certificates, correct the host's certificate in NARWHAL_TLS_DIR)"
+                           % (engine, url, why, p.get("ca_file") or "of the system (no ca_file given)"))
+    return reasons
+
+
 def api_key(params):
     if params["api_key"] is not None:
         key = params["api_key"].strip()
@@ -125,24 +141,29 @@ def probe_ranks(task, key, producer, consumer, warn=None, ranks=(None, None)):
     rid = "narwhal-probe-%s" % unique
     # the fresh ID first: no block of the prompt can be in either engine's prefix cache
     prompt = long_prompt(probe_prompt(unique, p["prompt"]), p["prompt_tokens"])
-    metrics = curl + "/metrics"
-    before, xfer_before = consumer_reading(engine_samples(call(metrics, None, timeout=p["timeout"])[1], crank))
+    metrics, ca = curl + "/metrics", p.get("ca_file")
+    c_first = call(metrics, None, timeout=p["timeout"], cafile=ca)
+    p_first = call(purl + "/metrics", None, timeout=p["timeout"], cafile=ca)
+    # an engine whose certificate does not verify fails the pair by name; nothing is asked of the pair then
+    refused = tls_refusals(p, ((consumer, curl, c_first), (producer, purl, p_first)))
+    before, xfer_before = consumer_reading(engine_samples(c_first[1], crank))
     # the producer's lease counters: an expired lease answers HTTP 200 on the consumer (_probe/verdict.py)
-    p_before = producer_counters(engine_samples(call(purl + "/metrics", None, timeout=p["timeout"])[1], prank))
+    p_before = producer_counters(engine_samples(p_first[1], prank))
     started = time.time()
-    prod = call(purl + "/v1/completions", key, producer_request(p["model"], prompt), rid, p["timeout"],
-                rank_headers(prank))
+    prod = (0, None) if refused else call(purl + "/v1/completions", key, producer_request(p["model"], prompt), rid,
+                                          p["timeout"], rank_headers(prank), cafile=ca)
     prefilled = time.time()
     params = prod[1].get("kv_transfer_params") if isinstance(prod[1], dict) else None
     cons = (0, None)
     if prod[0] == 200 and isinstance(params, dict) and params:
         cons = call(curl + "/v1/completions", key, consumer_request(p["model"], prompt, forward_params(params)),
-                    rid, p["timeout"], rank_headers(crank))
+                    rid, p["timeout"], rank_headers(crank), cafile=ca)
     latency = time.time() - started
-    after, xfer_after = consumer_reading(engine_samples(call(metrics, None, timeout=p["timeout"])[1], crank))
-    p_after = producer_counters(engine_samples(call(purl + "/metrics", None, timeout=p["timeout"])[1], prank))
+    after, xfer_after = consumer_reading(engine_samples(call(metrics, None, timeout=p["timeout"], cafile=ca)[1], crank))
+    p_after = producer_counters(engine_samples(call(purl + "/metrics", None, timeout=p["timeout"], cafile=ca)[1],
+                                               prank))
     judged = verdict(prod, cons, before, after, p_before, p_after)
-    ok, reasons = judged["ok"], judged["reasons"]
+    ok, reasons = (False, refused) if refused else (judged["ok"], judged["reasons"])
     if prod[0] == 200:
         wrong_rank = producer_rank_reasons(params, prank, None)
         ok, reasons = ok and not wrong_rank, reasons + wrong_rank
@@ -150,7 +171,7 @@ def probe_ranks(task, key, producer, consumer, warn=None, ranks=(None, None)):
     if ok and p["recompute"] != "off":
         reference = call(curl + "/v1/completions", key,
                          reference_request(p["model"], prompt, "narwhal-probe-%s" % uuid.uuid4().hex), None,
-                         p["timeout"], rank_headers(crank))
+                         p["timeout"], rank_headers(crank), cafile=ca)
         mismatch = recompute_reasons(output, reference)
         matches = not mismatch
         if mismatch and p["recompute"] == "require":
@@ -236,6 +257,7 @@ def module_spec():
             prompt_tokens=dict(type="int", default=0, no_log=False),
             max_model_len=dict(type="dict", default={}),
             links=dict(type="dict", default={}),
+            ca_file=dict(type="path"),
         ),
         mutually_exclusive=[("api_key", "api_key_file", "engine_checkout")],
         required_one_of=[("api_key", "api_key_file", "engine_checkout")],
@@ -257,6 +279,15 @@ def transfer_probe(task):
     except PlanError as exc:
         raise StepError("transfer probe: %s" % exc, input=exc.key)
     task.secrets.add(key)
+    if p["ca_file"]:
+        try:  # read once, before any probe: every request of every pair verifies against it (_common/http.py)
+            tls_context(p["ca_file"])
+        except (OSError, ssl.SSLError) as exc:
+            raise StepError("transfer probe: cannot read the CA certificate %s on host %s (%s); it is the site CA that "
+                            "the engines' certificates are checked against: on the controller <NARWHAL_TLS_DIR>/ca.crt "
+                            "(prepare makes it with NARWHAL_TLS=site), on an engine host <checkout>/tls/ca.crt "
+                            "(install puts it there): rerun prepare and install, or pass the CA's path as ca_file"
+                            % (p["ca_file"], host_name(), getattr(exc, "strerror", None) or exc), input="ca_file")
     if p["parallel"] < 1:
         raise StepError("transfer probe: parallel must be 1 (one probe at a time) or more, got %d"
                         % p["parallel"], input="parallel")

@@ -16,7 +16,7 @@ import ipaddress
 import json
 import re
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import url_host
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import http_url, refuse_fleet_userinfo
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 
 __metaclass__ = type
@@ -58,6 +58,7 @@ def fleet_workers(fleet, where="NARWHAL_FLEET"):
     cannot serve (no prefill or no decode engine, an entry without role or URL, a URL twice)."""
     if not isinstance(fleet, list):
         raise PlanError("%s: the fleet is not a list of engines; rerun discovery" % where, where)
+    refuse_fleet_userinfo(fleet, where)  # a credential in a URL would reach the router's command line and router.json
     workers, seen = {"prefill": [], "decode": []}, {}
     for i, entry in enumerate(fleet):
         if not isinstance(entry, dict):
@@ -112,7 +113,7 @@ def tls_on(site):
 
 def url(tls, host, port, path=""):
     """https://host:port (http:// without TLS) followed by `path`; an IPv6 host in brackets (_common/endpoints.py)."""
-    return "%s://%s:%d%s" % ("https" if tls else "http", url_host(host), int(port), path)
+    return http_url(host, port, path, scheme="https" if tls else "http")
 
 
 def router_bind(site, address=None):

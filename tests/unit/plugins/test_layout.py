@@ -20,7 +20,7 @@ EDGES = {"_common/tools.py", *HOST_READERS, "_facts/checkpoint.py", "_facts/daem
          "_facts/prereqs.py", "_router/proof.py", "_router/container.py", "_bench/serve.py",
          # the steps, each the work of one task (_common/step.py): they read and write what their stage names
          "_inputs/site.py", "_discover/outputs.py", "_prepare/run.py", "_probe/transfer.py", "_bench/results.py",
-         "_outputs/private_file.py"}
+         "_outputs/private_file.py", "_tls/material.py"}
 # The container planner (what turns a record into a container), which a host module that only reads the role
 # environment (_plan/role_env.py) does not ship.
 CONTAINER_PLANNER = ("_plan/container.py", "_plan/fields.py", "_plan/labels.py", "_plan/lifecycle.py",

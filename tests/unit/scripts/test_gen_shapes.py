@@ -139,11 +139,14 @@ def test_the_records_pass_the_record_check_and_prepare(shape):
 
 @pytest.mark.parametrize("shape", PLANNED)
 def test_the_commands_are_the_planners_for_the_checked_in_records(shape):
-    """commands.txt holds, for each engine, docker_run_argv of what prepare derives from that engine's record."""
+    """commands.txt holds, for each engine, docker_run_argv of what prepare derives from that engine's record (with
+    the shape's bind input, the key guard and, NARWHAL_TLS being on by default, a certificate)."""
     text = (SHAPES / shape / gen.COMMANDS).read_text()
-    checkout = gen.plan(SHAPES / shape)["inputs"]["site"]["NARWHAL_ENGINE_CHECKOUT"]
+    site = gen.plan(SHAPES / shape)["inputs"]["site"]
     for engine, record in _records(shape).items():
-        argv = docker_run_argv(derive(record, checkout, gen.RUN_ID)["container"])
+        argv = docker_run_argv(derive(record, site["NARWHAL_ENGINE_CHECKOUT"], gen.RUN_ID,
+                                      gen.access(site, engine))["container"])
+        assert "--middleware" in argv and ("--ssl-certfile" in argv) == (site["NARWHAL_TLS"] != "off")
         block = text.split("## %s (" % engine, 1)[1].split("\n", 1)[1].split("\n# inside the container:", 1)[0]
         assert shlex.split(block.replace("\\\n", " ")) == argv
         assert "VLLM_API_KEY=<redacted>" in argv

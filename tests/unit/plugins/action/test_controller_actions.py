@@ -325,7 +325,7 @@ def test_a_controller_step_runs_in_this_process_even_with_become(tmp_path):
     assert not play.ran_module("private_file")
 
 
-DOC_ONLY = ("site_inputs", "discovery_outputs", "prepare_run", "private_file", "bench_report")
+DOC_ONLY = ("site_inputs", "discovery_outputs", "prepare_run", "private_file", "bench_report", "tls_material")
 
 
 @pytest.mark.parametrize("name", DOC_ONLY + ("transfer_probe",))
@@ -372,3 +372,10 @@ def test_hostvars_of_an_engine_are_its_inventory_hosts():
     assert args["hosts"]["engine-1"]["gpus"] == {"vendor": "amd"}
     assert __hostvars.prepare_facts({"engines": ["engine-1"], "stage": "write"}, hostvars, hosts)["hosts"] == {
         "engine-1": {"gpus": {"vendor": "amd"}, "interface": {"name": "ib0"}, "image_id": "sha256:a"}}
+    # with tls, which inventory host's certificate each engine serves (the head of an engine across hosts)
+    given = {"engines": ["engine-1", "engine-2", "engine-3"], "stage": "validate", "tls": {"mode": "site"}}
+    members = {"engine-3": ["head-3", "worker-3"]}
+    assert __hostvars.prepare_facts(given, hostvars, hosts, members)["engine_hosts"] == {
+        "engine-1": "gpu-a17.dc1.example", "engine-2": "engine-2", "engine-3": "head-3"}
+    assert "engine_hosts" not in __hostvars.prepare_facts(dict(given, tls=None), hostvars, hosts, members)
+    assert __hostvars.prepare_facts(dict(given, engine_hosts={}), hostvars, hosts)["engine_hosts"] == {}

@@ -49,6 +49,30 @@ def test_the_wanted_list_names_every_directory_and_file_with_its_mode_owner_and_
     assert filters.install_plan_filter(PATHS, rec, ROLE_ENV, "ab" * 32, "/srv/key")["wanted"][0]["owner"] == "root"
 
 
+def test_the_guard_and_the_tls_files_join_the_list_when_prepare_names_them():
+    """The key guard always (its digest: install copies the role's own file), the engine's TLS directory and files
+    only with TLS, the key 0600 in a 0700 directory (src: the tls_material step's controller files)."""
+    tls = {"cert": "/p/config/tls/hosts/engine-2.crt", "key": "/p/config/tls/hosts/engine-2.key",
+           "ca": "/p/config/tls/ca.crt"}
+    base = filters.install_plan_filter(PATHS, record(), ROLE_ENV, "ab" * 32, "/srv/key")["wanted"]
+    plan = filters.install_plan_filter(PATHS, record(), ROLE_ENV, "ab" * 32, "/srv/key", "root",
+                                       {"guard_sha256": "cd" * 32, "tls": tls})
+    assert plan["wanted"][:len(base)] == base
+    assert plan["wanted"][len(base):] == [
+        {"path": "/opt/narwhal/guard", "state": "directory", "mode": "0755", "owner": "root"},
+        {"path": "/opt/narwhal/guard/narwhal_guard.py", "sha256": "cd" * 32, "mode": "0644", "owner": "root"},
+        {"path": "/opt/narwhal/tls", "state": "directory", "mode": "0700", "owner": "root"},
+        {"path": "/opt/narwhal/tls/engine-2", "state": "directory", "mode": "0700", "owner": "root"},
+        {"path": "/opt/narwhal/tls/engine-2/server.crt", "src": tls["cert"], "mode": "0644", "owner": "root"},
+        {"path": "/opt/narwhal/tls/engine-2/server.key", "src": tls["key"], "mode": "0600", "owner": "root"},
+        {"path": "/opt/narwhal/tls/engine-2/ca.crt", "src": tls["ca"], "mode": "0644", "owner": "root"}]
+    off = filters.install_plan_filter(PATHS, record(), ROLE_ENV, "ab" * 32, "/srv/key", "root",
+                                      {"guard_sha256": "cd" * 32, "tls": None})
+    assert off["wanted"] == plan["wanted"][:len(base) + 2]
+    with pytest.raises(AnsibleFilterError, match="sources must be prepare_run's install_sources"):
+        filters.install_plan_filter(PATHS, record(), ROLE_ENV, "ab" * 32, "/srv/key", "root", "tls")
+
+
 @pytest.mark.parametrize("args", [(None, {}, ""), (PATHS, None, ""), (PATHS, {}, None)])
 def test_what_is_not_a_plan_input_is_refused(args):
     with pytest.raises(AnsibleFilterError, match="install_plan takes the install paths"):

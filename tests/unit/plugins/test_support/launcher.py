@@ -1,16 +1,20 @@
 """Shared by the launcher tests: the launcher's parts (roles/install/files/launcher, imported from the source
 tree) and the planner, gathered in one namespace `le`; the hand-shaped records (tests/fixtures/hand-shaped) and a
-role environment; `zipapp` builds the real artefact the way prepare does."""
+role environment (TLS off, the key guard in /opt/narwhal/guard, or beside the inputs write_inputs writes); `zipapp`
+builds the real artefact the way prepare does."""
 import copy
+import hashlib
 import json
+import shutil
 import socket
 import sys
 import types
 
-from test_support.paths import HAND_LAUNCH_CONFIG, REPO
+from test_support.paths import GUARD, HAND_LAUNCH_CONFIG, REPO
 
 LAUNCHER_DIR = REPO / "roles" / "install" / "files" / "launcher"
 SECRET = "s3cr3t-Key-0123456789abcdef"
+GUARD_SHA256 = hashlib.sha256(GUARD.read_bytes()).hexdigest()
 
 sys.path.insert(0, str(LAUNCHER_DIR))
 
@@ -70,8 +74,14 @@ def role_env(engine="engine-1", **overrides):
         "NARWHAL_API_KEY_FILE": "/opt/narwhal/secrets/api-key",
         "NARWHAL_RUN_DIR": "/opt/narwhal/runs/r1",
         "NARWHAL_RUN_ID": "r1",
+        "NARWHAL_GUARD_DIR": "/opt/narwhal/guard",
+        "NARWHAL_GUARD_SHA256": GUARD_SHA256,
+        "NARWHAL_TLS_DIR": "",
+        "NARWHAL_TLS_CERT_SHA256": "",
     }
     env.update(overrides)
+    # vllm serve --host: the advertised address unless the test names another (NARWHAL_ENGINE_BIND)
+    env.setdefault("NARWHAL_BIND_ADDRESS", env["NARWHAL_ADVERTISED_ADDRESS"])
     return env
 
 
@@ -83,8 +93,11 @@ def write_inputs(tmp_path, rec, tag="", **overrides):
     key = tmp_path / "api-key"
     key.write_text(SECRET + "\n")
     key.chmod(0o600)
+    guard = tmp_path / "guard"  # the key guard, as install puts it
+    guard.mkdir(exist_ok=True)
+    shutil.copy(GUARD, guard / GUARD.name)
     given = {"NARWHAL_RECORD": str(rec_path), "NARWHAL_API_KEY_FILE": str(key),
-             "NARWHAL_RUN_DIR": str(tmp_path / "runs" / "r1")}
+             "NARWHAL_RUN_DIR": str(tmp_path / "runs" / "r1"), "NARWHAL_GUARD_DIR": str(guard)}
     given.update(overrides)
     env = role_env(rec["engine"], **given)
     env_path = tmp_path / ("engine%s.env" % tag)

@@ -16,6 +16,7 @@ RECORDED = REPO / "tests" / "fixtures" / "recorded"  # real engines' answers rec
 HAND_LAUNCH_CONFIG = REPO / "tests" / "fixtures" / "hand-shaped" / "launch-config.nvidia-tcp.amd-rdma.json"
 PROFILES = REPO / "tests" / "harness" / "profiles"  # the simulated hosts' trees
 STANDIN_SITE = REPO / "tests" / "harness" / "images" / "engine-standin" / "site"  # the stand-in engine's Python
+GUARD = REPO / "roles" / "install" / "files" / "guard" / "narwhal_guard.py"  # the engines' key guard (install puts it)
 
 
 def load_file(name, path):

@@ -56,7 +56,9 @@ SITE = {"NARWHAL_FLEET": "config/fleet.json", "NARWHAL_LAUNCH_CONFIG": "config/e
         "NARWHAL_RUNS_DIR": "runs", "NARWHAL_CONFIG_DIR": "config",
         # launch policy (what discovery recorded in engine-launch.policy.json)
         "NARWHAL_IMAGE": "vllm/vllm-openai:v0.33.0", "NARWHAL_KV_CACHE_DTYPE": "auto", "NARWHAL_BLOCK_SIZE": 16,
-        "NARWHAL_EXTRA_ARGS": "", "NARWHAL_TP_SIZE": None}
+        "NARWHAL_EXTRA_ARGS": "", "NARWHAL_TP_SIZE": None,
+        # the hand-shaped fleet's URLs are http: discovery recorded TLS off
+        "NARWHAL_TLS": "off"}
 NODES = {"1": {"ROLE": "prefill"}, "2": {"ROLE": "decode", "GPU_IDS": [0, 1], "RDMA_DEVICES": "mlx5_6:1"}}
 
 
@@ -82,7 +84,7 @@ def write_policy(root, site=None, nodes=None):
 
 def make_checkout(tmp_path, launch):
     """A checkout as discovery leaves it (fleet, launch config, policy extract, index), with the API key file and a
-    copy of the collection's launcher parts."""
+    copy of the collection's launcher parts and key guard."""
     (tmp_path / "config").mkdir(parents=True)
     (tmp_path / "config" / "fleet.json").write_text(json.dumps(fleet_for(launch["engines"]), indent=2))
     (tmp_path / "config" / "engine-launch.local.json").write_text(json.dumps(launch, indent=2))
@@ -98,6 +100,9 @@ def make_checkout(tmp_path, launch):
         (collection / "plugins" / "module_utils" / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / "plugins" / "module_utils" / name, collection / "plugins" / "module_utils" / name)
     shutil.copy(REPO / "galaxy.yml", collection / "galaxy.yml")  # its version (prepare records it)
+    guard = collection / "roles" / "install" / "files" / "guard"  # the key guard (its sha256 is in every plan)
+    guard.mkdir(parents=True)
+    shutil.copy(REPO / "roles" / "install" / "files" / "guard" / "narwhal_guard.py", guard)
     return tmp_path
 
 

@@ -1,8 +1,9 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """A real Prometheus (Debian's `prometheus` package; scripts/bootstrap.sh installs it) for the monitoring tests and
-the real scenario's check (tests/harness/prometheus_check.py): started on a free port with its own storage over a
-file_sd targets file, polled until ready and until every target is up; and the Grafana dashboard's panel queries with
+the real scenario's check (tests/harness/prometheus_check.py): started on a free port with its own storage over the
+scrape-config fragment the monitoring stage wrote (its job over the file_sd targets file, and with TLS its tls_config
+ca_file), polled until ready and until every target is up; and the Grafana dashboard's panel queries with
 their template variables substituted as Grafana's Prometheus datasource substitutes them."""
 import json
 import re
@@ -42,13 +43,20 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def start(where, targets_file):
-    """-> (url, Popen) of a Prometheus scraping the file_sd targets every second."""
+def scrape_configs(scrape_file):
+    """The scrape_configs of the monitoring stage's fragment (config/prometheus/narwhal-scrape.yml), as an operator
+    includes it (Debian bookworm's Prometheus 2.42 has no scrape_config_files: its entries are copied)."""
+    fragment = yaml.safe_load(scrape_file.read_text())
+    assert isinstance(fragment, dict) and list(fragment) == ["scrape_configs"], fragment
+    return fragment["scrape_configs"]
+
+
+def start(where, scrape_file):
+    """-> (url, Popen) of a Prometheus scraping every second with the fragment's scrape jobs."""
     port = _free_port()
     (where / "prometheus.yml").write_text(yaml.safe_dump({
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": [{"job_name": "narwhal",
-                            "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "5s"}]}]}))
+        "scrape_configs": scrape_configs(scrape_file)}))
     with open(where / "prometheus.log", "wb") as log:
         proc = subprocess.Popen([PROMETHEUS, "--config.file=%s" % (where / "prometheus.yml"),
                                  "--storage.tsdb.path=%s" % (where / "tsdb"),

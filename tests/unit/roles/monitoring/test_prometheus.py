@@ -1,8 +1,10 @@
 """The monitoring stage against a real Prometheus (Debian's `prometheus` package; scripts/bootstrap.sh installs it):
 the role, run by a real ansible-playbook (playbooks/monitoring.yml), writes the file_sd targets of two stand-in
-engines and of the real vllm-router in front of them, from a fleet file of ${NAME} values; Prometheus reads that file
-and scrapes every target; and every panel query of the role's Grafana dashboard, its template variables substituted
-as Grafana substitutes them, returns series after traffic through the router (a failing request included).
+engines and of the real vllm-router in front of them, from a fleet file of ${NAME} values, and the scrape-config
+fragment over them; Prometheus takes the fragment's job, reads that file and scrapes every target (plain HTTP here,
+NARWHAL_TLS=off: test_prometheus_tls.py scrapes over TLS); and every panel query of the role's Grafana dashboard, its
+template variables substituted as Grafana substitutes them, returns series after traffic through the router (a failing
+request included).
 
 No fixed sleeps: every wait polls with a generous deadline. Prometheus listens on a free port with its own storage,
 so a Prometheus the package may have started on 9090 plays no part."""
@@ -26,7 +28,7 @@ from test_support.router import router_process
 from test_support.standin import engine_process
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call
-from ansible_collections.narwhal.deploy.plugins.module_utils._monitor.targets import file_sd
+from ansible_collections.narwhal.deploy.plugins.module_utils._monitor.targets import file_sd, scrape_config
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.client import stream
 
 DASHBOARD = REPO / "roles" / "monitoring" / "files" / "narwhal-pd-dashboard.json"
@@ -51,7 +53,7 @@ def _project(where, engines, router):
     (where / "config").mkdir(parents=True)
     (where / "runs" / "routers").mkdir(parents=True)
     (where / "inventory").mkdir()
-    (where / ".env").write_text("NARWHAL_FABRIC_INTERFACE=eth1\nNARWHAL_NODE_1_ROLE=prefill\n"
+    (where / ".env").write_text("NARWHAL_FABRIC_INTERFACE=eth1\nNARWHAL_NODE_1_ROLE=prefill\nNARWHAL_TLS=off\n"
                                 "NARWHAL_NODE_2_ROLE=decode\nNARWHAL_IMAGE=vllm/vllm-openai:v0.33.0\n"
                                 "NARWHAL_MODEL_PATH=/srv/models/tiny\nNARWHAL_FLEET=config/%s.json\n" % FLEET_NAME)
     fleet = [{"engine": e["engine"], "iid": "iid-%s" % e["engine"], "role": e["role"],
@@ -92,7 +94,7 @@ def scraped(tmp_path_factory):
         first = _playbook(project)
         second = _playbook(project)
         targets_file = project / "config" / "prometheus" / "narwhal-targets.json"
-        url, prom = start_prometheus(tmp, targets_file)
+        url, prom = start_prometheus(tmp, project / "config" / "prometheus" / "narwhal-scrape.yml")
         procs.append(prom)
         state = {"engines": engines, "router": router, "record": record, "project": project, "first": first,
                  "second": second, "targets_file": targets_file, "prometheus": url, "timings": {}}
@@ -145,6 +147,10 @@ def test_the_role_writes_the_targets_of_the_pure_code_and_a_second_run_changes_n
     written = json.loads(scraped["targets_file"].read_text())
     assert written == file_sd(scraped["engines"], [scraped["record"]], FLEET_NAME)
     assert oct(scraped["targets_file"].stat().st_mode & 0o777) == "0o644"
+    scrape = scraped["project"] / "config" / "prometheus" / "narwhal-scrape.yml"
+    assert yaml.safe_load(scrape.read_text()) == scrape_config(str(scraped["targets_file"]))  # no TLS: no tls_config
+    assert scrape.read_text().startswith("# The Prometheus scrape job of the fleet, written by narwhal.deploy")
+    assert oct(scrape.stat().st_mode & 0o777) == "0o644"
     dashboard = scraped["project"] / "config" / "grafana" / "narwhal-pd-dashboard.json"
     assert dashboard.read_bytes() == DASHBOARD.read_bytes()
     assert re.search(r"engine-1 +: ok=\d+ +changed=[1-9]", scraped["first"]), scraped["first"][-2000:]

@@ -28,7 +28,8 @@ def _run(tmp_path, site, step):
         "hosts": "router-1", "connection": "local", "gather_facts": False,
         "vars_files": [str(REPO / "roles" / "router" / "vars" / "main.yml")],
         "vars": {"narwhal_site": {"site": site, "project_dir": "/p",
-                                  "paths": {"api_key_file": "/p/config/engine-api.key", "runs_dir": "/p/runs"}},
+                                  "paths": {"api_key_file": "/p/config/engine-api.key", "runs_dir": "/p/runs",
+                                            "tls_dir": "/p/config/tls"}},
                  "router_address": "10.0.0.21", "role_path": str(REPO / "roles" / "router"),
                  "__fleet": FLEET, "__step": step},
         "tasks": [
@@ -83,7 +84,3 @@ def test_without_tls_nothing_of_it(tmp_path):
     got = _run(tmp_path, dict(SITE, NARWHAL_TLS="off"), {"changed": False, "mode": "off", "ca": "", "hosts": {}})
     assert not [f for f in got["files"] if "/tls" in f["path"]] and len(got["files"]) == 4
     assert got["ca"] == "" and got["local_url"] == "http://10.0.0.21:30000"
-
-
-def test_an_absolute_tls_dir_is_taken_as_it_is(tmp_path):
-    assert _run(tmp_path, dict(SITE, NARWHAL_TLS_DIR="/etc/narwhal/tls"), STEP)["tls_dir"] == "/etc/narwhal/tls"

@@ -240,10 +240,14 @@ def check_host(plan):
         if not os.path.exists(path):
             raise LaunchError("device %s from the launch record accelerator_devices is not on this host; check "
                               "the NVIDIA driver or rerun discovery" % path)
-    for mount in plan["mounts"]:
+    model, installed = plan["mounts"][0], plan["mounts"][1:]
+    if not os.path.isdir(model["source"]):
+        raise LaunchError("launch record runtime.model_path %s is not a directory on this host; stage the "
+                          "model or rerun discovery" % model["source"])
+    for mount in installed:  # the key guard's directory and the TLS directory install writes
         if not os.path.isdir(mount["source"]):
-            raise LaunchError("launch record runtime.model_path %s is not a directory on this host; stage the "
-                              "model or rerun discovery" % mount["source"])
+            raise LaunchError("%s (mounted at %s) is not a directory on this host: install writes it; rerun prepare "
+                              "(it installs the run)" % (mount["source"], mount["target"]))
 
 
 PREVIOUS_SUFFIX = "-previous"  # the replaced container while its successor proves itself (start)

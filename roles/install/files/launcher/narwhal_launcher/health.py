@@ -1,16 +1,23 @@
 """`probe-version`: wait for /health (showing the container's end if it dies), GET /version and compare it
-with checked.json's vllm_api_version; writes version-probe.json."""
+with checked.json's vllm_api_version; writes version-probe.json.
+
+The engine is asked where it listens: its bind address (NARWHAL_BIND_ADDRESS), or its advertised address when it
+binds every interface; over https when it serves TLS (NARWHAL_TLS_DIR), verifying its certificate against the CA
+installed beside it (<NARWHAL_TLS_DIR>/ca.crt) with the host name checked, so an expired certificate or one of
+another CA is refused by name ("certificate verify failed") at once instead of being waited on."""
 import json
 import os
+import ssl
 import sys
 import time
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import http_url
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import REDACTED, redact_text
 from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import EngineAPIError
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import container_spec
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import WILDCARDS, container_spec
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.fields import role_port
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.labels import plan_hash
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import TLS_FILES
 from narwhal_launcher.common import (
     LaunchError,
     container_state,
@@ -25,19 +32,52 @@ from narwhal_launcher.common import (
 )
 
 
-def http_get(url, timeout):
+def http_get(url, timeout, context=None):
+    """(status, body) of GET `url`; `context`: the SSL context of an https URL (tls_context)."""
     import urllib.error
     import urllib.request
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as answer:
+        with urllib.request.urlopen(url, timeout=timeout, context=context) as answer:
             return answer.status, answer.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
 
 
+def probe_address(role_env, address=None):
+    """Where the engine answers: `address` when given, else its bind address, or its advertised address when it
+    binds every interface (0.0.0.0, ::); 127.0.0.1 when the role environment names neither."""
+    bind = role_env.get("NARWHAL_BIND_ADDRESS", "").strip("[]")
+    if not address and bind and bind not in WILDCARDS:
+        address = bind
+    return (address or role_env.get("NARWHAL_ADVERTISED_ADDRESS", "")).strip("[]") or "127.0.0.1"
+
+
 def probe_url(role_env, path, address=None):
-    address = (address or role_env.get("NARWHAL_ADVERTISED_ADDRESS", "")).strip("[]") or "127.0.0.1"
-    return http_url(address, role_port(role_env, "NARWHAL_HTTP_PORT"), path)
+    """The URL of `path` on the engine (probe_address), https when it serves TLS (NARWHAL_TLS_DIR)."""
+    url = http_url(probe_address(role_env, address), role_port(role_env, "NARWHAL_HTTP_PORT"), path)
+    return "https://" + url[len("http://"):] if role_env.get("NARWHAL_TLS_DIR") else url
+
+
+def tls_context(role_env):
+    """The SSL context of the engine's probes: its certificate verified against <NARWHAL_TLS_DIR>/ca.crt, the host
+    name checked (ssl.create_default_context); None when it serves plain HTTP."""
+    directory = role_env.get("NARWHAL_TLS_DIR", "")
+    if not directory:
+        return None
+    cafile = os.path.join(directory, TLS_FILES["ca"])
+    try:
+        return ssl.create_default_context(cafile=cafile)
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError: not a PEM certificate
+        raise LaunchError("the CA certificate %s of the engine's probes (NARWHAL_TLS_DIR) cannot be used (%s); rerun "
+                          "prepare, which installs it" % (cafile, getattr(exc, "strerror", None) or exc))
+
+
+def verify_failure(exc):
+    """The certificate verification error inside an OSError of urllib (its `reason`) or ssl, else None."""
+    for found in (exc, getattr(exc, "reason", None)):
+        if isinstance(found, ssl.SSLCertVerificationError):
+            return found
+    return None
 
 
 def _redact(text, secret):
@@ -113,10 +153,10 @@ def installed_checked(directory, digest):
     return checked
 
 
-def fetch_version(url, timeout=10):
+def fetch_version(url, timeout=10, context=None):
     """(HTTP status, served version or None) of GET /version; LaunchError when it cannot be read."""
     try:
-        status, body = http_get(url, timeout=timeout)
+        status, body = http_get(url, timeout=timeout, context=context)
         served = json.loads(body.decode("utf-8")).get("version") if status == 200 else None
     except (OSError, ValueError, AttributeError, RecursionError) as exc:
         raise LaunchError("GET %s failed (%s); the engine is not a vLLM OpenAI server" % (url, exc))
@@ -126,20 +166,26 @@ def fetch_version(url, timeout=10):
 FAST_POLL, FAST_POLLS_FOR = 0.05, 2.0  # /health every 0.05 s during the first 2 s, then every `interval`
 
 
-def wait_health(health, name, timeout, interval=1.0, api=None, secret=None, seen=None):
-    """Wait until GET `health` answers 200, stopping at once when the container `name` (id or name) exits;
-    -> seconds waited. Polls every 0.05 s during the first 2 s (an engine that is up in a moment is seen at
-    once), then every `interval`. Raises NotReadyError (cause, log tail)."""
+def wait_health(health, name, timeout, interval=1.0, api=None, secret=None, seen=None, context=None):
+    """Wait until GET `health` answers 200, stopping at once when the container `name` (id or name) exits or
+    answers with a certificate that fails verification (`context`: tls_context); -> seconds waited. Polls every
+    0.05 s during the first 2 s (an engine that is up in a moment is seen at once), then every `interval`. Raises
+    NotReadyError (cause, log tail)."""
     began = time.time()
     last = "no answer"
     while True:
         try:
-            status, _body = http_get(health, timeout=min(10.0, max(1.0, timeout)))
+            status, _body = http_get(health, timeout=min(10.0, max(1.0, timeout)), context=context)
             if status == 200:
                 return round(time.time() - began, 3)
             last = "HTTP %d" % status
         except OSError as exc:
             last = str(getattr(exc, "reason", exc))
+            if verify_failure(exc) is not None:
+                cause = "%s serves a certificate that fails verification (%s)" % (health, last)
+                raise NotReadyError("%s against the CA the engine's TLS files hold: an expired certificate or one "
+                                    "of another CA; prepare again (it issues or checks the certificates) and launch"
+                                    % cause, cause, container_logs(api, name, secret))
         dead = container_exit(api, name, secret, seen=seen)
         if dead:
             raise exited(dead, name, "before %s answered" % health)
@@ -157,9 +203,10 @@ def wait_ready(role_env, name, checked, digest, timeout, directory, interval=1.0
     GET /version and compare it with checked.json's vllm_api_version; write version-probe.json. Returns the
     probe result; raises NotReadyError (cause, log tail) otherwise."""
     health, version_url = probe_url(role_env, "/health", address), probe_url(role_env, "/version", address)
-    waited = wait_health(health, name, timeout, interval, api, secret, seen)
+    context = tls_context(role_env)
+    waited = wait_health(health, name, timeout, interval, api, secret, seen, context)
     try:
-        status, served = fetch_version(version_url)
+        status, served = fetch_version(version_url, context=context)
     except LaunchError as exc:
         raise NotReadyError(str(exc), str(exc), container_logs(api, name, secret))
     if status != 200 or not isinstance(served, str):
@@ -199,7 +246,7 @@ def optional_key(role_env):
 
 def probe_version(role_env_path, timeout=300.0, interval=1.0, address=None, out=None, health_only=False):
     """Wait for /health (200), GET /version, compare with checked.json's vllm_api_version. The engine is
-    reached at `address` (default: the role env's NARWHAL_ADVERTISED_ADDRESS, else 127.0.0.1). `health_only`: the
+    reached at `address` (default: probe_address, its bind or advertised address). `health_only`: the
     /health wait alone, for a container of another run than the installed one (an engine rolled back to its
     previous containers: the installed run's checked.json is not its)."""
     role_env = read_role_env(role_env_path)
@@ -208,7 +255,8 @@ def probe_version(role_env_path, timeout=300.0, interval=1.0, address=None, out=
     if health_only:
         url = probe_url(role_env, "/health", address)
         try:
-            waited = wait_health(url, plan["name"], timeout, interval, optional_docker(), optional_key(role_env))
+            waited = wait_health(url, plan["name"], timeout, interval, optional_docker(), optional_key(role_env),
+                                 context=tls_context(role_env))
         except NotReadyError as exc:
             raise LaunchError(str(exc))
         print("health ok: %s after %s s" % (url, waited), file=out or sys.stdout)

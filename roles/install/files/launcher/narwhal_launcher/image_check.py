@@ -1,7 +1,8 @@
 """The image check: identity of the recorded image, then a short-lived container of it runs in_image.py
 (versions, KVTransferConfig, connector and NIXL imports, the complete `vllm serve` argv through the image's
-own argument parser, trust-remote-code against the checkpoint, the tokenizer, the SSM layout) and
-decide_check turns its report into checked.json or one refusal naming every failed field."""
+own argument parser, the key guard in the image's own Python, trust-remote-code against the checkpoint, the
+tokenizer, the SSM layout) and decide_check turns its report into checked.json or one refusal naming every failed
+field."""
 import hashlib
 import json
 import os
@@ -66,6 +67,12 @@ def plan_kv_transfer_config(plan):
     raise LaunchError("the plan has no --kv-transfer-config; this launcher is broken, reinstall it")
 
 
+def plan_middleware(plan):
+    """The --middleware values of the plan's command (the key guard: _plan/container.py)."""
+    command = plan["command"]
+    return [command[index + 1] for index, token in enumerate(command[:-1]) if token == "--middleware"]
+
+
 def check_spec(plan, record):
     """What the check container examines (pure): packages, kv config, modules, the serve argv, the mount, the
     remote-code flag."""
@@ -90,6 +97,7 @@ def check_spec(plan, record):
         "ssm_conv_state": bool(runtime.get("ssm_conv_state")),
         "ssm_env": SSM_LAYOUT_ENV,
         "marker": CHECK_MARKER,
+        "middleware": plan_middleware(plan),
     }
     lease = kv_lease(record)
     if lease is not None:
@@ -161,6 +169,25 @@ def _module_failures(report, spec, name, what):
         return []
     return ["%s %s does not import in the image (%s); check runtime.vllm_version/runtime.platform and the image's "
             "NIXL (runtime.expected_packages)" % (what, spec[name], _error(report, name))]
+
+
+def _guard_failures(report, spec, image_id):
+    """The key guard loads in the image's own Python as vLLM loads a --middleware class, and refuses a request
+    without the key while /health passes (in_image.py::key_guard)."""
+    entry = report.get("key_guard") or {}
+    if not entry.get("ok"):
+        return ["the key guard %s does not load in image %s's own Python (%s): vllm serve --middleware would end the "
+                "engine's start; the guard is <checkout>/guard/narwhal_guard.py, mounted read-only at /narwhal/guard "
+                "first on PYTHONPATH: rerun prepare so that install puts it there (the image needs Python >= 3.8)"
+                % (", ".join(spec["middleware"]), image_id, _error(report, "key_guard"))]
+    failures = []
+    for found in entry.get("value") or []:
+        if found.get("refused") != 401 or found.get("open") != 200:
+            failures.append("the key guard %s in image %s answered GET /v1/models without the key with %s (not 401) "
+                            "and GET /health with %s (not 200): it is not narwhal.deploy's guard; rerun prepare so "
+                            "that install puts the collection's guard in <checkout>/guard"
+                            % (found.get("middleware"), image_id, found.get("refused"), found.get("open")))
+    return failures
 
 
 def _remote_code_failures(report, spec):
@@ -235,6 +262,8 @@ def decide_check(report, spec, image_id, digest):
         ("trust_remote_code", _remote_code_failures(report, spec)),
         ("tokenizer", _tokenizer_failures(report, spec)),
     ]
+    if spec.get("middleware"):
+        verdicts.append(("key_guard", _guard_failures(report, spec, image_id)))
     if spec["ssm_conv_state"]:
         verdicts.append(("ssm_conv_state_layout", _ssm_layout_failures(report)))
     if spec.get("kv_lease"):

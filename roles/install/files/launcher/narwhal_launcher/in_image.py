@@ -160,6 +160,46 @@ def kv_lease_read(spec):
     return sorted(found)
 
 
+async def _request(guard_class, path):
+    """The status the middleware class answers GET `path` with (no Authorization header), the app behind it answering
+    200: one ASGI request driven with asyncio, as uvicorn drives vLLM's app."""
+    sent = []
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+             "path": path, "raw_path": path.encode("ascii"), "root_path": "", "query_string": b"", "headers": []}
+    await guard_class(app)(scope, receive, send)
+    return next((m.get("status") for m in sent if m.get("type") == "http.response.start"), None)
+
+
+def key_guard(spec):
+    """Each --middleware of the plan (the key guard) imported as vLLM 0.32.0 imports it
+    (entrypoints/serve/middleware/register.py: module_path, object_name = rsplit("."); getattr(import_module(...));
+    a class is added with app.add_middleware), from the plan's PYTHONPATH and mounts; then a request without the key
+    (GET /v1/models) and one to /health through it."""
+    import asyncio
+    import inspect
+    found = []
+    for name in spec["middleware"]:
+        module_path, object_name = name.rsplit(".", 1)
+        imported = getattr(importlib.import_module(module_path), object_name)
+        if not inspect.isclass(imported):
+            raise TypeError("%s is not a class" % name)
+        found.append({"middleware": name, "file": inspect.getsourcefile(imported),
+                      "refused": asyncio.run(_request(imported, "/v1/models")),
+                      "open": asyncio.run(_request(imported, "/health"))})
+    return found
+
+
 def main(argv):
     spec = json.loads(argv[1])
     out = {"python": sys.version.split()[0], "packages": {}}
@@ -173,6 +213,8 @@ def main(argv):
     out["connector_module"] = attempt(lambda: importlib.import_module(spec["connector_module"]).__name__)
     out["nixl_module"] = attempt(lambda: importlib.import_module(spec["nixl_module"]).__name__)
     out["serve_args"] = attempt(lambda: serve_args(spec))
+    if spec.get("middleware"):
+        out["key_guard"] = attempt(lambda: key_guard(spec))
     out["auto_map"] = auto_map(spec["mount"])
     out["tokenizer"] = attempt(lambda: tokenizer(spec))
     if spec["ssm_conv_state"]:

@@ -13,6 +13,7 @@ import time
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import API_KEY_ENV, redact_text
 from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import EngineAPIError, NotFound
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import TLS_TARGET
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.labels import (
     PLAN_HASH_LABEL,
     RUN_ID_LABEL,
@@ -43,6 +44,7 @@ from narwhal_launcher.health import (
     container_logs,
     exited,
     probe_url,
+    tls_context,
     wait_health,
     wait_ready,
 )
@@ -72,15 +74,33 @@ def ready_timeout_from(role_env, given=None):
 
 # ------------------------------------------------------------------------------------------ pure parts
 
+def _flag_value(command, flag):
+    """The value of `flag` in a command (`--flag value` or `--flag=value`), else None."""
+    for index, token in enumerate(command):
+        if token == flag and index + 1 < len(command):
+            return str(command[index + 1])
+        if isinstance(token, str) and token.startswith(flag + "="):
+            return token[len(flag) + 1:]
+    return None
+
+
 def served_port(attrs, default):
     """The HTTP port a container's `vllm serve` command listens on (its Config.Cmd `--port`), else `default`."""
+    value = _flag_value(list((attrs.get("Config") or {}).get("Cmd") or []), "--port")
+    return int(value) if value is not None and value.isdigit() else default
+
+
+def served_role_env(attrs, role_env):
+    """The role environment as the container `attrs` serves (a previous container, started from another run): its
+    own port (--port) and bind address (--host: none, a container that bound every interface) and, when it serves
+    TLS (--ssl-certfile), the TLS directory it mounts (the CA its probe verifies against)."""
     command = list((attrs.get("Config") or {}).get("Cmd") or [])
-    for index, token in enumerate(command):
-        if token == "--port" and index + 1 < len(command) and str(command[index + 1]).isdigit():
-            return int(command[index + 1])
-        if isinstance(token, str) and token.startswith("--port=") and token[7:].isdigit():
-            return int(token[7:])
-    return default
+    tls_dir = ""
+    if _flag_value(command, "--ssl-certfile") is not None:
+        tls_dir = next((m.get("Source") for m in attrs.get("Mounts") or [] if m.get("Destination") == TLS_TARGET),
+                       None) or role_env.get("NARWHAL_TLS_DIR", "")
+    return dict(role_env, NARWHAL_HTTP_PORT=str(served_port(attrs, int(role_env.get("NARWHAL_HTTP_PORT") or 0))),
+                NARWHAL_BIND_ADDRESS=_flag_value(command, "--host") or "", NARWHAL_TLS_DIR=tls_dir)
 
 
 def container_grace(attrs):
@@ -209,10 +229,9 @@ def roll_back(api, plan, role_env, new_id, previous, cause, tail, timeout, inter
             elif previous.was_running:
                 api.start(previous.id)
                 restored["started"] = True
-                address = role_env.get("NARWHAL_ADVERTISED_ADDRESS", "")
-                health = probe_url(dict(role_env, NARWHAL_HTTP_PORT=str(served_port(
-                    attrs, int(role_env.get("NARWHAL_HTTP_PORT") or 0)))), "/health", address)
-                wait_health(health, previous.id, timeout, interval, api, secret)
+                served = served_role_env(attrs, role_env)
+                wait_health(probe_url(served, "/health"), previous.id, timeout, interval, api, secret,
+                            context=tls_context(served))
                 restored["serving"] = True
         except NotReadyError as exc:
             restored["error"] = exc.cause

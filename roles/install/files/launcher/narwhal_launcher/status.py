@@ -2,12 +2,17 @@
 
 Facts: the container (state, restarts, labels: plan hash and run id), the installed plan (role env + record through
 the planner), the run directory's checked.json, deployment.json, version-probe.json and rollback.json, GET /health,
-/version and /metrics (NIXL counters) with short timeouts, and the LISTEN sockets of /proc/net/tcp{,6} (the engine
-uses host networking, so its ports are the host's). derive_problems turns the facts into one-line problems; the
-document is printed as JSON and the caller (the playbook) decides what to do about them."""
+/version and /metrics (NIXL counters) with short timeouts, the certificate the engine serves when it serves TLS
+(verified against the installed CA, host name checked: its expiry, days left and sha256), and the LISTEN sockets of
+/proc/net/tcp{,6} (the engine uses host networking, so its ports are the host's). derive_problems turns the facts
+into one-line problems; the document is printed as JSON and the caller (the playbook) decides what to do about
+them."""
+import hashlib
 import ipaddress
 import json
 import os
+import socket
+import ssl
 import sys
 import time
 
@@ -31,13 +36,14 @@ from narwhal_launcher.common import (
     read_json_file,
     role,
 )
-from narwhal_launcher.health import http_get, probe_url
+from narwhal_launcher.health import http_get, probe_address, probe_url, tls_context
 from narwhal_launcher.start import ROLLBACK_FILE
 
 HTTP_TIMEOUT = 5.0  # seconds per HTTP call: status answers quickly even when the engine hangs
 DOCKER_TIMEOUT = 10  # seconds per Docker API call
 PROC_NET = ("/proc/net/tcp", "/proc/net/tcp6")
 TCP_LISTEN = "0A"  # include/net/tcp_states.h: TCP_LISTEN = 10
+RENEW_DAYS = 30  # a site certificate is issued again when fewer days are left (docs/inputs.md, NARWHAL_TLS_CERT_DAYS)
 
 
 # ------------------------------------------------------------------------------------------ pure parts
@@ -73,6 +79,32 @@ def port_facts(sockets, port):
 
 def _short(value):
     return (value or "?")[:12] if isinstance(value, str) else "?"
+
+
+def certificate_facts(url, not_after, der, installed_sha256, now):
+    """The served certificate's facts (pure): {url, not_after (ISO UTC), days_left, sha256, installed_sha256,
+    error None}; `not_after` as getpeercert() writes it ("Jan  1 00:00:00 2027 GMT"), `der` its bytes."""
+    seconds = ssl.cert_time_to_seconds(not_after)
+    return {"url": url, "not_after": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds)),
+            "days_left": int((seconds - now) // 86400), "sha256": hashlib.sha256(der).hexdigest(),
+            "installed_sha256": installed_sha256, "error": None}
+
+
+def tls_problems(tls):
+    """The problems of the served certificate (certificate_facts, or {url, error}; None: TLS off)."""
+    if not tls:
+        return []
+    if tls.get("error"):
+        return ["the certificate served at %s fails: %s; an expired certificate or one the installed CA did not "
+                "sign is refused: prepare again (it issues or checks the certificates), then launch"
+                % (tls["url"], tls["error"])]
+    if tls.get("days_left") is not None and tls["days_left"] < 0:
+        return ["the certificate served at %s expired on %s; prepare again, then launch" % (tls["url"],
+                                                                                           tls["not_after"])]
+    if tls.get("installed_sha256") and tls.get("sha256") != tls["installed_sha256"]:
+        return ["the certificate served at %s (sha256 %s) is not the installed one (%s); run launch to serve it"
+                % (tls["url"], _short(tls.get("sha256")), _short(tls["installed_sha256"]))]
+    return []
 
 
 def derive_problems(doc):
@@ -145,7 +177,7 @@ def derive_problems(doc):
         problems.append("the installed run's start failed and rolled back (%s): %s; see %s"
                         % ("the previous container serves again" if rollback.get("restored_serving")
                            else "the engine was left down", rollback.get("cause"), ROLLBACK_FILE))
-    return problems
+    return problems + tls_problems(None if doc.get("headless") else doc.get("tls"))
 
 
 def verdict(doc):
@@ -160,26 +192,59 @@ def verdict(doc):
     doc["notes"] = ["container %s was restarted %s times by its restart policy (it exited; see docker logs)"
                     % (doc["container_name"], container["restart_count"])] \
         if container.get("running") and container.get("restart_count") else []
+    tls = doc.get("tls") or {}
+    if tls.get("days_left") is not None and 0 <= tls["days_left"] < RENEW_DAYS:
+        doc["notes"].append("the certificate served at %s expires in %d days (%s); the next prepare issues a new one "
+                            "(site mode) or refuses it (operator mode)" % (tls["url"], tls["days_left"],
+                                                                          tls["not_after"]))
     return doc
 
 
 # ------------------------------------------------------------------------------------------ facts
 
-def _get(url):
+def _get(url, context=None):
     """(status, body, error) of one bounded GET."""
     try:
-        status, body = http_get(url, timeout=HTTP_TIMEOUT)
+        status, body = http_get(url, timeout=HTTP_TIMEOUT, context=context)
         return status, body, None
     except OSError as exc:
         return None, b"", str(getattr(exc, "reason", exc))
 
 
+def served_certificate(address, port, context, timeout=HTTP_TIMEOUT):
+    """(getpeercert(), the certificate's DER bytes) of the TLS server at address:port, verified by `context` against
+    the server name `address` (an ssl.SSLError, an OSError, when it fails)."""
+    with socket.create_connection((address, port), timeout=timeout) as sock:
+        with context.wrap_socket(sock, server_hostname=address) as tls:
+            return tls.getpeercert(), tls.getpeercert(binary_form=True)
+
+
+def tls_facts(role_env, address=None, now=None):
+    """The certificate the engine serves (certificate_facts), {url, error} when it cannot be verified or read;
+    None when the engine serves plain HTTP."""
+    url = probe_url(role_env, "", address)
+    try:
+        context = tls_context(role_env)
+        if context is None:
+            return None
+        peer, der = served_certificate(probe_address(role_env, address), role_port(role_env, "NARWHAL_HTTP_PORT"),
+                                       context)
+        return certificate_facts(url, peer["notAfter"], der, role_env.get("NARWHAL_TLS_CERT_SHA256", ""),
+                                 now or time.time())
+    except (OSError, ValueError, KeyError, LaunchError) as exc:  # ssl.SSLError's str() names the failed check
+        return {"url": url, "error": str(exc) or type(exc).__name__}
+
+
 def http_facts(role_env, expected, address=None):
     health_url, version_url = probe_url(role_env, "/health", address), probe_url(role_env, "/version", address)
     metrics_url = probe_url(role_env, "/metrics", address)
-    status, _body, error = _get(health_url)
+    try:
+        context = tls_context(role_env)
+    except LaunchError:
+        context = ssl.create_default_context()  # no installed CA: every request fails verification (tls_facts says)
+    status, _body, error = _get(health_url, context)
     health = {"url": health_url, "ok": status == 200, "status": status, "error": error}
-    status, body, error = _get(version_url)
+    status, body, error = _get(version_url, context)
     served = None
     if status == 200:
         try:
@@ -190,7 +255,7 @@ def http_facts(role_env, expected, address=None):
         error = "HTTP %s" % status
     version = {"url": version_url, "served": served if isinstance(served, str) else None, "expected": expected,
                "ok": expected is not None and served == expected, "error": error}
-    status, body, error = _get(metrics_url)
+    status, body, error = _get(metrics_url, context)
     nixl = {"url": metrics_url, "error": error if status is None else None if status == 200 else "HTTP %s" % status}
     text = body.decode("utf-8", "replace") if status == 200 else ""
     nixl.update(nixl_counters(text))
@@ -292,6 +357,7 @@ def collect(role_env_path, address=None):
         "checked_plan_hash": checked.get("plan_hash"),
         "health": health, "version": version, "nixl": nixl, "ports": port_table(role_env, first_rank=first_rank),
         "version_probe": probe_facts(directory), "rollback": read_json_file(os.path.join(directory, ROLLBACK_FILE)),
+        "tls": None if quiet else tls_facts(role_env, address),
     }
     if quiet:
         doc["headless"] = True

@@ -42,8 +42,8 @@ def test_ipv4_plan_urls_and_fleet_references():
     result = plan()
     env = dict(result["deployment_env"])
     assert env["NARWHAL_NODE_1_IP"] == "10.0.0.11"
-    assert env["NARWHAL_NODE_1_URL"] == "http://10.0.0.11:8000"
-    assert env["NARWHAL_NODE_2_ATTESTATION_URL"] == "http://10.0.0.12:8010/v1/attestation"
+    assert env["NARWHAL_NODE_1_URL"] == "https://10.0.0.11:8000"  # NARWHAL_TLS=site, the default
+    assert env["NARWHAL_NODE_2_ATTESTATION_URL"] == "http://10.0.0.12:8010/v1/attestation"  # the sidecar's own
     assert result["fleet"][0] == {"iid": "n1", "engine": "engine-1", "url": "${NARWHAL_NODE_1_URL}",
                                   "attestation_url": "${NARWHAL_NODE_1_ATTESTATION_URL}", "role": "prefill"}
     assert [r["role"] for r in result["fleet"]] == ["prefill", "decode"]
@@ -52,7 +52,7 @@ def test_ipv4_plan_urls_and_fleet_references():
 def test_ipv6_plan_brackets_hosts():
     env = dict(plan({"NARWHAL_BIND_FAMILY": "ipv6", "NARWHAL_ENGINE_PORT": "9000"})["deployment_env"])
     assert env["NARWHAL_NODE_2_IP"] == "fd00::12"
-    assert env["NARWHAL_NODE_2_URL"] == "http://[fd00::12]:9000"
+    assert env["NARWHAL_NODE_2_URL"] == "https://[fd00::12]:9000"
     assert env["NARWHAL_NODE_2_ATTESTATION_URL"] == "http://[fd00::12]:8010/v1/attestation"
 
 
@@ -62,7 +62,7 @@ def test_explicit_ip_wins_over_several_addresses():
         plan({"NARWHAL_BIND_FAMILY": "ipv6"}, many)
     assert err.value.key == "NARWHAL_NODE_2_IP" and "fd00::12, fd00::99" in str(err.value)
     env = dict(plan({"NARWHAL_BIND_FAMILY": "ipv6", "NARWHAL_NODE_2_IP": "fd00::99"}, many)["deployment_env"])
-    assert env["NARWHAL_NODE_2_URL"] == "http://[fd00::99]:8000"
+    assert env["NARWHAL_NODE_2_URL"] == "https://[fd00::99]:8000"
 
 
 def test_temporary_and_deprecated_do_not_count_as_several():
@@ -71,14 +71,41 @@ def test_temporary_and_deprecated_do_not_count_as_several():
     assert env["NARWHAL_NODE_2_IP"] == "fd00::12"
 
 
+@pytest.mark.parametrize("tls, scheme", [("site", "https"), ("operator", "https"), ("off", "http")])
+def test_the_engines_urls_take_the_scheme_of_narwhal_tls(tls, scheme):
+    result = plan({"NARWHAL_TLS": tls})
+    env = dict(result["deployment_env"])
+    assert env["NARWHAL_NODE_1_URL"] == "%s://10.0.0.11:8000" % scheme
+    assert env["NARWHAL_NODE_2_URL"] == "%s://10.0.0.12:8000" % scheme
+    assert [row["url"] for row in result["table"]] == ["%s://10.0.0.1%d:8000" % (scheme, n) for n in (1, 2)]
+    # the attestation sidecar is not the engine: its URL keeps its own scheme
+    assert env["NARWHAL_NODE_1_ATTESTATION_URL"] == "http://10.0.0.11:8010/v1/attestation"
+    assert "NARWHAL_NODE_1_URL=%s://10.0.0.11:8000\n" % scheme in render_env(result["deployment_env"], [])
+
+
+@pytest.mark.parametrize("tls, url, wrote", [
+    ("site", "http://engine-a.example:8000", "https"), ("operator", "http://engine-a.example:8000", "https"),
+    ("off", "https://engine-a.example:8000", "http")])
+def test_a_url_override_in_another_scheme_than_narwhal_tls_is_refused_by_name(tls, url, wrote):
+    with pytest.raises(InputError) as err:
+        plan({"NARWHAL_TLS": tls, "NARWHAL_NODE_1_URL": url})
+    assert err.value.key == "NARWHAL_NODE_1_URL"
+    assert "NARWHAL_TLS is %s" % tls in str(err.value) and "write the URL with %s://" % wrote in str(err.value)
+    assert ("NARWHAL_TLS=off" if wrote == "https" else "NARWHAL_TLS to site or operator") in str(err.value)
+    # the attestation URL is the sidecar's: any scheme
+    att = "https://10.0.0.11:8010/v1/attestation"
+    env = dict(plan({"NARWHAL_TLS": tls, "NARWHAL_NODE_1_ATTESTATION_URL": att})["deployment_env"])
+    assert env["NARWHAL_NODE_1_ATTESTATION_URL"] == att
+
+
 def test_url_overrides_honoured_and_port_checked():
-    env = dict(plan({"NARWHAL_NODE_1_URL": "http://engine-a.example:8000"})["deployment_env"])
-    assert env["NARWHAL_NODE_1_URL"] == "http://engine-a.example:8000"
+    env = dict(plan({"NARWHAL_NODE_1_URL": "https://engine-a.example:8000"})["deployment_env"])
+    assert env["NARWHAL_NODE_1_URL"] == "https://engine-a.example:8000"
     assert env["NARWHAL_NODE_1_IP"] == "10.0.0.11"
     with pytest.raises(InputError) as err:
-        plan({"NARWHAL_NODE_1_URL": "http://engine-a.example:9000"})
+        plan({"NARWHAL_NODE_1_URL": "https://engine-a.example:9000"})
     assert err.value.key == "NARWHAL_NODE_1_URL" and "NARWHAL_NODE_1_ENGINE_PORT=9000" in str(err.value)
-    env = dict(plan({"NARWHAL_NODE_1_URL": "http://engine-a.example:9000",
+    env = dict(plan({"NARWHAL_NODE_1_URL": "http://engine-a.example:9000", "NARWHAL_TLS": "off",
                      "NARWHAL_NODE_1_ENGINE_PORT": "9000"})["deployment_env"])
     assert env["NARWHAL_NODE_1_ENGINE_PORT"] == "9000"
     with pytest.raises(InputError) as err:
@@ -123,7 +150,7 @@ def test_two_engines_on_one_host_need_their_own_ports():
     assert "engine-1 and engine-2 share a host" in str(err.value)
     env = dict(plan({"NARWHAL_NODE_2_ENGINE_PORT": "8001", "NARWHAL_NODE_2_ATTEST_PORT": "8011"},
                     {"engine-1": shared, "engine-2": shared})["deployment_env"])
-    assert env["NARWHAL_NODE_2_URL"] == "http://10.0.0.11:8001"
+    assert env["NARWHAL_NODE_2_URL"] == "https://10.0.0.11:8001"
 
 
 def test_render_env_has_no_volatile_content():
@@ -174,3 +201,12 @@ def test_discovery_refuses_what_only_it_can_see(extra, interfaces, key, words):
 
 def test_an_unknown_operstate_is_not_refused():
     plan({}, dict(TWO, **{"engine-1": dict(TWO["engine-1"], operstate="UNKNOWN")}))
+
+
+@pytest.mark.parametrize("key, url", [("NARWHAL_NODE_1_URL", "https://narwhal:%s@10.0.0.11:8000"),
+                                      ("NARWHAL_NODE_1_ATTESTATION_URL", "http://%s@10.0.0.11:8010/v1/attestation")])
+def test_a_url_input_with_credentials_is_refused_without_showing_them(key, url):
+    secret = "Zq7yK3pW9mXv2LtR"  # discovery writes nothing: deployment.env and the fleet never hold it
+    with pytest.raises(InputError) as err:
+        plan({key: url % secret})
+    assert err.value.key == key and "user information" in str(err.value) and secret not in str(err.value)

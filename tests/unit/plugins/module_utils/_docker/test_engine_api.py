@@ -274,8 +274,12 @@ def test_the_launcher_makes_the_container_the_sdk_made(api):
     for engine in ("engine-1", "engine-2"):
         rec = record(engine)
         rec["runtime"]["image_id"] = image
-        plan = MODULES["plan"].container_spec(rec, role_env(engine))
-        plan["mounts"][0]["source"] = "/tmp"
+        # the model, the key guard and (engine-2) the TLS directory mounted: each from a directory of this host
+        tls = {"NARWHAL_TLS_DIR": "/tmp", "NARWHAL_TLS_CERT_SHA256": "c" * 64} if engine == "engine-2" else {}
+        plan = MODULES["plan"].container_spec(rec, role_env(engine, **tls))
+        assert len(plan["mounts"]) == (3 if tls else 2)
+        for mount in plan["mounts"]:
+            mount["source"] = "/tmp"
         kwargs = _sdk_create_kwargs(plan, "key", GROUP_IDS)
         kwargs["labels"][LABEL] = str(os.getpid())
         suffix = uuid.uuid4().hex[:8]

@@ -120,6 +120,18 @@ def test_site_inputs_asks_git_whether_the_outputs_are_ignored(site_module, tmp_p
 
 
 @pytest.mark.skipif(GIT is None, reason="needs git")
+def test_site_inputs_refuses_tls_material_where_git_would_track_its_keys(site_module, tmp_path):
+    """NARWHAL_TLS_DIR holds private keys (the site CA's, each host's): a git-tracked place is refused by name."""
+    root = git_checkout(tmp_path / "checkout")
+    status, result = site_module(ENV_TEXT + "NARWHAL_TLS_DIR=tls\n", root=root)
+    assert status == "fail" and result["input"] == "NARWHAL_TLS_DIR", result
+    assert "'tls': the site CA's private key (%s/ca.key) would be tls/ca.key inside the checkout, which git does " \
+           "not ignore" % (root / "tls") in result["msg"], result["msg"]
+    status, result = site_module(ENV_TEXT + "NARWHAL_TLS_DIR=%s\n" % (tmp_path / "outside"), root=root)
+    assert status == "exit" and result["ansible_facts"]["narwhal_site"]["paths"]["tls_dir"] == str(tmp_path / "outside")
+
+
+@pytest.mark.skipif(GIT is None, reason="needs git")
 def test_the_fallback_patterns_agree_with_the_shipped_gitignore(tmp_path):
     import fnmatch
 
@@ -195,6 +207,7 @@ def test_env_example_loads_unchanged_through_site_inputs(site_module, tmp_path):
     assert site["project_dir"] == str(project)
     assert site["paths"]["fleet"] == str(project / "config" / "fleet.json")
     assert site["paths"]["runs_dir"] == str(project / "runs")
+    assert site["paths"]["tls_dir"] == str(project / "config" / "tls")
     assert sorted(site["nodes"]) == ["1", "2"] and {n["ROLE"] for n in site["nodes"].values()} == {"prefill", "decode"}
 
 

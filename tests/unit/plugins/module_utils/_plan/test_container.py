@@ -43,9 +43,9 @@ def _records(tmp_path):
                            {"engine-1": amd_host, "engine-2": amd_host})
 
 
-def _host_plans(tmp_path, sites):
+def _host_plans(tmp_path, sites, access=None):
     """(site, engine, prepare's derivation, the launcher's plan.json) for every record of `sites`: the launcher
-    zipapp plans each from the role environment prepare writes (run paths aside)."""
+    zipapp plans each from the role environment prepare writes (run paths aside); `access`: derive's (who gets in)."""
     # the device nodes the records name (as the dev fixture of _discover/test_records.py makes them)
     root = tmp_path / "dev"
     root.mkdir()
@@ -54,7 +54,7 @@ def _host_plans(tmp_path, sites):
     launcher = zipapp(tmp_path)
     for name, records in sites:
         for engine, record in sorted(records.items()):
-            derived = derive(record, CHECKOUT, "run-0123456789ab")
+            derived = derive(record, CHECKOUT, "run-0123456789ab", access)
             where = tmp_path / name / engine
             where.mkdir(parents=True)
             env_path, env = write_inputs(where, record)
@@ -77,6 +77,22 @@ def test_manifest_equals_the_launchers_plan_for_every_record(tmp_path):
         assert host_plan["plan"]["command"][2:] == derived["vllm_args"], (name, engine)
         compared += 1
     assert compared >= 16
+
+
+def test_who_gets_in_is_planned_alike_by_prepare_and_the_launcher(tmp_path):
+    """A bind input, TLS and the guard's digest: the launcher's plan from the role environment prepare writes is
+    prepare's, with the guard and the TLS directory mounted and their digests in the hashed plan."""
+    tls = {"cert": "/p/tls/hosts/engine-1.crt", "key": "/p/tls/hosts/engine-1.key", "sha256": "c" * 64}
+    sites = [("tls", build({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path)))]
+    plans = list(_host_plans(tmp_path, sites, {"bind": "::", "tls": tls, "guard_sha256": "a" * 64}))
+    assert len(plans) == 2
+    for _name, engine, _derived, host_plan in plans:
+        command = host_plan["plan"]["command"]
+        assert command[command.index("--host") + 1] == "::"
+        assert command[command.index("--ssl-keyfile") + 1] == "/narwhal/tls/server.key"
+        assert [m["target"] for m in host_plan["plan"]["mounts"]][1:] == ["/narwhal/guard", "/narwhal/tls"]
+        assert host_plan["plan"]["mounts"][2]["source"] == "%s/tls/%s" % (CHECKOUT, engine)
+        assert host_plan["plan"]["labels"]["org.narwhal.tls-cert-sha256"] == "c" * 64
 
 
 @pytest.mark.parametrize("broken,words", [

@@ -74,7 +74,7 @@ def test_fleet_cli_prints_resolved_fleet_and_fails_on_unset(tmp_path):
 
 # ------------------------------------------------------------- a blank value is unset, for every resolver
 
-DERIVED = "http://10.0.0.11:8000"
+DERIVED = "https://10.0.0.11:8000"  # discovery's URL with NARWHAL_TLS at its default (site)
 
 
 @pytest.mark.parametrize("blank", ["", " ", "\t"])
@@ -132,4 +132,4 @@ def test_blank_url_in_dotenv_resolves_to_the_derived_url_in_the_fleet_lookup(tmp
     monkeypatch.setattr(lookup, "get_option", lambda name: lookup._given[name])
     fleet = lookup.run([str(tmp_path / "fleet.json")], variables={}, env_file=str(tmp_path / ".env"),
                        deployment_env=str(tmp_path / "deployment.env"))[0]
-    assert [f["url"] for f in fleet] == [derived, "http://10.0.0.12:8000"]
+    assert [f["url"] for f in fleet] == [derived, "https://10.0.0.12:8000"]

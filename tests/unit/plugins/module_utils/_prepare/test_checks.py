@@ -165,6 +165,7 @@ def test_derive_nvidia_tcp(records):
         "VLLM_NIXL_SIDE_CHANNEL_HOST": "172.31.241.11",
         "VLLM_NIXL_SIDE_CHANNEL_PORT": "5600",
         "VLLM_API_KEY": "<redacted>",
+        "PYTHONPATH": "/narwhal/guard",
     }
     # the container's whole environment: the record's image env plus what the launcher manages
     assert d["environment"] == dict(r["runtime"]["environment"], **managed)
@@ -203,6 +204,12 @@ def test_derive_role_env_and_paths(records):
         "launcher": "/srv/narwhal/bin/launch_engine.pyz",
         "api_key": "/srv/narwhal/config/engine-api.key",
         "run_dir": "/srv/narwhal/runs/run-0123456789ab",
+        "guard_dir": "/srv/narwhal/guard",
+        "guard": "/srv/narwhal/guard/narwhal_guard.py",
+        "tls_dir": "/srv/narwhal/tls/engine-1",
+        "tls_cert": "/srv/narwhal/tls/engine-1/server.crt",
+        "tls_key": "/srv/narwhal/tls/engine-1/server.key",
+        "tls_ca": "/srv/narwhal/tls/engine-1/ca.crt",
     }
     assert d["role_env"] == {
         "NARWHAL_ENGINE": "engine-1",
@@ -217,12 +224,39 @@ def test_derive_role_env_and_paths(records):
         "NARWHAL_API_KEY_FILE": "/srv/narwhal/config/engine-api.key",
         "NARWHAL_RUN_ID": "run-0123456789ab",
         "NARWHAL_RUN_DIR": "/srv/narwhal/runs/run-0123456789ab",
+        "NARWHAL_BIND_ADDRESS": "172.31.241.11",
+        "NARWHAL_TLS_DIR": "",
+        "NARWHAL_TLS_CERT_SHA256": "",
+        "NARWHAL_GUARD_DIR": "/srv/narwhal/guard",
+        "NARWHAL_GUARD_SHA256": "",
     }
     text = render_role_env(d["role_env"])
     lines = text.splitlines()
     assert lines[0].startswith("# Role environment of engine-1")
     assert lines[1:] == sorted(lines[1:])
     assert "NARWHAL_HTTP_PORT=8000" in lines and text.endswith("\n")
+
+
+def test_derive_with_a_bind_tls_and_the_guard(records):
+    """Who gets in: NARWHAL_ENGINE_BIND, the engine's certificate (its entry of the tls_material result) and the
+    guard's digest reach the role environment and the container; TLS off or absent leaves no TLS in either."""
+    tls = {"cert": "/p/config/tls/hosts/engine-1.crt", "key": "/p/config/tls/hosts/engine-1.key",
+           "sha256": "c" * 64, "not_after": "2027-01-01T00:00:00Z", "days_left": 300, "names": ["172.31.241.11"]}
+    d = derive(records["engine-1"], CHECKOUT, "run-x", {"bind": "0.0.0.0", "tls": tls, "guard_sha256": "a" * 64})
+    env = d["role_env"]
+    assert (env["NARWHAL_BIND_ADDRESS"], env["NARWHAL_TLS_DIR"], env["NARWHAL_TLS_CERT_SHA256"],
+            env["NARWHAL_GUARD_DIR"], env["NARWHAL_GUARD_SHA256"]) == (
+        "0.0.0.0", "/srv/narwhal/tls/engine-1", "c" * 64, "/srv/narwhal/guard", "a" * 64)
+    args = d["vllm_args"]
+    assert args[args.index("--host") + 1] == "0.0.0.0"
+    assert args[args.index("--ssl-certfile") + 1] == "/narwhal/tls/server.crt"
+    assert d["container"]["labels"] == {"org.narwhal.engine": "engine-1", "org.narwhal.guard-sha256": "a" * 64,
+                                        "org.narwhal.tls-cert-sha256": "c" * 64}
+    off = derive(records["engine-1"], CHECKOUT, "run-x", {"tls": None, "guard_sha256": "a" * 64})
+    assert off["role_env"]["NARWHAL_TLS_DIR"] == "" and "--ssl-certfile" not in off["vllm_args"]
+    assert off["plan_hash"] != d["plan_hash"]
+    with pytest.raises(InputError, match="NARWHAL_BIND_ADDRESS='eth0' is not an IP address"):
+        derive(records["engine-1"], CHECKOUT, "run-x", {"bind": "eth0"})
 
 
 def test_derive_model_mount_flattens_slashes(records):
@@ -305,6 +339,11 @@ def test_run_id_is_deterministic(records):
 
 def test_run_id_changes_with_its_inputs(records):
     base = _rid(records)
+    tls = {"cert": "/c", "key": "/k", "sha256": "c" * 64}
+    derived = dict((e, derive(records[e], CHECKOUT, "run-pending", {"tls": tls})) for e in records)
+    with_tls = run_id(list(records), records, derived, "a" * 64, {"fleet_sha256": "f"})
+    derived["engine-1"] = derive(records["engine-1"], CHECKOUT, "run-pending", {"tls": dict(tls, sha256="d" * 64)})
+    assert len({base, with_tls, run_id(list(records), records, derived, "a" * 64, {"fleet_sha256": "f"})}) == 3
     changed = copy.deepcopy(records)
     changed["engine-2"]["runtime"]["extra_args"] = []
     assert _rid(changed) != base

@@ -132,6 +132,96 @@ def test_prepare_check_mode_writes_nothing(root, run_module):
     assert not (root / "runs").exists()
 
 
+def _tls(root, hosts=("engine-1", "engine-2"), mode="site"):
+    """A tls_material result for `hosts`, with its files on the controller (their content does not matter here)."""
+    folder = root / "config" / "tls"
+    (folder / "hosts").mkdir(parents=True, exist_ok=True)
+    (folder / "ca.crt").write_text("ca\n")
+    found = {}
+    for host in hosts:
+        for ext in ("crt", "key"):
+            (folder / "hosts" / ("%s.%s" % (host, ext))).write_text("%s %s\n" % (host, ext))
+        named = folder / "hosts" / host
+        found[host] = {"cert": "%s.crt" % named, "key": "%s.key" % named,
+                       "sha256": hashlib.sha256(host.encode()).hexdigest(), "not_after": "2027-01-01T00:00:00Z",
+                       "days_left": 300, "names": ["172.31.241.11"]}
+    return {"changed": False, "mode": mode, "ca": str(folder / "ca.crt"), "hosts": found}
+
+
+def test_prepare_with_tls_serves_each_engines_certificate_and_always_the_guard(root, run_module):
+    guard_sha = hashlib.sha256((REPO / "roles/install/files/guard/narwhal_guard.py").read_bytes()).hexdigest()
+    plain = run_module(prep_args(root))[1]
+    for e in ("engine-1", "engine-2"):
+        env = plain["derived"][e]["role_env"]
+        assert (env["NARWHAL_TLS_DIR"], env["NARWHAL_GUARD_SHA256"]) == ("", guard_sha)
+        assert "--middleware" in plain["derived"][e]["vllm_args"] and "--ssl-certfile" not in plain["derived"][e][
+            "vllm_args"]
+        assert plain["install_sources"][e] == {"0": {"guard_sha256": guard_sha, "tls": None}}
+    tls = _tls(root)
+    write_policy(root, site={"NARWHAL_TLS": "site"})  # discovery recorded the mode (a policy key)
+    args = prep_args(root, "write", good_hosts(), site={"NARWHAL_TLS": "site", "NARWHAL_ENGINE_BIND": "0.0.0.0"})
+    status, result = run_module(dict(args, tls=tls))
+    assert status == "exit", result
+    for e in ("engine-1", "engine-2"):
+        env = result["derived"][e]["role_env"]
+        assert env["NARWHAL_TLS_DIR"] == "%s/tls/%s" % (CHECKOUT, e)
+        assert env["NARWHAL_TLS_CERT_SHA256"] == tls["hosts"][e]["sha256"] and env["NARWHAL_BIND_ADDRESS"] == "0.0.0.0"
+        assert "NARWHAL_TLS_DIR=%s/tls/%s\n" % (CHECKOUT, e) in (root / "runs" / result["run_id"] / e /
+                                                                   ("%s.env" % e)).read_text()
+        assert result["install_sources"][e] == {"0": {"guard_sha256": guard_sha, "tls": {
+            "cert": tls["hosts"][e]["cert"], "key": tls["hosts"][e]["key"], "ca": tls["ca"]}}}
+        args_ = result["derived"][e]["vllm_args"]
+        assert args_[args_.index("--ssl-certfile") + 1] == "/narwhal/tls/server.crt"
+    assert result["run_id"] != plain["run_id"]
+    # a new certificate of one host: a new run, whose plan replaces that engine only
+    renewed = copy.deepcopy(tls)
+    renewed["hosts"]["engine-2"]["sha256"] = "f" * 64
+    again = run_module(dict(prep_args(root, site={"NARWHAL_TLS": "site", "NARWHAL_ENGINE_BIND": "0.0.0.0"}),
+                            tls=renewed))[1]
+    assert again["run_id"] != result["run_id"]
+    assert again["derived"]["engine-1"]["plan_hash"] == result["derived"]["engine-1"]["plan_hash"]
+    assert again["derived"]["engine-2"]["plan_hash"] != result["derived"]["engine-2"]["plan_hash"]
+
+
+def test_prepare_takes_the_certificate_of_the_inventory_host_that_runs_the_engine(root, run_module):
+    tls = _tls(root, hosts=("gpu-a", "engine-2"))
+    write_policy(root, site={"NARWHAL_TLS": "operator"})
+    args = dict(prep_args(root, site={"NARWHAL_TLS": "operator"}), tls=dict(tls, mode="operator"),
+                engine_hosts={"engine-1": "gpu-a"})
+    status, result = run_module(args)
+    assert status == "exit", result
+    assert result["install_sources"]["engine-1"]["0"]["tls"]["cert"] == tls["hosts"]["gpu-a"]["cert"]
+    assert result["derived"]["engine-1"]["role_env"]["NARWHAL_TLS_CERT_SHA256"] == tls["hosts"]["gpu-a"]["sha256"]
+
+
+@pytest.mark.parametrize("site,tls_of,key,words", [
+    ({"NARWHAL_TLS": "site"}, None, "NARWHAL_TLS", "NARWHAL_TLS=site but the tls argument is missing"),
+    ({"NARWHAL_TLS": "site"}, lambda t: dict(t, mode="off", hosts={}), "NARWHAL_TLS", "is for mode 'off'"),
+    ({"NARWHAL_TLS": "off"}, lambda t: t, "NARWHAL_TLS", "NARWHAL_TLS=off but the tls argument is for mode 'site'"),
+    ({"NARWHAL_TLS": "site"}, lambda t: dict(t, hosts={"engine-1": t["hosts"]["engine-1"]}), "tls",
+     "no certificate for inventory host engine-2, which runs engine-2"),
+    ({"NARWHAL_TLS": "site"}, lambda t: dict(t, ca="/nonexistent/ca.crt"), "tls", "'/nonexistent/ca.crt', not a file"),
+    ({"NARWHAL_TLS": "site"}, lambda t: dict(t, hosts=dict(t["hosts"], **{"engine-2": dict(
+        t["hosts"]["engine-2"], sha256=None)})), "tls", "engine-2 (engine-2) in the tls argument has no sha256"),
+])
+@pytest.mark.parametrize("stage", ["validate", "write"])
+def test_prepare_refuses_tls_material_that_does_not_fit(root, run_module, site, tls_of, key, words, stage):
+    write_policy(root, site=site)
+    args = prep_args(root, stage, good_hosts(), site=site)
+    if tls_of is not None:
+        args["tls"] = tls_of(_tls(root))
+    status, result = run_module(args)
+    assert status == "fail" and result["input"] == key, result
+    _refused(root, result, words, "tls_material")
+
+
+def test_prepare_without_the_guard_in_the_collection_is_refused(root, run_module):
+    (root / "collection" / "roles" / "install" / "files" / "guard" / "narwhal_guard.py").unlink()
+    status, result = run_module(prep_args(root))
+    assert status == "fail" and result["input"] == "collection"
+    _refused(root, result, "cannot read the key guard")
+
+
 def _refused(root, result, *words):
     assert result["msg"].startswith("prepare refused, no run was created")
     for w in words:
@@ -201,6 +291,32 @@ def test_prepare_fleet_disagreeing_with_records_is_refused(root, run_module, pd_
     _refused(root, result, "engine-2")
 
 
+# a credential no other rule knows: it looks like nothing secret_values or the token shapes would hide
+URL_SECRET = "Zq7yK3pW9mXv2LtR"
+
+
+@pytest.mark.parametrize("stage", ["validate", "write"])
+@pytest.mark.parametrize("field, url", [
+    ("url", "https://narwhal:%s@10.0.0.12:8000" % URL_SECRET),
+    ("url", "https://%s@10.0.0.12:8000" % URL_SECRET),  # the key as the user name: no password to spot
+    ("attestation_url", "http://op:%s/x@10.0.0.12:8010" % URL_SECRET),  # a / in the password ends the authority
+])
+def test_prepare_refuses_a_fleet_url_with_credentials_and_shows_none(root, run_module, pd_launch, stage, field, url):
+    fleet = fleet_for(pd_launch["engines"])
+    fleet[1][field] = url
+    (root / "config" / "fleet.json").write_text(json.dumps(fleet))
+    before = sorted(p for p in root.rglob("*") if "collection" not in p.parts)
+    status, result = run_module(prep_args(root, stage, good_hosts()))
+    assert status == "fail" and result["input"] == "NARWHAL_FLEET"
+    _refused(root, result, "config/fleet.json: engine-2, field %s" % field, "carries user information",
+             "<redacted>@10.0.0.12", "NARWHAL_API_KEY_FILE")
+    assert URL_SECRET not in json.dumps(result)
+    # nothing was written: no run, no other file, and the credential is only where the operator put it
+    assert sorted(p for p in root.rglob("*") if "collection" not in p.parts) == before
+    assert [p.name for p in root.rglob("*") if p.is_file() and URL_SECRET in p.read_text(errors="replace")] == [
+        "fleet.json"]
+
+
 def test_prepare_missing_launch_config_is_refused(root, run_module):
     (root / "config" / "engine-launch.local.json").unlink()
     status, result = run_module(prep_args(root))
@@ -252,6 +368,25 @@ def test_prepare_names_every_changed_policy_input(root, run_module):
              "NARWHAL_NODE_1_ENGINE_ENV changed since discovery (records: VLLM_LOGGING_LEVEL=DEBUG, .env now: unset); "
              "NARWHAL_NODE_2_GPU_IDS changed since discovery (records: 0,1, .env now: 2,3); "
              "NARWHAL_NODE_3_ROLE changed since discovery (records: unset, .env now: decode)")
+
+
+def test_prepare_refuses_records_discovered_with_another_narwhal_tls(root, run_module):
+    # the engines' URLs in deployment.env carry NARWHAL_TLS's scheme (_discover/fleet.py): a change needs discovery
+    write_policy(root, site={"NARWHAL_TLS": "site"})
+    assert run_module(dict(prep_args(root, site={"NARWHAL_TLS": "site"}), tls=_tls(root)))[0] == "exit"
+    status, result = run_module(prep_args(root, "write", good_hosts(), site={"NARWHAL_TLS": "off"}))
+    assert status == "fail" and result["input"] == "NARWHAL_TLS"
+    _refused(root, result, "NARWHAL_TLS changed since discovery (records: site, .env now: off)", "rerun discovery")
+
+
+def test_check_policy_refuses_an_extract_from_before_narwhal_tls():
+    # its deployment.env holds http URLs: with TLS on by default, discovery must write them again
+    inputs = {"site": dict(SITE, NARWHAL_TLS="site"), "nodes": NODES}
+    recorded = launch_policy(inputs, ["engine-1", "engine-2"])
+    del recorded["site"]["NARWHAL_TLS"]
+    with pytest.raises(InputError) as err:
+        check_policy(recorded, inputs)
+    assert err.value.key == "NARWHAL_TLS" and "records: not recorded, .env now: site" in str(err.value)
 
 
 def test_prepare_non_policy_input_changes_need_no_discovery(root, run_module):

@@ -5,9 +5,12 @@ run. Against real HTTP: tests/unit/plugins/module_utils/_probe/test_verdict.py (
 
 import threading
 import time
+from http.server import BaseHTTPRequestHandler
 
 import pytest
+from test_support.tempca import CA, https_server
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common import http
 from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers import probe_pairs
 from ansible_collections.narwhal.deploy.plugins.module_utils._probe import transfer as step
 from ansible_collections.narwhal.deploy.plugins.modules import transfer_probe
@@ -35,7 +38,7 @@ class Fleet:
         self.details, self.delay, self.lock = details, delay, threading.Lock()
         self.slow_consumer, self.prompts = slow_consumer, []
 
-    def call(self, url, key=None, body=None, request_id=None, timeout=120, extra_headers=None):
+    def call(self, url, key=None, body=None, request_id=None, timeout=120, extra_headers=None, cafile=None):
         engine, path = url.split("//", 1)[1].split("/", 1)
         mine = self.counters[engine]
         if path == "metrics":
@@ -150,10 +153,10 @@ def test_a_failed_pair_fails_the_step_naming_it_among_concurrent_ones(module_run
     fake = Fleet(args["engines"])
     real = fake.call
 
-    def call(url, key=None, body=None, request_id=None, timeout=120, extra_headers=None):
+    def call(url, key=None, body=None, request_id=None, timeout=120, extra_headers=None, cafile=None):
         if url == "http://d1/v1/completions" and (body.get("kv_transfer_params") or {}).get("remote_host") == "p0":
             return 500, "boom"
-        return real(url, key, body, request_id, timeout)
+        return real(url, key, body, request_id, timeout, cafile=cafile)
 
     monkeypatch.setattr(step, "call", call)
     status, result = module_runner(transfer_probe.main, args)
@@ -166,7 +169,7 @@ def test_a_failed_pair_fails_the_step_naming_it_among_concurrent_ones(module_run
 def test_an_error_in_one_probe_thread_is_raised(module_runner, monkeypatch):
     args = fleet_args(2, 2, parallel=8)
 
-    def call(url, key=None, body=None, request_id=None, timeout=120, extra_headers=None):
+    def call(url, key=None, body=None, request_id=None, timeout=120, extra_headers=None, cafile=None):
         raise RuntimeError("unexpected")
 
     monkeypatch.setattr(step, "call", call)
@@ -247,7 +250,7 @@ class DataParallelFleet:
                              for e, size in sizes.items() for r in range(size))
         self.seen = []
 
-    def call(self, url, key=None, body=None, request_id=None, timeout=120, extra_headers=None):
+    def call(self, url, key=None, body=None, request_id=None, timeout=120, extra_headers=None, cafile=None):
         engine, path = url.split("//", 1)[1].split("/", 1)
         if path == "metrics":
             with self.lock:
@@ -353,3 +356,97 @@ def test_a_prompt_longer_than_an_engine_serves_is_refused(module_runner, monkeyp
     assert "narwhal_probe_prompt_tokens" in result["msg"] and fake.prompts == []
     status, result = module_runner(transfer_probe.main, fleet_args(1, 1, prompt_tokens=-1))
     assert status == "fail" and "prompt_tokens must be 0" in result["msg"]
+
+
+# ------------------------------------------------------------- TLS: every request verified against ca_file (issue 35)
+
+
+def test_every_request_is_verified_against_the_ca_file_and_a_refused_engine_fails_its_pairs_by_name(
+        module_runner, monkeypatch, tmp_path):
+    ca = str(CA().write(tmp_path / "ca.crt"))
+    args = fleet_args(2, 2, parallel=8, ca_file=ca)
+    fake = Fleet(args["engines"])
+    seen = []
+
+    def call(url, key=None, body=None, request_id=None, timeout=120, extra_headers=None, cafile=None):
+        seen.append(cafile)
+        if url.startswith("http://d1/"):  # d1 presents a certificate the site CA did not sign
+            return 0, "certificate verify failed: unable to get local issuer certificate"
+        return fake.call(url, key, body, request_id, timeout, extra_headers)
+
+    monkeypatch.setattr(step, "call", call)
+    status, result = module_runner(transfer_probe.main, args)
+    assert status == "fail" and set(seen) == {ca}
+    failed = dict(((r["producer"], r["consumer"]), r) for r in result["results"] if not r["ok"])
+    assert sorted(failed) == [("d1", "p0"), ("d1", "p1"), ("p0", "d1"), ("p1", "d1")]
+    for row in failed.values():
+        assert row["reasons"] == [
+            "d1 (http://d1): TLS refused, certificate verify failed: unable to get local issuer certificate; its "
+            "certificate must be valid, name the URL's host and be signed by the CA %s (rerun prepare and launch: "
+            "NARWHAL_TLS=site reissues it; with operator certificates, correct the host's certificate in "
+            "NARWHAL_TLS_DIR)" % ca]
+    assert "p0 -> d1: d1 (http://d1): TLS refused, certificate verify failed" in result["msg"]
+    # nothing was asked of a refused pair: only the 4 pairs without d1 sent completions (the producer's, the
+    # consumer's and the recompute reference)
+    assert len(fake.prompts) == 4 * 3
+
+
+def test_a_ca_file_that_cannot_be_read_fails_before_any_probe(module_runner, monkeypatch, tmp_path):
+    (tmp_path / "ca.crt").write_text("no certificate\n")
+    for path, why in ((tmp_path / "missing.crt", "No such file or directory"), (tmp_path / "ca.crt", "")):
+        fake = Fleet(["p0", "d0"])
+        monkeypatch.setattr(step, "call", fake.call)
+        status, result = module_runner(transfer_probe.main, fleet_args(1, 1, ca_file=str(path)))
+        assert status == "fail" and result["input"] == "ca_file", result
+        assert result["msg"].startswith("transfer probe: cannot read the CA certificate %s on host " % path)
+        assert why in result["msg"] and "pass the CA's path as ca_file" in result["msg"]
+        assert fake.prompts == []
+
+
+class Metrics(BaseHTTPRequestHandler):
+    """An HTTPS engine that serves /metrics and refuses every completion (404): enough to tell TLS from the rest."""
+
+    posted = []
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        body = METRICS.format(bytes=0, transfers=0, seconds=0.0, external=0, finished=0).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):  # noqa: N802
+        self.posted.append(self.path)
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_over_real_tls_the_site_ca_passes_and_another_cas_engine_is_named(module_runner, tmp_path, monkeypatch):
+    monkeypatch.setattr(http, "_CONTEXTS", {})
+    site, other = CA("narwhal site CA"), CA("another CA")
+    servers, urls = [], {}
+    for name, issuer in (("p0", site), ("d0", site), ("d1", other)):
+        srv, urls[name] = https_server(Metrics, *issuer.write_server(tmp_path, name, ["127.0.0.1"]))
+        servers.append(srv)
+    try:
+        args = {"engines": dict((e, {"url": urls[e], "role": "prefill" if e == "p0" else "decode"}) for e in urls),
+                "pairs": [["p0", "d0"], ["p0", "d1"]], "model": "tiny", "api_key": KEY, "parallel": 1,
+                "ca_file": str(site.write(tmp_path / "ca.crt"))}
+        Metrics.posted = []
+        status, result = module_runner(transfer_probe.main, args)
+    finally:
+        for srv in servers:
+            srv.shutdown()
+            srv.server_close()
+    assert status == "fail"
+    good, bad = result["results"]
+    assert good["reasons"][0] == "producer answered HTTP 404"  # TLS passed: the producer was asked
+    assert len(bad["reasons"]) == 1 and bad["reasons"][0].startswith(
+        "d1 (%s): TLS refused, certificate verify failed: unable to get local issuer certificate" % urls["d1"])
+    assert Metrics.posted == ["/v1/completions"]  # the pair with d1 asked nothing
+    assert KEY not in result["msg"]

@@ -1,12 +1,15 @@
 """The launcher's day-two commands: start's rolling replace and rollback, stop, status (roles/install/files/launcher).
 Pure parts over real formatted inputs; the container lifecycle against the Docker daemon and the stand-in image."""
+import hashlib
 import json
 import pathlib
 import shutil
 import socket
 import uuid
+from http.server import BaseHTTPRequestHandler
 
 import pytest
+from test_support import engine_tls
 from test_support.launcher import MODULES, SECRET, free_port, host_address, le, patch_planner, record, write_inputs
 from test_support.paths import REPO
 
@@ -159,6 +162,82 @@ def test_status_restarts_by_the_policy_are_noted_not_a_problem():
     assert le.verdict(facts())["notes"] == []
 
 
+TLS = {"url": "https://10.0.0.2:8000", "not_after": "2027-12-01T00:00:00Z", "days_left": 300, "sha256": HASH_A,
+       "installed_sha256": HASH_A, "error": None}
+
+
+@pytest.mark.parametrize("tls, problem", [
+    ({"url": "https://10.0.0.2:8000", "error": "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: "
+                                               "certificate has expired (_ssl.c:1006)"},
+     "the certificate served at https://10.0.0.2:8000 fails: [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify "
+     "failed: certificate has expired (_ssl.c:1006); an expired certificate or one the installed CA did not sign is "
+     "refused: prepare again (it issues or checks the certificates), then launch"),
+    (dict(TLS, days_left=-2, not_after="2026-11-29T00:00:00Z"),
+     "the certificate served at https://10.0.0.2:8000 expired on 2026-11-29T00:00:00Z; prepare again, then launch"),
+    (dict(TLS, sha256=HASH_B), "the certificate served at https://10.0.0.2:8000 (sha256 bbbbbbbbbbbb) is not the "
+                               "installed one (aaaaaaaaaaaa); run launch to serve it"),
+])
+def test_status_names_an_engine_whose_certificate_fails(tls, problem):
+    doc = le.verdict(facts(tls=tls))
+    assert doc["problems"] == [problem] and doc["as_recorded"] is False
+
+
+def test_status_reports_the_days_left_and_notes_a_certificate_near_its_end():
+    doc = le.verdict(facts(tls=TLS))
+    assert doc["problems"] == [] and doc["notes"] == [] and doc["tls"]["days_left"] == 300
+    doc = le.verdict(facts(tls=dict(TLS, days_left=12)))
+    assert doc["problems"] == [] and doc["notes"] == [
+        "the certificate served at https://10.0.0.2:8000 expires in 12 days (2027-12-01T00:00:00Z); the next prepare "
+        "issues a new one (site mode) or refuses it (operator mode)"]
+    assert le.verdict(facts(tls=None))["problems"] == []  # TLS off
+    # a host after the head of an engine across hosts serves no HTTP: no certificate to ask
+    assert le.verdict(facts(headless=True, tls={"url": "x", "error": "refused"}))["problems"] == []
+
+
+def test_certificate_facts_from_what_getpeercert_gives():
+    now = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+    found = le.certificate_facts("https://h:1", "Jan 25 08:00:00 2027 GMT", b"der", HASH_A, now)
+    assert found == {"url": "https://h:1", "not_after": "2027-01-25T08:00:00Z", "days_left": 10,
+                     "sha256": hashlib.sha256(b"der").hexdigest(), "installed_sha256": HASH_A, "error": None}
+    assert le.certificate_facts("u", "Jan 15 07:00:00 2027 GMT", b"", "", now)["days_left"] == -1
+
+
+def test_status_reads_the_served_certificate(tmp_path):
+    ca, other = engine_tls.make_ca(), engine_tls.make_ca("another CA")
+    leaf = engine_tls.make_leaf(ca, days=90)
+    served = engine_tls.write_tls_dir(tmp_path / "served", ca[1], leaf)
+    server = engine_tls.https_server(_Ok, served)
+    env = {"NARWHAL_TLS_DIR": str(served), "NARWHAL_HTTP_PORT": str(server.server_address[1]),
+           "NARWHAL_BIND_ADDRESS": "127.0.0.1", "NARWHAL_ADVERTISED_ADDRESS": "10.0.0.2",
+           "NARWHAL_TLS_CERT_SHA256": hashlib.sha256(engine_tls.der(leaf[1])).hexdigest()}
+    try:
+        found = le.tls_facts(env)
+        assert found["error"] is None and found["sha256"] == env["NARWHAL_TLS_CERT_SHA256"]
+        assert found["days_left"] in (88, 89) and found["url"] == "https://127.0.0.1:%d" % server.server_address[1]
+        health, version, _nixl = le.http_facts(env, "0.33.0")
+        assert health["ok"] and version["ok"]
+        (served / "ca.crt").write_bytes(engine_tls.pem(other[1]))  # the installed CA did not sign it
+        found = le.tls_facts(env)
+        assert "certificate verify failed" in found["error"] and "days_left" not in found
+        assert le.http_facts(env, "0.33.0")[0]["ok"] is False
+        assert le.tls_facts(dict(env, NARWHAL_TLS_DIR="")) is None
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _Ok(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        body = b"" if self.path == "/health" else json.dumps({"version": "0.33.0"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
 def test_status_document_strings_are_redacted():
     doc = le.redact_strings({"rollback": {"failed_log_tail": ["VLLM_API_KEY=%s" % SECRET]}, "n": [1, None]})
     assert SECRET not in json.dumps(doc) and doc["n"] == [1, None]
@@ -214,6 +293,27 @@ def test_served_port_and_ready_timeout():
     assert le.ready_timeout_from({}, 20) == 20.0
     with pytest.raises(le.LaunchError, match=r"--ready-timeout=0 must be a number of seconds"):
         le.ready_timeout_from({}, 0)
+
+
+def test_a_previous_container_is_probed_where_and_as_it_serves():
+    """A rollback waits for the previous container's /health on its own port and bind address, over https with the
+    TLS directory it mounts when it serves TLS, whatever the installed run says."""
+    role_env = {"NARWHAL_HTTP_PORT": "8000", "NARWHAL_ADVERTISED_ADDRESS": "10.0.0.2",
+                "NARWHAL_BIND_ADDRESS": "10.0.0.2", "NARWHAL_TLS_DIR": "/opt/narwhal/tls/engine-2"}
+    plain = {"Config": {"Cmd": ["serve", "/models/m", "--host", "0.0.0.0", "--port", "8123"]}}
+    served = le.served_role_env(plain, role_env)
+    assert (served["NARWHAL_HTTP_PORT"], served["NARWHAL_BIND_ADDRESS"], served["NARWHAL_TLS_DIR"]) == \
+        ("8123", "0.0.0.0", "")
+    assert le.probe_url(served, "/health") == "http://10.0.0.2:8123/health"
+    tls = {"Config": {"Cmd": ["serve", "/m", "--host=10.0.0.7", "--port", "8000", "--ssl-certfile",
+                              "/narwhal/tls/server.crt"]},
+           "Mounts": [{"Source": "/srv/m", "Destination": "/models/m"},
+                      {"Source": "/opt/narwhal/tls/old", "Destination": "/narwhal/tls"}]}
+    served = le.served_role_env(tls, dict(role_env, NARWHAL_TLS_DIR=""))
+    assert served["NARWHAL_TLS_DIR"] == "/opt/narwhal/tls/old"
+    assert le.probe_url(served, "/health") == "https://10.0.0.7:8000/health"
+    older = {"Config": {"Cmd": ["serve", "/m", "--port", "8000"]}}  # from before --host was the bind address
+    assert le.probe_url(le.served_role_env(older, role_env), "/health") == "http://10.0.0.2:8000/health"
 
 
 def test_the_ready_timeout_help_is_true():

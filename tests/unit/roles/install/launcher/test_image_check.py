@@ -1,9 +1,11 @@
 """The launcher's image check (roles/install/files/launcher/narwhal_launcher/image_check.py, in_image.py,
 health.py's version probe): the pure verdict over a check report, and -- when a Docker daemon
 and the stand-in image are here -- the check container against narwhal-sim/engine-standin:latest."""
+import hashlib
 import json
 import pathlib
 import shutil
+import ssl
 import subprocess
 import sys
 import threading
@@ -12,8 +14,9 @@ import uuid
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
+from test_support import engine_tls
 from test_support.launcher import MODULES, SECRET, le, patch_planner, record, role_env, write_inputs, zipapp
-from test_support.paths import STANDIN_SITE
+from test_support.paths import GUARD, STANDIN_SITE
 
 IMAGE = "narwhal-sim/engine-standin:latest"
 # What the real-engine scenario adds to the planner's command (extensions/molecule/real/site.env)
@@ -42,6 +45,8 @@ def good_report(**overrides):
                      "tokenizer_config.json": {"present": False, "auto_map": False}},
         "tokenizer": {"ok": True, "value": "PreTrainedTokenizerFast"},
         "serve_args": {"ok": True, "value": {"model": "/models/tiny-llama"}},
+        "key_guard": {"ok": True, "value": [{"middleware": "narwhal_guard.KeyGuard", "refused": 401, "open": 200,
+                                             "file": "/narwhal/guard/narwhal_guard.py"}]},
     }
     report.update(overrides)
     return report
@@ -56,6 +61,7 @@ def test_check_spec_from_plan():
     assert spec["nixl_module"] == "nixl._api"
     assert spec["mount"] == "/models/tiny-llama" and spec["trust_remote_code"] is False
     assert spec["expected_packages"] == {"vllm": "0.33.0", "nixl": "1.5.1"}
+    assert spec["middleware"] == ["narwhal_guard.KeyGuard"]
 
 
 @pytest.mark.parametrize("version,platform,connector,nixl", [
@@ -76,7 +82,8 @@ def test_decide_success():
     assert doc["vllm_api_version"] == "0.33.0" and doc["plan_hash"] == "f" * 64 and doc["image_id"] == "sha256:abc"
     assert doc["checked_packages"] == {"nixl": "1.5.1", "vllm": "0.33.0"}
     assert doc["checks"] == ["image_identity", "packages", "vllm_api_version", "kv_transfer_config",
-                             "serve_args", "connector_module", "nixl_module", "trust_remote_code", "tokenizer"]
+                             "serve_args", "connector_module", "nixl_module", "trust_remote_code", "tokenizer",
+                             "key_guard"]
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -104,6 +111,13 @@ def test_decide_success():
      r"the checkpoint tokenizer does not construct: AutoTokenizer.from_pretrained\(/models/tiny-llama, "
      r"trust_remote_code=False\)"),
     ({"tokenizer": None}, r"the checkpoint tokenizer does not construct"),
+    ({"key_guard": {"ok": False, "error": "ModuleNotFoundError: No module named 'narwhal_guard'"}},
+     r"the key guard narwhal_guard.KeyGuard does not load in image sha256:abc's own Python \(ModuleNotFoundError: "
+     r"No module named 'narwhal_guard'\): vllm serve --middleware would end the engine's start; .* rerun prepare"),
+    ({"key_guard": None}, r"the key guard narwhal_guard.KeyGuard does not load .* \(no result\)"),
+    ({"key_guard": {"ok": True, "value": [{"middleware": "narwhal_guard.KeyGuard", "refused": 200, "open": 200}]}},
+     r"the key guard narwhal_guard.KeyGuard in image sha256:abc answered GET /v1/models without the key with 200 "
+     r"\(not 401\)"),
 ])
 def test_decide_failures(overrides, message):
     with pytest.raises(le.LaunchError, match=message):
@@ -225,6 +239,28 @@ def test_serve_args_bad_kv_transfer_config(standin_vllm, monkeypatch):
                                       "KVTransferConfig kv_ip Extra inputs are not permitted"), result
 
 
+@pytest.mark.parametrize("key", [None, "a-key-baked-into-the-image"])
+def test_the_observer_loads_the_guard_as_vllm_does_and_drives_two_requests(monkeypatch, key):
+    """in_image.py::key_guard imports --middleware's class from PYTHONPATH (the guard's mount) as vLLM's register.py
+    does and asks it for /v1/models without the key (refused, whatever key the image's environment holds) and
+    /health (through); a module that is not there, or a middleware that is not a class, is a failed result."""
+    observer = MODULES["in_image"]
+    monkeypatch.syspath_prepend(str(GUARD.parent))
+    monkeypatch.delitem(sys.modules, "narwhal_guard", raising=False)
+    if key is None:
+        monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_API_KEY", key)
+    found = observer.attempt(lambda: observer.key_guard({"middleware": ["narwhal_guard.KeyGuard"]}))
+    assert found["ok"], found
+    assert found["value"] == [{"middleware": "narwhal_guard.KeyGuard", "file": str(GUARD), "refused": 401,
+                               "open": 200}]
+    missing = observer.attempt(lambda: observer.key_guard({"middleware": ["narwhal_guard_gone.KeyGuard"]}))
+    assert missing == {"ok": False, "error": "ModuleNotFoundError: No module named 'narwhal_guard_gone'"}
+    function = observer.attempt(lambda: observer.key_guard({"middleware": ["narwhal_guard._digest"]}))
+    assert function == {"ok": False, "error": "TypeError: narwhal_guard._digest is not a class"}
+
+
 def test_parser_message_keeps_only_the_error():
     message = MODULES["in_image"].parser_message
     text = ("WARNING 11-30 [logger.py] something\nusage: vllm [-h] [-v] {serve} ...\n"
@@ -255,6 +291,35 @@ def test_probe_url_brackets_ipv6():
     assert le.probe_url({"NARWHAL_ADVERTISED_ADDRESS": "fd00::11", "NARWHAL_HTTP_PORT": "8000"}, "/version") == \
         "http://[fd00::11]:8000/version"
     assert le.probe_url({"NARWHAL_HTTP_PORT": "8001"}, "/health") == "http://127.0.0.1:8001/health"
+
+
+@pytest.mark.parametrize("bind,tls,url", [
+    ("10.0.0.9", "", "http://10.0.0.9:8000/health"),  # an explicit bind address is where the engine answers
+    ("0.0.0.0", "", "http://10.0.0.2:8000/health"),  # every interface: its advertised address
+    ("::", "/opt/narwhal/tls/engine-2", "https://10.0.0.2:8000/health"),
+    ("", "/opt/narwhal/tls/engine-2", "https://10.0.0.2:8000/health"),
+    ("fd00::9", "/t", "https://[fd00::9]:8000/health"),
+])
+def test_the_probes_ask_where_the_engine_listens_over_https_with_tls(bind, tls, url):
+    env = {"NARWHAL_ADVERTISED_ADDRESS": "10.0.0.2", "NARWHAL_HTTP_PORT": "8000", "NARWHAL_BIND_ADDRESS": bind,
+           "NARWHAL_TLS_DIR": tls}
+    assert le.probe_url(env, "/health") == url
+    assert le.probe_url(env, "/health", "127.0.0.1").endswith("://127.0.0.1:8000/health")  # --address wins
+
+
+def test_the_probes_verify_against_the_installed_ca(tmp_path):
+    assert le.tls_context({"NARWHAL_TLS_DIR": ""}) is None
+    with pytest.raises(le.LaunchError, match=r"the CA certificate .*/tls/ca.crt of the engine's probes "
+                                             r"\(NARWHAL_TLS_DIR\) cannot be used .*rerun prepare"):
+        le.tls_context({"NARWHAL_TLS_DIR": str(tmp_path / "tls")})
+    (tmp_path / "tls").mkdir()
+    (tmp_path / "tls" / "ca.crt").write_text("not a certificate\n")
+    with pytest.raises(le.LaunchError, match="cannot be used"):
+        le.tls_context({"NARWHAL_TLS_DIR": str(tmp_path / "tls")})
+    ca = engine_tls.make_ca()
+    engine_tls.write_tls_dir(tmp_path / "tls", ca[1], engine_tls.make_leaf(ca))
+    context = le.tls_context({"NARWHAL_TLS_DIR": str(tmp_path / "tls")})
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname is True
 
 
 # ------------------------------------------------------------------------------------------ version probe
@@ -298,6 +363,63 @@ def test_probe_version(tmp_path, capsys):
         _Engine.version = "0.33.0"
         server.shutdown()
         server.server_close()
+
+
+def _tls_engine(tmp_path, served, installed_ca):
+    """An HTTPS engine on 127.0.0.1 serving the leaf `served`, and its inputs with TLS whose installed CA is
+    `installed_ca` (a certificate) -> (server, role env path)."""
+    served_dir = engine_tls.write_tls_dir(tmp_path / "served", installed_ca, served)
+    server = engine_tls.https_server(_Engine, served_dir)
+    installed = tmp_path / "tls"
+    installed.mkdir()
+    (installed / "ca.crt").write_bytes(engine_tls.pem(installed_ca))
+    rec = record()
+    env_path, env = write_inputs(tmp_path, rec, NARWHAL_HTTP_PORT=str(server.server_address[1]),
+                                 NARWHAL_BIND_ADDRESS="127.0.0.1", NARWHAL_TLS_DIR=str(installed),
+                                 NARWHAL_TLS_CERT_SHA256=hashlib.sha256(engine_tls.der(served[1])).hexdigest())
+    digest = le.plan_hash(le.build_plan(le.read_role_env(str(env_path)), rec))
+    run_dir = pathlib.Path(env["NARWHAL_RUN_DIR"])
+    run_dir.mkdir(parents=True)
+    (run_dir / "checked.json").write_text(json.dumps({"vllm_api_version": "0.33.0", "plan_hash": digest}))
+    return server, env_path
+
+
+def test_probe_version_over_tls(tmp_path):
+    ca = engine_tls.make_ca()
+    server, env_path = _tls_engine(tmp_path, engine_tls.make_leaf(ca), ca[1])
+    try:
+        result = le.probe_version(str(env_path), timeout=5, interval=0.1)
+        assert result["ok"] and result["url"] == "https://127.0.0.1:%d/version" % server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("case,words", [
+    ("another CA", "unable to get local issuer certificate"),
+    ("expired", "certificate has expired"),
+    ("another name", "IP address mismatch"),
+])
+def test_a_certificate_that_fails_verification_is_refused_at_once_by_name(tmp_path, case, words):
+    """Expired, of another CA, or not for the address: the engine answers, so waiting does not help: the probe
+    fails at once naming it, long before its timeout."""
+    import time
+
+    ca, other = engine_tls.make_ca(), engine_tls.make_ca("another CA")
+    served = {"another CA": engine_tls.make_leaf(other), "expired": engine_tls.make_leaf(ca, days=2, start_days=-5),
+              "another name": engine_tls.make_leaf(ca, names=("10.9.9.9",))}[case]
+    server, env_path = _tls_engine(tmp_path, served, ca[1])
+    began = time.time()
+    try:
+        with pytest.raises(le.LaunchError) as info:
+            le.probe_version(str(env_path), timeout=60, interval=0.1)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert time.time() - began < 30
+    message = str(info.value)
+    assert "https://127.0.0.1:%d/health serves a certificate that fails verification" % server.server_address[1] \
+        in message and "certificate verify failed" in message and words in message, message
 
 
 def checked_inputs(tmp_path):

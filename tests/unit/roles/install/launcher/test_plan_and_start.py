@@ -11,6 +11,7 @@ import uuid
 
 import pytest
 from test_support.launcher import (
+    GUARD_SHA256,
     MODULES,
     SECRET,
     free_port,
@@ -74,6 +75,8 @@ def test_nvidia_plan():
     assert plan["group_add"] == [] and plan["cap_add"] == [] and plan["ulimits"] == []
     assert plan["security_opt"] == []
     assert plan["mounts"] == [{"type": "bind", "source": "/srv/models/tiny-llama", "target": "/models/tiny-llama",
+                               "read_only": True},
+                              {"type": "bind", "source": "/opt/narwhal/guard", "target": "/narwhal/guard",
                                "read_only": True}]
     env = plan["environment"]
     assert env["CUDA_VISIBLE_DEVICES"] == UUIDS
@@ -84,10 +87,12 @@ def test_nvidia_plan():
     assert env["VLLM_API_KEY"] == "<redacted>"
     assert env["NIXL_PLUGIN_DIR"] == "/usr/local/lib/python3.11/dist-packages/nixl_cu12.libs/nixl"
     assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+    assert env["PYTHONPATH"] == "/narwhal/guard"
     assert plan["entrypoint"] + plan["command"] == [
-        "vllm", "serve", "/models/tiny-llama", "--served-model-name", "tiny-llama", "--host", "0.0.0.0",
-        "--port", "8000", "--tensor-parallel-size", "8", "--kv-transfer-config", KV_033, "--dtype", "bfloat16",
-        "--kv-cache-dtype", "auto", "--block-size", "16"]
+        "vllm", "serve", "/models/tiny-llama", "--served-model-name", "tiny-llama", "--host", "172.31.241.11",
+        "--port", "8000", "--middleware", "narwhal_guard.KeyGuard", "--tensor-parallel-size", "8",
+        "--kv-transfer-config", KV_033, "--dtype", "bfloat16", "--kv-cache-dtype", "auto", "--block-size", "16"]
+    assert plan["labels"] == {"org.narwhal.engine": "engine-1", "org.narwhal.guard-sha256": GUARD_SHA256}
 
 
 def test_nvidia_docker_run_argv():
@@ -99,8 +104,8 @@ def test_nvidia_docker_run_argv():
                          "--restart", "unless-stopped"]
     assert argv[11:13] == ["--gpus", '"device=0,1,2,3,4,5,6,7"']
     assert "--device" not in argv
-    assert ["--mount", "type=bind,source=/srv/models/tiny-llama,target=/models/tiny-llama,readonly"] == \
-        argv[13:15]
+    assert ["--mount", "type=bind,source=/srv/models/tiny-llama,target=/models/tiny-llama,readonly",
+            "--mount", "type=bind,source=/opt/narwhal/guard,target=/narwhal/guard,readonly"] == argv[13:17]
     assert "org.narwhal.plan-hash=%s" % le.plan_hash(plan) in argv
     assert "org.narwhal.engine=engine-1" in argv
     assert "VLLM_API_KEY=<redacted>" in argv and "UCX_LOG_LEVEL=info" in argv
@@ -141,10 +146,64 @@ def test_nvidia_subset_of_gpus_uses_host_indices():
 def test_ipv6_bind():
     plan = le.build_plan(role_env(NARWHAL_BIND_FAMILY="ipv6", NARWHAL_ADVERTISED_ADDRESS="fd00:31::11"),
                          record("engine-1"))
-    assert plan["command"][plan["command"].index("--host") + 1] == "::"
+    assert plan["command"][plan["command"].index("--host") + 1] == "fd00:31::11"
     assert plan["environment"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "fd00:31::11"
     with pytest.raises(le.LaunchError, match="NARWHAL_BIND_FAMILY"):
         le.build_plan(role_env(NARWHAL_BIND_FAMILY="dual"), record("engine-1"))
+
+
+# ------------------------------------------------------------------------------------------ who gets in
+
+@pytest.mark.parametrize("bind,host", [("172.31.241.11", "172.31.241.11"), ("0.0.0.0", "0.0.0.0"), ("::", "::"),
+                                       ("[fd00:31::11]", "fd00:31::11"), ("10.0.0.9", "10.0.0.9")])
+def test_the_engine_binds_the_role_environments_address(bind, host):
+    """--host is NARWHAL_BIND_ADDRESS (the advertised address, or NARWHAL_ENGINE_BIND), never a default wildcard."""
+    plan = le.build_plan(role_env(NARWHAL_BIND_ADDRESS=bind), record("engine-1"))
+    assert plan["command"][plan["command"].index("--host") + 1] == host
+    assert plan["command"].count("--host") == 1
+
+
+@pytest.mark.parametrize("bind", ["", "engine-1.example", "0.0.0.0:8000", "10.0.0"])
+def test_an_empty_or_invalid_bind_address_is_refused_by_its_key(bind):
+    with pytest.raises(le.LaunchError) as info:
+        le.build_plan(role_env(NARWHAL_BIND_ADDRESS=bind), record("engine-1"))
+    assert info.value.key == "NARWHAL_BIND_ADDRESS" and "NARWHAL_BIND_ADDRESS" in str(info.value)
+
+
+def test_tls_serves_the_installed_certificate_and_a_new_one_replaces_the_engine():
+    cert = "c" * 64
+    env = role_env(NARWHAL_TLS_DIR="/opt/narwhal/tls/engine-1", NARWHAL_TLS_CERT_SHA256=cert)
+    plan = le.build_plan(env, record("engine-1"))
+    command = plan["command"]
+    at = command.index("--middleware")
+    assert command[at:at + 6] == ["--middleware", "narwhal_guard.KeyGuard", "--ssl-certfile",
+                                  "/narwhal/tls/server.crt", "--ssl-keyfile", "/narwhal/tls/server.key"]
+    assert plan["mounts"][1:] == [
+        {"type": "bind", "source": "/opt/narwhal/guard", "target": "/narwhal/guard", "read_only": True},
+        {"type": "bind", "source": "/opt/narwhal/tls/engine-1", "target": "/narwhal/tls", "read_only": True}]
+    assert plan["labels"]["org.narwhal.tls-cert-sha256"] == cert
+    off = le.build_plan(role_env(), record("engine-1"))
+    assert not [w for w in off["command"] if w.startswith("--ssl")] and len(off["mounts"]) == 2
+    assert "org.narwhal.tls-cert-sha256" not in off["labels"]
+    digest = le.plan_hash(plan)
+    assert le.plan_hash(le.build_plan(dict(env, NARWHAL_TLS_CERT_SHA256="d" * 64), record("engine-1"))) != digest
+    assert le.plan_hash(le.build_plan(dict(env, NARWHAL_GUARD_SHA256="e" * 64), record("engine-1"))) != digest
+    with pytest.raises(le.LaunchError) as info:
+        le.build_plan(dict(env, NARWHAL_TLS_CERT_SHA256=""), record("engine-1"))
+    assert info.value.key == "NARWHAL_TLS_CERT_SHA256"
+    with pytest.raises(le.LaunchError, match="NARWHAL_TLS_DIR='tls' must be an absolute path"):
+        le.build_plan(dict(env, NARWHAL_TLS_DIR="tls"), record("engine-1"))
+    with pytest.raises(le.LaunchError, match="NARWHAL_GUARD_DIR is not set"):
+        le.build_plan(role_env(NARWHAL_GUARD_DIR=""), record("engine-1"))
+
+
+def test_the_guard_goes_first_on_the_images_own_pythonpath():
+    rec = record("engine-1")
+    rec["runtime"]["environment"]["PYTHONPATH"] = "/opt/image/lib:/opt/extra"
+    plan = le.build_plan(role_env(), rec)
+    assert plan["environment"]["PYTHONPATH"] == "/narwhal/guard:/opt/image/lib:/opt/extra"
+    with pytest.raises(le.LaunchError, match="NARWHAL_ENGINE_ENV sets PYTHONPATH, which is launcher-managed"):
+        le.parse_env_words("PYTHONPATH=/x", "NARWHAL_ENGINE_ENV")
 
 
 # ------------------------------------------------------------------------------------------ AMD / RDMA
@@ -213,6 +272,8 @@ MANAGED_FLAG_FORMS = [
     ["--kv-cache-dtype", "fp8"], ["--kv_cache_dtype=fp8"], ["--block-size", "32"], ["--block_size=32"],
     ["--data-parallel-size", "2"], ["-dp", "2"], ["--data_parallel_size=2"], ["--pipeline-parallel-size", "2"],
     ["-pp", "2"], ["--pipeline_parallel_size=2"], ["--config", "x.yaml"], ["--uds", "/tmp/s"],
+    ["--middleware", "my.Middleware"], ["--middleware=x.y"], ["--ssl-keyfile", "/k"], ["--ssl_certfile=/c"],
+    ["--ssl-ca-certs", "/ca"], ["--ssl-cert-reqs", "2"], ["--ssl-ciphers", "ALL"], ["--ssl", "/k"],
 ]
 
 
@@ -441,17 +502,22 @@ def test_start_refuses_missing_host_inputs(tmp_path):
     pathlib.Path(env["NARWHAL_RECORD"]).write_text(json.dumps(rec))
     with pytest.raises(le.LaunchError, match="runtime.model_path .* is not a directory"):
         le.start(str(env_path))
+    (tmp_path / "no-model").mkdir()
+    shutil.rmtree(env["NARWHAL_GUARD_DIR"])
+    with pytest.raises(le.LaunchError, match=r"/guard \(mounted at /narwhal/guard\) is not a directory on this "
+                                             r"host: install writes it; rerun prepare"):
+        le.start(str(env_path))
 
 
 # ------------------------------------------------------------------------------------------ docker
 
 
-def _models(port):
+def _models(address, port):
     """The served model name from /v1/models with the API key (the stand-in answers within seconds)."""
     import time
     import urllib.request
 
-    request = urllib.request.Request("http://127.0.0.1:%d/v1/models" % port,
+    request = urllib.request.Request("http://%s:%d/v1/models" % (address, port),
                                      headers={"Authorization": "Bearer " + SECRET})
     for _attempt in range(40):
         try:
@@ -514,10 +580,10 @@ def test_start_standin_container(tmp_path, capsys, monkeypatch):
         assert not host.get("Devices") and not host.get("DeviceRequests")
         assert host["RestartPolicy"]["Name"] == "unless-stopped"
         assert [(m["Source"], m["Target"], m["ReadOnly"]) for m in host["Mounts"]] == [
-            (str(model), "/models/tiny-llama", True)]
+            (str(model), "/models/tiny-llama", True), (env["NARWHAL_GUARD_DIR"], "/narwhal/guard", True)]
         assert first["launcher_sha256"] == le.launcher_sha256() and first["image_id"] == image.id
         assert SECRET not in (pathlib.Path(env["NARWHAL_RUN_DIR"]) / "deployment.json").read_text()
-        assert _models(ports[0]) == "tiny-llama", client.containers.get(test_name).logs()[-2000:]
+        assert _models(address, ports[0]) == "tiny-llama", client.containers.get(test_name).logs()[-2000:]
         capsys.readouterr()
         assert le.main(["--role-env", str(env_path), "start"]) == 0
         assert capsys.readouterr().out.strip() == "unchanged"

