@@ -110,12 +110,12 @@ def front(port, upstream_port, cert, key, ready):
 
 def material(directory):
     """A CA and a server certificate for 127.0.0.1 -> (ca path, cert path, key path)."""
-    sys.path[:0] = [str(REPO / "collections"), str(REPO / "tests" / "unit" / "plugins")]
-    from test_support.router import make_ca, make_leaf
+    sys.path.insert(0, str(REPO / "tests" / "unit" / "plugins"))
+    from test_support.tempca import CA
 
-    ca = make_ca(directory / "ca")
-    cert, key = make_leaf(ca, directory / "tls", ("127.0.0.1",))
-    return ca["cert"], cert, key
+    ca = CA()
+    cert, key = ca.write_server(directory, "server", ["127.0.0.1"])
+    return str(ca.write(directory / "ca.crt")), str(cert), str(key)
 
 
 def connection(port, context):

@@ -132,18 +132,31 @@ async def pump(reader, writer):
     writer.close()
 
 
+# The relays in flight, held here: the event loop keeps only weak references to tasks, and asyncio's stream protocol
+# drops its reference to the connection's task when the client's side closes (asyncio/streams.py,
+# StreamReaderProtocol.connection_lost) and holds the readers weakly, so a relay whose client has gone while it waits
+# for vllm-router's end was garbage: collected pending ("Task was destroyed but it is pending!", seen under
+# bench/router_tls_front.py) without closing its connection to vllm-router.
+RELAYS = set()
+
+
 async def relay(upstream, client_reader, client_writer):
     """One client connection (its TLS handshake done) to vllm-router on loopback, both ways."""
+    task = asyncio.current_task()
+    RELAYS.add(task)
     try:
-        up_reader, up_writer = await asyncio.open_connection(upstream[0], int(upstream[1]))
-    except OSError:
-        client_writer.close()  # vllm-router does not listen (yet): the client sees the connection closed
-        return
-    try:
-        await asyncio.gather(pump(client_reader, up_writer), pump(up_reader, client_writer))
+        try:
+            up_reader, up_writer = await asyncio.open_connection(upstream[0], int(upstream[1]))
+        except OSError:
+            client_writer.close()  # vllm-router does not listen (yet): the client sees the connection closed
+            return
+        try:
+            await asyncio.gather(pump(client_reader, up_writer), pump(up_reader, client_writer))
+        finally:
+            up_writer.close()
+            client_writer.close()
     finally:
-        up_writer.close()
-        client_writer.close()
+        RELAYS.discard(task)
 
 
 def quiet(loop, context):

@@ -14,14 +14,28 @@ import time
 
 import pytest
 from test_support.paths import REPO, load_file
-from test_support.router import make_ca, make_leaf, router_process
+from test_support.router import router_process
 from test_support.standin import engine_process, free_port
+from test_support.tempca import CA
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call
 from ansible_collections.narwhal.deploy.plugins.modules import router_traffic, router_workers
 
 FRONT = load_file("narwhal_router", REPO / "roles" / "router" / "files" / "narwhal_router.py")
 KEY = "sk-narwhal-front-test-key-0123456789abcdef"
+
+
+def make_ca(directory, name="narwhal test CA"):
+    """A temporary CA (test_support.tempca) with its certificate in directory/ca.crt -> {cert: path, ca: CA}."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca = CA(name)
+    return {"cert": str(ca.write(directory / "ca.crt")), "ca": ca}
+
+
+def make_leaf(ca, directory, names=("127.0.0.1",)):
+    """directory/server.crt and server.key (0600) that `ca` signs for `names` -> (cert path, key path)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    return tuple(str(p) for p in ca["ca"].write_server(directory, "server", list(names)))
 
 
 class Upstream:
@@ -181,6 +195,52 @@ def test_a_stream_passes_chunk_by_chunk(front):
         answer.fp.readline(), answer.fp.readline()  # the blank line ending the event, the chunk's CRLF
     assert answer.fp.readline().strip() == b"0"
     conn.close()
+
+
+def test_a_relay_whose_client_left_is_kept_until_vllm_router_closes(tmp_path, monkeypatch):
+    """The event loop holds tasks weakly and asyncio's stream protocol lets go of the connection's task when the client
+    leaves: a relay still waiting for the upstream's end must not be garbage collected pending (it would never close
+    its upstream connection)."""
+    import gc
+
+    seen = []
+    monkeypatch.setattr(FRONT, "quiet", lambda loop, context: seen.append(context.get("message")))
+    ca = make_ca(tmp_path / "ca")
+    cert, key = make_leaf(ca, tmp_path / "tls")
+    sticky = socket.socket()
+    sticky.bind(("127.0.0.1", 0))
+    sticky.listen(1)
+    got_eof, release = threading.Event(), threading.Event()
+
+    def hold():  # reads the request to its end, then keeps the connection open until released
+        conn, _ = sticky.accept()
+        with conn:
+            while conn.recv(4096):
+                pass
+            got_eof.set()
+            release.wait(20)
+
+    threading.Thread(target=hold, daemon=True).start()
+    port = free_port()
+    stop = serve_fronts([{"listen": ["127.0.0.1", port], "upstream": ["127.0.0.1", sticky.getsockname()[1]]}],
+                        cert, key)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+            with _client(ca["cert"]).wrap_socket(raw, server_hostname="127.0.0.1") as conn:
+                conn.sendall(b"GET /small HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert got_eof.wait(10)  # the client's end reached the upstream as a half-close
+        time.sleep(0.2)
+        gc.collect()
+        assert not [m for m in seen if "destroyed" in str(m)] and len(FRONT.RELAYS) == 1
+        release.set()
+        deadline = time.time() + 10
+        while FRONT.RELAYS and time.time() < deadline:
+            time.sleep(0.05)
+        assert not FRONT.RELAYS
+    finally:
+        release.set()
+        stop()
+        sticky.close()
 
 
 def test_a_key_readable_by_others_or_a_foreign_key_is_refused_by_name(tmp_path, capsys):
