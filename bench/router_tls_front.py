@@ -17,24 +17,25 @@ minus direct, percentile by percentile, in one run.
 
 Usage: .venv/bin/python bench/router_tls_front.py [--requests 2000] [--streams 300] [--connects 300]
 
-Measured on the development machine (2 CPU cores shared with other work, load average about 2; Python 3.11.7,
+Measured on the development machine (2 CPU cores shared with other work, load average about 1; Python 3.11.7,
 OpenSSL 3, loopback; 2000 / 300 / 300 requests after 200 / 30 / 30 warm-up ones; the median of five runs of each
 figure, in ms; "added" is the front's percentile minus the direct one of the same run, the median over the runs, so
 it is not the difference of the columns beside it; the p99 figures move by a millisecond from run to run here):
 
     case                    direct p50   p99   front p50   p99   added p50   p99
-    small (kept alive)            0.18  0.39        0.37  1.71        0.16  0.28
-    stream, first event           0.23  0.78        0.91  1.29        0.69  0.46
-    stream, last event            0.87  1.94        1.16  1.87        0.30  0.01
-    connect + small               0.49  1.33        3.06  7.33        2.60  6.11
+    small (kept alive)            0.33  0.49        0.57  0.92        0.21  0.27
+    stream, first event           0.35  0.56        1.22  2.42        0.87  1.69
+    stream, last event            0.88  1.51        1.67  2.73        0.77  1.05
+    connect + small               0.60  0.95        3.66  7.17        3.06  5.76
 
+(the added p50 of the five runs: small 0.13-0.45, first event 0.40-1.03, last event 0.63-0.94, connect 2.53-5.28).
 So the front adds about 0.2 ms to a request on a kept-alive connection (vllm bench serve's aiohttp pool and most
-OpenAI clients keep connections), under 1 ms to a stream's first event and a few microseconds per further event,
-and about 2.5 ms to a new connection (the TLS 1.3 handshake with an ECDSA P-256 certificate). Against a P/D
-request's time to first token (tens of ms on the CPU engines of docs/fleet-benchmark.md, more on real models) it
-is within the run-to-run noise of the fleet benchmark. (Before the listening socket said IPPROTO_TCP, asyncio left
-Nagle's algorithm on for the accepted connections and a stream or a new connection waited 40 ms for a delayed ACK:
-narwhal_router.py, listen.)
+OpenAI clients keep connections), under 1 ms to a stream's first event and about as much over its 64 events (the
+front's process, the client's and the upstream's share two busy cores here), and about 3 ms to a new connection (the
+TLS 1.3 handshake with an ECDSA P-256 certificate). Against a P/D request's time to first token (tens of ms on the
+CPU engines of docs/fleet-benchmark.md, more on real models) it is within the run-to-run noise of the fleet
+benchmark. (Before the listening socket said IPPROTO_TCP, asyncio left Nagle's algorithm on for the accepted
+connections and a stream or a new connection waited 40 ms for a delayed ACK: narwhal_router.py, listen.)
 """
 
 from __future__ import annotations
