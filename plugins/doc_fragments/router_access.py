@@ -22,4 +22,9 @@ options:
     description: The engines' API key file on the router host (mode 0600 or 0400, one line).
     type: path
     required: true
+  ca_file:
+    description:
+      - The CA certificate (PEM) the router's and the engines' https certificates are verified against, the only one
+        trusted (the router stage installs it as C(<NARWHAL_ROUTER_DIR>/tls/ca.crt)); unset, the system's CAs.
+    type: path
 """

@@ -40,7 +40,14 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._probe.fabric impor
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._probe.pairs import probe_pairs as fleet_pairs
 from ansible_collections.narwhal.deploy.plugins.module_utils._probe.schedule import changed_pairs, cover_pairs
-from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import config_text, fleet_workers, local_url
+from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import (
+    config_text,
+    fleet_workers,
+    local_url,
+    router_bind,
+    tls_names,
+    tls_on,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import router_plan as plan_router
 from ansible_collections.narwhal.deploy.plugins.module_utils._tls.certs import engine_host_names
 from ansible_collections.narwhal.deploy.plugins.plugin_utils._hostvars import host_inspection
@@ -282,26 +289,41 @@ def launcher_command(site, engine, python=None):
     return {"paths": paths, "role_env": paths["role_env"], "argv": argv, "command": " ".join(argv)}
 
 
-def router_plan(site, fleet, image_id, version, entry_checksum, address=None):
+def router_plan(site, fleet, image_id, version, entry_checksum, address=None, tls=None):
     """The router's complete plan (_router/plan.py::router_plan) from narwhal_site and the resolved fleet, with
-    `config_text`, the exact bytes of router.json on the router host."""
+    `config_text`, the exact bytes of router.json on the router host; `tls`: tls_material's entry of the router host
+    (its hosts.<host>), needed when NARWHAL_TLS is not off."""
     if not isinstance(site, dict):
         raise AnsibleFilterError("router_plan takes narwhal_site (a dict), not %s" % type(site).__name__)
     try:
         plan = plan_router(site.get("site") or {}, fleet, image_id, version, entry_checksum, address,
-                           engines=site.get("engines"))
+                           engines=site.get("engines"), tls=tls)
     except PlanError as exc:
         raise AnsibleFilterError(str(exc))
     plan["config_text"] = config_text(plan["config"])
     return plan
 
 
-def router_local_url(site):
-    """Where a router host reaches its own router (_router/plan.py::local_url of NARWHAL_ROUTER_BIND and _PORT)."""
+def router_local_url(site, address=None):
+    """Where a router host reaches its own router (_router/plan.py::local_url of the bound address, NARWHAL_ROUTER_PORT
+    and NARWHAL_TLS): `address` is the host's router_address, the bound address when NARWHAL_ROUTER_BIND is empty."""
     if not isinstance(site, dict):
         raise AnsibleFilterError("router_local_url takes narwhal_site (a dict), not %s" % type(site).__name__)
     inputs = site.get("site") or {}
-    return local_url(inputs["NARWHAL_ROUTER_BIND"], inputs["NARWHAL_ROUTER_PORT"])
+    try:
+        return local_url(router_bind(inputs, address), inputs["NARWHAL_ROUTER_PORT"], tls_on(inputs))
+    except PlanError as exc:
+        raise AnsibleFilterError(str(exc))
+
+
+def router_tls_names(site, address):
+    """The names a router host's certificate carries (_router/plan.py::tls_names): tls_material's `names` for it."""
+    if not isinstance(site, dict):
+        raise AnsibleFilterError("router_tls_names takes narwhal_site (a dict), not %s" % type(site).__name__)
+    try:
+        return tls_names(site.get("site") or {}, address)
+    except PlanError as exc:
+        raise AnsibleFilterError(str(exc))
 
 
 def bench_plan(site, fleet, router_url, bench_router_url, stamp, record=None):
@@ -365,9 +387,9 @@ def router_status_row(status, problems_only=False):
     """One line of the routers' status table, or with problems_only its refusal (router: problems)."""
     if problems_only:
         return "%s: %s" % (status.get("router"), "; ".join(status.get("problems") or []))
-    return "%-10s %-9s %-8s %-12s %-8s %s" % (
+    return "%-10s %-9s %-8s %-12s %-8s %-5s %s" % (
         status.get("router"), status.get("state"), status.get("version"), status.get("plan"),
-        status.get("workers"), "; ".join(status.get("problems") or []) or "-")
+        status.get("workers"), status.get("cert", "-"), "; ".join(status.get("problems") or []) or "-")
 
 
 def traffic_row(entry):
@@ -450,7 +472,8 @@ class FilterModule:
                 "inventory_engines": inventory_engines, "engine_hosts": engine_hosts,
                 "member_record": member_record, "status_key": status_key,
                 "launcher_command": launcher_command, "router_plan": router_plan,
-                "router_local_url": router_local_url, "router_status_row": router_status_row,
+                "router_local_url": router_local_url, "router_tls_names": router_tls_names,
+                "router_status_row": router_status_row,
                 "traffic_row": traffic_row, "prometheus_targets": prometheus_targets,
                 "prometheus_scrape": prometheus_scrape,
                 "bench_plan": bench_plan, "bench_router_plan": bench_router_plan, "bench_progress": bench_progress,

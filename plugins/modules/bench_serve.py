@@ -41,6 +41,13 @@ options:
   model_path:
     description: The model directory on this host, mounted read-only at the same path (the tokenizer).
     type: path
+  ca_file:
+    description:
+      - The CA certificate (PEM) on this host the targets' https certificates are verified against (with TLS, the
+        engine host's C(<checkout>/tls/ca.crt)). Mounted read-only in the container and named by C(SSL_CERT_FILE),
+        since C(vllm bench serve) verifies https with aiohttp's default context, C(ssl.create_default_context()),
+        which reads it. Unset, the image's own CAs.
+    type: path
   result_file:
     description: The result file's name in the container's result directory (C(--result-filename)).
     type: str
@@ -119,6 +126,7 @@ def main():
             name=dict(type="str"),
             key_file=dict(type="path", no_log=False),
             model_path=dict(type="path"),
+            ca_file=dict(type="path"),
             result_file=dict(type="str"),
             timeout=dict(type="int", default=1800),
         ),

@@ -28,8 +28,8 @@ options:
     description: The router image reference or ID (O(state=image)).
     type: str
   plan:
-    description: The router plan (C(name), C(image), C(entrypoint), C(command), C(dir), C(labels), C(hash)) for
-      O(state=started).
+    description: The router plan (C(name), C(image), C(entrypoint), C(command), C(dir), C(labels), C(hash), and
+      C(env), the container's environment, with TLS) for O(state=started).
     type: dict
   name:
     description: The container name (O(state=inspected) and O(state=absent)).

@@ -63,8 +63,17 @@ workers:
   returned: always
   type: list
   elements: dict
+certificate:
+  description:
+    - With an https O(url), the certificate the router serves, verified against O(ca_file) - C(not_after) (ISO UTC)
+      and C(days_left), or C(error) when the handshake fails (e.g. C(certificate verify failed) for an expired
+      certificate or one of another CA); null for http.
+  returned: always
+  type: dict
 not_answering:
-  description: Fleet engines whose own C(/health) did not answer, each C(engine (role URL)).
+  description:
+    - Fleet engines whose own C(/health) did not answer, each C(engine (role URL)) followed by why - an HTTP status,
+      or why nothing answered, e.g. C(certificate verify failed).
   returned: always
   type: list
   elements: str
@@ -75,7 +84,11 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.specs import ROUTER_ACCESS_SPEC
-from ansible_collections.narwhal.deploy.plugins.module_utils._router.client import read_key
+from ansible_collections.narwhal.deploy.plugins.module_utils._router.client import (
+    check_ca,
+    read_key,
+    served_certificate,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import (
     fleet_workers,
     report_problems,
@@ -96,6 +109,7 @@ def main():
     try:
         workers = fleet_workers(p["engines"])
         key = read_key(p["api_key_file"])
+        ca = check_ca(p["ca_file"])
     except PlanError as exc:
         module.fail_json(msg=str(exc), input=exc.key)
     url = p["url"].rstrip("/")
@@ -104,15 +118,19 @@ def main():
     down = []
     for role in ("prefill", "decode"):
         for worker in workers[role]:
-            code, _body = call(worker["url"] + "/health", timeout=p["timeout"])
+            code, body = call(worker["url"] + "/health", timeout=p["timeout"], cafile=ca)
             if code != 200:
-                down.append(worker_label(role, worker))
-    status, answer = call(url + "/workers", key, timeout=p["timeout"])
-    result = dict(changed=False, answered=status == 200, workers=[], not_answering=down)
+                # nothing answered: why (e.g. "certificate verify failed" for an engine whose certificate the CA did
+                # not sign or that has expired)
+                why = ("HTTP %s" % code) if code else str(body)[:160]
+                down.append("%s: %s" % (worker_label(role, worker), why))
+    status, answer = call(url + "/workers", key, timeout=p["timeout"], cafile=ca)
+    result = dict(changed=False, answered=status == 200, workers=[], not_answering=down,
+                  certificate=served_certificate(url, ca, p["timeout"]))
     if status != 200:
         result["report"] = worker_report({}, workers)
-        why = ("it waits for its workers before it serves" if status == 0 else
-               "HTTP %s: %s" % (status, str(answer)[:200]))
+        why = ("nothing answered: %s; a router waits for its workers before it serves" % str(answer)[:200]
+               if status == 0 else "HTTP %s: %s" % (status, str(answer)[:200]))
         module.fail_json(msg="the router at %s does not answer /workers (%s)%s"
                          % (url, why, "; not answering /health: %s" % ", ".join(down) if down else ""), **result)
     result["workers"] = [dict((k, w.get(k)) for k in ("url", "worker_type", "is_healthy"))

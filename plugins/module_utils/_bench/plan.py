@@ -18,11 +18,9 @@ the P/D steps transferred to it).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import with_port
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import split_url, with_port
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import ENTRY as ROUTER_ENTRY
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import KEY as ROUTER_KEY
@@ -31,8 +29,14 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import
     PLAN_HASH_LABEL,
     STARTUP_CHECK_S,
     STARTUP_TIMEOUT_S,
+    UPSTREAM,
     VERSION_LABEL,
     local_url,
+    plan_hash,
+    router_bind,
+    tls_container,
+    tls_fronts,
+    tls_on,
 )
 
 __metaclass__ = type
@@ -50,6 +54,11 @@ SLO_INPUTS = (("ttft", "NARWHAL_BENCH_SLO_TTFT_MS"), ("tpot", "NARWHAL_BENCH_SLO
 # Where the bench container sees its result directory and the key file (bind mounts of the bench host).
 OUT = "/narwhal-bench/out"
 KEY = "/narwhal-bench/api.key"
+# With TLS, the engine host's CA (bench_serve's ca_file), named by SSL_CERT_FILE: vllm bench serve asks an https
+# target with aiohttp's ssl=True (vLLM 0.32.0 benchmarks/serve.py:2069-2076; its request functions'
+# TCPConnector(ssl=...) at serve.py:824-835), whose context is ssl.create_default_context() (aiohttp 3.14
+# connector.py:901-921, _make_ssl_context), and OpenSSL's default verify paths read SSL_CERT_FILE.
+CA = "/narwhal-bench/ca.crt"
 CONTAINER_PREFIX = "narwhal-bench-"
 ROLE_LABEL = "org.narwhal.role"
 STAMP = re.compile(r"^[0-9]{8}T[0-9]{6}Z$")
@@ -135,10 +144,10 @@ def decode_target(workers):
     return workers["decode"][0]
 
 
-def bench_router_args(site, worker):
+def bench_router_args(site, worker, bind):
     """The second router's command line: vllm-router's regular mode over one engine, bound like the fleet's router on
-    ports of its own (its Prometheus port on loopback: nothing scrapes it)."""
-    bind = site["NARWHAL_ROUTER_BIND"]
+    ports of its own (its Prometheus port on loopback: nothing scrapes it); with TLS vllm-router binds UPSTREAM behind
+    the start script's TLS front on `bind` (the fleet router's pattern: _router/plan.py::tls_fronts)."""
     ports = [("NARWHAL_BENCH_ROUTER_PORT", int(site["NARWHAL_BENCH_ROUTER_PORT"])),
              ("NARWHAL_BENCH_ROUTER_METRICS_PORT", int(site["NARWHAL_BENCH_ROUTER_METRICS_PORT"]))]
     taken = {int(site["NARWHAL_ROUTER_PORT"]): "NARWHAL_ROUTER_PORT",
@@ -148,9 +157,10 @@ def bench_router_args(site, worker):
             raise PlanError("%s: %d is %s too; the benchmark's second router runs beside the fleet's router on the "
                             "same host: pick another port" % (key, port, taken[port]), key)
         taken[port] = key
+    host = UPSTREAM if tls_on(site) else bind
     return ["--worker-urls", worker["url"],
-            "--host", bind, "--port", str(ports[0][1]),
-            "--prometheus-host", "::1" if ":" in bind else "127.0.0.1", "--prometheus-port", str(ports[1][1]),
+            "--host", host, "--port", str(ports[0][1]),
+            "--prometheus-host", "::1" if ":" in host else "127.0.0.1", "--prometheus-port", str(ports[1][1]),
             "--policy", "round_robin",
             "--worker-startup-timeout-secs", str(STARTUP_TIMEOUT_S),
             "--worker-startup-check-interval", str(STARTUP_CHECK_S)]
@@ -158,27 +168,38 @@ def bench_router_args(site, worker):
 
 def bench_router_plan(record, site, workers):
     """The second router's plan from the fleet router's record (runs/routers/<router>.json: the same image and
-    vllm-router version) and the router stage's start script and key file in NARWHAL_ROUTER_DIR:
-    router_container state=started runs it, state=absent removes it."""
+    vllm-router version, and with TLS the same certificate) and the router stage's start script, key file and TLS
+    files in NARWHAL_ROUTER_DIR: router_container state=started runs it, state=absent removes it. It binds where the
+    fleet's router binds (_router/plan.py::router_bind of the record URL's host, the router_address)."""
     for key in ("url", "image", "vllm_router_version"):
         if not record.get(key):
             raise PlanError("the router's record has no %s; rerun the router stage" % key, "runs/routers")
-    worker = decode_target(workers)
-    config = {"args": bench_router_args(site, worker), "api_key_file": ROUTER_KEY,
-              "api_key_validation_urls": [worker["url"] + "/v1/models"]}
-    port = int(site["NARWHAL_BENCH_ROUTER_PORT"])
-    url = with_port(record["url"], port)  # the router host as clients reach it, on the second router's port
-    if url is None:
+    parsed = split_url(record["url"])
+    if parsed is None:
         raise PlanError("the router's record has url %r, not http(s)://host:port; rerun the router stage"
                         % record["url"], "runs/routers")
+    secure = tls_on(site)
+    if (parsed[0] == "https") != secure:
+        raise PlanError("the router's record has url %s, but NARWHAL_TLS is %s: rerun the router stage"
+                        % (record["url"], site.get("NARWHAL_TLS", "site")), "runs/routers")
+    env, cert_sha256 = tls_container(site, record.get("tls"))
+    bind = router_bind(site, parsed[1])
+    worker = decode_target(workers)
+    port = int(site["NARWHAL_BENCH_ROUTER_PORT"])
+    config = {"args": bench_router_args(site, worker, bind), "api_key_file": ROUTER_KEY,
+              "api_key_validation_urls": [worker["url"] + "/v1/models"]}
+    if secure:
+        config["tls"] = tls_fronts(bind, (port,))
+    url = with_port(record["url"], port)  # the router host as clients reach it, on the second router's port
     plan = {"name": BENCH_ROUTER_NAME, "image": record["image"], "image_ref": record.get("image_ref"),
             "version": record["vllm_router_version"], "dir": site["NARWHAL_ROUTER_DIR"],
             "entrypoint": ["python3"], "command": [ROUTER_ENTRY, BENCH_ROUTER_CONFIG], "config": config,
-            "port": port, "url": url,
-            "local_url": local_url(site["NARWHAL_ROUTER_BIND"], port),
+            "port": port, "url": url, "tls": secure,
+            "local_url": local_url(bind, port, secure),
             "workers": {"prefill": [], "decode": [worker]}}
-    hashed = dict((k, plan[k]) for k in ("image", "entrypoint", "command", "config", "dir"))
-    plan["hash"] = hashlib.sha256(json.dumps(hashed, sort_keys=True).encode("utf-8")).hexdigest()
+    if secure:
+        plan.update(env=env, tls_sha256=cert_sha256)
+    plan["hash"] = plan_hash(plan, ("image", "entrypoint", "command", "config", "dir", "env", "tls_sha256"))
     plan["labels"] = {ROLE_LABEL: "router-bench", PLAN_HASH_LABEL: plan["hash"], VERSION_LABEL: plan["version"]}
     return plan
 

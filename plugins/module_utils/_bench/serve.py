@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import time
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import KEY, OUT, ROLE_LABEL
+from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import CA, KEY, OUT, ROLE_LABEL
 from ansible_collections.narwhal.deploy.plugins.module_utils._bench.report import kept
 from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import (
     Client,
@@ -39,7 +39,7 @@ def _remove(api, ref):
 
 def run_step(module, api):
     p = module.params
-    for name in ("key_file", "model_path"):
+    for name in ("key_file", "model_path") + (("ca_file",) if p.get("ca_file") else ()):
         if not os.path.exists(p[name]):
             module.fail_json(msg="%s %s is not on this host; the benchmark host must be an engine host with the "
                                  "engines' key and the model (rerun install there, or pick another host for the "
@@ -52,12 +52,16 @@ def run_step(module, api):
     workdir = tempfile.mkdtemp(prefix="narwhal-bench-")
     os.chmod(workdir, 0o700)
     command = "vllm bench serve %s" % " ".join(shlex.quote(a) for a in p["argv"])
+    mounts = [{"type": "bind", "source": workdir, "target": OUT, "read_only": False},
+              {"type": "bind", "source": p["key_file"], "target": KEY, "read_only": True},
+              {"type": "bind", "source": p["model_path"], "target": p["model_path"], "read_only": True}]
+    environment = None
+    if p.get("ca_file"):  # https targets verified against the engine host's CA (_bench/plan.py CA)
+        mounts.append({"type": "bind", "source": p["ca_file"], "target": CA, "read_only": True})
+        environment = ["SSL_CERT_FILE=%s" % CA]
     body = container_config(p["image"], entrypoint=["/bin/sh", "-c", WRAPPER, "vllm-bench"], command=p["argv"],
-                            labels={ROLE_LABEL: "bench"}, detach=True, network_mode="host",
-                            mounts=[{"type": "bind", "source": workdir, "target": OUT, "read_only": False},
-                                    {"type": "bind", "source": p["key_file"], "target": KEY, "read_only": True},
-                                    {"type": "bind", "source": p["model_path"], "target": p["model_path"],
-                                     "read_only": True}])
+                            environment=environment, labels={ROLE_LABEL: "bench"}, detach=True,
+                            network_mode="host", mounts=mounts)
     started = time.time()
     code, tail, result = None, "", None
     try:

@@ -12,7 +12,7 @@ written once here and its text once in plugins/doc_fragments/, and validate-modu
     DOCKER_ACCESS_SPEC    docker_access    docker_host           image_facts, engine_host_facts, engine_prereqs
     IMAGE_READ_SPEC       image_read       cache_dir, timeout    image_facts, engine_host_facts
     ROUTER_ACCESS_SPEC    router_access    url, engines,         router_workers, router_traffic
-                                           api_key_file
+                                           api_key_file, ca_file
 
 Compose with dict(a=..., **SPEC, b=...) in the order the module lists its options. Python 3.8 compatible (runs
 on engine hosts).
@@ -49,9 +49,10 @@ IMAGE_READ_SPEC = dict(
 )
 
 # The router and its fleet as a router host's module reaches them (module_utils/_router/client.py): the router's
-# base URL, the resolved fleet and the engines' key file on the host.
+# base URL, the resolved fleet, the engines' key file and the CA certificate on the host.
 ROUTER_ACCESS_SPEC = dict(
     url=dict(type="str", required=True),
     engines=dict(type="list", elements="dict", required=True),
     api_key_file=dict(type="path", required=True, no_log=False),
+    ca_file=dict(type="path"),
 )

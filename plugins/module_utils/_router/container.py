@@ -82,8 +82,9 @@ def started(module, api, plan):
         if existing:
             api.remove(existing["Id"], force=True)
         # no proxy environment of the client's config.json (the SDK would inject it): the router must reach the
-        # engines directly
+        # engines directly; the plan's env is SSL_CERT_FILE with TLS (no secret: _router/plan.py::tls_container)
         body = container_config(plan["image"], entrypoint=plan["entrypoint"], command=plan["command"],
+                                environment=plan.get("env") or None,
                                 labels=plan["labels"], detach=True, network_mode="host",
                                 restart_policy={"Name": "unless-stopped", "MaximumRetryCount": 0},
                                 mounts=[{"type": "bind", "source": plan["dir"], "target": "/narwhal",

@@ -12,6 +12,7 @@ fleet (worker_report).
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import re
 
@@ -29,6 +30,16 @@ MOUNT = "/narwhal"
 ENTRY = MOUNT + "/narwhal_router.py"
 CONFIG = MOUNT + "/router.json"
 KEY = MOUNT + "/api.key"
+# The router's TLS material in NARWHAL_ROUTER_DIR/tls/ (the role copies it from the controller's NARWHAL_TLS_DIR,
+# made or checked by tls_material): the front's certificate and key, and the CA vllm-router verifies the engines with.
+TLS_DIR = MOUNT + "/tls"
+TLS_CERT = TLS_DIR + "/server.crt"
+TLS_KEY = TLS_DIR + "/server.key"
+TLS_CA = TLS_DIR + "/ca.crt"
+# With TLS, vllm-router binds loopback on the router's port numbers and the TLS front (narwhal_router.py) the
+# router's address: vllm-router 0.1.17 has no TLS listener (vllm_router/router_args.py: RouterArgs and its parser have
+# --host and --port, no certificate or key option; the only "https" in it is the --cors-allowed-origins help).
+UPSTREAM = "127.0.0.1"
 
 # How often the router asks each worker's /health, and after how many failures it stops routing to it
 # (--health-check-interval-secs, --health-failure-threshold; upstream: 60 s and 3). A stopped engine leaves the
@@ -94,12 +105,55 @@ def data_parallel_size(site, workers, engines=None):
     return sizes.popitem()[1] if sizes else default
 
 
-def router_args(site, workers, engines=None):
+def tls_on(site):
+    """Whether the router serves TLS and reaches the engines over it (NARWHAL_TLS site or operator; the catalogue's
+    default is site)."""
+    return site.get("NARWHAL_TLS", "site") != "off"
+
+
+def url(tls, host, port, path=""):
+    """https://host:port (http:// without TLS) followed by `path`; an IPv6 host in brackets (_common/endpoints.py)."""
+    return http_url(host, port, path, scheme="https" if tls else "http")
+
+
+def router_bind(site, address=None):
+    """The address both router ports bind: NARWHAL_ROUTER_BIND, or when it is empty (the default) the router host's
+    `address` (the role's router_address), which must then be an IP address. With TLS the TLS front binds it and
+    vllm-router binds 127.0.0.1 on the same port numbers, so a wildcard or loopback address is refused."""
+    bind = str(site.get("NARWHAL_ROUTER_BIND") or "").strip()
+    if not bind:
+        try:
+            bind = str(ipaddress.ip_address(str(address or "").strip()))
+        except ValueError:
+            raise PlanError("NARWHAL_ROUTER_BIND is empty, so the router binds its host's router_address, and that is "
+                            "%r, not an IP address: set router_address (or ansible_host) of the router host to the IP "
+                            "address clients reach it at, or NARWHAL_ROUTER_BIND to an address of the router host, "
+                            "then rerun the router stage" % (address,), "NARWHAL_ROUTER_BIND")
+    parsed = ipaddress.ip_address(bind)
+    if tls_on(site) and (parsed.is_unspecified or parsed.is_loopback):
+        raise PlanError("NARWHAL_ROUTER_BIND: %s is %s, but with NARWHAL_TLS=%s the router's TLS front binds the "
+                        "router's address and vllm-router itself %s on the same ports: leave NARWHAL_ROUTER_BIND empty "
+                        "(the router host's router_address) or set it to one address of the router host (or set "
+                        "NARWHAL_TLS=off), then rerun the router stage"
+                        % (bind, "a wildcard" if parsed.is_unspecified else "a loopback address",
+                           site.get("NARWHAL_TLS", "site"), UPSTREAM), "NARWHAL_ROUTER_BIND")
+    return bind
+
+
+def tls_names(site, address):
+    """The names the router host's certificate carries (tls_material's `names`): the address clients reach it at,
+    and the bound address when that differs (the router host's own clients reach the router there: local_url)."""
+    bind = router_bind(site, address)
+    return [address] if bind == address else [address, bind]
+
+
+def router_args(site, workers, engines=None, address=None):
     """The vllm-router command line (its own parser reads it in the container: an option it does not know is refused
     there, at start). No secret is in it: the key reaches the router from a file (narwhal_router.py). Data-parallel
     engines add --intra-node-data-parallel-size (data_parallel_size); DP 1 adds nothing, so the plan of such a
-    fleet stays as it was."""
-    bind = site["NARWHAL_ROUTER_BIND"]
+    fleet stays as it was. With TLS vllm-router binds UPSTREAM (the TLS front binds router_bind's address)."""
+    bind = router_bind(site, address)
+    bind = UPSTREAM if tls_on(site) else bind
     port, metrics = int(site["NARWHAL_ROUTER_PORT"]), int(site["NARWHAL_ROUTER_METRICS_PORT"])
     if port == metrics:
         raise PlanError("NARWHAL_ROUTER_METRICS_PORT: %d is NARWHAL_ROUTER_PORT too; the router serves clients and "
@@ -123,30 +177,64 @@ def router_args(site, workers, engines=None):
     return args
 
 
-def router_config(site, workers, engines=None):
+def tls_fronts(bind, ports):
+    """router.json's `tls` (narwhal_router.py reads it): the certificate and key in the container, and one TLS front
+    per port, from bind:port to vllm-router on UPSTREAM:port."""
+    return {"cert": TLS_CERT, "key": TLS_KEY,
+            "fronts": [{"listen": [bind, int(p)], "upstream": [UPSTREAM, int(p)]} for p in ports]}
+
+
+def router_config(site, workers, engines=None, address=None):
     """The document the router host keeps as NARWHAL_ROUTER_DIR/router.json (no secret): the command line, the key
     file and the engine URLs a client's key is checked against (vllm-router's api_key_validation_urls: a client key
-    is accepted when one of them accepts it, so the engines stay the one judge of the key)."""
+    is accepted when one of them accepts it, so the engines stay the one judge of the key); with TLS, the TLS fronts
+    of both ports (tls_fronts)."""
     urls = [w["url"] for w in workers["decode"] + workers["prefill"]]
-    return {"args": router_args(site, workers, engines), "api_key_file": KEY,
-            "api_key_validation_urls": [u + "/v1/models" for u in urls]}
+    config = {"args": router_args(site, workers, engines, address), "api_key_file": KEY,
+              "api_key_validation_urls": [u + "/v1/models" for u in urls]}
+    if tls_on(site):
+        config["tls"] = tls_fronts(router_bind(site, address), (site["NARWHAL_ROUTER_PORT"],
+                                                                site["NARWHAL_ROUTER_METRICS_PORT"]))
+    return config
 
 
 def config_text(config):
     return json.dumps(config, indent=2, sort_keys=True) + "\n"
 
 
-def local_url(bind, port):
-    """Where the router host reaches its own router: loopback for a wildcard bind, else the bound address."""
+def local_url(bind, port, tls=False):
+    """Where the router host reaches its own router: loopback for a wildcard bind (plain HTTP only: TLS refuses a
+    wildcard bind, router_bind), else the bound address."""
     host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(bind, bind)
-    return http_url(host, port)
+    return url(tls, host, port)
 
 
-def router_plan(site, fleet, image_id, version, entry_sha256, address=None, engines=None):
+def tls_container(site, tls):
+    """(environment, the certificate's sha256) of a router container: with TLS, SSL_CERT_FILE names the CA in the
+    router directory, so vllm-router's HTTP client (reqwest) verifies the engines' certificates against it (without
+    it the https workers never become healthy); the certificate's sha256 joins the plan hash, so a new certificate
+    restarts the router. `tls`: tls_material's entry of this router host ({cert, key, sha256, ...})."""
+    if not tls_on(site):
+        return [], None
+    if not isinstance(tls, dict) or not tls.get("sha256"):
+        raise PlanError("NARWHAL_TLS=%s, but the router host has no certificate from tls_material; rerun the router "
+                        "stage, which makes or checks it" % site.get("NARWHAL_TLS", "site"), "NARWHAL_TLS")
+    return ["SSL_CERT_FILE=" + TLS_CA], tls["sha256"]
+
+
+def plan_hash(plan, keys):
+    hashed = dict((k, plan[k]) for k in keys if k in plan)
+    return hashlib.sha256(json.dumps(hashed, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def router_plan(site, fleet, image_id, version, entry_sha256, address=None, engines=None, tls=None):
     """The complete router plan: container, mounts, the config document and the hash of all of it (`engines`:
-    narwhal_site.engines, for per-node data-parallel sizes)."""
+    narwhal_site.engines, for per-node data-parallel sizes; `tls`: tls_material's entry of this router host, needed
+    when NARWHAL_TLS is not off). Without TLS the hash covers what it covered before TLS existed."""
     workers = fleet_workers(fleet)
-    config = router_config(site, workers, engines)
+    config = router_config(site, workers, engines, address)
+    bind, secure = router_bind(site, address), tls_on(site)
+    env, cert_sha256 = tls_container(site, tls)
     port, metrics = int(site["NARWHAL_ROUTER_PORT"]), int(site["NARWHAL_ROUTER_METRICS_PORT"])
     plan = {
         "name": CONTAINER_NAME,
@@ -161,14 +249,18 @@ def router_plan(site, fleet, image_id, version, entry_sha256, address=None, engi
         "workers": workers,
         "port": port,
         "metrics_port": metrics,
-        "local_url": local_url(site["NARWHAL_ROUTER_BIND"], port),
-        "local_metrics_url": local_url(site["NARWHAL_ROUTER_BIND"], metrics),
+        "bind": bind,
+        "tls": secure,
+        "local_url": local_url(bind, port, secure),
+        "local_metrics_url": local_url(bind, metrics, secure),
     }
+    if secure:
+        plan.update(env=env, tls_sha256=cert_sha256)
     if address:
-        plan["url"] = http_url(address, port)
-        plan["metrics_url"] = http_url(address, metrics, "/metrics")
-    hashed = dict((k, plan[k]) for k in ("image", "entrypoint", "command", "config", "entry_sha256", "dir"))
-    plan["hash"] = hashlib.sha256(json.dumps(hashed, sort_keys=True).encode("utf-8")).hexdigest()
+        plan["url"] = url(secure, address, port)
+        plan["metrics_url"] = url(secure, address, metrics, "/metrics")
+    plan["hash"] = plan_hash(plan, ("image", "entrypoint", "command", "config", "entry_sha256", "dir", "env",
+                                    "tls_sha256"))
     plan["labels"] = {ROLE_LABEL: "router", PLAN_HASH_LABEL: plan["hash"], VERSION_LABEL: version}
     return plan
 

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call
 from ansible_collections.narwhal.deploy.plugins.module_utils._router import traffic
-from ansible_collections.narwhal.deploy.plugins.module_utils._router.client import metrics, read_key, stream
+from ansible_collections.narwhal.deploy.plugins.module_utils._router.client import check_ca, metrics, read_key, stream
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import fleet_workers
 
 __metaclass__ = type
@@ -35,8 +35,8 @@ def _each(fn, items):
         return list(pool.map(fn, items))
 
 
-def _readings(engines, timeout):
-    texts = _each(lambda w: metrics(w["url"], timeout), engines)
+def _readings(engines, timeout, cafile=None):
+    texts = _each(lambda w: metrics(w["url"], timeout, cafile), engines)
     return traffic.counters(dict((w["engine"], texts[i]) for i, w in enumerate(engines)))
 
 
@@ -52,14 +52,14 @@ def one_request(p, key, workers, endpoint, streamed, kind, before):
     entry = {"endpoint": endpoint, "stream": streamed, "prompt": kind, "ttft_s": None}
     started = time.time()
     if streamed:
-        status, events, first, tail = stream(url, key, body, p["timeout"])
+        status, events, first, tail = stream(url, key, body, p["timeout"], p["ca_file"])
         got, usage, finish, got_ids = traffic.stream_text(endpoint, events)
         entry["ttft_s"] = round(first, 4) if first is not None else None
         broken = tail or None
         if not got:
             entry["events_tail"] = events[-4:]  # what the stream carried, to read why it had no text
     else:
-        status, answer = call(url, key, body, timeout=p["timeout"])
+        status, answer = call(url, key, body, timeout=p["timeout"], cafile=p["ca_file"])
         got = traffic.answer_text(endpoint, answer)
         got_ids = traffic.answer_tokens(answer)
         usage = answer.get("usage") if isinstance(answer, dict) else None
@@ -67,7 +67,7 @@ def one_request(p, key, workers, endpoint, streamed, kind, before):
         finish = choices[0].get("finish_reason") if choices and isinstance(choices[0], dict) else None
         broken = None if status == 200 else str(answer)[:300]
     entry["latency_s"] = round(time.time() - started, 4)
-    after = _readings(everyone, p["timeout"])
+    after = _readings(everyone, p["timeout"], p["ca_file"])
     decode = [w["engine"] for w in workers["decode"]]
     prompt_tokens, cached = traffic.usage_tokens(usage)
     evidence, grew, kv_problem = traffic.kv_evidence(
@@ -94,7 +94,8 @@ def compare(p, key, workers, entry, text):
 
     def own(worker):
         ref = traffic.request_body(endpoint, p["model"], text, p["max_tokens"], False, salt=uuid.uuid4().hex)
-        code, answer = call(worker["url"] + traffic.ENDPOINTS[endpoint], key, ref, timeout=p["timeout"])
+        code, answer = call(worker["url"] + traffic.ENDPOINTS[endpoint], key, ref, timeout=p["timeout"],
+                            cafile=p["ca_file"])
         return ((traffic.answer_text(endpoint, answer), traffic.answer_tokens(answer))
                 if code == 200 else ("HTTP %s" % code, None))
 
@@ -118,12 +119,13 @@ def run_module(module):
     try:
         workers = fleet_workers(p["engines"])
         key = read_key(p["api_key_file"])
+        ca = check_ca(p["ca_file"])
     except PlanError as exc:
         module.fail_json(msg=str(exc), input=exc.key)
     models = p["url"].rstrip("/") + "/v1/models"
-    auth = {"none": call(models, None, timeout=p["timeout"])[0],
-            "wrong": call(models, "narwhal-wrong-%s" % uuid.uuid4().hex, timeout=p["timeout"])[0],
-            "key": call(models, key, timeout=p["timeout"])[0]}
+    auth = {"none": call(models, None, timeout=p["timeout"], cafile=ca)[0],
+            "wrong": call(models, "narwhal-wrong-%s" % uuid.uuid4().hex, timeout=p["timeout"], cafile=ca)[0],
+            "key": call(models, key, timeout=p["timeout"], cafile=ca)[0]}
     problems = []
     if auth["none"] != 401 or auth["wrong"] != 401:
         problems.append("the router does not refuse clients without the key (HTTP %s without a key, %s with a wrong "
@@ -132,7 +134,7 @@ def run_module(module):
         problems.append("the router refuses the engines' own key on /v1/models (HTTP %s)" % auth["key"])
     rounds = max(1, int(math.ceil(max(len(workers["prefill"]), len(workers["decode"])) / float(len(traffic.matrix())))))
     sent = []
-    reading = _readings(workers["prefill"] + workers["decode"], p["timeout"])
+    reading = _readings(workers["prefill"] + workers["decode"], p["timeout"], ca)
     for _round in range(rounds):
         for endpoint, streamed, kind in traffic.matrix():
             entry, reading, text = one_request(p, key, workers, endpoint, streamed, kind, reading)

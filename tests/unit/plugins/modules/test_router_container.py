@@ -63,8 +63,10 @@ def test_the_container_follows_its_plan(module_runner, name, tmp_path):
     assert (again["changed"], again["action"], again["container"]["Id"]) == (False, "kept", first["container"]["Id"])
     status, restarted = run({"state": "started", "plan": _plan(name, tmp_path, "a" * 64), "restart": True})
     assert restarted["action"] == "restarted" and restarted["container"]["Id"] == first["container"]["Id"]
-    status, replaced = run({"state": "started", "plan": _plan(name, tmp_path, "b" * 64)})
+    status, replaced = run({"state": "started", "plan": dict(_plan(name, tmp_path, "b" * 64),
+                                                             env=["SSL_CERT_FILE=/narwhal/tls/ca.crt"])})
     assert replaced["action"] == "replaced" and replaced["container"]["Id"] != first["container"]["Id"]
+    assert "SSL_CERT_FILE=/narwhal/tls/ca.crt" in api.container(name)["Config"]["Env"]  # the plan's env (TLS)
     api.stop(name, timeout=1)
     status, info = run({"state": "inspected", "name": name})
     assert not info["changed"] and info["container"]["State"]["Running"] is False

@@ -10,20 +10,31 @@ import sys
 import time
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call
-from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import fleet_workers, router_config
+from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import (
+    fleet_workers,
+    router_config,
+    tls_fronts,
+)
 from test_support.paths import REPO
 from test_support.standin import free_port
 
 ENTRY = REPO / "roles" / "router" / "files" / "narwhal_router.py"
 
 
-def router_process(tmp_path, engines, key, health_interval_s=1, health_failures=2):
+def router_process(tmp_path, engines, key, health_interval_s=1, health_failures=2, tls=None, env=None, wait=True):
     """-> {url, metrics_url, proc, log, key_file} of a router on free loopback ports, once its /workers answers
-    (every engine answered /health). The caller terminates `proc`."""
+    (every engine answered /health). The caller terminates `proc`. `tls` ({cert, key, ca}: paths): vllm-router on
+    127.0.0.1 behind the start script's TLS front on 127.0.0.2 (the same port numbers, as the plan's tls_fronts
+    puts them), the URLs https and /workers asked with the CA. `env`: more environment (SSL_CERT_FILE, as the router
+    container has it); `wait=False`: return at once (a router whose workers never become healthy does not serve)."""
     port, metrics = free_port(), free_port()
     site = {"NARWHAL_ROUTER_BIND": "127.0.0.1", "NARWHAL_ROUTER_PORT": port, "NARWHAL_ROUTER_METRICS_PORT": metrics,
-            "NARWHAL_ROUTER_POLICY": "round_robin", "NARWHAL_ROUTER_READY_TIMEOUT": 60}
+            "NARWHAL_ROUTER_POLICY": "round_robin", "NARWHAL_ROUTER_READY_TIMEOUT": 60, "NARWHAL_TLS": "off"}
     config = router_config(site, fleet_workers(engines))
+    host, scheme, cafile = "127.0.0.1", "http", None
+    if tls:
+        host, scheme, cafile = "127.0.0.2", "https", tls["ca"]
+        config["tls"] = dict(tls_fronts(host, (port, metrics)), cert=tls["cert"], key=tls["key"])
     key_file = tmp_path / "router-api.key"
     key_file.write_text(key + "\n")
     key_file.chmod(0o600)
@@ -33,16 +44,17 @@ def router_process(tmp_path, engines, key, health_interval_s=1, health_failures=
     args[args.index("--health-failure-threshold") + 1] = str(health_failures)
     (tmp_path / "router.json").write_text(json.dumps(config))
     log = tmp_path / "router.log"
-    env = {k: v for k, v in os.environ.items() if "KEY" not in k}
+    env = dict({k: v for k, v in os.environ.items() if "KEY" not in k}, **(env or {}))
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, str(ENTRY), str(tmp_path / "router.json")], stdout=out,
                                 stderr=subprocess.STDOUT, env=env)
-    url = "http://127.0.0.1:%d" % port
+    url = "%s://%s:%d" % (scheme, host, port)
     deadline = time.time() + 60
-    while call(url + "/workers", key, timeout=2)[0] != 200:
+    while wait and call(url + "/workers", key, timeout=2, cafile=cafile)[0] != 200:
         if proc.poll() is not None or time.time() > deadline:
             proc.kill()
             raise AssertionError("the router did not serve: %s" % log.read_text(errors="replace")[-2000:])
         time.sleep(0.2)
-    return {"url": url, "metrics_url": "http://127.0.0.1:%d/metrics" % metrics, "proc": proc, "log": log,
+    return {"url": url, "metrics_url": "%s://%s:%d/metrics" % (scheme, host, metrics), "proc": proc, "log": log,
             "key_file": str(key_file)}
+

@@ -23,8 +23,11 @@ FLEET = [
 ]
 BASE = {"NARWHAL_FABRIC_INTERFACE": "eth1", "NARWHAL_MODEL_PATH": "/models/tiny", "NARWHAL_IMAGE": "vllm/vllm:1",
         "NARWHAL_NODE_1_ROLE": "prefill", "NARWHAL_NODE_2_ROLE": "decode"}
-RECORD = {"url": "http://10.0.0.21:30000", "image": "sha256:abc", "vllm_router_version": "0.1.17",
-          "image_ref": "narwhal/vllm-router:0.1.17"}
+# the router stage's record with NARWHAL_TLS on (the default): https, the router's certificate
+RECORD = {"url": "https://10.0.0.21:30000", "image": "sha256:abc", "vllm_router_version": "0.1.17",
+          "image_ref": "narwhal/vllm-router:0.1.17", "bind": "10.0.0.21",
+          "tls": {"sha256": "ab" * 32, "not_after": "2027-01-01T00:00:00Z", "days_left": 300}}
+PLAIN_RECORD = dict(RECORD, url="http://10.0.0.21:30000", tls=None)
 
 
 def site(**values):
@@ -101,18 +104,50 @@ def test_no_secret_and_no_key_flag_in_any_step():
 
 
 def test_the_second_router_is_regular_mode_over_the_first_decode_engine():
-    inputs = site()
-    router = bench_router_plan(RECORD, inputs, fleet_workers(FLEET))
+    inputs = site(NARWHAL_TLS="off")
+    router = bench_router_plan(PLAIN_RECORD, inputs, fleet_workers(FLEET))
     args = args_of(router["config"]["args"])
     assert router["name"] == BENCH_ROUTER_NAME and router["image"] == "sha256:abc"
     assert args["--worker-urls"] == ["http://10.0.0.12:8000"] and "--vllm-pd-disaggregation" not in args
+    assert args["--host"] == ["10.0.0.21"]  # where the fleet's router binds: its router_address
     assert args["--port"] == ["30001"] and args["--prometheus-host"] == ["127.0.0.1"]
-    assert router["url"] == "http://10.0.0.21:30001" and router["local_url"] == "http://127.0.0.1:30001"
+    assert router["url"] == "http://10.0.0.21:30001" and router["local_url"] == "http://10.0.0.21:30001"
     assert router["command"] == ["/narwhal/narwhal_router.py", "/narwhal/bench-router.json"]
     assert router["config"]["api_key_validation_urls"] == ["http://10.0.0.12:8000/v1/models"]
-    ipv6 = bench_router_plan(dict(RECORD, url="http://[fd00::21]:30000"), inputs, fleet_workers(FLEET))
-    assert ipv6["url"] == "http://[fd00::21]:30001"
-    assert bench_router_plan(RECORD, inputs, fleet_workers(FLEET))["hash"] == router["hash"]
+    assert "tls" not in router["config"] and "env" not in router
+    ipv6 = bench_router_plan(dict(PLAIN_RECORD, url="http://[fd00::21]:30000"), inputs, fleet_workers(FLEET))
+    assert ipv6["url"] == "http://[fd00::21]:30001" and args_of(ipv6["config"]["args"])["--host"] == ["fd00::21"]
+    assert args_of(ipv6["config"]["args"])["--prometheus-host"] == ["::1"]
+    assert bench_router_plan(PLAIN_RECORD, inputs, fleet_workers(FLEET))["hash"] == router["hash"]
+    wildcard = bench_router_plan(PLAIN_RECORD, site(NARWHAL_TLS="off", NARWHAL_ROUTER_BIND="0.0.0.0"),
+                                 fleet_workers(FLEET))
+    assert wildcard["local_url"] == "http://127.0.0.1:30001"
+
+
+def test_with_tls_the_second_router_is_behind_its_own_tls_front():
+    fleet = [dict(e, url=e["url"].replace("http://", "https://")) for e in FLEET]
+    router = bench_router_plan(RECORD, site(), fleet_workers(fleet))
+    args = args_of(router["config"]["args"])
+    assert args["--host"] == ["127.0.0.1"] and args["--prometheus-host"] == ["127.0.0.1"]
+    assert args["--worker-urls"] == ["https://10.0.0.12:8000"]
+    assert router["config"]["tls"] == {"cert": "/narwhal/tls/server.crt", "key": "/narwhal/tls/server.key",
+                                       "fronts": [{"listen": ["10.0.0.21", 30001],
+                                                   "upstream": ["127.0.0.1", 30001]}]}
+    assert router["url"] == "https://10.0.0.21:30001" and router["local_url"] == "https://10.0.0.21:30001"
+    assert router["env"] == ["SSL_CERT_FILE=/narwhal/tls/ca.crt"]
+    renewed = bench_router_plan(dict(RECORD, tls=dict(RECORD["tls"], sha256="cd" * 32)), site(), fleet_workers(fleet))
+    assert renewed["hash"] != router["hash"]
+
+
+@pytest.mark.parametrize("record, tls, words", [
+    (PLAIN_RECORD, "site", "has url http://10.0.0.21:30000, but NARWHAL_TLS is site"),
+    (RECORD, "off", "has url https://10.0.0.21:30000, but NARWHAL_TLS is off"),
+    (dict(RECORD, tls=None), "site", "no certificate from tls_material"),
+])
+def test_a_router_record_of_another_tls_setting_is_refused(record, tls, words):
+    with pytest.raises(PlanError) as err:
+        bench_router_plan(record, site(NARWHAL_TLS=tls), fleet_workers(FLEET))
+    assert words in str(err.value) and "rerun the router stage" in str(err.value)
 
 
 @pytest.mark.parametrize("values, key", [

@@ -14,7 +14,10 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import
     local_url,
     report_problems,
     router_args,
+    router_bind,
+    router_config,
     router_plan,
+    tls_names,
     worker_report,
 )
 
@@ -25,7 +28,7 @@ FLEET = [
 ]
 SITE = {"NARWHAL_ROUTER_IMAGE": "narwhal/vllm-router:0.1.17", "NARWHAL_ROUTER_PORT": 30000,
         "NARWHAL_ROUTER_METRICS_PORT": 29000, "NARWHAL_ROUTER_BIND": "0.0.0.0", "NARWHAL_ROUTER_POLICY": "round_robin",
-        "NARWHAL_ROUTER_READY_TIMEOUT": 300, "NARWHAL_ROUTER_DIR": "/opt/narwhal-router"}
+        "NARWHAL_ROUTER_READY_TIMEOUT": 300, "NARWHAL_ROUTER_DIR": "/opt/narwhal-router", "NARWHAL_TLS": "off"}
 
 
 def test_workers_come_from_the_fleet_in_its_order():
@@ -165,3 +168,103 @@ def test_the_router_plan_filter_reads_per_node_data_parallel_sizes():
     with pytest.raises(AnsibleFilterError) as err:
         router_plan_filter({"site": SITE, "engines": engines}, FLEET, "sha256:abc", "0.1.17", "0" * 64)
     assert "engine-1 2, engine-2 1, engine-3 2" in str(err.value)
+
+
+# TLS and the bind (issue 35): the router binds its host's address unless NARWHAL_ROUTER_BIND says otherwise; with TLS
+# vllm-router binds loopback behind narwhal_router.py's TLS front on that address.
+TLS_SITE = dict(SITE, NARWHAL_TLS="site", NARWHAL_ROUTER_BIND="")
+CERT = {"cert": "/p/config/tls/hosts/router-1.crt", "key": "/p/config/tls/hosts/router-1.key", "sha256": "ab" * 32,
+        "not_after": "2027-01-01T00:00:00Z", "days_left": 300, "names": ["10.0.0.21"]}
+
+
+@pytest.mark.parametrize("bind, address, bound", [("", "10.0.0.21", "10.0.0.21"), ("", "fd00::21", "fd00::21"),
+                                                  ("", " 10.0.0.21 ", "10.0.0.21"), ("10.1.0.21", "router-1.lab",
+                                                                                      "10.1.0.21")])
+def test_an_empty_bind_is_the_router_address(bind, address, bound):
+    assert router_bind(dict(TLS_SITE, NARWHAL_ROUTER_BIND=bind), address) == bound
+
+
+@pytest.mark.parametrize("address", ["router-1.lab", None, "", "[fd00::21]"])
+def test_an_empty_bind_with_a_router_address_that_is_no_ip_address_is_refused_by_name(address):
+    for tls in ("site", "off"):
+        with pytest.raises(PlanError) as err:
+            router_bind(dict(TLS_SITE, NARWHAL_TLS=tls), address)
+        assert err.value.key == "NARWHAL_ROUTER_BIND"
+        assert "router_address" in str(err.value) and "%r, not an IP address" % (address,) in str(err.value)
+
+
+@pytest.mark.parametrize("bind", ["0.0.0.0", "::", "127.0.0.1", "127.0.0.2", "::1"])
+def test_with_tls_a_wildcard_or_loopback_bind_is_refused_by_name(bind):
+    for tls in ("site", "operator"):
+        with pytest.raises(PlanError) as err:
+            router_plan(dict(TLS_SITE, NARWHAL_TLS=tls, NARWHAL_ROUTER_BIND=bind), FLEET, "sha256:aa", "0.1.17", "c1",
+                        "10.0.0.21", tls=CERT)
+        assert err.value.key == "NARWHAL_ROUTER_BIND" and bind in str(err.value) and "NARWHAL_TLS=%s" % tls in \
+            str(err.value)
+    # without TLS the router binds them itself
+    assert router_bind(dict(TLS_SITE, NARWHAL_TLS="off", NARWHAL_ROUTER_BIND=bind), "10.0.0.21") == bind
+
+
+def test_with_tls_vllm_router_binds_loopback_behind_the_front_on_the_same_ports():
+    config = router_config(TLS_SITE, fleet_workers(FLEET), address="10.0.0.21")
+    args = config["args"]
+    assert args[args.index("--host") + 1] == "127.0.0.1" and args[args.index("--prometheus-host") + 1] == "127.0.0.1"
+    assert config["tls"] == {"cert": "/narwhal/tls/server.crt", "key": "/narwhal/tls/server.key",
+                             "fronts": [{"listen": ["10.0.0.21", 30000], "upstream": ["127.0.0.1", 30000]},
+                                        {"listen": ["10.0.0.21", 29000], "upstream": ["127.0.0.1", 29000]}]}
+    plain = router_config(dict(TLS_SITE, NARWHAL_TLS="off"), fleet_workers(FLEET), address="10.0.0.21")
+    assert "tls" not in plain and plain["args"][plain["args"].index("--host") + 1] == "10.0.0.21"
+
+
+def test_the_tls_plan_is_https_verifies_the_engines_and_restarts_on_a_new_certificate():
+    fleet = [dict(e, url=e["url"].replace("http://", "https://")) for e in FLEET]
+    plan = router_plan(TLS_SITE, fleet, "sha256:aa", "0.1.17", "c1", "10.0.0.21", tls=CERT)
+    assert plan["url"] == "https://10.0.0.21:30000" and plan["metrics_url"] == "https://10.0.0.21:29000/metrics"
+    assert plan["local_url"] == "https://10.0.0.21:30000" and plan["local_metrics_url"] == "https://10.0.0.21:29000"
+    assert plan["env"] == ["SSL_CERT_FILE=/narwhal/tls/ca.crt"] and plan["tls"] is True
+    assert plan["config"]["api_key_validation_urls"][0] == "https://10.0.0.12:8000/v1/models"
+    assert "ab" * 32 not in json.dumps(plan["config"])  # the certificate's hash is the plan's, not router.json's
+    renewed = router_plan(TLS_SITE, fleet, "sha256:aa", "0.1.17", "c1", "10.0.0.21", tls=dict(CERT, sha256="cd" * 32,
+                                                                                                  days_left=365))
+    assert renewed["hash"] != plan["hash"]
+    # days left alone change nothing
+    assert router_plan(TLS_SITE, fleet, "sha256:aa", "0.1.17", "c1", "10.0.0.21", tls=dict(CERT, days_left=1))["hash"] \
+        == plan["hash"]
+    off = router_plan(dict(TLS_SITE, NARWHAL_TLS="off"), FLEET, "sha256:aa", "0.1.17", "c1", "10.0.0.21")
+    assert off["url"] == "http://10.0.0.21:30000" and "env" not in off and off["hash"] != plan["hash"]
+
+
+def test_with_tls_a_router_host_without_its_certificate_is_refused():
+    for tls in (None, {}, dict(CERT, sha256="")):
+        with pytest.raises(PlanError) as err:
+            router_plan(TLS_SITE, FLEET, "sha256:aa", "0.1.17", "c1", "10.0.0.21", tls=tls)
+        assert err.value.key == "NARWHAL_TLS" and "tls_material" in str(err.value)
+
+
+def test_without_tls_the_hash_of_an_unchanged_router_is_what_it_was():
+    """A site that keeps NARWHAL_TLS=off and an explicit bind keeps its running router (the hash before issue 35,
+    computed here from the same fields)."""
+    import hashlib
+
+    site = dict(SITE, NARWHAL_ROUTER_BIND="10.0.0.21")
+    plan = router_plan(site, FLEET, "sha256:aa", "0.1.17", "c1", "10.0.0.21")
+    before = dict((k, plan[k]) for k in ("image", "entrypoint", "command", "config", "entry_sha256", "dir"))
+    assert plan["hash"] == hashlib.sha256(json.dumps(before, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def test_the_certificate_names_the_router_address_and_a_bind_of_its_own():
+    assert tls_names(TLS_SITE, "10.0.0.21") == ["10.0.0.21"]
+    assert tls_names(dict(TLS_SITE, NARWHAL_ROUTER_BIND="10.1.0.21"), "router-1.lab") == ["router-1.lab", "10.1.0.21"]
+
+
+def test_the_local_url_filter_follows_the_bind_and_tls():
+    from ansible.errors import AnsibleFilterError
+
+    from ansible_collections.narwhal.deploy.plugins.filter.narwhal import router_local_url, router_tls_names
+
+    assert router_local_url({"site": TLS_SITE}, "fd00::21") == "https://[fd00::21]:30000"
+    assert router_local_url({"site": dict(TLS_SITE, NARWHAL_TLS="off", NARWHAL_ROUTER_BIND="::")}, "fd00::21") \
+        == "http://[::1]:30000"
+    with pytest.raises(AnsibleFilterError, match="NARWHAL_ROUTER_BIND is empty"):
+        router_local_url({"site": TLS_SITE}, "router-1.lab")
+    assert router_tls_names({"site": TLS_SITE}, "10.0.0.21") == ["10.0.0.21"]
