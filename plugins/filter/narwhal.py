@@ -181,13 +181,10 @@ def _cert_days(tls):
     """The status table's cert column (the launcher's status `tls`: {days_left, not_after, error}): the served
     certificate's days left as `<n>d`, `expired` when none are left, FAIL when it fails verification, `-` without
     TLS (NARWHAL_TLS=off, a headless host)."""
-    if not tls:
-        return "-"
+    tls = tls or {}
     days = tls.get("days_left")
-    if tls.get("error") and not (isinstance(days, int) and days <= 0):
-        return "FAIL"
-    if not isinstance(days, int) or isinstance(days, bool):
-        return "FAIL"
+    if isinstance(days, bool) or not isinstance(days, int):
+        return "FAIL" if tls.get("error") else "-"
     return "%dd" % days if days > 0 else "expired"
 
 

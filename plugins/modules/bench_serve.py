@@ -44,7 +44,7 @@ options:
   ca_file:
     description:
       - The CA certificate (PEM) on this host the targets' https certificates are verified against (with TLS, the
-        engine host's C(<checkout>/tls/ca.crt)). Mounted read-only in the container and named by C(SSL_CERT_FILE),
+        engine host's C(<checkout>/tls/<engine>/ca.crt)). Mounted read-only in the container and named by C(SSL_CERT_FILE),
         since C(vllm bench serve) verifies https with aiohttp's default context, C(ssl.create_default_context()),
         which reads it. Unset, the image's own CAs.
     type: path

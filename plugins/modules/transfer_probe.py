@@ -142,7 +142,7 @@ options:
     description:
       - The CA certificate (PEM) the engines' certificates must be signed by, on the host that runs the probe -
         trusted alone, the system's CAs are not. The probe role passes the controller's C(<NARWHAL_TLS_DIR>/ca.crt)
-        and, from a consumer's host, the engine checkout's C(<NARWHAL_ENGINE_CHECKOUT>/tls/ca.crt) that install
+        and, from a consumer's host, the engine checkout's C(<NARWHAL_ENGINE_CHECKOUT>/tls/<engine>/ca.crt) that install
         writes; none with C(NARWHAL_TLS=off) (the URLs are C(http)).
       - Without it an C(https) URL is verified against the system's CAs. A file that cannot be read as certificates
         fails the module before any probe, naming it.

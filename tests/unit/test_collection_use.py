@@ -169,7 +169,7 @@ def test_the_status_row_shows_the_days_left_of_the_engines_certificate(tls, cert
               "version": {"served": "0.33.0"}, "nixl": {"bytes_transferred": 4096}}
     if tls is not None:
         status["tls"] = tls
-    assert status_row(status).split()[7:10] == ["0.33.0", "4096", cert]
+    assert status_row(status).split()[7:10] == ["0.33.0", cert, "4096"]
     assert status_row(status).endswith("serving as recorded")
 
 
