@@ -285,8 +285,9 @@ def transfer_probe(task):
         except (OSError, ssl.SSLError) as exc:
             raise StepError("transfer probe: cannot read the CA certificate %s on host %s (%s); it is the site CA that "
                             "the engines' certificates are checked against: on the controller <NARWHAL_TLS_DIR>/ca.crt "
-                            "(prepare makes it with NARWHAL_TLS=site), on an engine host <checkout>/tls/<engine>/ca.crt "
-                            "(install puts it there): rerun prepare and install, or pass the CA's path as ca_file"
+                            "(prepare makes it with NARWHAL_TLS=site), on an engine host "
+                            "<checkout>/tls/<engine>/ca.crt (install puts it there): rerun prepare and install, or "
+                            "pass the CA's path as ca_file"
                             % (p["ca_file"], host_name(), getattr(exc, "strerror", None) or exc), input="ca_file")
     if p["parallel"] < 1:
         raise StepError("transfer probe: parallel must be 1 (one probe at a time) or more, got %d"
