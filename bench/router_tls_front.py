@@ -74,7 +74,7 @@ def upstream(port, ready):
                 if head.split(b" ", 2)[1] == b"/stream":
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                                  b"Transfer-Encoding: chunked\r\n\r\n")
-                    for _ in range(EVENTS):
+                    for _event in range(EVENTS):
                         writer.write(chunk)
                         await writer.drain()
                     writer.write(b"0\r\n\r\n")
@@ -174,7 +174,7 @@ def pct(values, p):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--streams", type=int, default=300)
     parser.add_argument("--connects", type=int, default=300)
@@ -201,8 +201,8 @@ def main():
                      connects(front_port, client, opts.connects, 30)))
         for proc in procs:
             proc.terminate()
-    print("%-22s %10s %6s %11s %6s %11s %6s" % ("case (ms)", "direct p50", "p99", "front p50", "p99", "added p50",
-                                                   "p99"))
+    print("%-22s %10s %6s %11s %6s %11s %6s"
+          % ("case (ms)", "direct p50", "p99", "front p50", "p99", "added p50", "p99"))
     for name, plain, secure in rows:
         d50, d99, f50, f99 = pct(plain, 50), pct(plain, 99), pct(secure, 50), pct(secure, 99)
         print("%-22s %10.2f %6.2f %11.2f %6.2f %11.2f %6.2f" % (name, d50, d99, f50, f99, f50 - d50, f99 - d99))

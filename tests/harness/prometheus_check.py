@@ -53,8 +53,8 @@ def main(scrape_file, dashboard_file, fleet, workdir, router_url=None, key_file=
     ca_file = (job.get("tls_config") or {}).get("ca_file")
     files = [name for sd in job["file_sd_configs"] for name in sd["files"]]
     expected = sum(len(group["targets"]) for name in files for group in json.loads(pathlib.Path(name).read_text()))
-    print("scrape job %s over %s, %s" % (job["job_name"], ", ".join(files),
-                                          "TLS verified against %s" % ca_file if ca_file else "no TLS"))
+    how = "TLS verified against %s" % ca_file if ca_file else "no TLS"
+    print("scrape job %s over %s, %s" % (job["job_name"], ", ".join(files), how))
     stop, answered = threading.Event(), {}
     client = None
     if router_url:

@@ -57,4 +57,3 @@ def router_process(tmp_path, engines, key, health_interval_s=1, health_failures=
         time.sleep(0.2)
     return {"url": url, "metrics_url": "%s://%s:%d/metrics" % (scheme, host, metrics), "proc": proc, "log": log,
             "key_file": str(key_file)}
-

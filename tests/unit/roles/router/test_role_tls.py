@@ -71,8 +71,9 @@ def test_with_tls_the_router_host_holds_its_certificate_key_and_ca(tmp_path):
                                                "group": "root"},
         "/opt/narwhal-router/tls/ca.crt": {"path": "/opt/narwhal-router/tls/ca.crt", "mode": "0644",
                                            "src": "/p/config/tls/ca.crt", "owner": "root", "group": "root"}}
-    assert [f["path"] for f in got["files"]][:4] == ["/opt/narwhal-router", "/opt/narwhal-router/narwhal_router.py",
-                                                      "/opt/narwhal-router/api.key", "/opt/narwhal-router/router.json"]
+    assert [f["path"] for f in got["files"]][:4] == [
+        "/opt/narwhal-router", "/opt/narwhal-router/narwhal_router.py", "/opt/narwhal-router/api.key",
+        "/opt/narwhal-router/router.json"]
     assert got["ca"] == "/opt/narwhal-router/tls/ca.crt"
     assert got["local_url"] == got["plan_local"] == "https://10.0.0.21:30000"
     assert got["names"] == ["10.0.0.21"] and got["tls_dir"] == "/p/config/tls"

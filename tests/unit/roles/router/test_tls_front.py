@@ -56,7 +56,7 @@ class Upstream:
     def serve(self):
         while True:
             try:
-                conn, _ = self.sock.accept()
+                conn, _peer = self.sock.accept()
             except OSError:
                 return
             threading.Thread(target=self.answer, args=(conn,), daemon=True).start()
@@ -213,7 +213,7 @@ def test_a_relay_whose_client_left_is_kept_until_vllm_router_closes(tmp_path, mo
     got_eof, release = threading.Event(), threading.Event()
 
     def hold():  # reads the request to its end, then keeps the connection open until released
-        conn, _ = sticky.accept()
+        conn, _peer = sticky.accept()
         with conn:
             while conn.recv(4096):
                 pass

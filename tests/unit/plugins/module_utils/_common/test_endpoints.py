@@ -97,7 +97,7 @@ def test_a_url_with_user_information_is_refused_naming_where_and_never_showing_i
     with pytest.raises(PlanError) as err:
         refuse_userinfo(url, "NARWHAL_FLEET config/fleet.json: engine-2, field url")
     text = str(err.value)
-    assert SECRET not in text and "user" not in text.split("carries")[0]
+    assert SECRET not in text and "user" not in text.split("carries", maxsplit=1)[0]
     assert text.startswith("NARWHAL_FLEET config/fleet.json: engine-2, field url: the URL ")
     assert "<redacted>@" in text and "carries user information" in text and "NARWHAL_API_KEY_FILE" in text
     assert err.value.key == "NARWHAL_FLEET"

@@ -184,7 +184,7 @@ def test_one_context_per_ca_file(site_ca, monkeypatch):
     real = http.make_context
     monkeypatch.setattr(http, "_CONTEXTS", {})
     monkeypatch.setattr(http, "make_context", lambda **kw: built.append(kw) or real(**kw))
-    for _ in range(3):
+    for _attempt in range(3):
         assert http.tls_context(files["ca"]) is http.tls_context(files["ca"])
         http.tls_context(files["other"])
         http.tls_context()

@@ -166,8 +166,8 @@ def test_prepare_with_tls_serves_each_engines_certificate_and_always_the_guard(r
         env = result["derived"][e]["role_env"]
         assert env["NARWHAL_TLS_DIR"] == "%s/tls/%s" % (CHECKOUT, e)
         assert env["NARWHAL_TLS_CERT_SHA256"] == tls["hosts"][e]["sha256"] and env["NARWHAL_BIND_ADDRESS"] == "0.0.0.0"
-        assert "NARWHAL_TLS_DIR=%s/tls/%s\n" % (CHECKOUT, e) in (root / "runs" / result["run_id"] / e /
-                                                                   ("%s.env" % e)).read_text()
+        role_env_text = (root / "runs" / result["run_id"] / e / ("%s.env" % e)).read_text()
+        assert "NARWHAL_TLS_DIR=%s/tls/%s\n" % (CHECKOUT, e) in role_env_text
         assert result["install_sources"][e] == {"0": {"guard_sha256": guard_sha, "tls": {
             "cert": tls["hosts"][e]["cert"], "key": tls["hosts"][e]["key"], "ca": tls["ca"]}}}
         args_ = result["derived"][e]["vllm_args"]

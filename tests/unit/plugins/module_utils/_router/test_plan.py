@@ -178,8 +178,8 @@ CERT = {"cert": "/p/config/tls/hosts/router-1.crt", "key": "/p/config/tls/hosts/
 
 
 @pytest.mark.parametrize("bind, address, bound", [("", "10.0.0.21", "10.0.0.21"), ("", "fd00::21", "fd00::21"),
-                                                  ("", " 10.0.0.21 ", "10.0.0.21"), ("10.1.0.21", "router-1.lab",
-                                                                                      "10.1.0.21")])
+                                                  ("", " 10.0.0.21 ", "10.0.0.21"),
+                                                  ("10.1.0.21", "router-1.lab", "10.1.0.21")])
 def test_an_empty_bind_is_the_router_address(bind, address, bound):
     assert router_bind(dict(TLS_SITE, NARWHAL_ROUTER_BIND=bind), address) == bound
 
@@ -224,8 +224,8 @@ def test_the_tls_plan_is_https_verifies_the_engines_and_restarts_on_a_new_certif
     assert plan["env"] == ["SSL_CERT_FILE=/narwhal/tls/ca.crt"] and plan["tls"] is True
     assert plan["config"]["api_key_validation_urls"][0] == "https://10.0.0.12:8000/v1/models"
     assert "ab" * 32 not in json.dumps(plan["config"])  # the certificate's hash is the plan's, not router.json's
-    renewed = router_plan(TLS_SITE, fleet, "sha256:aa", "0.1.17", "c1", "10.0.0.21", tls=dict(CERT, sha256="cd" * 32,
-                                                                                                  days_left=365))
+    renewed_cert = dict(CERT, sha256="cd" * 32, days_left=365)
+    renewed = router_plan(TLS_SITE, fleet, "sha256:aa", "0.1.17", "c1", "10.0.0.21", tls=renewed_cert)
     assert renewed["hash"] != plan["hash"]
     # days left alone change nothing
     assert router_plan(TLS_SITE, fleet, "sha256:aa", "0.1.17", "c1", "10.0.0.21", tls=dict(CERT, days_left=1))["hash"] \

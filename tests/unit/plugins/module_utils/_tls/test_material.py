@@ -60,7 +60,7 @@ def _handshake(ca, cert, key, server_name):
     c_in, c_out, s_in, s_out = ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO()
     ends = [client.wrap_bio(c_in, c_out, server_hostname=server_name), server.wrap_bio(s_in, s_out, server_side=True)]
     done = [False, False]
-    for _ in range(10):
+    for _round in range(10):
         for i, end in enumerate(ends):
             if not done[i]:
                 try:
