@@ -99,8 +99,8 @@ def tls_problems(tls):
                 "sign is refused: prepare again (it issues or checks the certificates), then launch"
                 % (tls["url"], tls["error"])]
     if tls.get("days_left") is not None and tls["days_left"] < 0:
-        return ["the certificate served at %s expired on %s; prepare again, then launch" % (tls["url"],
-                                                                                           tls["not_after"])]
+        return ["the certificate served at %s expired on %s; prepare again, then launch"
+                % (tls["url"], tls["not_after"])]
     if tls.get("installed_sha256") and tls.get("sha256") != tls["installed_sha256"]:
         return ["the certificate served at %s (sha256 %s) is not the installed one (%s); run launch to serve it"
                 % (tls["url"], _short(tls.get("sha256")), _short(tls["installed_sha256"]))]
@@ -195,8 +195,8 @@ def verdict(doc):
     tls = doc.get("tls") or {}
     if tls.get("days_left") is not None and 0 <= tls["days_left"] < RENEW_DAYS:
         doc["notes"].append("the certificate served at %s expires in %d days (%s); the next prepare issues a new one "
-                            "(site mode) or refuses it (operator mode)" % (tls["url"], tls["days_left"],
-                                                                          tls["not_after"]))
+                            "(site mode) or refuses it (operator mode)"
+                            % (tls["url"], tls["days_left"], tls["not_after"]))
     return doc
 
 
