@@ -268,15 +268,16 @@ def module_spec():
 TLS_FIX = "the prepare role runs narwhal.deploy.tls_material before prepare_run and passes its result as `tls`"
 
 
-def _tls_entry(tls, engine, host):
-    """The tls_material result's certificate of the inventory host `host` that runs `engine`, checked."""
+def _tls_entry(tls, engine, host, check_mode=False):
+    """The tls_material result's certificate of the inventory host `host` that runs `engine`, checked (in check mode
+    the files need not exist yet: tls_material in check mode reports what it would write, and writes nothing)."""
     entry = (tls.get("hosts") or {}).get(host)
     if not isinstance(entry, dict):
         raise InputError("tls", "the tls argument (tls_material's result, mode %s) has no certificate for inventory "
                                 "host %s, which runs %s; %s for every engine host of the play"
                          % (tls.get("mode"), host, engine, TLS_FIX))
     for name, path in (("cert", entry.get("cert")), ("key", entry.get("key")), ("ca", tls.get("ca"))):
-        if not isinstance(path, str) or not os.path.isabs(path) or not os.path.isfile(path):
+        if not isinstance(path, str) or not os.path.isabs(path) or not (check_mode or os.path.isfile(path)):
             raise InputError("tls", "the %s of inventory host %s (%s) in the tls argument is %r, not a file on the "
                                     "controller; %s" % (name, host, engine, path, TLS_FIX))
     if not isinstance(entry.get("sha256"), str) or len(entry["sha256"]) != 64:
@@ -285,7 +286,7 @@ def _tls_entry(tls, engine, host):
     return entry
 
 
-def engine_access(p, site, engines):
+def engine_access(p, site, engines, check_mode=False):
     """{engine: role_environment's who-gets-in arguments (bind, tls, guard_sha256)} and {engine: {narwhal_rank:
     install sources}}: NARWHAL_ENGINE_BIND, the certificate of the inventory host that runs the engine (`tls`, the
     tls_material step's result; `engine_hosts` maps an engine to that host, else the host of its name) and the
@@ -306,7 +307,7 @@ def engine_access(p, site, engines):
     access, sources = {}, {}
     for engine in engines:
         host = (p.get("engine_hosts") or {}).get(engine) or engine
-        entry = _tls_entry(tls, engine, host) if mode != "off" else None
+        entry = _tls_entry(tls, engine, host, check_mode) if mode != "off" else None
         access[engine] = {"bind": site.get("NARWHAL_ENGINE_BIND") or "", "tls": entry, "guard_sha256": guard_sha}
         sources[engine] = {"0": {"guard_sha256": guard_sha, "tls": entry and {
             "cert": entry["cert"], "key": entry["key"], "ca": tls["ca"]}}}
@@ -358,7 +359,7 @@ def _validate(task):
     shared_hosts(records)
     launcher_sha = hashlib.sha256(launcher_bytes).hexdigest()
     checkout = site["NARWHAL_ENGINE_CHECKOUT"]
-    access, sources = engine_access(p, site, engines)
+    access, sources = engine_access(p, site, engines, task.check_mode)
     draft = dict((e, derive(records[e], checkout, "run-pending", access[e])) for e in engines)
     rid = run_id(engines, records, draft, launcher_sha, inputs_sha)
     derived = dict((e, derive(records[e], checkout, rid, access[e])) for e in engines)

@@ -700,3 +700,19 @@ def test_the_run_records_the_collection_and_keeps_the_application_revision(root,
         assert role_env["NARWHAL_APP_REVISION"] == "unknown"
         assert role_env["NARWHAL_COLLECTION"] == (
             "narwhal.deploy 0.1.0 (source tree (no MANIFEST.json, not a git checkout))")
+
+
+def test_prepare_in_check_mode_takes_certificates_tls_material_would_make(root, run_module):
+    # a first deploy in check mode: tls_material (check mode) reports the certificates it would write, none exist yet
+    tls = _tls(root)
+    for entry in tls["hosts"].values():
+        os.unlink(entry["cert"])
+    write_policy(root, site={"NARWHAL_TLS": "site"})
+    status, result = run_module(dict(prep_args(root, "write", good_hosts(), check=True, site={"NARWHAL_TLS": "site"}),
+                                     tls=tls))
+    assert status == "exit", result
+    assert result["install_sources"]["engine-2"]["0"]["tls"]["cert"] == tls["hosts"]["engine-2"]["cert"]
+    assert not (root / "runs").exists() or not any((root / "runs").iterdir())
+    # outside check mode the same argument is refused: the certificate is not there
+    status, result = run_module(dict(prep_args(root, "write", good_hosts(), site={"NARWHAL_TLS": "site"}), tls=tls))
+    assert status == "fail" and result["input"] == "tls" and "not a file on the controller" in result["msg"]
