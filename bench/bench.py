@@ -387,8 +387,10 @@ def discovery_rounds(out, n, rounds, memory_runs=True, day_two=True, site_rounds
 # after docker run the timer polls the same two URLs every 0.05 s), plus the image check alone; for the note,
 # also `plan` (Python start + the plan, no Docker) and `python3 -c "import docker"` (the Docker SDK import).
 LAUNCH_TIMER = r"""
-import json, subprocess, sys, time, urllib.request
+import json, ssl, subprocess, sys, time, urllib.request
 a = json.loads(sys.argv[1])
+# the engine answers on its advertised address, over TLS with the site CA when NARWHAL_TLS is on (docs/tls.md)
+tls = ssl.create_default_context(cafile=a["ca"]) if a["ca"] else None
 def rm():
     subprocess.run(["docker", "rm", "-f", a["name"]], capture_output=True)
 def running():
@@ -399,7 +401,7 @@ def serving(deadline=120):
     for path in ("/health", "/version"):
         while True:
             try:
-                with urllib.request.urlopen(a["url"] + path, timeout=2) as r:
+                with urllib.request.urlopen(a["url"] + path, timeout=2, context=tls) as r:
                     if r.status == 200:
                         break
             except OSError:
@@ -459,9 +461,11 @@ def launcher_rounds(out, rounds):
     # the recorded argv has the API key redacted and the --gpus value quoted for a shell: same container
     argv = [a.replace("VLLM_API_KEY=<redacted>", "VLLM_API_KEY=" + key) for a in plan["argv"]]
     address = values["NARWHAL_ADVERTISED_ADDRESS"]
-    url = "http://%s:%s" % ("[%s]" % address if ":" in address else address, values["NARWHAL_HTTP_PORT"])
+    tls_dir = values.get("NARWHAL_TLS_DIR", "")
+    url = "%s://%s:%s" % ("https" if tls_dir else "http", "[%s]" % address if ":" in address else address,
+                          values["NARWHAL_HTTP_PORT"])
     args = {"name": plan["plan"]["name"], "launcher": launcher, "role_env": role_env, "argv": argv, "rounds": rounds,
-            "url": url}
+            "url": url, "ca": tls_dir + "/ca.crt" if tls_dir else ""}
     log("launcher: %d rounds of start vs docker run on %s" % (rounds, host))
     proc = subprocess.run(["docker", "exec", "-i", host, "python3", "-", json.dumps(args)], input=LAUNCH_TIMER,
                           capture_output=True, text=True, check=False)

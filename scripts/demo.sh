@@ -66,9 +66,11 @@ ansible-playbook narwhal.deploy.status | sed -n '/Show the engines/,/^$/p'
 printf '\n== the fleet as the router resolves it (the installed scripts/narwhal-fleet)\n'
 python "$COLLECTIONS/ansible_collections/narwhal/deploy/scripts/narwhal-fleet"
 printf '\n== traffic through the router (runs/router-traffic-router-1.json) and one request through it\n'
-python - runs/routers/router-1.json runs/router-traffic-router-1.json config/engine-api.key <<'PY'
-import json, sys, urllib.request
+python - runs/routers/router-1.json runs/router-traffic-router-1.json config/engine-api.key config/tls/ca.crt <<'PY'
+import json, os, ssl, sys, urllib.request
 router, traffic, key = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), open(sys.argv[3]).read().strip()
+# the router answers over TLS, verified against the site CA prepare made (NARWHAL_TLS=site, docs/tls.md)
+tls = ssl.create_default_context(cafile=sys.argv[4]) if os.path.exists(sys.argv[4]) else None
 print(f"router {router['url']} (vllm-router {router['vllm_router_version']}): prefill "
       f"{[w['url'] for w in router['workers']['prefill']]}, decode {[w['url'] for w in router['workers']['decode']]}")
 for r in traffic["requests"]:
@@ -79,7 +81,7 @@ body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Hello f
         "max_tokens": 8, "temperature": 0}
 req = urllib.request.Request(router["url"] + "/v1/chat/completions", data=json.dumps(body).encode(),
                              headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
-answer = json.load(urllib.request.urlopen(req, timeout=60))
+answer = json.load(urllib.request.urlopen(req, timeout=60, context=tls))
 print(f"POST {router['url']}/v1/chat/completions -> {answer['choices'][0]['message']['content']!r} "
       f"(usage {answer['usage']})")
 PY
