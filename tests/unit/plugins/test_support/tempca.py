@@ -56,6 +56,12 @@ class CA:
     def issue(self, names, days=30, expired=False):
         """-> (certificate PEM, key PEM) of a server reached at `names` (addresses and DNS names), serverAuth,
         CA:false; `expired`: its validity ended yesterday."""
+        start, end = (_now() - 10 * DAY, _now() - DAY) if expired else (_now() - DAY, _now() + days * DAY)
+        key, cert = self.leaf(names, start, end)
+        return cert.public_bytes(serialization.Encoding.PEM), _pem(key)
+
+    def leaf(self, names, start, end):
+        """-> (key, certificate) objects of a server reached at `names`, valid from `start` to `end`."""
         key = ec.generate_private_key(ec.SECP256R1())
         alt = []
         for name in names:
@@ -63,7 +69,6 @@ class CA:
                 alt.append(x509.IPAddress(ipaddress.ip_address(name)))
             except ValueError:
                 alt.append(x509.DNSName(name))
-        start, end = (_now() - 10 * DAY, _now() - DAY) if expired else (_now() - DAY, _now() + days * DAY)
         cert = (x509.CertificateBuilder()
                 .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, str(names[0]))]))
                 .issuer_name(self.cert.subject).public_key(key.public_key())
@@ -74,7 +79,7 @@ class CA:
                 .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
                                critical=False)
                 .sign(self.key, hashes.SHA256()))
-        return cert.public_bytes(serialization.Encoding.PEM), _pem(key)
+        return key, cert
 
     def write_server(self, where, stem, names, **kwargs):
         """The server certificate and key of `names` as where/<stem>.crt and where/<stem>.key (0600) -> (crt, key)."""

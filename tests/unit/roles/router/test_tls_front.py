@@ -209,29 +209,46 @@ def test_a_relay_whose_client_left_is_kept_until_vllm_router_closes(tmp_path, mo
     cert, key = make_leaf(ca, tmp_path / "tls")
     sticky = socket.socket()
     sticky.bind(("127.0.0.1", 0))
-    sticky.listen(1)
+    sticky.listen(8)
     got_eof, release = threading.Event(), threading.Event()
 
-    def hold():  # reads the request to its end, then keeps the connection open until released
-        conn, _peer = sticky.accept()
+    def hold(conn):  # reads the request to its end, then keeps the connection open until released
         with conn:
             while conn.recv(4096):
                 pass
             got_eof.set()
             release.wait(20)
 
-    threading.Thread(target=hold, daemon=True).start()
+    def accept():
+        while True:
+            try:
+                conn, _peer = sticky.accept()
+            except OSError:
+                return
+            threading.Thread(target=hold, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
     port = free_port()
     stop = serve_fronts([{"listen": ["127.0.0.1", port], "upstream": ["127.0.0.1", sticky.getsockname()[1]]}],
                         cert, key)
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
-            with _client(ca["cert"]).wrap_socket(raw, server_hostname="127.0.0.1") as conn:
-                conn.sendall(b"GET /small HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert got_eof.wait(10)  # the client's end reached the upstream as a half-close
-        time.sleep(0.2)
-        gc.collect()
-        assert not [m for m in seen if "destroyed" in str(m)] and len(FRONT.RELAYS) == 1
+        # How the client's TLS close reaches the front depends on timing: usually a clean end of its stream (the relay
+        # then half-closes the upstream and waits for its end: the case under test), under heavy load sometimes a
+        # close the front reads as an error (the relay then ends and closes the upstream at once: no leak either).
+        # So a client leaves up to five times until its relay is the one left waiting; without RELAYS it is never
+        # there (collected pending).
+        for _attempt in range(5):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+                with _client(ca["cert"]).wrap_socket(raw, server_hostname="127.0.0.1") as conn:
+                    conn.sendall(b"GET /small HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert got_eof.wait(10)  # the client's end reached the upstream
+            time.sleep(0.2)
+            gc.collect()
+            assert not [m for m in seen if "destroyed" in str(m)]
+            if len(FRONT.RELAYS) == 1:
+                break
+            got_eof.clear()
+        assert len(FRONT.RELAYS) == 1
         release.set()
         deadline = time.time() + 10
         while FRONT.RELAYS and time.time() < deadline:
