@@ -20,9 +20,10 @@ median of five runs of 200 000 requests:
     POST /v1/completions (key)          0.62         3.67    3.05
     POST /invocations (no key, 401)       -          2.85       -
 
-So the guard adds about 3 microseconds to a request with the key and under 1 to an open path, against the tens of milliseconds of a token on the CPU engines
-(docs/fleet-benchmark.md) and the 0.2 ms the router's TLS front adds (bench/router_tls_front.py). A proxy in front
-of each engine would add a loopback hop and a TLS session per request instead (docs/security.md).
+So the guard adds about 3 microseconds to a request with the key and under 1 to an open path, against the tens of
+milliseconds of a token on the CPU engines (docs/fleet-benchmark.md) and the 0.2 ms the router's TLS front adds
+(bench/router_tls_front.py). A proxy in front of each engine would add a loopback hop and a TLS session per request
+instead (docs/security.md).
 """
 
 import argparse
