@@ -2,7 +2,11 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """TLS for the engine-side tests, on the one temporary CA of the tests (test_support.tempca): a CA and the leaf
 certificates it signs as (key, certificate) pairs, an engine's TLS directory as install writes it (ca.crt,
-server.crt, server.key) and an HTTPS server on 127.0.0.1 serving such a directory's certificate."""
+server.crt, server.key), an HTTPS server on 127.0.0.1 serving such a directory's certificate and the engine it
+serves (VersionEngine: /health and /version)."""
+import json
+from http.server import BaseHTTPRequestHandler
+
 from cryptography.hazmat.primitives import serialization
 
 from test_support import tempca
@@ -46,3 +50,18 @@ def https_server(handler, folder, host="127.0.0.1"):
     """A threaded HTTPS server of `handler` on host:<free port>, serving the certificate of the TLS directory
     `folder` (as uvicorn wraps vLLM's socket); started. Call .shutdown() and .server_close()."""
     return tempca.https_server(handler, folder / "server.crt", folder / "server.key", host)[0]
+
+
+class VersionEngine(BaseHTTPRequestHandler):
+    """What the launcher's probes ask of an engine: GET /health (empty 200) and /version ({"version": version})."""
+    version = "0.33.0"
+
+    def do_GET(self):  # noqa: N802
+        body = b"" if self.path == "/health" else json.dumps({"version": self.version}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass

@@ -6,7 +6,6 @@ import pathlib
 import shutil
 import socket
 import uuid
-from http.server import BaseHTTPRequestHandler
 
 import pytest
 from test_support import engine_tls
@@ -206,7 +205,7 @@ def test_status_reads_the_served_certificate(tmp_path):
     ca, other = engine_tls.make_ca(), engine_tls.make_ca("another CA")
     leaf = engine_tls.make_leaf(ca, days=90)
     served = engine_tls.write_tls_dir(tmp_path / "served", ca[1], leaf)
-    server = engine_tls.https_server(_Ok, served)
+    server = engine_tls.https_server(engine_tls.VersionEngine, served)
     env = {"NARWHAL_TLS_DIR": str(served), "NARWHAL_HTTP_PORT": str(server.server_address[1]),
            "NARWHAL_BIND_ADDRESS": "127.0.0.1", "NARWHAL_ADVERTISED_ADDRESS": "10.0.0.2",
            "NARWHAL_TLS_CERT_SHA256": hashlib.sha256(engine_tls.der(leaf[1])).hexdigest()}
@@ -224,18 +223,6 @@ def test_status_reads_the_served_certificate(tmp_path):
     finally:
         server.shutdown()
         server.server_close()
-
-
-class _Ok(BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802
-        body = b"" if self.path == "/health" else json.dumps({"version": "0.33.0"}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
 
 
 def test_status_document_strings_are_redacted():

@@ -11,7 +11,7 @@ import sys
 import threading
 import types
 import uuid
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import HTTPServer
 
 import pytest
 from test_support import engine_tls
@@ -324,18 +324,8 @@ def test_the_probes_verify_against_the_installed_ca(tmp_path):
 
 # ------------------------------------------------------------------------------------------ version probe
 
-class _Engine(BaseHTTPRequestHandler):
-    version = "0.33.0"
-
-    def do_GET(self):  # noqa: N802
-        body = b"" if self.path == "/health" else json.dumps({"version": self.version}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+class _Engine(engine_tls.VersionEngine):
+    """This test's engine: its version is set per case."""
 
 
 def test_probe_version(tmp_path, capsys):
