@@ -110,6 +110,17 @@ INPUTS = [
             "is refused. Stop and replace give the container this + 5 (VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS) + 10 "
             "seconds after SIGTERM before it is killed. A prefill whose drain is shorter than its KV lease gets a "
             "warning at discovery."},
+    {"name": "NARWHAL_LOG_DRIVER", "kind": "choice", "choices": ["json-file", "local"], "default": "json-file",
+     "example": "json-file",
+     "doc": "Docker log driver of every engine and router container (HostConfig.LogConfig.Type): json-file (the "
+            "files log shippers read) or local (Docker's compressed format); both rotate by NARWHAL_LOG_MAX_SIZE and "
+            "NARWHAL_LOG_MAX_FILE and both serve docker logs. Part of the container's plan: a change replaces the "
+            "engines (without losing a request, docs/day-two.md) and the router."},
+    {"name": "NARWHAL_LOG_MAX_SIZE", "kind": "log_size", "default": "100m", "example": "100m",
+     "doc": "Size at which a container's log file is rotated (the log driver's max-size: a whole number and k, m or "
+            "g). A container keeps at most NARWHAL_LOG_MAX_FILE such files, so its logs never exceed their product."},
+    {"name": "NARWHAL_LOG_MAX_FILE", "kind": "int", "default": 5, "example": 5,
+     "doc": "Log files a container keeps (the log driver's max-file), the current one included."},
     {"name": "NARWHAL_SIDE_CHANNEL_PORT", "kind": "port", "default": 5600, "example": 5600,
      "doc": "First NIXL side-channel port on each host (VLLM_NIXL_SIDE_CHANNEL_PORT); engines sharing a host "
             "get consecutive, non-overlapping ranges."},
@@ -182,6 +193,11 @@ INPUTS = [
     {"name": "NARWHAL_ROUTER_READY_TIMEOUT", "kind": "int", "default": 300, "example": 300,
      "doc": "Seconds the router stage waits until the router reports every engine of the fleet as a healthy "
             "worker, then fails naming the ones it lacks (the router itself keeps waiting for them)."},
+    {"name": "NARWHAL_ROUTER_DRAIN_TIMEOUT", "kind": "seconds", "min": 1, "max": 3600, "default": 120,
+     "example": 120,
+     "doc": "Seconds a router's previous worker set gets to finish the requests it holds when the router changes "
+            "its workers or settings (a reload: the new vllm-router process takes every new connection at once, "
+            "the previous one ends when its last request does, or after this) and when the router is stopped."},
     {"name": "NARWHAL_ROUTER_DIR", "kind": "abspath", "default": "/opt/narwhal-router",
      "example": "/opt/narwhal-router",
      "doc": "Directory on every router host for the router's start script, its configuration and the API key "

@@ -53,6 +53,7 @@ IMAGE_REF_MAX = IMAGE_NAME_MAX + 1 + 128 + len("@sha512:") + 128
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+:@/-]*$")
 
+LOG_SIZE = re.compile(r"^[1-9][0-9]{0,5}[kmg]$")
 DIST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 
 DNS_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
@@ -118,6 +119,9 @@ def _check(spec, key, raw):
         return _checkout_path(key, raw, value)
     if kind == "choice" and value not in spec["choices"]:
         raise InputError(key, "%r is not one of %s; %s" % (raw, ", ".join(spec["choices"]), FIX))
+    if kind == "log_size" and not LOG_SIZE.match(value):
+        raise InputError(key, "%r is not a log size (a whole number and k, m or g, e.g. 100m: Docker's max-size); %s"
+                         % (raw, FIX))
     if kind == "role" and value not in ("prefill", "decode"):
         raise InputError(key, "role %r is not prefill or decode; %s" % (raw, FIX))
     if kind == "interface" and (not IFNAME.match(value) or value in (".", "..")):
