@@ -321,3 +321,28 @@ def test_data_and_expert_parallel_inputs_read_as_numbers_and_booleans():
     assert inputs["nodes"][2]["ENABLE_EXPERT_PARALLEL"] is False
     defaults = load_inputs(dict(BASE))["site"]
     assert defaults["NARWHAL_DATA_PARALLEL_SIZE"] == 1 and defaults["NARWHAL_ENABLE_EXPERT_PARALLEL"] is False
+
+
+@pytest.mark.parametrize("extra,key,words", [
+    ({"NARWHAL_LOG_MAX_SIZE": "100"}, "NARWHAL_LOG_MAX_SIZE", "'100' is not a log size"),
+    ({"NARWHAL_LOG_MAX_SIZE": "100mb"}, "NARWHAL_LOG_MAX_SIZE", "a whole number and k, m or g"),
+    ({"NARWHAL_LOG_MAX_SIZE": "0m"}, "NARWHAL_LOG_MAX_SIZE", "not a log size"),
+    ({"NARWHAL_LOG_MAX_SIZE": "1.5g"}, "NARWHAL_LOG_MAX_SIZE", "not a log size"),
+    ({"NARWHAL_LOG_MAX_SIZE": "-1"}, "NARWHAL_LOG_MAX_SIZE", "not a log size"),
+    ({"NARWHAL_LOG_MAX_FILE": "0"}, "NARWHAL_LOG_MAX_FILE", ""),
+    ({"NARWHAL_LOG_DRIVER": "syslog"}, "NARWHAL_LOG_DRIVER", "not one of json-file, local"),
+])
+def test_log_limits_are_refused_by_name(extra, key, words):
+    err = refused_input(extra)
+    assert err.key == key and words in str(err)
+
+
+@pytest.mark.parametrize("extra,values", [
+    ({}, ("json-file", "100m", 5)),
+    ({"NARWHAL_LOG_DRIVER": "local", "NARWHAL_LOG_MAX_SIZE": " 20k ", "NARWHAL_LOG_MAX_FILE": "1"},
+     ("local", "20k", 1)),
+    ({"NARWHAL_LOG_MAX_SIZE": "999999g"}, ("json-file", "999999g", 5)),
+])
+def test_log_limits_pass(extra, values):
+    site = load_inputs(dict(BASE, **extra))["site"]
+    assert (site["NARWHAL_LOG_DRIVER"], site["NARWHAL_LOG_MAX_SIZE"], site["NARWHAL_LOG_MAX_FILE"]) == values
