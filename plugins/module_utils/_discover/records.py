@@ -33,6 +33,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._discover.runtime i
     cache_pages,
     expected_packages,
     lifecycle_fields,
+    log_fields,
     resolve_dtype,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.transfer import transfer_plan
@@ -112,6 +113,7 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
         "sources": dict(sources, visibility=reason_vis),
     }
     record["runtime"].update(lifecycle)
+    record["runtime"]["log"] = log_fields(site)
     if dp > 1 or ep:
         record = _with_parallelism(record, node, site, dp, ep, hosts, local)
     check_own_ports(record, node_settings(site, node_policy, n)["inputs"])  # its side channel and RPC port on its own

@@ -2,7 +2,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The runtime fields discovery derives from the image, the checkpoint and the inputs (pure): the expected packages
 and the NIXL distribution, the model dtype, the KV cache plan (_discover/kv_pages.py), and the lifecycle settings
-(the KV lease and the drain of a stop: _plan/lifecycle.py)."""
+(the KV lease and the drain of a stop: _plan/lifecycle.py) and the container's log rotation (_plan/container.py,
+log_config)."""
 
 from __future__ import annotations
 
@@ -104,3 +105,10 @@ def lifecycle_fields(engine, site, vllm_version, sources):
         how, SHUTDOWN_FLAG, drain, "abort in-flight requests" if drain == 0 else "drain in-flight requests",
         stop_grace([SHUTDOWN_FLAG, str(drain)]))
     return fields
+
+
+def log_fields(site):
+    """runtime.log: the container's log driver and rotation from NARWHAL_LOG_DRIVER, NARWHAL_LOG_MAX_SIZE and
+    NARWHAL_LOG_MAX_FILE (checked when the inputs are read); the planner writes it as HostConfig.LogConfig."""
+    return {"driver": site["NARWHAL_LOG_DRIVER"], "max_size": site["NARWHAL_LOG_MAX_SIZE"],
+            "max_file": site["NARWHAL_LOG_MAX_FILE"]}

@@ -343,7 +343,7 @@ def _bytes(value):
 def container_config(image, command=None, entrypoint=None, environment=None, labels=None, detach=False,
                      network_mode=None, ipc_mode=None, privileged=False, restart_policy=None, devices=None,
                      device_requests=None, group_add=None, cap_add=None, ulimits=None, security_opt=None,
-                     mounts=None, shm_size=None, proxy_env=None):
+                     mounts=None, shm_size=None, proxy_env=None, log_config=None):
     """The body of POST /containers/create that docker-py 7 sends for `client.containers.create(image,
     command, ...)` with these keyword arguments (types.DeviceRequest/Ulimit/Mount given as dicts with the SDK's
     snake_case or the API's CamelCase keys): ContainerConfig's fields with None left out, HostConfig's only when
@@ -361,6 +361,9 @@ def container_config(image, command=None, entrypoint=None, environment=None, lab
     host["NetworkMode"] = network_mode or "default"
     if restart_policy:
         host["RestartPolicy"] = restart_policy
+    if log_config is not None:  # types.LogConfig as a dict: {type|Type, config|Config}
+        host["LogConfig"] = {"Type": _pick(log_config, "type", "Type", None),
+                             "Config": dict(_pick(log_config, "config", "Config", None) or {})}
     if cap_add:
         host["CapAdd"] = cap_add
     if devices:
@@ -413,6 +416,8 @@ def plan_body(plan, labels, group_ids=None, secret_env=None, proxy_env=None):
         host["IpcMode"] = plan["ipc_mode"]
     host["NetworkMode"] = plan["network_mode"] or "default"
     host["RestartPolicy"] = {"Name": plan["restart_policy"]["name"]}
+    if plan.get("log_config"):  # a plan of a record with runtime.log (_plan/container.py::log_config)
+        host["LogConfig"] = {"Type": plan["log_config"]["Type"], "Config": dict(plan["log_config"]["Config"])}
     if plan["cap_add"]:
         host["CapAdd"] = list(plan["cap_add"])
     if plan["devices"]:

@@ -21,6 +21,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.catalogue i
     TOOL_VARIABLES,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.args import check_args, parse_env_words, split_args
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import LOG_SIZE
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import ROLE_ENV_KEYS
 
 __metaclass__ = type
@@ -53,7 +54,6 @@ IMAGE_REF_MAX = IMAGE_NAME_MAX + 1 + 128 + len("@sha512:") + 128
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+:@/-]*$")
 
-LOG_SIZE = re.compile(r"^[1-9][0-9]{0,5}[kmg]$")
 DIST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
 
 DNS_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")

@@ -160,6 +160,10 @@ RECORD_SCHEMA = {
                 "ssm_conv_state": {"type": "boolean"},
                 "kv_lease_seconds": {"type": "integer", "minimum": 1, "maximum": 86400},
                 "shutdown_timeout": {"type": "integer", "minimum": 0, "maximum": 3600},
+                "log": {"type": "object", "required": ["driver", "max_size", "max_file"], "additionalProperties": False,
+                        "properties": {"driver": {"enum": ["json-file", "local"]},
+                                       "max_size": {"type": "string", "pattern": "^[1-9][0-9]{0,5}[kmg]$"},
+                                       "max_file": {"type": "integer", "minimum": 1}}},
                 "model_path": {"type": "string", "pattern": "^/"},
                 "model_geometry": {
                     "type": "object",

@@ -4,7 +4,8 @@
 
 `container_spec(record, role_env)` turns a launch record and an engine's role environment into the complete
 container the engine runs (image, entrypoint, command, environment, devices, device requests, groups,
-capabilities, ulimits, mounts, labels, restart policy); `docker_run_argv` writes it as `docker run` reads it.
+capabilities, ulimits, mounts, labels, restart policy, log driver and rotation); `docker_run_argv` writes it as
+`docker run` reads it.
 Discovery calls container_spec on every record it writes (so it refuses at once what the launcher would refuse, in
 the launcher's words), prepare records its environment, command and hash in the manifest, and the launcher snapshot
 (a zipapp that carries this package) starts exactly that. The rules it applies have no other copy: the
@@ -69,6 +70,12 @@ __metaclass__ = type
 # Engines come back after a daemon restart or host reboot, not after a stop. The launch record carries no restart
 # policy (no input sets it), so the plan's is this constant.
 RESTART_POLICY = "unless-stopped"
+
+# Bounded logs (issue 36): the record's runtime.log (NARWHAL_LOG_DRIVER, NARWHAL_LOG_MAX_SIZE, NARWHAL_LOG_MAX_FILE)
+# is the container's HostConfig.LogConfig. Both drivers rotate by max-size and keep max-file files (Docker's
+# json-file and local drivers take the same two options) and both serve `docker logs`.
+LOG_DRIVERS = ("json-file", "local")
+LOG_SIZE = re.compile(r"^[1-9][0-9]{0,5}[kmg]$")  # a whole number and k, m or g (Docker's max-size), e.g. 100m
 
 BIND_FAMILIES = ("ipv4", "ipv6")
 WILDCARDS = ("0.0.0.0", "::")
@@ -155,6 +162,30 @@ def _runtime_fields(record):
         raise PlanError("launch record runtime.ssm_conv_state is true but runtime.derived_environment lacks "
                         "%s=DS; %s" % (SSM_LAYOUT_ENV, RERUN), "runtime.derived_environment")
     return runtime_env, derived_env, extra_args
+
+
+def log_config(record):
+    """HostConfig.LogConfig of the record's runtime.log: {"Type": driver, "Config": {"max-size", "max-file"}} (the
+    Engine API takes option values as strings). None for a record written before runtime.log existed: no LogConfig
+    is planned (the daemon's default driver), so such an engine keeps its plan hash."""
+    log = record["runtime"].get("log")
+    if log is None:
+        return None
+    where = "runtime.log"
+    if not isinstance(log, dict):
+        raise PlanError("launch record %s must be an object {driver, max_size, max_file}, got %r; %s"
+                        % (where, log, RERUN), where)
+    driver, size, count = log.get("driver"), log.get("max_size"), log.get("max_file")
+    if driver not in LOG_DRIVERS:
+        raise PlanError("launch record %s.driver=%r is not one of %s (NARWHAL_LOG_DRIVER); %s"
+                        % (where, driver, ", ".join(LOG_DRIVERS), RERUN), where + ".driver")
+    if not isinstance(size, str) or not LOG_SIZE.match(size):
+        raise PlanError("launch record %s.max_size=%r is not a log size (a whole number and k, m or g, e.g. 100m: "
+                        "NARWHAL_LOG_MAX_SIZE); %s" % (where, size, RERUN), where + ".max_size")
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise PlanError("launch record %s.max_file=%r is not a positive whole number (NARWHAL_LOG_MAX_FILE); %s"
+                        % (where, count, RERUN), where + ".max_file")
+    return {"Type": driver, "Config": {"max-size": size, "max-file": str(count)}}
 
 
 def _net_devices(record, role_env):
@@ -353,9 +384,10 @@ def container_spec(record, role_env):
         PREFIXED_ENV[0]: python_path(runtime_env),
     })
     drain = shutdown_timeout(record)
+    logs = log_config(record)
     command = _serve_command(record, mount, served, bind_host, http_port, access_flags, tp, drain, extra_args)
     rdma = transport == "ucx_rdma"
-    return {
+    plan = {
         "engine": engine,
         "name": "narwhal-%s" % engine,
         "image": image_id,
@@ -376,6 +408,9 @@ def container_spec(record, role_env):
         "labels": dict(access_labels, **{ENGINE_LABEL: engine}),
         "restart_policy": {"name": RESTART_POLICY},
     }
+    if logs is not None:  # only then: a plan without it keeps the hash it had before runtime.log existed
+        plan["log_config"] = logs
+    return plan
 
 
 def docker_run_argv(plan, group_ids=None, run_id=None):
@@ -385,6 +420,10 @@ def docker_run_argv(plan, group_ids=None, run_id=None):
     plan = redacted(plan)
     argv = ["docker", "run", "-d", "--name", plan["name"], "--network", plan["network_mode"],
             "--ipc", plan["ipc_mode"], "--restart", plan["restart_policy"]["name"]]
+    if plan.get("log_config"):
+        argv += ["--log-driver", plan["log_config"]["Type"]]
+        for key in sorted(plan["log_config"]["Config"]):
+            argv += ["--log-opt", "%s=%s" % (key, plan["log_config"]["Config"][key])]
     for device in plan["devices"]:
         argv += ["--device", device]
     for request in plan["device_requests"]:

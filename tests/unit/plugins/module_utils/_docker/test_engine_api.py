@@ -184,7 +184,8 @@ def _sdk_create_kwargs(plan, api_key, group_ids):
     environment = dict(plan["environment"])
     environment["VLLM_API_KEY"] = api_key
     groups = [group_ids.get(g) for g in plan["group_add"]]
-    return {
+    logs = {"log_config": dict(plan["log_config"])} if "log_config" in plan else {}
+    return dict(logs, **{
         "image": plan["image"], "command": plan["command"], "entrypoint": plan["entrypoint"], "name": plan["name"],
         "detach": True, "environment": ["%s=%s" % (k, environment[k]) for k in sorted(environment)],
         "network_mode": plan["network_mode"], "ipc_mode": plan["ipc_mode"], "devices": plan["devices"] or None,
@@ -194,11 +195,14 @@ def _sdk_create_kwargs(plan, api_key, group_ids):
         "mounts": [{"target": m["target"], "source": m["source"], "type": m["type"], "read_only": m["read_only"]}
                    for m in plan["mounts"]],
         "labels": _plan_labels(plan), "restart_policy": {"Name": plan["restart_policy"]["name"]},
-    }
+    })
 
 
 def _example_plans():
-    return [MODULES["plan"].container_spec(record(engine), role_env(engine)) for engine in ("engine-1", "engine-2")]
+    """The hand-shaped records' plans; engine-2's with bounded logs (runtime.log: HostConfig.LogConfig)."""
+    records = {"engine-1": record("engine-1"), "engine-2": record("engine-2")}
+    records["engine-2"]["runtime"]["log"] = {"driver": "local", "max_size": "20m", "max_file": 3}
+    return [MODULES["plan"].container_spec(records[engine], role_env(engine)) for engine in ("engine-1", "engine-2")]
 
 
 def _launcher_kwargs():
@@ -210,7 +214,8 @@ def _launcher_kwargs():
     cases.append({"image": "x", "command": "serve --port 1", "entrypoint": "vllm", "name": "n", "detach": True,
                   "privileged": True, "shm_size": "1g", "ulimits": [{"name": "nofile", "soft": 1024}],
                   "mounts": [{"target": "/m", "source": "v", "type": "volume"}], "security_opt": [],
-                  "device_requests": [{"count": -1, "capabilities": [["gpu"]]}], "restart_policy": {"Name": "no"}})
+                  "device_requests": [{"count": -1, "capabilities": [["gpu"]]}], "restart_policy": {"Name": "no"},
+                  "log_config": {"type": "json-file", "config": {"max-size": "1m", "max-file": "2"}}})
     return cases
 
 

@@ -199,3 +199,77 @@ def test_data_and_expert_parallel_flags_are_refused_in_extra_arguments(words, fl
     with pytest.raises(PlanError) as err:
         check_args(words, "NARWHAL_EXTRA_ARGS")
     assert "launcher-managed %s" % flag in str(err.value) and owner in str(err.value)
+
+
+# ------------------------------------------------------------------------------ bounded logs (issue 36)
+
+def test_the_log_inputs_are_the_records_runtime_log_and_the_containers_log_config(tmp_path):
+    """NARWHAL_LOG_* -> runtime.log -> HostConfig.LogConfig, alike in prepare's plan and the launcher's (_host_plans
+    compares them), in the create body and in the docker run form."""
+    from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import plan_body
+    from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import docker_run_argv
+
+    default = build({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path))["engine-1"]
+    assert default["runtime"]["log"] == {"driver": "json-file", "max_size": "100m", "max_file": 5}
+    built = tmp_path / "built"
+    built.mkdir()
+    records = build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_LOG_DRIVER": "local", "NARWHAL_LOG_MAX_SIZE": "20m",
+                     "NARWHAL_LOG_MAX_FILE": "3"}, nv_pair(built))
+    plans = [host_plan["plan"] for _n, _e, _d, host_plan in _host_plans(tmp_path, [("logs", records)])]
+    assert len(plans) == 2
+    for plan in plans:
+        assert plan["log_config"] == {"Type": "local", "Config": {"max-size": "20m", "max-file": "3"}}
+        assert plan_body(plan, {})["HostConfig"]["LogConfig"] == plan["log_config"]
+        argv = docker_run_argv(plan)
+        at = argv.index("--log-driver")
+        assert argv[at:at + 6] == ["--log-driver", "local", "--log-opt", "max-file=3", "--log-opt", "max-size=20m"]
+
+
+# The plan hashes of the hand-shaped records (no runtime.log) at ee6dc23, before runtime.log existed: an engine
+# started from such a record is not replaced by a launcher that knows runtime.log. Change them only on purpose.
+OLD_HASHES = {"engine-1": "be0c0c01964dcb92abe635dc80a551cd3632ec089ddd384c3244036261897db2",
+              "engine-2": "26ec30537551db2dc4b7ec9385935c2216290882b51c7f44176f215191c9ee52"}
+
+
+@pytest.mark.parametrize("engine", sorted(OLD_HASHES))
+def test_a_record_without_runtime_log_plans_no_log_config_and_keeps_its_hash(engine):
+    from test_support.launcher import le, record, role_env
+
+    from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import plan_body
+
+    rec = record(engine)
+    assert "log" not in rec["runtime"]
+    plan = le.build_plan(role_env(engine, NARWHAL_GUARD_SHA256="a" * 64), rec)
+    assert "log_config" not in plan and "LogConfig" not in plan_body(plan, {})["HostConfig"]
+    assert "--log-driver" not in le.docker_run_argv(plan)
+    assert le.plan_hash(plan) == OLD_HASHES[engine]
+    rec["runtime"]["log"] = {"driver": "json-file", "max_size": "100m", "max_file": 5}
+    hashes = {le.plan_hash(le.build_plan(role_env(engine, NARWHAL_GUARD_SHA256="a" * 64), rec))}
+    for field, value in (("driver", "local"), ("max_size", "101m"), ("max_file", 4)):
+        changed = dict(rec, runtime=dict(rec["runtime"], log=dict(rec["runtime"]["log"], **{field: value})))
+        hashes.add(le.plan_hash(le.build_plan(role_env(engine, NARWHAL_GUARD_SHA256="a" * 64), changed)))
+    assert len(hashes | {OLD_HASHES[engine]}) == 5  # each log setting is part of the plan hash
+
+
+@pytest.mark.parametrize("log,field,words", [
+    ("100m", "runtime.log", "must be an object {driver, max_size, max_file}"),
+    ({"driver": "syslog", "max_size": "100m", "max_file": 5}, "runtime.log.driver",
+     "'syslog' is not one of json-file, local (NARWHAL_LOG_DRIVER)"),
+    ({"driver": "local", "max_size": "100MB", "max_file": 5}, "runtime.log.max_size",
+     "'100MB' is not a log size"),
+    ({"driver": "local", "max_size": 100, "max_file": 5}, "runtime.log.max_size", "NARWHAL_LOG_MAX_SIZE"),
+    ({"driver": "local", "max_size": "1g", "max_file": 0}, "runtime.log.max_file", "max_file=0 is not a positive"),
+    ({"driver": "local", "max_size": "1g", "max_file": "5"}, "runtime.log.max_file", "NARWHAL_LOG_MAX_FILE"),
+    ({"driver": "local", "max_size": "1g"}, "runtime.log.max_file", "max_file=None"),
+])
+def test_a_hand_broken_runtime_log_is_refused_by_field(log, field, words):
+    from test_support.launcher import record, role_env
+
+    from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
+    from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import container_spec
+
+    rec = record("engine-1")
+    rec["runtime"]["log"] = log
+    with pytest.raises(PlanError) as err:
+        container_spec(rec, role_env())
+    assert err.value.key == field and words in str(err.value) and "rerun discovery" in str(err.value)
