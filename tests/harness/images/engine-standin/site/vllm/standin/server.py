@@ -35,8 +35,18 @@ the producer's prefix cache) and answers HTTP 200, while the producer logs an ER
 vllm:nixl_num_notifications_after_expiry (vLLM issues 25562, 52234). Only the producer's /metrics shows it.
 SIGTERM (docker stop) drains as vLLM 0.32 does with --shutdown-timeout N (drain below): the in-flight requests
 finish within N seconds, what is left is aborted (finish reason abort), new requests are refused, then the server
-exits; N = 0 (vLLM's default) aborts at once. The header X-Narwhal-Standin-Token-Seconds (a stand-in test hook)
-slows generation so that a test can keep a request in flight.
+exits; N = 0 (vLLM's default) aborts at once. A producer's drain also waits (within the N seconds) until the KV
+of the requests it already answered has been read by their consumer or their lease ran out (unread_kv below): its
+side channel keeps serving those reads, as vLLM keeps such requests in its scheduler until then.
+NARWHAL_STANDIN_LOAD_S=<seconds> (environment, default 0) stands for loading the model: the API port is bound at
+start but listens only that many seconds later (connections are refused meanwhile), as vLLM 0.32 binds its socket
+before it builds the engine (entrypoints/launchers/api_server/entry.py:176 setup_server -> launcher.py:335-350
+create_server_socket: bind only; entry.py:195 build_async_engine_client starts the engine core, which loads the
+weights and allocates the KV cache before it reports READY: v1/engine/core.py:144, 157, 1339-1350) and uvicorn
+listens only once the app is built on the ready engine client (entry.py:142 serve_http, uvicorn's startup: listen).
+SIGTERM meanwhile ends the process.
+The header X-Narwhal-Standin-Token-Seconds (a stand-in test hook) slows generation so that a test can keep a
+request in flight.
 The "KV" is a deterministic function of the prompt, so the consumer checks what it received; so is the answer
 (temperature and seed are accepted and change nothing).
 With --enable-prompt-tokens-details the answer carries usage.prompt_tokens_details.cached_tokens, the request's
@@ -92,6 +102,32 @@ DP_RANK_HEADER = "X-data-parallel-rank"
 
 def release(version):
     return tuple(int(p) for p in version.split("+")[0].split(".")[:2] if p.isdigit())
+
+
+LOAD_ENV = "NARWHAL_STANDIN_LOAD_S"  # seconds the stand-in "loads the model" before its API port listens
+
+
+def load_seconds(env=None):
+    """NARWHAL_STANDIN_LOAD_S as seconds (default 0) -> (seconds, None), or (None, the refusal naming it)."""
+    raw = (os.environ if env is None else env).get(LOAD_ENV, "") or "0"
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= 3600:
+        return None, "%s=%r is not a number of seconds from 0 to 3600 (how long the stand-in loads its model)" % (
+            LOAD_ENV, raw)
+    return seconds, None
+
+
+def kv_lease(kv, version=None, env=None):
+    """Seconds a producer keeps a finished request's KV for its consumer: from vLLM 0.22 kv_lease_duration in the
+    connector's extra config, default 30 (0.32.0 nixl/base_worker.py:528-529, nixl/pull_scheduler.py:251-265),
+    up to 0.21 VLLM_NIXL_ABORT_REQUEST_TIMEOUT, default 480."""
+    if release(version or __version__) >= (0, 22):  # get_from_extra_config, as nixl_connector.lease_seconds reads it
+        extra = getattr(kv, "kv_connector_extra_config", None) or {}
+        return float(extra.get("kv_lease_duration", 30))
+    return float((os.environ if env is None else env).get("VLLM_NIXL_ABORT_REQUEST_TIMEOUT") or 480)
 
 
 # vLLM 0.32.0 and 0.33.0 (v1/core/sched/scheduler.py): a producer that finishes a request with do_remote_decode
@@ -186,6 +222,7 @@ class State:
         self.base_side_port = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))
         self.block_size = args.block_size or 16
         self.expire_leases = os.environ.get("NARWHAL_STANDIN_EXPIRE_KV_LEASES", "0") not in ("", "0")
+        self.lease = kv_lease(kv)
         self.lock = threading.Lock()
         self.model_config = model_config or {}
         self.max_model_len = derived_max_model_len(args, self.model_config)
@@ -280,6 +317,7 @@ class Rank:
         self.metrics = prom.EngineMetrics(max_model_len)
         self.blocks = OrderedDict()
         self.expired = set()  # block IDs whose lease expired (still readable: the prefix cache keeps them)
+        self.unread = {}  # request id -> the end of its lease (time.monotonic): KV held for a consumer, not yet read
         self.next_block = 0
 
 
@@ -441,6 +479,7 @@ class SideChannel(socketserver.StreamRequestHandler):
                 late = any(b in rank.expired for b in req["block_ids"])
                 if late:
                     rank.metrics.notifications_after_expiry += 1
+                rank.unread.pop(req.get("request_id"), None)  # read: the request leaves the scheduler
             if late:
                 print("ERROR Potentially invalid KV blocks for unrecognized request %s were retrieved by a decode "
                       "worker. They may have expired." % req.get("request_id"), flush=True)
@@ -742,6 +781,8 @@ def make_handler(state):
                 if state.expire_leases:
                     rank.expired.update(ids)
                     rank.metrics.kv_expired_reqs += 1
+                else:  # held until its consumer reads it or the lease ends (a drain waits for it: unread_kv)
+                    rank.unread[rid] = time.monotonic() + state.lease
             if state.expire_leases:
                 print("WARNING Releasing expired KV blocks for request %s which were retrieved by 0 remote worker(s) "
                       "before lease expired." % rid, flush=True)
@@ -1103,11 +1144,26 @@ def rank_devices(index, args):
     return ",".join(visible.split(",")[index * tp:(index + 1) * tp]) if visible else None
 
 
+def unread_kv(state, now=None):
+    """Requests this process answered as a producer whose KV its consumer has not read yet and whose lease has not
+    ended (expired ones are forgotten here). vLLM 0.32 keeps such a request in the scheduler (NixlConnector's
+    request_finished delays freeing its blocks until the consumer's notification or the lease:
+    nixl/pull_scheduler.py:248-265, nixl/pull_worker.py:680-693, nixl/base_worker.py:3014-3039), so
+    Scheduler.has_finished_requests (v1/core/sched/scheduler.py:2813-2821) keeps EngineCore.has_work true
+    (v1/engine/core.py:1534-1540) and a drain goes on serving those reads until none is left (core.py:1664-1670)."""
+    now = time.monotonic() if now is None else now
+    with state.lock:
+        for rank in state.ranks:
+            for rid in [r for r, end in rank.unread.items() if end <= now]:
+                del rank.unread[rid]
+        return sum(len(rank.unread) for rank in state.ranks)
+
+
 def drain(state, httpd, timeout, clock=time.monotonic):
-    """What SIGTERM starts (vLLM 0.32.0 entrypoints/launchers/launcher.py:257-289, v1/engine/core.py:1625-1664): the
+    """What SIGTERM starts (vLLM 0.32.0 entrypoints/launchers/launcher.py:257-289, v1/engine/core.py:1625-1670): the
     API server stops the engine client in mode drain (timeout > 0) or abort (0); EngineCore keeps serving the
-    in-flight requests until none is left or `timeout` seconds passed, aborts what is left, then the HTTP server
-    stops. New requests are refused meanwhile."""
+    in-flight requests, and a producer's KV its consumers have not read yet (unread_kv), until none is left or
+    `timeout` seconds passed, aborts what is left, then the HTTP server stops. New requests are refused meanwhile."""
     mode = "abort" if timeout == 0 else "drain"
     print(f"INFO [shutdown] API server: stopping engine client mode={mode} timeout={timeout}s", flush=True)
     print(f"INFO [shutdown] EngineCore: start mode={mode} timeout={timeout}s", flush=True)
@@ -1122,6 +1178,12 @@ def drain(state, httpd, timeout, clock=time.monotonic):
         state.abort.set()
     deadline = clock() + timeout
     while state.inflight and clock() < deadline:
+        time.sleep(0.05)
+    held = unread_kv(state) if clock() < deadline else 0
+    if held:
+        print(f"INFO [shutdown] EngineCore: waiting for consumers to read the KV of finished requests count={held}",
+              flush=True)
+    while unread_kv(state) and clock() < deadline:
         time.sleep(0.05)
     state.abort.set()  # what the drain did not finish is aborted
     grace = clock() + 2
@@ -1145,6 +1207,10 @@ def serve(args, kv):
     if too_long:
         # vLLM builds its ModelConfig after the CLI has parsed (the image check passes), at engine start, and exits
         print(f"ValueError: {too_long}", file=sys.stderr, flush=True)
+        return 1
+    load, refused = load_seconds()
+    if refused:
+        print(f"ERROR {refused}", file=sys.stderr, flush=True)
         return 1
     if "auto_map" in model_config and not args.trust_remote_code:
         print(f"ERROR: The repository {args.model} contains custom code which must be executed to "
@@ -1194,6 +1260,10 @@ def serve(args, kv):
     except OSError:
         httpd.server_close()
         raise
+    if load:  # the model loads while the port is bound, not listening (module docstring: NARWHAL_STANDIN_LOAD_S)
+        print(f"INFO Loading the model ({LOAD_ENV}={load:g}); the API server listens once it is loaded", flush=True)
+        time.sleep(load)
+        print(f"INFO Model loading took {load:.2f} seconds", flush=True)
     if state.role == "head":
         address = getattr(args, "data_parallel_address", None) or rendezvous.DEFAULT_ADDRESS
         port = getattr(args, "data_parallel_rpc_port", None) or rendezvous.DEFAULT_RPC_PORT
@@ -1302,6 +1372,6 @@ def drain_worker(state, timeout):
     if timeout == 0:
         state.abort.set()
     deadline = time.monotonic() + timeout
-    while state.inflight and time.monotonic() < deadline:
+    while (state.inflight or unread_kv(state)) and time.monotonic() < deadline:
         time.sleep(0.05)
     state.abort.set()
