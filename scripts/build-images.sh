@@ -46,6 +46,22 @@ layer() {  # layer DIR BASE_TAG [IMAGE_NAME DOCKERFILE] -> builds $IMAGES/DIR on
   echo "$tag"
 }
 
+# The stand-in as the next vLLM release, for upgrade rolls (docs/day-two.md): the same Dockerfile with another
+# VLLM_VERSION (NIXL stays 1.5.1), so another NIXL compatibility hash; it shares the COPY layers of the stand-in.
+NEXT_VLLM_VERSION=0.33.1
+
+next_standin() {  # next_standin BASE_TAG -> narwhal-sim/engine-standin:next-<hash>, also tagged :next
+  local base=$1 dir=$IMAGES/engine-standin tag
+  tag="narwhal-sim/engine-standin:next-$(hash_of "$dir" <(echo "$base Dockerfile VLLM_VERSION=$NEXT_VLLM_VERSION"))"
+  if ! docker image inspect "$tag" >/dev/null 2>&1; then
+    log "building $tag (the stand-in as vLLM $NEXT_VLLM_VERSION)"
+    docker build -q --build-arg "BASE=$base" --build-arg "VLLM_VERSION=$NEXT_VLLM_VERSION" -f "$dir/Dockerfile" \
+      -t "$tag" "$dir" >/dev/null
+  fi
+  docker tag "$tag" narwhal-sim/engine-standin:next
+  echo "$tag"
+}
+
 router_image() {  # router_image BASE_TAG: vllm-router and its dependencies exactly as requirements/router.txt pins
   local base=$1 req=requirements/router.txt tag ctx version start plat=() py
   version=$(sed -n 's/^vllm-router==//p' "$req")
@@ -114,7 +130,7 @@ real_models() {  # the real-engine scenario's checkpoints, generated with the re
   ln -sfn "real-$key" .cache/models/real
 }
 
-main() {  # main [host|engine|router|sim|real|all]... (default all; sim = host + engine + router)
+main() {  # main [host|engine|router|sim|real|all]... (default all; sim = host + engine (with :next) + router)
   local what host_base engine_base
   [ "$#" = 0 ] && set -- all
   for what in "$@"; do
@@ -125,7 +141,8 @@ main() {  # main [host|engine|router|sim|real|all]... (default all; sim = host +
     case $what in
       host|sim|all) host_base=$(rootfs host apt); layer host "$host_base" ;;&
       engine|sim|all) engine_base=$(rootfs engine minbase); layer engine-standin "$engine_base"
-        layer engine-standin "$engine_base" engine-standin-rocm Dockerfile.rocm ;;&
+        layer engine-standin "$engine_base" engine-standin-rocm Dockerfile.rocm
+        next_standin "$engine_base" ;;&
       router|sim|all) router_image "$(rootfs engine minbase)" ;;&
       real|all) real_models "$(real_engine)" ;;
     esac

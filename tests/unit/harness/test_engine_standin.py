@@ -694,3 +694,29 @@ def test_consumer_ranks_read_from_a_producer_replaced_at_its_address(tmp_path, b
             if proc.poll() is None:
                 proc.kill()
             proc.wait(timeout=10)
+
+
+def _image_versions():
+    """(the stand-in's vLLM: its Dockerfile's VLLM_VERSION default, the :next stand-in's: build-images.sh's)."""
+    from test_support.paths import REPO
+
+    dockerfile = (REPO / "tests" / "harness" / "images" / "engine-standin" / "Dockerfile").read_text()
+    script = (REPO / "scripts" / "build-images.sh").read_text()
+    return (re.search(r"^ARG VLLM_VERSION=(\S+)$", dockerfile, re.M).group(1),
+            re.search(r"^NEXT_VLLM_VERSION=(\S+)$", script, re.M).group(1))
+
+
+def test_the_next_standin_is_another_vllm_whose_nixl_handshake_the_current_one_refuses(monkeypatch):
+    """narwhal-sim/engine-standin:next (scripts/build-images.sh) reports another vLLM version, which is a factor of
+    the NIXL compatibility hash: an upgrade roll mixing the two images would fail its handshakes."""
+    versions = _image_versions()
+    assert versions == ("0.33.0", "0.33.1")
+    hashes = []
+    for version in versions:
+        with _standin.loaded(version, monkeypatch) as (server, serve):
+            args = serve.add_flags(argparse.ArgumentParser(), serve.load_flags()).parse_args(["/models/tiny"])
+            hashes.append(server.agent_metadata(args, TINY, "e-1", env={})[0])
+            handshake = server.handshake
+    assert hashes[0] != hashes[1]
+    with pytest.raises(RuntimeError, match="NIXL compatibility hash mismatch"):
+        handshake.check_hash(hashes[0], hashes[1])
