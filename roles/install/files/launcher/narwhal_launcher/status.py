@@ -289,7 +289,9 @@ def container_facts(container, engine):
             "running": status == "running", "restart_count": container.get("RestartCount") or 0,
             "started_at": state.get("StartedAt"), "exit_code": state.get("ExitCode"),
             "ours": labels.get(ENGINE_LABEL) == engine, "engine_label": labels.get(ENGINE_LABEL),
-            "image_id": container.get("Image")}
+            "image_id": container.get("Image"),
+            # its log driver and rotation (HostConfig.LogConfig: the record's runtime.log, or the daemon's default)
+            "log": (container.get("HostConfig") or {}).get("LogConfig")}
 
 
 def docker_facts(name, engine):

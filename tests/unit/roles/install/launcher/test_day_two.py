@@ -161,6 +161,16 @@ def test_status_restarts_by_the_policy_are_noted_not_a_problem():
     assert le.verdict(facts())["notes"] == []
 
 
+def test_status_shows_the_containers_log_driver_and_rotation():
+    inspected = {"Name": "/narwhal-engine-2", "Id": "d" * 64, "State": {"Status": "running"}, "Image": IMAGE,
+                 "Config": {"Labels": {"org.narwhal.engine": "engine-2"}},
+                 "HostConfig": {"LogConfig": {"Type": "local", "Config": {"max-size": "20m", "max-file": "3"}}}}
+    assert le.container_facts(inspected, "engine-2")["log"] == {"Type": "local",
+                                                               "Config": {"max-size": "20m", "max-file": "3"}}
+    del inspected["HostConfig"]
+    assert le.container_facts(inspected, "engine-2")["log"] is None
+
+
 TLS = {"url": "https://10.0.0.2:8000", "not_after": "2027-12-01T00:00:00Z", "days_left": 300, "sha256": HASH_A,
        "installed_sha256": HASH_A, "error": None}
 
