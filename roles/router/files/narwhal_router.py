@@ -30,9 +30,9 @@ vllm-router lacks, and a change of the worker set that closes no listening socke
   router.json `api_key_validation_urls` when given, else every URL of workers.json (decode first) + /v1/models.
 
 Reload (SIGHUP to the parent, e.g. `docker kill -s HUP narwhal-router`, which the router_members module sends):
-router.json and workers.json are read again and a new child is started; once it accepts connections on its loopback
-port (vllm-router binds its port only when every worker answered /health; bounded by router.json `ready_timeout`)
-the fronts send NEW connections to it, the previous child gets SIGTERM (vllm-router then accepts no new connection
+router.json, workers.json and the key file are read again and a new child is started; once it accepts connections on
+its loopback port and every worker of the set answers /health (bounded by router.json `ready_timeout`) the fronts
+send NEW connections to it, the previous child gets SIGTERM (vllm-router then accepts no new connection
 and ends once its in-flight requests are done) and SIGKILL after router.json `drain_timeout` seconds. Connections
 already relayed stay with the child they reached. A reload whose files are wrong or whose new child does not come up
 in time changes nothing: the previous child keeps serving, and the reason is printed (stderr, `docker logs`: a line
@@ -175,16 +175,36 @@ def child_plan(config):
     args = [str(a) for a in config["args"]] + [
         "--host", LOOPBACK, "--port", str(ports["port"]),
         "--prometheus-host", LOOPBACK, "--prometheus-port", str(ports["prometheus_port"])]
-    validation = config.get("api_key_validation_urls")
+    validation, urls = config.get("api_key_validation_urls"), []
     if config.get("workers_file"):
         workers = read_workers(config["workers_file"])
+        urls = workers["prefill"] + workers["decode"]
         for url in workers["prefill"]:
             args += ["--prefill", url]
         for url in workers["decode"]:
             args += ["--decode", url]
         if validation is None:
             validation = [u.rstrip("/") + "/v1/models" for u in workers["decode"] + workers["prefill"]]
-    return {"args": args, "validation": list(validation or []), "ports": ports}
+    return {"args": args, "validation": list(validation or []), "ports": ports, "workers": urls}
+
+
+def not_answering(urls, timeout=5):
+    """The worker URLs whose GET /health does not answer 200 now. A reload's own check: vllm-router 0.1.17 may bind its
+    port before every worker answers (seen: with two decode workers, one on a dead port, it logged "1 out of 2 unique
+    hosts are healthy" (src/routers/http/router.rs:1100) and then "Router ready", the dead worker listed healthy), so
+    its port alone does not say every new worker serves. https URLs are verified against the container's SSL_CERT_FILE
+    (the site CA, as vllm-router's), which ssl's default context reads."""
+    import urllib.request
+
+    bad = []
+    for url in urls:
+        try:
+            with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout) as resp:
+                if resp.status != 200:
+                    bad.append(url)
+        except Exception:  # noqa: BLE001 - whatever the reason, it does not serve
+            bad.append(url)
+    return bad
 
 
 def server_context(tls):
@@ -304,8 +324,9 @@ class Child:
     """One vllm-router process: its generation (1 at start, +1 per reload), Popen, loopback ports and a future of
     its exit status."""
 
-    def __init__(self, number, proc, ports, exited):
-        self.number, self.proc, self.ports, self.exited = number, proc, ports, exited
+    def __init__(self, number, proc, plan, exited):
+        self.number, self.proc, self.ports, self.exited = number, proc, plan["ports"], exited
+        self.workers = plan["workers"]
         self.draining = False
 
 
@@ -333,7 +354,7 @@ class Supervisor:
             proc.stdin.close()
         except OSError:
             pass  # the child died at once: its exit is reported as any other
-        child = Child(self.generation, proc, plan["ports"], self.loop.create_future())
+        child = Child(self.generation, proc, plan, self.loop.create_future())
         self.children.add(child)
         threading.Thread(target=self._wait, args=(child,), name="wait-router-%d" % child.number, daemon=True).start()
         return child
@@ -357,19 +378,24 @@ class Supervisor:
             self.ended.set_result(code)
 
     async def ready(self, child, timeout):
-        """None once `child` accepts connections on its port (vllm-router binds it only when every worker answered
-        /health), else why not: it exited, or `timeout` seconds passed."""
-        deadline = self.loop.time() + timeout
+        """None once `child` accepts connections on its port (vllm-router binds it once its workers answered /health)
+        and every worker of its set answers /health (not_answering), else why not: it exited, or `timeout` seconds
+        passed."""
+        deadline, bad = self.loop.time() + timeout, None
         while not child.exited.done():
             try:
                 _reader, writer = await asyncio.wait_for(asyncio.open_connection(LOOPBACK, child.ports["port"]), 2)
             except (OSError, asyncio.TimeoutError):  # noqa: UP041 - Python 3.8 in a router image
-                if self.loop.time() > deadline:
-                    return "did not accept connections within %s s (ready_timeout)" % timeout
-                await asyncio.sleep(POLL_S)
-                continue
-            writer.close()
-            return None
+                pass
+            else:
+                writer.close()
+                bad = await self.loop.run_in_executor(None, not_answering, child.workers)
+                if not bad:
+                    return None
+            if self.loop.time() > deadline:
+                return "did not serve within %s s (ready_timeout)%s" % (
+                    timeout, ": not answering /health: %s" % ", ".join(bad) if bad else "")
+            await asyncio.sleep(POLL_S)
         return "ended (exit status %d) before it served" % child.exited.result()
 
     def drain(self, child, timeout):
