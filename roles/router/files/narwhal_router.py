@@ -35,11 +35,12 @@ its loopback port and every worker of the set answers /health (bounded by router
 send NEW connections to it, the previous child gets SIGTERM a second later (SWITCH_GRACE_S; vllm-router then
 accepts no new connection and ends once its in-flight requests are done) and SIGKILL after router.json
 `drain_timeout` seconds. Connections already relayed stay with the child they reached; a kept-alive one that is idle
-when that child drains is closed by it (a client opens a new one, as HTTP clients do for a closed idle connection). A reload whose files are wrong or whose new child does not come up
-in time changes nothing: the previous child keeps serving, and the reason is printed (stderr, `docker logs`: a line
-"narwhal_router: reload <n> failed: ..."; success prints "narwhal_router: reload <n> done: ..."). The router
-directory is mounted read-only, so there is no status file: a reload is observed done when the router's /workers
-reports the new worker set (router_members waits for exactly that).
+when that child drains is closed by it (a client opens a new one, as HTTP clients do for a closed idle connection).
+A reload whose files are wrong or whose new child does not come up in time changes nothing: the previous child keeps
+serving, and the reason is printed (stderr, `docker logs`: a line "narwhal_router: reload <n> failed: ...";
+success prints "narwhal_router: reload <n> done: ..."). The router directory is mounted read-only, so there is no
+status file: a reload is observed done when the router's /workers reports the new worker set (router_members waits
+for exactly that). A SIGHUP during a reload asks for one more after it.
 
 Stop (SIGTERM or SIGINT, `docker stop`): the fronts stop listening, every child gets SIGTERM and drains as above
 (SIGKILL after `drain_timeout`), then the parent exits 0; the role's stop gives `docker stop` drain_timeout + a
@@ -549,6 +550,9 @@ def main(argv):
         return
     if len(argv) != 2:
         fail("usage: narwhal_router.py ROUTER_JSON")
+    # a SIGHUP before the loop's handler (a reload asked while the container starts) must not end the container: the
+    # first vllm-router reads the files anyway (an ignored SIGHUP stays ignored in the children: nothing sends them one)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         config = read_config(argv[1])
         key = read_key(config["api_key_file"])
