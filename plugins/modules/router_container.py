@@ -44,7 +44,7 @@ options:
     default: false
   stop_timeout:
     description: Seconds C(docker stop) waits for the container to end before SIGKILL (O(state=absent)); the router
-      role gives the router's drain (E(NARWHAL_ROUTER_DRAIN_TIMEOUT)) and a margin.
+      role gives the router's drain (C(NARWHAL_ROUTER_DRAIN_TIMEOUT)) and a margin.
     type: int
     default: 10
   timeout:

@@ -21,7 +21,7 @@ description:
   - Otherwise (a worker added - vllm-router 0.1.17 cannot add one at runtime in P/D mode) C(workers.json) is written
     and the container's main process gets SIGHUP (Docker Engine API) - a reload - which starts a new vllm-router
     with the set, sends every new connection to it once it serves and lets the previous one finish what it holds
-    (at most E(NARWHAL_ROUTER_DRAIN_TIMEOUT) seconds). The module waits until the router's C(/workers) reports
+    (at most C(NARWHAL_ROUTER_DRAIN_TIMEOUT) seconds). The module waits until the router's C(/workers) reports
     exactly the set, all healthy (at most O(timeout) seconds); a reload that does not come up leaves the previous
     router serving, and the failure quotes the start script's log lines.
   - A set without a prefill or without a decode worker is refused (vllm-router's P/D mode needs one of each).
@@ -40,7 +40,7 @@ options:
         C(<NARWHAL_ROUTER_DIR>/tls/ca.crt)); unset, the system's CAs.
     type: path
   dir:
-    description: The router directory (E(NARWHAL_ROUTER_DIR)), which holds C(workers.json).
+    description: The router directory (C(NARWHAL_ROUTER_DIR)), which holds C(workers.json).
     type: path
     required: true
   container:
