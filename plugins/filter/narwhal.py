@@ -288,8 +288,8 @@ def launcher_command(site, engine, python=None):
 
 def router_plan(site, fleet, image_id, version, entry_checksum, address=None, tls=None):
     """The router's complete plan (_router/plan.py::router_plan) from narwhal_site and the resolved fleet, with
-    `config_text`, the exact bytes of router.json on the router host; `tls`: tls_material's entry of the router host
-    (its hosts.<host>), needed when NARWHAL_TLS is not off."""
+    `config_text` and `workers_text`, the exact bytes of router.json and workers.json on the router host; `tls`:
+    tls_material's entry of the router host (its hosts.<host>), needed when NARWHAL_TLS is not off."""
     if not isinstance(site, dict):
         raise AnsibleFilterError("router_plan takes narwhal_site (a dict), not %s" % type(site).__name__)
     try:
@@ -298,6 +298,7 @@ def router_plan(site, fleet, image_id, version, entry_checksum, address=None, tl
     except PlanError as exc:
         raise AnsibleFilterError(str(exc))
     plan["config_text"] = config_text(plan["config"])
+    plan["workers_text"] = config_text(plan["workers_doc"])
     return plan
 
 

@@ -17,7 +17,10 @@ description:
   - O(state=started) runs the container of O(plan) (the C(narwhal.deploy.router_plan) filter) - kept when a
     container of that name already runs with the plan's hash label, started when it is stopped, replaced when its
     hash differs, created when there is none; O(restart) restarts a kept one (a new key file is read at start).
-  - O(state=inspected) reports the container (read-only); O(state=absent) removes it.
+  - O(state=inspected) reports the container (read-only); O(state=absent) stops it (SIGTERM - the router stops
+    listening and drains what it holds - and SIGKILL after O(stop_timeout)) and removes it. A replaced or restarted
+    container is stopped the same way, with the plan's C(stop_timeout); the plan's C(log) is the container's
+    C(HostConfig.LogConfig).
 options:
   state:
     description: What to do.
@@ -28,8 +31,8 @@ options:
     description: The router image reference or ID (O(state=image)).
     type: str
   plan:
-    description: The router plan (C(name), C(image), C(entrypoint), C(command), C(dir), C(labels), C(hash), and
-      C(env), the container's environment, with TLS) for O(state=started).
+    description: The router plan (C(name), C(image), C(entrypoint), C(command), C(dir), C(labels), C(hash), C(log),
+      C(stop_timeout), and C(env), the container's environment, with TLS) for O(state=started).
     type: dict
   name:
     description: The container name (O(state=inspected) and O(state=absent)).
@@ -39,6 +42,11 @@ options:
     description: Restart a kept container (O(state=started)).
     type: bool
     default: false
+  stop_timeout:
+    description: Seconds C(docker stop) waits for the container to end before SIGKILL (O(state=absent)); the router
+      role gives the router's drain (C(NARWHAL_ROUTER_DRAIN_TIMEOUT)) and a margin.
+    type: int
+    default: 10
   timeout:
     description: Seconds per Docker API call.
     type: int
@@ -109,6 +117,7 @@ def main():
             plan=dict(type="dict"),
             name=dict(type="str", default="narwhal-router"),
             restart=dict(type="bool", default=False),
+            stop_timeout=dict(type="int", default=10),
             timeout=dict(type="int", default=60),
         ),
         required_if=[("state", "image", ("image",)), ("state", "started", ("plan",))],

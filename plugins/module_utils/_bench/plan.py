@@ -29,13 +29,13 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import
     PLAN_HASH_LABEL,
     STARTUP_CHECK_S,
     STARTUP_TIMEOUT_S,
-    UPSTREAM,
+    TLS_FILES,
     VERSION_LABEL,
+    fronts,
     local_url,
     plan_hash,
     router_bind,
     tls_container,
-    tls_fronts,
     tls_on,
 )
 
@@ -144,10 +144,11 @@ def decode_target(workers):
     return workers["decode"][0]
 
 
-def bench_router_args(site, worker, bind):
-    """The second router's command line: vllm-router's regular mode over one engine, bound like the fleet's router on
-    ports of its own (its Prometheus port on loopback: nothing scrapes it); with TLS vllm-router binds UPSTREAM behind
-    the start script's TLS front on `bind` (the fleet router's pattern: _router/plan.py::tls_fronts)."""
+def bench_router_args(site, worker):
+    """The second router's command line: vllm-router's regular mode over one engine. The start script adds where it
+    listens (loopback, free ports: narwhal_router.py) and its front binds where the fleet's router binds, on ports of
+    its own (bench_router_plan: the fleet router's pattern, _router/plan.py::fronts); its Prometheus port has no
+    front (nothing scrapes it)."""
     ports = [("NARWHAL_BENCH_ROUTER_PORT", int(site["NARWHAL_BENCH_ROUTER_PORT"])),
              ("NARWHAL_BENCH_ROUTER_METRICS_PORT", int(site["NARWHAL_BENCH_ROUTER_METRICS_PORT"]))]
     taken = {int(site["NARWHAL_ROUTER_PORT"]): "NARWHAL_ROUTER_PORT",
@@ -157,10 +158,7 @@ def bench_router_args(site, worker, bind):
             raise PlanError("%s: %d is %s too; the benchmark's second router runs beside the fleet's router on the "
                             "same host: pick another port" % (key, port, taken[port]), key)
         taken[port] = key
-    host = UPSTREAM if tls_on(site) else bind
     return ["--worker-urls", worker["url"],
-            "--host", host, "--port", str(ports[0][1]),
-            "--prometheus-host", "::1" if ":" in host else "127.0.0.1", "--prometheus-port", str(ports[1][1]),
             "--policy", "round_robin",
             "--worker-startup-timeout-secs", str(STARTUP_TIMEOUT_S),
             "--worker-startup-check-interval", str(STARTUP_CHECK_S)]
@@ -186,10 +184,10 @@ def bench_router_plan(record, site, workers):
     bind = router_bind(site, parsed[1])
     worker = decode_target(workers)
     port = int(site["NARWHAL_BENCH_ROUTER_PORT"])
-    config = {"args": bench_router_args(site, worker, bind), "api_key_file": ROUTER_KEY,
-              "api_key_validation_urls": [worker["url"] + "/v1/models"]}
+    config = {"args": bench_router_args(site, worker), "api_key_file": ROUTER_KEY,
+              "api_key_validation_urls": [worker["url"] + "/v1/models"], "fronts": fronts(bind, port)}
     if secure:
-        config["tls"] = tls_fronts(bind, (port,))
+        config["tls"] = TLS_FILES
     url = with_port(record["url"], port)  # the router host as clients reach it, on the second router's port
     plan = {"name": BENCH_ROUTER_NAME, "image": record["image"], "image_ref": record.get("image_ref"),
             "version": record["vllm_router_version"], "dir": site["NARWHAL_ROUTER_DIR"],

@@ -251,8 +251,9 @@ class Client:
         """SIGTERM, then SIGKILL after `timeout` s; the call may take that long (a stopped container: no-op)."""
         self.call("POST", "/containers/%s/stop" % quote(ref), {"t": timeout}, timeout=self.timeout + timeout)
 
-    def kill(self, ref):
-        self.call("POST", "/containers/%s/kill" % quote(ref))
+    def kill(self, ref, signal=None):
+        """POST /containers/<ref>/kill: SIGKILL, or `signal` (e.g. "HUP") to the container's main process."""
+        self.call("POST", "/containers/%s/kill" % quote(ref), {"signal": signal} if signal else None)
 
     def rename(self, ref, name):
         self.call("POST", "/containers/%s/rename" % quote(ref), {"name": name})

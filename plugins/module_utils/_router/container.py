@@ -73,13 +73,17 @@ def started(module, api, plan):
         action = "replaced" if existing else "created"
     if module.check_mode or action == "kept":
         return action, existing
+    # docker stop drains: SIGTERM makes narwhal_router.py stop listening and its vllm-router finish what it holds
+    # (the plan's drain_timeout, then SIGKILL); stop_timeout gives it that and a margin
+    stop_timeout = int(plan.get("stop_timeout") or 10)
     if action == "restarted":
-        api.stop(existing["Id"])
+        api.stop(existing["Id"], timeout=stop_timeout)
         api.start(existing["Id"])
     elif action == "started":
         api.start(existing["Id"])
     else:
         if existing:
+            api.stop(existing["Id"], timeout=stop_timeout)
             api.remove(existing["Id"], force=True)
         # no proxy environment of the client's config.json (the SDK would inject it): the router must reach the
         # engines directly; the plan's env is SSL_CERT_FILE with TLS (no secret: _router/plan.py::tls_container)
@@ -89,6 +93,9 @@ def started(module, api, plan):
                                 restart_policy={"Name": "unless-stopped", "MaximumRetryCount": 0},
                                 mounts=[{"type": "bind", "source": plan["dir"], "target": "/narwhal",
                                          "read_only": True}])
+        if plan.get("log"):  # bounded logs: NARWHAL_LOG_DRIVER, _MAX_SIZE, _MAX_FILE (_router/plan.py::log_config)
+            body["HostConfig"]["LogConfig"] = plan["log"]
+        body["StopTimeout"] = stop_timeout  # an operator's docker stop drains as the role's does
         api.start(api.create(plan["name"], body)["Id"])
     return action, _inspect(api, plan["name"])
 
@@ -106,6 +113,7 @@ def run_module(module):
         if p["state"] == "absent":
             existing = _inspect(api, p["name"])
             if existing and not module.check_mode:
+                api.stop(existing["Id"], timeout=p["stop_timeout"])  # drains (a stopped container: no-op)
                 api.remove(existing["Id"], force=True)
             module.exit_json(changed=bool(existing), action="removed" if existing else "absent")
         action, container = started(module, api, p["plan"])

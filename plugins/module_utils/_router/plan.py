@@ -2,7 +2,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The router's plan (docs/vllm-requirements.md, "The router"): vLLM's own P/D router (the `vllm-router` distribution)
 in front of the fleet, its workers taken from the one resolved fleet (nothing typed twice), its container described
-completely before anything runs, and a hash that changes with everything that would change the running router.
+completely before anything runs, and a hash that changes with everything only a new container applies (the command
+line in router.json and the worker set in workers.json are applied by a reload: narwhal_router.py, router_members).
 
 Pure: the role passes the resolved fleet (the `fleet` lookup: complete-value substitution, _plan/subst.py) and the
 site inputs; the readiness and status checks compare what the router reports (its /workers answer) with the same
@@ -30,15 +31,20 @@ MOUNT = "/narwhal"
 ENTRY = MOUNT + "/narwhal_router.py"
 CONFIG = MOUNT + "/router.json"
 KEY = MOUNT + "/api.key"
+# The worker set (workers_doc), written by the router role and the router_members module; a reload
+# (SIGHUP to the container) makes vllm-router serve it.
+WORKERS = MOUNT + "/workers.json"
 # The router's TLS material in NARWHAL_ROUTER_DIR/tls/ (the role copies it from the controller's NARWHAL_TLS_DIR,
 # made or checked by tls_material): the front's certificate and key, and the CA vllm-router verifies the engines with.
 TLS_DIR = MOUNT + "/tls"
 TLS_CERT = TLS_DIR + "/server.crt"
 TLS_KEY = TLS_DIR + "/server.key"
 TLS_CA = TLS_DIR + "/ca.crt"
-# With TLS, vllm-router binds loopback on the router's port numbers and the TLS front (narwhal_router.py) the
-# router's address: vllm-router 0.1.17 has no TLS listener (vllm_router/router_args.py: RouterArgs and its parser have
-# --host and --port, no certificate or key option; the only "https" in it is the --cors-allowed-origins help).
+TLS_FILES = {"cert": TLS_CERT, "key": TLS_KEY}
+# vllm-router binds loopback (on free ports of its own, narwhal_router.py) and the start script's front the router's
+# address; with TLS the front ends TLS: vllm-router 0.1.17 has no TLS listener (vllm_router/router_args.py:
+# RouterArgs and its parser have --host and --port, no certificate or key option; the only "https" in it is the
+# --cors-allowed-origins help).
 UPSTREAM = "127.0.0.1"
 
 # How often the router asks each worker's /health, and after how many failures it stops routing to it
@@ -51,6 +57,10 @@ HEALTH_FAILURES = 3
 # again). Not the stage's wait (NARWHAL_ROUTER_READY_TIMEOUT): a shorter wait must not restart the router.
 STARTUP_CHECK_S = 2
 STARTUP_TIMEOUT_S = 600
+# NARWHAL_ROUTER_DRAIN_TIMEOUT's default, and what docker stop gives the container beyond it (the start script
+# SIGKILLs a vllm-router that outlives the drain; the margin lets it do so and exit 0 before Docker's SIGKILL).
+DRAIN_TIMEOUT_S = 120
+STOP_MARGIN_S = 15
 
 
 def fleet_workers(fleet, where="NARWHAL_FLEET"):
@@ -148,53 +158,63 @@ def tls_names(site, address):
 
 
 def router_args(site, workers, engines=None, address=None):
-    """The vllm-router command line (its own parser reads it in the container: an option it does not know is refused
-    there, at start). No secret is in it: the key reaches the router from a file (narwhal_router.py). Data-parallel
-    engines add --intra-node-data-parallel-size (data_parallel_size); DP 1 adds nothing, so the plan of such a
-    fleet stays as it was. With TLS vllm-router binds UPSTREAM (the TLS front binds router_bind's address)."""
-    bind = router_bind(site, address)
-    bind = UPSTREAM if tls_on(site) else bind
+    """The vllm-router command line of router.json (its own parser reads it in the container: an option it does not
+    know is refused there, at start), without the worker set and the listening addresses: the start script
+    (narwhal_router.py) adds --host/--port/--prometheus-host/--prometheus-port (loopback, free ports per vllm-router
+    process) and one --prefill/--decode per URL of workers.json, so a new worker set is a reload, not a new
+    container. No secret is in it: the key reaches the router from a file. Data-parallel engines add
+    --intra-node-data-parallel-size (data_parallel_size); DP 1 adds nothing. `address`: the router host's
+    router_address (the bind is checked here as well)."""
+    router_bind(site, address)
     port, metrics = int(site["NARWHAL_ROUTER_PORT"]), int(site["NARWHAL_ROUTER_METRICS_PORT"])
     if port == metrics:
         raise PlanError("NARWHAL_ROUTER_METRICS_PORT: %d is NARWHAL_ROUTER_PORT too; the router serves clients and "
                         "Prometheus on two ports: pick another, then rerun the router stage" % metrics,
                         "NARWHAL_ROUTER_METRICS_PORT")
     args = ["--vllm-pd-disaggregation", "--kv-connector", "nixl",
-            "--host", bind, "--port", str(port),
-            "--prometheus-host", bind, "--prometheus-port", str(metrics),
-            "--policy", site["NARWHAL_ROUTER_POLICY"]]
-    for worker in workers["prefill"]:
-        args += ["--prefill", worker["url"]]
-    for worker in workers["decode"]:
-        args += ["--decode", worker["url"]]
-    args += ["--worker-startup-timeout-secs", str(STARTUP_TIMEOUT_S),
-             "--worker-startup-check-interval", str(STARTUP_CHECK_S),
-             "--health-check-interval-secs", str(HEALTH_INTERVAL_S),
-             "--health-failure-threshold", str(HEALTH_FAILURES)]
+            "--policy", site["NARWHAL_ROUTER_POLICY"],
+            "--worker-startup-timeout-secs", str(STARTUP_TIMEOUT_S),
+            "--worker-startup-check-interval", str(STARTUP_CHECK_S),
+            "--health-check-interval-secs", str(HEALTH_INTERVAL_S),
+            "--health-failure-threshold", str(HEALTH_FAILURES)]
     dp = data_parallel_size(site, workers, engines)
     if dp > 1:
         args += ["--intra-node-data-parallel-size", str(dp)]
     return args
 
 
-def tls_fronts(bind, ports):
-    """router.json's `tls` (narwhal_router.py reads it): the certificate and key in the container, and one TLS front
-    per port, from bind:port to vllm-router on UPSTREAM:port."""
-    return {"cert": TLS_CERT, "key": TLS_KEY,
-            "fronts": [{"listen": [bind, int(p)], "upstream": [UPSTREAM, int(p)]} for p in ports]}
+def fronts(bind, port, metrics_port=None):
+    """router.json's `fronts` (narwhal_router.py listens on each; TLS when router.json has `tls`): the router's port
+    to vllm-router's --port, and its metrics port to vllm-router's --prometheus-port."""
+    listed = [{"listen": [bind, int(port)], "to": "port"}]
+    if metrics_port is not None:
+        listed.append({"listen": [bind, int(metrics_port)], "to": "prometheus_port"})
+    return listed
+
+
+def workers_doc(workers):
+    """NARWHAL_ROUTER_DIR/workers.json, the worker set the start script gives vllm-router:
+    {"prefill": [url, ...], "decode": [url, ...]} in fleet order."""
+    return {role: [w["url"] for w in workers[role]] for role in ("prefill", "decode")}
+
+
+def drain_timeout(site):
+    """NARWHAL_ROUTER_DRAIN_TIMEOUT: seconds a replaced or stopped vllm-router process has for its in-flight
+    requests."""
+    return int(site.get("NARWHAL_ROUTER_DRAIN_TIMEOUT") or DRAIN_TIMEOUT_S)
 
 
 def router_config(site, workers, engines=None, address=None):
     """The document the router host keeps as NARWHAL_ROUTER_DIR/router.json (no secret): the command line, the key
-    file and the engine URLs a client's key is checked against (vllm-router's api_key_validation_urls: a client key
-    is accepted when one of them accepts it, so the engines stay the one judge of the key); with TLS, the TLS fronts
-    of both ports (tls_fronts)."""
-    urls = [w["url"] for w in workers["decode"] + workers["prefill"]]
+    file, the fronts of both ports (with TLS, the certificate and key), the worker set's file, the drain and ready
+    timeouts of a reload. The engine URLs a client's key is checked against (vllm-router's api_key_validation_urls)
+    are workers.json's (narwhal_router.py), so the fleet is in workers.json only: a new fleet is a reload."""
+    bind = router_bind(site, address)
     config = {"args": router_args(site, workers, engines, address), "api_key_file": KEY,
-              "api_key_validation_urls": [u + "/v1/models" for u in urls]}
+              "fronts": fronts(bind, site["NARWHAL_ROUTER_PORT"], site["NARWHAL_ROUTER_METRICS_PORT"]),
+              "workers_file": WORKERS, "drain_timeout": drain_timeout(site), "ready_timeout": STARTUP_TIMEOUT_S}
     if tls_on(site):
-        config["tls"] = tls_fronts(router_bind(site, address), (site["NARWHAL_ROUTER_PORT"],
-                                                                site["NARWHAL_ROUTER_METRICS_PORT"]))
+        config["tls"] = TLS_FILES
     return config
 
 
@@ -227,10 +247,24 @@ def plan_hash(plan, keys):
     return hashlib.sha256(json.dumps(hashed, sort_keys=True).encode("utf-8")).hexdigest()
 
 
+def log_config(site):
+    """HostConfig.LogConfig of the router container: NARWHAL_LOG_DRIVER (json-file or local, both rotate by max-size
+    and max-file) with NARWHAL_LOG_MAX_SIZE and NARWHAL_LOG_MAX_FILE (Docker takes the options as strings)."""
+    return {"Type": site.get("NARWHAL_LOG_DRIVER") or "json-file",
+            "Config": {"max-size": str(site.get("NARWHAL_LOG_MAX_SIZE") or "100m"),
+                       "max-file": str(site.get("NARWHAL_LOG_MAX_FILE") or 5)}}
+
+
+# What the plan hash covers: what only a new container applies. router.json (args, timeouts) and workers.json are
+# applied by a reload (narwhal_router.py on SIGHUP: router_members), so they are not in it.
+HASHED = ("image", "entrypoint", "command", "entry_sha256", "dir", "env", "tls_sha256", "port", "metrics_port", "bind",
+          "log")
+
+
 def router_plan(site, fleet, image_id, version, entry_sha256, address=None, engines=None, tls=None):
-    """The complete router plan: container, mounts, the config document and the hash of all of it (`engines`:
-    narwhal_site.engines, for per-node data-parallel sizes; `tls`: tls_material's entry of this router host, needed
-    when NARWHAL_TLS is not off). Without TLS the hash covers what it covered before TLS existed."""
+    """The complete router plan: container, mounts, the config document, the worker set and the hash of what needs
+    a new container (HASHED) (`engines`: narwhal_site.engines, for per-node data-parallel sizes; `tls`:
+    tls_material's entry of this router host, needed when NARWHAL_TLS is not off)."""
     workers = fleet_workers(fleet)
     config = router_config(site, workers, engines, address)
     bind, secure = router_bind(site, address), tls_on(site)
@@ -245,12 +279,16 @@ def router_plan(site, fleet, image_id, version, entry_sha256, address=None, engi
         "entrypoint": ["python3"],
         "command": [ENTRY, CONFIG],
         "config": config,
+        "workers_doc": workers_doc(workers),
         "entry_sha256": entry_sha256,
         "workers": workers,
         "port": port,
         "metrics_port": metrics,
         "bind": bind,
         "tls": secure,
+        "log": log_config(site),
+        "drain_timeout": config["drain_timeout"],
+        "stop_timeout": config["drain_timeout"] + STOP_MARGIN_S,
         "local_url": local_url(bind, port, secure),
         "local_metrics_url": local_url(bind, metrics, secure),
     }
@@ -259,8 +297,7 @@ def router_plan(site, fleet, image_id, version, entry_sha256, address=None, engi
     if address:
         plan["url"] = url(secure, address, port)
         plan["metrics_url"] = url(secure, address, metrics, "/metrics")
-    plan["hash"] = plan_hash(plan, ("image", "entrypoint", "command", "config", "entry_sha256", "dir", "env",
-                                    "tls_sha256"))
+    plan["hash"] = plan_hash(plan, HASHED)
     plan["labels"] = {ROLE_LABEL: "router", PLAN_HASH_LABEL: plan["hash"], VERSION_LABEL: version}
     return plan
 

@@ -3,34 +3,52 @@
     python3 /narwhal/narwhal_router.py /narwhal/router.json
 
 router.json (written by the router role, no secret) holds the vllm-router command line, the path of the engines'
-API key file, the engine URLs a client's key is checked against and, with TLS, the TLS fronts. This script only does
-what the upstream CLI cannot do without putting the key in the process list or the container's environment, and the
-TLS listener vllm-router lacks:
+API key file, the fronts (the addresses clients and Prometheus reach), the TLS certificate and key when the router
+serves TLS, and for the fleet's router the path of workers.json, the worker set. This script does what the upstream
+CLI cannot do without putting the key in the process list or the container's environment, the TLS listener
+vllm-router lacks, and a change of the worker set that closes no listening socket:
 
-- it reads the key from the file (mode 0600, mounted read-only) and hands it to the router in this process:
-  as OPENAI_API_KEY, which the P/D router sends to the workers as "Authorization: Bearer ..." (vllm-router 0.1.17,
-  routers/http/vllm_pd_router.rs), set with os.environ after exec, so /proc/<pid>/environ, `ps e` and
-  `docker inspect` never show it; and as the Router's api_key;
-- it passes api_key_validation_urls, which the Rust router accepts but the CLI does not expose
+- The parent process (the container's PID 1) always runs the fronts: one listening socket per entry of router.json
+  `fronts` ({"listen": [address, port], "to": "port" | "prometheus_port"}), TLS (1.2 or later; router.json `tls`:
+  cert and key) when router.json has `tls`, plain TCP otherwise. A front pumps bytes both ways between the client
+  and the serving vllm-router on loopback: nothing is parsed or buffered, so Server-Sent-Event streams pass as they
+  come. Standard library only (asyncio, ssl). The TLS front's cost per request is measured by
+  bench/router_tls_front.py, a reload's by bench/router_reload.py. vllm-router 0.1.17 has no TLS listener
+  (vllm_router/router_args.py: RouterArgs and its parser have --host and --port and no certificate or key option).
+- vllm-router runs as a child process (this script again, `--child`) on 127.0.0.1, on two free loopback ports chosen
+  for each child (--port, --prometheus-port): its command line is router.json `args` + those four options + one
+  `--prefill URL` / `--decode URL` per URL of router.json `workers_file` (NARWHAL_ROUTER_DIR/workers.json,
+  {"prefill": [url, ...], "decode": [url, ...]}, written by the controller side). The child gets the key, the
+  command line and the parent's pid through a pipe (its stdin), never argv or environment.
+- The child reads the key from the file the parent read (mode 0600, mounted read-only) and hands it to the router in
+  its own process: as OPENAI_API_KEY, which the P/D router sends to the workers as "Authorization: Bearer ..."
+  (vllm-router 0.1.17, routers/http/vllm_pd_router.rs), set with os.environ after exec, so /proc/<pid>/environ,
+  `ps e` and `docker inspect` never show it; and as the Router's api_key.
+- It passes api_key_validation_urls, which the Rust router accepts but the CLI does not expose
   (vllm_router_rs.Router's signature): every client request must carry a key that one of these engine URLs accepts
-  (src/server.rs: "You must provide a valid API key"), so the router is no open proxy in front of keyed engines;
-- with "tls" in router.json, it runs a TLS front: vllm-router 0.1.17 has no TLS listener (vllm_router/router_args.py:
-  RouterArgs and its parser have --host and --port and no certificate or key option), so vllm-router binds 127.0.0.1
-  and the front binds the router's address on the same port numbers (the client port and the metrics port), ends
-  TLS (1.2 or later; tls/server.crt and tls/server.key of the router directory) and pumps bytes both ways between
-  the client and vllm-router on loopback: nothing is parsed or buffered, so Server-Sent-Event streams pass as they
-  come. Standard library only (asyncio, ssl). Its cost per request is measured by bench/router_tls_front.py.
+  (src/server.rs: "You must provide a valid API key"), so the router is no open proxy in front of keyed engines.
+  router.json `api_key_validation_urls` when given, else every URL of workers.json (decode first) + /v1/models.
 
-Process layout with TLS: the parent process runs the front and the forked child the router. vllm-router's
-Router.start() blocks in Rust until the server ends, so the router cannot share a process with an asyncio loop that
-must keep running; and the process that must notice the other's end is the one that can: the front's loop waits
-for the child (os.waitpid in a thread) and ends the container with the router's exit status when the router ends,
-while a failure of the front (its loop raising, a bind refused) kills the router and exits non-zero. Either way the
-container's main process ends and Docker's restart policy (unless-stopped) starts both again. The child asks the
-kernel to kill it when the parent dies (prctl PR_SET_PDEATHSIG), so a router never outlives its front outside a
-container either. The listening sockets, the certificate and the key are opened before the fork, so a bad
-certificate or an address the host lacks is refused once, by name, before the router starts. SIGTERM and SIGINT
-(docker stop) reach the parent, PID 1, which passes them to the router and waits for it.
+Reload (SIGHUP to the parent, e.g. `docker kill -s HUP narwhal-router`, which the router_members module sends):
+router.json, workers.json and the key file are read again and a new child is started; once it accepts connections on
+its loopback port and every worker of the set answers /health (bounded by router.json `ready_timeout`) the fronts
+send NEW connections to it, the previous child gets SIGTERM a second later (SWITCH_GRACE_S; vllm-router then
+accepts no new connection and ends once its in-flight requests are done) and SIGKILL after router.json
+`drain_timeout` seconds. Connections already relayed stay with the child they reached; a kept-alive one that is idle
+when that child drains is closed by it (a client opens a new one, as HTTP clients do for a closed idle connection).
+A reload whose files are wrong or whose new child does not come up in time changes nothing: the previous child keeps
+serving, and the reason is printed (stderr, `docker logs`: a line "narwhal_router: reload <n> failed: ...";
+success prints "narwhal_router: reload <n> done: ..."). The router directory is mounted read-only, so there is no
+status file: a reload is observed done when the router's /workers reports the new worker set (router_members waits
+for exactly that). A SIGHUP during a reload asks for one more after it.
+
+Stop (SIGTERM or SIGINT, `docker stop`): the fronts stop listening, every child gets SIGTERM and drains as above
+(SIGKILL after `drain_timeout`), then the parent exits 0; the role's stop gives `docker stop` drain_timeout + a
+margin. When the serving child ends on its own, the parent ends with its exit status, so Docker's restart policy
+(unless-stopped) starts both again; a failure of the fronts (a bind refused, the loop raising) kills the children
+and exits non-zero. A child asks the kernel to kill it when the parent dies (prctl PR_SET_PDEATHSIG), so a router
+never outlives its front outside a container either. The listening sockets, the certificate and the key are opened
+before any child starts, so a bad certificate or an address the host lacks is refused once, by name.
 
 Everything else is upstream: the command line is parsed by vllm-router's own parser (vllm_router/launch_router.py,
 parse_router_args; an unknown option is refused with its usage error), and the router is built by its own
@@ -43,20 +61,43 @@ import signal
 import socket
 import ssl
 import stat
+import subprocess
 import sys
 import threading
 
-# bytes read at once from either side of a TLS front connection (a read returns what has arrived, up to this)
+# bytes read at once from either side of a front connection (a read returns what has arrived, up to this)
 CHUNK = 65536
 # seconds a client has to finish its TLS handshake
 HANDSHAKE_S = 10
-# seconds the router has to end after SIGTERM before the front kills it (docker stop waits 10 s, then SIGKILL)
-STOP_S = 8
+# router.json's defaults: seconds a stopped child has to finish its in-flight requests before SIGKILL
+# (NARWHAL_ROUTER_DRAIN_TIMEOUT's default), and seconds a new child has to accept connections (the plan's
+# --worker-startup-timeout-secs: vllm-router gives up on its workers then)
+DRAIN_S = 120
+READY_S = 600
+# where every child listens, and how often a starting child's port is tried
+LOOPBACK = "127.0.0.1"
+POLL_S = 0.1
+# seconds between the switch (or the fronts' close) and the previous child's SIGTERM: a front connection opened just
+# before the switch may still sit in that vllm-router's accept queue, and vllm-router's shutdown closes what it has not
+# accepted and what carries no request yet (measured by bench/router_reload.py without it: 3 of 440 requests on new
+# connections ended "Remote end closed connection without response")
+SWITCH_GRACE_S = 1.0
+# the options the parent sets for each child (its loopback ports); router.json's args must not hold them
+CHILD_OPTIONS = ("--host", "--port", "--prometheus-host", "--prometheus-port")
+
+
+def say(message):
+    print("narwhal_router: %s" % message, file=sys.stderr, flush=True)
 
 
 def fail(message):
-    print("narwhal_router: %s" % message, file=sys.stderr, flush=True)
+    say(message)
     sys.exit(2)
+
+
+class Refused(Exception):  # noqa: N818 - what the process says it did
+    """A router.json or workers.json the router cannot use (at start: the process fails; at a reload: the previous
+    child keeps serving)."""
 
 
 def private_bytes(path, what, limit):
@@ -66,18 +107,111 @@ def private_bytes(path, what, limit):
         with open(path, "rb") as handle:
             raw = handle.read(limit)
     except OSError as exc:
-        fail("cannot read the %s %s: %s; rerun the router stage" % (what, path, exc.strerror or exc))
+        raise Refused("cannot read the %s %s: %s; rerun the router stage" % (what, path, exc.strerror or exc))
     if stat.S_IMODE(st.st_mode) & 0o077:
-        fail("the %s %s is readable by others (mode %o); the router stage writes it 0600"
-             % (what, path, stat.S_IMODE(st.st_mode)))
+        raise Refused("the %s %s is readable by others (mode %o); the router stage writes it 0600"
+                      % (what, path, stat.S_IMODE(st.st_mode)))
     return raw
 
 
 def read_key(path):
     lines = private_bytes(path, "API key file", 4097).decode("utf-8", "replace").strip().splitlines()
     if len(lines) != 1 or not lines[0].strip():
-        fail("the API key file %s must hold one non-empty line" % path)
+        raise Refused("the API key file %s must hold one non-empty line" % path)
     return lines[0].strip()
+
+
+def read_json(path, what):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise Refused("cannot read the %s %s: %s; rerun the router stage" % (what, path, exc))
+
+
+def read_config(path):
+    """router.json, checked: args (a list without the per-child options), api_key_file, fronts."""
+    config = read_json(path, "router configuration")
+    if not isinstance(config, dict) or not isinstance(config.get("args"), list) or not config.get("api_key_file"):
+        raise Refused("%s holds no args list and api_key_file; rerun the router stage" % path)
+    fronts = config.get("fronts")
+    if not isinstance(fronts, list) or not fronts or not all(
+            isinstance(f, dict) and f.get("to") in ("port", "prometheus_port") and len(f.get("listen") or ()) == 2
+            for f in fronts):
+        raise Refused("%s: fronts must list {listen: [address, port], to: port|prometheus_port}; rerun the router "
+                      "stage" % path)
+    taken = [a for a in config["args"] if str(a).split("=", 1)[0] in CHILD_OPTIONS]
+    if taken:
+        raise Refused("%s: args hold %s, which the start script sets for each vllm-router (loopback, free ports); "
+                      "rerun the router stage" % (path, ", ".join(taken)))
+    return config
+
+
+def read_workers(path):
+    """workers.json -> {"prefill": [url, ...], "decode": [url, ...]}, each role non-empty (a P/D router needs one of
+    each), every URL http(s) and once."""
+    workers = read_json(path, "worker set")
+    if not isinstance(workers, dict) or set(workers) != {"prefill", "decode"}:
+        raise Refused("%s must be {\"prefill\": [url, ...], \"decode\": [url, ...]}; rerun the router stage" % path)
+    seen = set()
+    for role in ("prefill", "decode"):
+        urls = workers[role]
+        if not isinstance(urls, list) or not urls:
+            raise Refused("%s: no %s worker; vllm-router's P/D mode needs at least one prefill and one decode"
+                          % (path, role))
+        for url in urls:
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")) or url in seen:
+                raise Refused("%s: %s worker %r is not an http(s) URL or is listed twice" % (path, role, url))
+            seen.add(url)
+    return workers
+
+
+def free_port():
+    """A TCP port free on loopback now (the kernel's pick); the child binds it moments later."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+def child_plan(config):
+    """What one child runs -> {args, validation, ports}: router.json's args, the child's loopback ports and, with
+    workers_file, the worker set and the key validation URLs from it."""
+    ports = {"port": free_port(), "prometheus_port": free_port()}
+    while ports["prometheus_port"] == ports["port"]:
+        ports["prometheus_port"] = free_port()
+    args = [str(a) for a in config["args"]] + [
+        "--host", LOOPBACK, "--port", str(ports["port"]),
+        "--prometheus-host", LOOPBACK, "--prometheus-port", str(ports["prometheus_port"])]
+    validation, urls = config.get("api_key_validation_urls"), []
+    if config.get("workers_file"):
+        workers = read_workers(config["workers_file"])
+        urls = workers["prefill"] + workers["decode"]
+        for url in workers["prefill"]:
+            args += ["--prefill", url]
+        for url in workers["decode"]:
+            args += ["--decode", url]
+        if validation is None:
+            validation = [u.rstrip("/") + "/v1/models" for u in workers["decode"] + workers["prefill"]]
+    return {"args": args, "validation": list(validation or []), "ports": ports, "workers": urls}
+
+
+def not_answering(urls, timeout=5):
+    """The worker URLs whose GET /health does not answer 200 now. A reload's own check: vllm-router 0.1.17 may bind its
+    port before every worker answers (seen: with two decode workers, one on a dead port, it logged "1 out of 2 unique
+    hosts are healthy" (src/routers/http/router.rs:1100) and then "Router ready", the dead worker listed healthy), so
+    its port alone does not say every new worker serves. https URLs are verified against the container's SSL_CERT_FILE
+    (the site CA, as vllm-router's), which ssl's default context reads."""
+    import urllib.request
+
+    bad = []
+    for url in urls:
+        try:
+            with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout) as resp:
+                if resp.status != 200:
+                    bad.append(url)
+        except Exception:  # noqa: BLE001 - whatever the reason, it does not serve
+            bad.append(url)
+    return bad
 
 
 def server_context(tls):
@@ -88,13 +222,14 @@ def server_context(tls):
     try:
         context.load_cert_chain(tls["cert"], tls["key"])
     except (OSError, ssl.SSLError) as exc:
-        fail("cannot load the TLS certificate %s with its key %s: %s; rerun the router stage, which installs them"
-             % (tls["cert"], tls["key"], exc))
+        raise Refused("cannot load the TLS certificate %s with its key %s: %s; rerun the router stage, which "
+                      "installs them" % (tls["cert"], tls["key"], exc))
     return context
 
 
 def listen(host, port):
-    """A listening TCP socket on host:port (IPv6 only for an IPv6 address), refused by name when the host lacks it."""
+    """A listening TCP socket on host:port (IPv6 only for an IPv6 address other than the wildcard), refused by name
+    when the host lacks it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP
     # (asyncio/base_events.py::_set_nodelay), and an accepted connection inherits the listener's proto; with Nagle
@@ -102,13 +237,13 @@ def listen(host, port):
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6:
+        if family == socket.AF_INET6 and host != "::":
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind((host, int(port)))
         sock.listen(1024)
     except OSError as exc:
         sock.close()
-        fail("the TLS front cannot listen on %s port %s: %s; NARWHAL_ROUTER_BIND (or the router host's "
+        fail("the router's front cannot listen on %s port %s: %s; NARWHAL_ROUTER_BIND (or the router host's "
              "router_address) must be an address of this host, and the port free" % (host, port, exc.strerror or exc))
     sock.setblocking(False)
     return sock
@@ -141,12 +276,16 @@ RELAYS = set()
 
 
 async def relay(upstream, client_reader, client_writer):
-    """One client connection (its TLS handshake done) to vllm-router on loopback, both ways."""
+    """One client connection (its TLS handshake done) to vllm-router on loopback, both ways. `upstream`: a
+    function -> (host, port) of the serving child, or None when none serves; asked once, when the client connects."""
     task = asyncio.current_task()
     RELAYS.add(task)
     try:
+        target = upstream()
         try:
-            up_reader, up_writer = await asyncio.open_connection(upstream[0], int(upstream[1]))
+            if target is None:
+                raise OSError("no vllm-router")
+            up_reader, up_writer = await asyncio.open_connection(target[0], int(target[1]))
         except OSError:
             client_writer.close()  # vllm-router does not listen (yet): the client sees the connection closed
             return
@@ -165,18 +304,19 @@ def quiet(loop, context):
     exc = context.get("exception")
     if isinstance(exc, (OSError, asyncio.IncompleteReadError)):
         return
-    print("narwhal_router: TLS front: %s" % (context.get("message") or exc), file=sys.stderr, flush=True)
+    say("front: %s" % (context.get("message") or exc))
 
 
-async def open_fronts(fronts, sockets, context):
-    """Start serving each front (router.json's tls.fronts: listen, upstream) on its listening socket -> the servers."""
+async def open_fronts(fronts, sockets, context, upstream):
+    """Start serving each front (router.json's fronts: listen, to) on its listening socket -> the servers.
+    `upstream(to)` -> (host, port) of the serving child's `to` port, or None."""
     servers = []
     for i, front in enumerate(fronts):
+        extra = {"ssl": context, "ssl_handshake_timeout": HANDSHAKE_S} if context else {}
         servers.append(await asyncio.start_server(
-            lambda r, w, up=tuple(front["upstream"]): relay(up, r, w), sock=sockets[i], ssl=context,
-            ssl_handshake_timeout=HANDSHAKE_S))
-        print("narwhal_router: TLS front on %s port %s -> vllm-router on %s port %s"
-              % (front["listen"][0], front["listen"][1], front["upstream"][0], front["upstream"][1]), flush=True)
+            lambda r, w, to=front["to"]: relay(lambda: upstream(to), r, w), sock=sockets[i], **extra))
+        say("%s front on %s port %s -> vllm-router's %s on loopback"
+            % ("TLS" if context else "TCP", front["listen"][0], front["listen"][1], front["to"]))
     return servers
 
 
@@ -187,47 +327,180 @@ def exit_code(status):
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
 
 
-def run_front(child, reaped, fronts, sockets, context):
-    """The parent: serve every TLS front until the router (`child`) ends or a signal asks to stop -> exit status.
-    `reaped` is set once the router's exit status is collected."""
+class Child:
+    """One vllm-router process: its generation (1 at start, +1 per reload), Popen, loopback ports and a future of
+    its exit status."""
+
+    def __init__(self, number, proc, plan, exited):
+        self.number, self.proc, self.ports, self.exited = number, proc, plan["ports"], exited
+        self.workers = plan["workers"]
+        self.draining = False
+
+
+class Supervisor:
+    """The parent's children: the serving one (`current`), a starting one during a reload, draining ones after it.
+    `ended`: a future of the parent's exit status."""
+
+    def __init__(self, loop, path, config, key):
+        self.loop, self.path, self.config, self.key = loop, path, config, key
+        self.current, self.children, self.generation = None, set(), 0
+        self.reloading = self.again = self.stopping = False
+        self.servers = []
+        self.ended = loop.create_future()
+
+    def upstream(self, to):
+        child = self.current
+        return (LOOPBACK, child.ports[to]) if child is not None and not self.stopping else None
+
+    def spawn(self, plan):
+        self.generation += 1
+        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child"], stdin=subprocess.PIPE)
+        message = {"args": plan["args"], "key": self.key, "validation": plan["validation"], "parent": os.getpid()}
+        try:
+            proc.stdin.write(json.dumps(message).encode("utf-8"))
+            proc.stdin.close()
+        except OSError:
+            pass  # the child died at once: its exit is reported as any other
+        child = Child(self.generation, proc, plan, self.loop.create_future())
+        self.children.add(child)
+        threading.Thread(target=self._wait, args=(child,), name="wait-router-%d" % child.number, daemon=True).start()
+        return child
+
+    def _wait(self, child):
+        code = child.proc.wait()
+        self.loop.call_soon_threadsafe(self._child_ended, child, 128 - code if code < 0 else code)
+
+    def _child_ended(self, child, code):
+        self.children.discard(child)
+        if not child.exited.done():
+            child.exited.set_result(code)
+        if child is self.current and not self.stopping:
+            say("vllm-router (pid %d) ended (exit status %d); the router's front ends with it" % (child.proc.pid, code))
+            self.finish(code or 1)
+        elif child.draining:
+            say("the previous vllm-router (pid %d) ended (exit status %d)" % (child.proc.pid, code))
+
+    def finish(self, code):
+        if not self.ended.done():
+            self.ended.set_result(code)
+
+    async def ready(self, child, timeout):
+        """None once `child` accepts connections on its port (vllm-router binds it once its workers answered /health)
+        and every worker of its set answers /health (not_answering), else why not: it exited, or `timeout` seconds
+        passed."""
+        deadline, bad = self.loop.time() + timeout, None
+        while not child.exited.done():
+            try:
+                _reader, writer = await asyncio.wait_for(asyncio.open_connection(LOOPBACK, child.ports["port"]), 2)
+            except (OSError, asyncio.TimeoutError):  # noqa: UP041 - Python 3.8 in a router image
+                pass
+            else:
+                writer.close()
+                bad = await self.loop.run_in_executor(None, not_answering, child.workers)
+                if not bad:
+                    return None
+            if self.loop.time() > deadline:
+                return "did not serve within %s s (ready_timeout)%s" % (
+                    timeout, ": not answering /health: %s" % ", ".join(bad) if bad else "")
+            await asyncio.sleep(POLL_S)
+        return "ended (exit status %d) before it served" % child.exited.result()
+
+    def drain(self, child, timeout):
+        """SIGTERM: vllm-router accepts no new connection and ends once its requests are done; SIGKILL after
+        `timeout` seconds."""
+        child.draining = True
+        if child.exited.done():
+            return
+        try:
+            child.proc.send_signal(signal.SIGTERM)
+        except OSError:
+            return
+        self.loop.call_later(timeout, self.kill, child, timeout)
+
+    def kill(self, child, timeout=None):
+        if not child.exited.done():
+            if timeout is not None:
+                say("vllm-router (pid %d) did not end within %s s (drain_timeout): killed" % (child.proc.pid, timeout))
+            child.proc.kill()
+
+    async def reload(self):
+        """SIGHUP: one reload at a time; a SIGHUP during one asks for one more after it (the files may have changed
+        again)."""
+        if self.reloading:
+            self.again = True
+            return
+        self.reloading = True
+        try:
+            self.again = True
+            while self.again and not self.stopping:
+                self.again = False
+                await self.reload_once()
+        finally:
+            self.reloading = False
+
+    async def reload_once(self):
+        number, started, previous = self.generation + 1, self.loop.time(), self.current
+        keeps = "vllm-router pid %d keeps serving" % previous.proc.pid if previous else "no vllm-router serves"
+        try:
+            config = read_config(self.path)
+            key = read_key(config["api_key_file"])
+            plan = child_plan(config)
+        except Refused as exc:
+            say("reload %d failed: %s; %s" % (number, exc, keeps))
+            return
+        self.key = key
+        child = self.spawn(plan)
+        why = await self.ready(child, config.get("ready_timeout", READY_S))
+        if why or self.stopping:
+            self.kill(child)
+            if why:
+                say("reload %d failed: the new vllm-router (pid %d) %s; %s" % (number, child.proc.pid, why, keeps))
+            return
+        self.current, self.config = child, config
+        say("reload %d done: vllm-router pid %d serves (loopback ports %d, %d; ready in %.1f s)%s"
+            % (number, child.proc.pid, child.ports["port"], child.ports["prometheus_port"],
+               self.loop.time() - started, "; pid %d drains (at most %s s)"
+               % (previous.proc.pid, config.get("drain_timeout", DRAIN_S)) if previous else ""))
+        if previous is not None:
+            self.loop.call_later(SWITCH_GRACE_S, self.drain, previous, config.get("drain_timeout", DRAIN_S))
+
+    async def stop(self, sig):
+        """SIGTERM/SIGINT: stop listening, drain every child, end with status 0."""
+        if self.stopping:
+            return
+        self.stopping = True
+        for server in self.servers:
+            server.close()
+        timeout = self.config.get("drain_timeout", DRAIN_S)
+        say("signal %d: the fronts stop listening; vllm-router drains (at most %s s)" % (sig, timeout))
+        await asyncio.sleep(SWITCH_GRACE_S)
+        children = list(self.children)
+        for child in children:
+            self.drain(child, timeout)
+        await asyncio.gather(*(c.exited for c in children))
+        self.finish(0)
+
+
+def serve(path, config, key, context, sockets):
+    """The parent: the first child, the fronts, the signals; until the serving child ends or a stop -> exit status."""
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     loop.set_exception_handler(quiet)
-    ended = loop.create_future()
-
-    def end(why):
-        if not ended.done():
-            ended.set_result(why)
-
-    def wait_child():
-        _pid, status = os.waitpid(child, 0)
-        reaped.set()
-        loop.call_soon_threadsafe(end, ("router", status))
-
-    threading.Thread(target=wait_child, name="wait-router", daemon=True).start()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, end, ("signal", sig))
-    loop.run_until_complete(open_fronts(fronts, sockets, context))
-    how, what = loop.run_until_complete(ended)
-    if how == "router":
-        print("narwhal_router: vllm-router ended (exit status %d); the TLS front ends with it" % exit_code(what),
-              file=sys.stderr, flush=True)
-        return exit_code(what) or 1
-    stop_router(child, reaped, what)
-    return 0
-
-
-def stop_router(child, reaped, sig=signal.SIGTERM):
-    """Pass `sig` to the router and give it STOP_S seconds to end (`reaped`), then kill it."""
+    supervisor = Supervisor(loop, path, config, key)
     try:
-        os.kill(child, sig)
-    except OSError:
-        return
-    if not reaped.wait(STOP_S):
-        try:
-            os.kill(child, signal.SIGKILL)
-        except OSError:
-            pass
+        supervisor.current = supervisor.spawn(child_plan(config))
+        supervisor.servers = loop.run_until_complete(
+            open_fronts(config["fronts"], sockets, context, supervisor.upstream))
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda s=sig: asyncio.ensure_future(supervisor.stop(s)))
+        loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(supervisor.reload()))
+        return loop.run_until_complete(supervisor.ended)
+    except BaseException as exc:  # noqa: BLE001 - whatever ends the front ends the routers with it
+        say("the front failed: %r; vllm-router ends with it" % (exc,))
+        return 1
+    finally:
+        for child in list(supervisor.children):
+            supervisor.kill(child)
 
 
 def die_with_parent(parent):
@@ -242,20 +515,19 @@ def die_with_parent(parent):
         os._exit(1)
 
 
-def start_router(config, key):
+def start_router(argv, key, validation):
     """vllm-router in this process, built as its CLI builds it, plus the key and api_key_validation_urls; blocks."""
     import setproctitle
     from vllm_router import router as upstream
     from vllm_router.launch_router import parse_router_args
 
-    args = parse_router_args(config["args"])
+    args = parse_router_args(argv)
     args.api_key = key
     os.environ["OPENAI_API_KEY"] = key  # putenv: this process's environment, not the one exec recorded
-    validation = list(config.get("api_key_validation_urls") or [])
     rust_router = upstream._Router
 
     def with_validation(**kwargs):
-        kwargs["api_key_validation_urls"] = validation
+        kwargs["api_key_validation_urls"] = list(validation)
         return rust_router(**kwargs)
 
     upstream._Router = with_validation  # Router.from_args builds the Rust router through this name
@@ -264,45 +536,40 @@ def start_router(config, key):
     upstream.Router.from_args(args).start()
 
 
+def child_main():
+    """`--child`: the message on stdin (args, key, validation, parent) -> vllm-router in this process."""
+    message = json.loads(sys.stdin.read())
+    sys.stdin.close()
+    die_with_parent(message["parent"])
+    start_router(message["args"], message["key"], message["validation"])
+
+
 def main(argv):
+    if argv[1:] == ["--child"]:
+        child_main()
+        return
     if len(argv) != 2:
         fail("usage: narwhal_router.py ROUTER_JSON")
+    # a SIGHUP before the loop's handler (a reload asked while the container starts) must not end the container: the
+    # first vllm-router reads the files anyway (an ignored SIGHUP stays ignored in the children: nothing sends them one)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
-        with open(argv[1], encoding="utf-8") as handle:
-            config = json.load(handle)
-    except (OSError, ValueError) as exc:
-        fail("cannot read %s: %s; rerun the router stage" % (argv[1], exc))
-    key = read_key(config["api_key_file"])
-    tls = config.get("tls")
-    if not tls:
-        start_router(config, key)
-        return
-    context = server_context(tls)
-    sockets = [listen(*front["listen"]) for front in tls["fronts"]]
-    parent = os.getpid()
-    child = os.fork()
-    if child == 0:
-        for sock in sockets:
-            sock.close()
-        die_with_parent(parent)
-        start_router(config, key)
-        os._exit(0)
-    del key
+        config = read_config(argv[1])
+        key = read_key(config["api_key_file"])
+        context = server_context(config["tls"]) if config.get("tls") else None
+        child_plan(config)  # workers.json checked before anything listens
+    except Refused as exc:
+        fail(str(exc))
+    sockets = [listen(*front["listen"]) for front in config["fronts"]]
     try:
         import setproctitle
 
-        setproctitle.setproctitle("vllm::router-tls-front")
+        setproctitle.setproctitle("vllm::router-front")
     except ImportError:
         pass
-    reaped = threading.Event()
-    try:
-        code = run_front(child, reaped, tls["fronts"], sockets, context)
-    except BaseException as exc:  # noqa: BLE001 - whatever ends the front ends the router with it
-        print("narwhal_router: the TLS front failed: %r; the router ends with it" % (exc,), file=sys.stderr,
-              flush=True)
-        stop_router(child, reaped)
-        code = 1
+    code = serve(argv[1], config, key, context, sockets)
     sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(code)
 
 

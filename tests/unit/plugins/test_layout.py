@@ -17,7 +17,7 @@ EDGES = {"_common/tools.py", *HOST_READERS, "_facts/checkpoint.py", "_facts/daem
          "_inputs/dotenv.py", "_inputs/paths.py", "_outputs/writer.py", "_prepare/launcher.py",
          "_router/client.py", "_common/http.py",
          # the host modules' work (community.docker's _module_container): each its module's run_module
-         "_facts/prereqs.py", "_router/proof.py", "_router/container.py", "_bench/serve.py",
+         "_facts/prereqs.py", "_router/proof.py", "_router/container.py", "_router/members.py", "_bench/serve.py",
          # the steps, each the work of one task (_common/step.py): they read and write what their stage names
          "_inputs/site.py", "_discover/outputs.py", "_prepare/run.py", "_probe/transfer.py", "_bench/results.py",
          "_outputs/private_file.py", "_tls/material.py"}
@@ -88,6 +88,8 @@ def test_pure_files_do_no_io(name):
     ("router_traffic", ("_discover/", "_inputs/", *CONTAINER_PLANNER, "_facts/", "_prepare/", "_docker/")),
     ("router_container", ("_discover/", "_inputs/", "_plan/", "_facts/", "_prepare/", "_router/client.py",
                           "_router/traffic.py", "_outputs/")),
+    ("router_members", ("_discover/", "_inputs/", "_plan/", "_facts/", "_prepare/", "_router/traffic.py",
+                        "_router/proof.py", "_router/container.py", "_outputs/")),
 ])
 def test_host_modules_ship_only_what_they_need(module, forbidden):
     shipped = _closure(_imports(REPO / "plugins" / "modules" / ("%s.py" % module)))

@@ -42,7 +42,8 @@ def name():
 def _plan(name, tmp_path, digest):
     return {"name": name, "image": _daemon_with_image(), "entrypoint": ["python3"],
             "command": ["-c", "import time; time.sleep(600)"], "dir": str(tmp_path), "hash": digest,
-            "labels": {"org.narwhal.role": "router", "org.narwhal.router.plan-hash": digest}}
+            "labels": {"org.narwhal.role": "router", "org.narwhal.router.plan-hash": digest}, "stop_timeout": 1,
+            "log": {"Type": "json-file", "Config": {"max-size": "10m", "max-file": "2"}}}
 
 
 def test_the_container_follows_its_plan(module_runner, name, tmp_path):
@@ -59,6 +60,8 @@ def test_the_container_follows_its_plan(module_runner, name, tmp_path):
     assert seen["HostConfig"]["RestartPolicy"]["Name"] == "unless-stopped"
     assert [(m["Source"], m["Destination"], m["RW"]) for m in seen["Mounts"]] == [(str(tmp_path), "/narwhal", False)]
     assert not [e for e in seen["Config"]["Env"] or [] if "proxy" in e.lower()]
+    assert seen["HostConfig"]["LogConfig"] == {"Type": "json-file", "Config": {"max-size": "10m", "max-file": "2"}}
+    assert seen["Config"]["StopTimeout"] == 1  # the plan's drain and margin (python3 as PID 1 ignores SIGTERM)
     status, again = run({"state": "started", "plan": _plan(name, tmp_path, "a" * 64)})
     assert (again["changed"], again["action"], again["container"]["Id"]) == (False, "kept", first["container"]["Id"])
     status, restarted = run({"state": "started", "plan": _plan(name, tmp_path, "a" * 64), "restart": True})
@@ -72,7 +75,7 @@ def test_the_container_follows_its_plan(module_runner, name, tmp_path):
     assert not info["changed"] and info["container"]["State"]["Running"] is False
     status, started = run({"state": "started", "plan": _plan(name, tmp_path, "b" * 64)})
     assert started["action"] == "started" and started["container"]["Id"] == replaced["container"]["Id"]
-    status, removed = run({"state": "absent", "name": name})
+    status, removed = run({"state": "absent", "name": name, "stop_timeout": 1})
     assert removed["changed"] and removed["action"] == "removed"
     status, absent = run({"state": "absent", "name": name})
     assert not absent["changed"] and absent["action"] == "absent"

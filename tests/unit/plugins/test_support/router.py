@@ -2,7 +2,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The real vllm-router (requirements/router.txt) as a process of its own in front of stand-in engines
 (test_support.standin.engine_process), started as the router role starts it: roles/router/files/narwhal_router.py
-with the router.json the role writes (_router/plan.py::router_config), the key from a 0600 file."""
+with the router.json and workers.json the role writes (_router/plan.py::router_config, workers_doc), the key from a
+0600 file."""
 import json
 import os
 import subprocess
@@ -12,8 +13,9 @@ import time
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import (
     fleet_workers,
+    fronts,
     router_config,
-    tls_fronts,
+    workers_doc,
 )
 from test_support.paths import REPO
 from test_support.standin import free_port
@@ -21,20 +23,27 @@ from test_support.standin import free_port
 ENTRY = REPO / "roles" / "router" / "files" / "narwhal_router.py"
 
 
-def router_process(tmp_path, engines, key, health_interval_s=1, health_failures=2, tls=None, env=None, wait=True):
-    """-> {url, metrics_url, proc, log, key_file} of a router on free loopback ports, once its /workers answers
-    (every engine answered /health). The caller terminates `proc`. `tls` ({cert, key, ca}: paths): vllm-router on
-    127.0.0.1 behind the start script's TLS front on 127.0.0.2 (the same port numbers, as the plan's tls_fronts
-    puts them), the URLs https and /workers asked with the CA. `env`: more environment (SSL_CERT_FILE, as the router
-    container has it); `wait=False`: return at once (a router whose workers never become healthy does not serve)."""
+def router_process(tmp_path, engines, key, health_interval_s=1, health_failures=2, tls=None, env=None, wait=True,
+                   drain_timeout=120):
+    """-> {url, metrics_url, proc, log, key_file, config, workers} of a router whose fronts are on free loopback
+    ports, once its /workers answers (every engine answered /health); `config` and `workers`: the paths of its
+    router.json and workers.json. The caller terminates `proc`. `tls` ({cert, key, ca}: paths): the start script's
+    fronts end TLS on 127.0.0.2, the URLs https and /workers asked with the CA. `env`: more environment
+    (SSL_CERT_FILE, as the router container has it); `wait=False`: return at once (a router whose workers never
+    become healthy does not serve)."""
     port, metrics = free_port(), free_port()
     site = {"NARWHAL_ROUTER_BIND": "127.0.0.1", "NARWHAL_ROUTER_PORT": port, "NARWHAL_ROUTER_METRICS_PORT": metrics,
-            "NARWHAL_ROUTER_POLICY": "round_robin", "NARWHAL_ROUTER_READY_TIMEOUT": 60, "NARWHAL_TLS": "off"}
-    config = router_config(site, fleet_workers(engines))
+            "NARWHAL_ROUTER_POLICY": "round_robin", "NARWHAL_ROUTER_READY_TIMEOUT": 60, "NARWHAL_TLS": "off",
+            "NARWHAL_ROUTER_DRAIN_TIMEOUT": drain_timeout}
+    workers = fleet_workers(engines)
+    config = router_config(site, workers)
+    config["workers_file"] = str(tmp_path / "workers.json")
+    (tmp_path / "workers.json").write_text(json.dumps(workers_doc(workers)))
     host, scheme, cafile = "127.0.0.1", "http", None
     if tls:
         host, scheme, cafile = "127.0.0.2", "https", tls["ca"]
-        config["tls"] = dict(tls_fronts(host, (port, metrics)), cert=tls["cert"], key=tls["key"])
+        config["fronts"] = fronts(host, port, metrics)
+        config["tls"] = {"cert": tls["cert"], "key": tls["key"]}
     key_file = tmp_path / "router-api.key"
     key_file.write_text(key + "\n")
     key_file.chmod(0o600)
@@ -56,4 +65,4 @@ def router_process(tmp_path, engines, key, health_interval_s=1, health_failures=
             raise AssertionError("the router did not serve: %s" % log.read_text(errors="replace")[-2000:])
         time.sleep(0.2)
     return {"url": url, "metrics_url": "%s://%s:%d/metrics" % (scheme, host, metrics), "proc": proc, "log": log,
-            "key_file": str(key_file)}
+            "key_file": str(key_file), "config": tmp_path / "router.json", "workers": tmp_path / "workers.json"}

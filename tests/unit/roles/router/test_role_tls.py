@@ -71,9 +71,9 @@ def test_with_tls_the_router_host_holds_its_certificate_key_and_ca(tmp_path):
                                                "group": "root"},
         "/opt/narwhal-router/tls/ca.crt": {"path": "/opt/narwhal-router/tls/ca.crt", "mode": "0644",
                                            "src": "/p/config/tls/ca.crt", "owner": "root", "group": "root"}}
-    assert [f["path"] for f in got["files"]][:4] == [
+    assert [f["path"] for f in got["files"]][:5] == [
         "/opt/narwhal-router", "/opt/narwhal-router/narwhal_router.py", "/opt/narwhal-router/api.key",
-        "/opt/narwhal-router/router.json"]
+        "/opt/narwhal-router/router.json", "/opt/narwhal-router/workers.json"]
     assert got["ca"] == "/opt/narwhal-router/tls/ca.crt"
     assert got["local_url"] == got["plan_local"] == "https://10.0.0.21:30000"
     assert got["names"] == ["10.0.0.21"] and got["tls_dir"] == "/p/config/tls"
@@ -83,5 +83,5 @@ def test_with_tls_the_router_host_holds_its_certificate_key_and_ca(tmp_path):
 
 def test_without_tls_nothing_of_it(tmp_path):
     got = _run(tmp_path, dict(SITE, NARWHAL_TLS="off"), {"changed": False, "mode": "off", "ca": "", "hosts": {}})
-    assert not [f for f in got["files"] if "/tls" in f["path"]] and len(got["files"]) == 4
+    assert not [f for f in got["files"] if "/tls" in f["path"]] and len(got["files"]) == 5
     assert got["ca"] == "" and got["local_url"] == "http://10.0.0.21:30000"

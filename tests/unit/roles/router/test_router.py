@@ -48,10 +48,14 @@ def test_the_key_is_in_no_process_list_environment_or_log(router, module_runner)
     line = [row for row in ps.splitlines() if row.strip().startswith(str(pid))]
     assert line and "vllm::router" in line[0]  # setproctitle: no command line of the start script at all
     assert KEY not in ps
-    with open("/proc/%d/environ" % pid, "rb") as handle:
-        assert KEY.encode() not in handle.read()
-    with open("/proc/%d/cmdline" % pid, "rb") as handle:
-        assert KEY.encode() not in handle.read()
+    with open("/proc/%d/task/%d/children" % (pid, pid)) as handle:
+        children = [int(p) for p in handle.read().split()]
+    assert len(children) == 1  # the front in the parent, vllm-router in its one child
+    for each in [pid] + children:
+        with open("/proc/%d/environ" % each, "rb") as handle:
+            assert KEY.encode() not in handle.read()
+        with open("/proc/%d/cmdline" % each, "rb") as handle:
+            assert KEY.encode() not in handle.read()
     assert KEY not in router["log"].read_text(errors="replace")
     assert KEY not in json.dumps(result)
 

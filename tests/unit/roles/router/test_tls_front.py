@@ -88,16 +88,18 @@ class Upstream:
 
 
 def serve_fronts(fronts, cert, key):
-    """The start script's TLS fronts served by an asyncio loop in a thread, as run_front serves them -> stop()."""
+    """The start script's TLS fronts served by an asyncio loop in a thread, as its parent serves them -> stop().
+    `fronts`: {listen, upstream} each, upstream the fixed (host, port) in place of the serving vllm-router's."""
     context = FRONT.server_context({"cert": cert, "key": key})
     sockets = [FRONT.listen(*f["listen"]) for f in fronts]
+    named = [{"listen": f["listen"], "to": i} for i, f in enumerate(fronts)]
     loop = asyncio.new_event_loop()
     loop.set_exception_handler(FRONT.quiet)
     ready = threading.Event()
 
     def run():
         asyncio.set_event_loop(loop)
-        loop.run_until_complete(FRONT.open_fronts(fronts, sockets, context))
+        loop.run_until_complete(FRONT.open_fronts(named, sockets, context, lambda to: tuple(fronts[to]["upstream"])))
         ready.set()
         loop.run_forever()
 
@@ -264,14 +266,14 @@ def test_a_key_readable_by_others_or_a_foreign_key_is_refused_by_name(tmp_path, 
     ca = make_ca(tmp_path / "ca")
     cert, key = make_leaf(ca, tmp_path / "tls")
     os.chmod(key, 0o644)
-    with pytest.raises(SystemExit):
+    with pytest.raises(FRONT.Refused) as err:
         FRONT.server_context({"cert": cert, "key": key})
-    assert "TLS private key %s is readable by others" % key in capsys.readouterr().err
+    assert "TLS private key %s is readable by others" % key in str(err.value)
     os.chmod(key, 0o600)
     _cert2, key2 = make_leaf(ca, tmp_path / "tls2")
-    with pytest.raises(SystemExit):
+    with pytest.raises(FRONT.Refused) as err:
         FRONT.server_context({"cert": cert, "key": key2})
-    assert "cannot load the TLS certificate %s with its key %s" % (cert, key2) in capsys.readouterr().err
+    assert "cannot load the TLS certificate %s with its key %s" % (cert, key2) in str(err.value)
 
 
 def test_accepted_connections_are_tcp_so_asyncio_turns_nagle_off():
@@ -327,14 +329,14 @@ def test_the_router_behind_its_front_serves_https_only_and_ends_with_it(tls_rout
     assert call(url + "/v1/models", None, cafile=ca)[0] == 401  # the router's own key check, through the front
     status, text = call(tls_router["metrics_url"], cafile=ca)
     assert status == 200 and "vllm_router" in text
-    # vllm-router itself is on loopback only; the front's address answers TLS only
-    assert call(url.replace("https://127.0.0.2", "http://127.0.0.1") + "/v1/models", KEY)[0] == 200
+    # vllm-router itself is on loopback only, on ports of its own; the front's address answers TLS only
+    assert call(url.replace("https://127.0.0.2", "http://127.0.0.1") + "/v1/models", KEY)[0] == 0
     assert call(url.replace("https://", "http://") + "/v1/models", KEY)[0] != 200
     front = tls_router["proc"]
     (router,) = _children(front.pid)
     os.kill(router, signal.SIGKILL)  # the router dies: the front ends the container's main process
     assert front.wait(15) == 128 + signal.SIGKILL
-    assert "vllm-router ended" in tls_router["log"].read_text()
+    assert "vllm-router (pid %d) ended (exit status 137)" % router in tls_router["log"].read_text()
 
 
 def _gone(pid, timeout=10):

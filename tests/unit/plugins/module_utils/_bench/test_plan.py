@@ -109,15 +109,16 @@ def test_the_second_router_is_regular_mode_over_the_first_decode_engine():
     args = args_of(router["config"]["args"])
     assert router["name"] == BENCH_ROUTER_NAME and router["image"] == "sha256:abc"
     assert args["--worker-urls"] == ["http://10.0.0.12:8000"] and "--vllm-pd-disaggregation" not in args
-    assert args["--host"] == ["10.0.0.21"]  # where the fleet's router binds: its router_address
-    assert args["--port"] == ["30001"] and args["--prometheus-host"] == ["127.0.0.1"]
+    # the start script puts vllm-router on loopback; its front binds where the fleet's router binds (router_address)
+    assert not {"--host", "--port", "--prometheus-host", "--prometheus-port"} & set(args)
+    assert router["config"]["fronts"] == [{"listen": ["10.0.0.21", 30001], "to": "port"}]
     assert router["url"] == "http://10.0.0.21:30001" and router["local_url"] == "http://10.0.0.21:30001"
     assert router["command"] == ["/narwhal/narwhal_router.py", "/narwhal/bench-router.json"]
     assert router["config"]["api_key_validation_urls"] == ["http://10.0.0.12:8000/v1/models"]
     assert "tls" not in router["config"] and "env" not in router
     ipv6 = bench_router_plan(dict(PLAIN_RECORD, url="http://[fd00::21]:30000"), inputs, fleet_workers(FLEET))
-    assert ipv6["url"] == "http://[fd00::21]:30001" and args_of(ipv6["config"]["args"])["--host"] == ["fd00::21"]
-    assert args_of(ipv6["config"]["args"])["--prometheus-host"] == ["::1"]
+    assert ipv6["url"] == "http://[fd00::21]:30001"
+    assert ipv6["config"]["fronts"] == [{"listen": ["fd00::21", 30001], "to": "port"}]
     assert bench_router_plan(PLAIN_RECORD, inputs, fleet_workers(FLEET))["hash"] == router["hash"]
     wildcard = bench_router_plan(PLAIN_RECORD, site(NARWHAL_TLS="off", NARWHAL_ROUTER_BIND="0.0.0.0"),
                                  fleet_workers(FLEET))
@@ -128,11 +129,9 @@ def test_with_tls_the_second_router_is_behind_its_own_tls_front():
     fleet = [dict(e, url=e["url"].replace("http://", "https://")) for e in FLEET]
     router = bench_router_plan(RECORD, site(), fleet_workers(fleet))
     args = args_of(router["config"]["args"])
-    assert args["--host"] == ["127.0.0.1"] and args["--prometheus-host"] == ["127.0.0.1"]
-    assert args["--worker-urls"] == ["https://10.0.0.12:8000"]
-    assert router["config"]["tls"] == {"cert": "/narwhal/tls/server.crt", "key": "/narwhal/tls/server.key",
-                                       "fronts": [{"listen": ["10.0.0.21", 30001],
-                                                   "upstream": ["127.0.0.1", 30001]}]}
+    assert "--host" not in args and args["--worker-urls"] == ["https://10.0.0.12:8000"]
+    assert router["config"]["tls"] == {"cert": "/narwhal/tls/server.crt", "key": "/narwhal/tls/server.key"}
+    assert router["config"]["fronts"] == [{"listen": ["10.0.0.21", 30001], "to": "port"}]
     assert router["url"] == "https://10.0.0.21:30001" and router["local_url"] == "https://10.0.0.21:30001"
     assert router["env"] == ["SSL_CERT_FILE=/narwhal/tls/ca.crt"]
     renewed = bench_router_plan(dict(RECORD, tls=dict(RECORD["tls"], sha256="cd" * 32)), site(), fleet_workers(fleet))

@@ -52,15 +52,26 @@ def test_a_fleet_the_router_cannot_serve_is_refused_by_name(fleet, words):
     assert words in str(err.value) and "NARWHAL_FLEET" in str(err.value)
 
 
-def test_the_command_line_names_every_worker_and_no_secret():
+def test_the_command_line_holds_no_worker_no_address_and_no_secret():
+    """The worker set is workers.json's and the addresses the start script's (narwhal_router.py adds --prefill and
+    --decode per URL of workers.json and loopback --host/--port/--prometheus-host/--prometheus-port per process)."""
     args = router_args(SITE, fleet_workers(FLEET))
     assert args[:2] == ["--vllm-pd-disaggregation", "--kv-connector"]
-    assert [args[i + 1] for i, a in enumerate(args) if a == "--prefill"] == ["http://10.0.0.11:8000"]
-    assert [args[i + 1] for i, a in enumerate(args) if a == "--decode"] == ["http://10.0.0.12:8000",
-                                                                            "http://[fd00::13]:8000"]
-    assert args[args.index("--port") + 1] == "30000" and args[args.index("--prometheus-port") + 1] == "29000"
-    assert args[args.index("--prometheus-host") + 1] == "0.0.0.0"
-    assert "--api-key" not in args
+    assert not {"--prefill", "--decode", "--host", "--port", "--prometheus-host", "--prometheus-port",
+                "--api-key"} & set(args)
+    config = router_config(SITE, fleet_workers(FLEET))
+    assert config["fronts"] == [{"listen": ["0.0.0.0", 30000], "to": "port"},
+                                {"listen": ["0.0.0.0", 29000], "to": "prometheus_port"}]
+    assert config["workers_file"] == "/narwhal/workers.json" and "api_key_validation_urls" not in config
+    assert config["drain_timeout"] == 120 and config["ready_timeout"] == 600
+    assert router_config(dict(SITE, NARWHAL_ROUTER_DRAIN_TIMEOUT=30), fleet_workers(FLEET))["drain_timeout"] == 30
+
+
+def test_workers_json_is_the_fleet_by_role_in_its_order():
+    plan = router_plan(SITE, FLEET, "sha256:aa", "0.1.17", "c1", "10.0.0.21")
+    assert plan["workers_doc"] == {"prefill": ["http://10.0.0.11:8000"],
+                                   "decode": ["http://10.0.0.12:8000", "http://[fd00::13]:8000"]}
+    assert "10.0.0.11" not in json.dumps(plan["config"])  # no fleet in router.json
 
 
 def test_the_two_ports_must_differ():
@@ -69,22 +80,46 @@ def test_the_two_ports_must_differ():
     assert err.value.key == "NARWHAL_ROUTER_METRICS_PORT"
 
 
-def test_the_plan_hash_follows_what_changes_the_router():
+def test_the_plan_hash_follows_what_needs_a_new_container_only():
     base = router_plan(SITE, FLEET, "sha256:aa", "0.1.17", "c1", "10.0.0.21")
     assert base["labels"][PLAN_HASH_LABEL] == base["hash"]
     assert base["url"] == "http://10.0.0.21:30000" and base["metrics_url"] == "http://10.0.0.21:29000/metrics"
     assert base["config"]["api_key_file"] == KEY
-    assert base["config"]["api_key_validation_urls"][0] == "http://10.0.0.12:8000/v1/models"
     assert router_plan(SITE, FLEET, "sha256:aa", "0.1.17", "c1", "10.0.0.99")["hash"] == base["hash"]
     # the stage's wait is not the router's: a shorter wait for one run must not replace the router
     assert router_plan(dict(SITE, NARWHAL_ROUTER_READY_TIMEOUT=40), FLEET, "sha256:aa", "0.1.17", "c1")["hash"] \
         == base["hash"]
-    for changed in (router_plan(SITE, FLEET[:2], "sha256:aa", "0.1.17", "c1"),
-                    router_plan(SITE, FLEET, "sha256:bb", "0.1.17", "c1"),
+    # a reload applies router.json and workers.json: another fleet, policy or drain keeps the container
+    for reloaded in (router_plan(SITE, FLEET[:2], "sha256:aa", "0.1.17", "c1"),
+                     router_plan(dict(SITE, NARWHAL_ROUTER_POLICY="cache_aware"), FLEET, "sha256:aa", "0.1.17", "c1"),
+                     router_plan(dict(SITE, NARWHAL_ROUTER_DRAIN_TIMEOUT=30), FLEET, "sha256:aa", "0.1.17", "c1")):
+        assert reloaded["hash"] == base["hash"]
+        assert (reloaded["config"], reloaded["workers_doc"]) != (base["config"], base["workers_doc"])
+    for changed in (router_plan(SITE, FLEET, "sha256:bb", "0.1.17", "c1"),
                     router_plan(SITE, FLEET, "sha256:aa", "0.1.17", "c2"),
-                    router_plan(dict(SITE, NARWHAL_ROUTER_POLICY="cache_aware"), FLEET, "sha256:aa", "0.1.17", "c1")):
+                    router_plan(dict(SITE, NARWHAL_ROUTER_PORT=30005), FLEET, "sha256:aa", "0.1.17", "c1"),
+                    router_plan(dict(SITE, NARWHAL_ROUTER_METRICS_PORT=29005), FLEET, "sha256:aa", "0.1.17", "c1"),
+                    router_plan(dict(SITE, NARWHAL_ROUTER_BIND="10.0.0.21"), FLEET, "sha256:aa", "0.1.17", "c1"),
+                    router_plan(dict(SITE, NARWHAL_ROUTER_DIR="/srv/r"), FLEET, "sha256:aa", "0.1.17", "c1"),
+                    router_plan(dict(SITE, NARWHAL_LOG_MAX_SIZE="10m"), FLEET, "sha256:aa", "0.1.17", "c1"),
+                    router_plan(dict(SITE, NARWHAL_LOG_MAX_FILE=2), FLEET, "sha256:aa", "0.1.17", "c1"),
+                    router_plan(dict(SITE, NARWHAL_LOG_DRIVER="local"), FLEET, "sha256:aa", "0.1.17", "c1")):
         assert changed["hash"] != base["hash"]
     assert json.loads(config_text(base["config"])) == base["config"]
+
+
+def test_the_router_container_logs_are_bounded_by_the_log_inputs():
+    plan = router_plan(dict(SITE, NARWHAL_LOG_DRIVER="local", NARWHAL_LOG_MAX_SIZE="20m", NARWHAL_LOG_MAX_FILE=3),
+                       FLEET, "sha256:aa", "0.1.17", "c1")
+    assert plan["log"] == {"Type": "local", "Config": {"max-size": "20m", "max-file": "3"}}
+    # the catalogue's defaults when the site lacks them
+    assert router_plan(SITE, FLEET, "sha256:aa", "0.1.17", "c1")["log"] == {
+        "Type": "json-file", "Config": {"max-size": "100m", "max-file": "5"}}
+
+
+def test_docker_stop_gives_the_drain_a_margin():
+    plan = router_plan(dict(SITE, NARWHAL_ROUTER_DRAIN_TIMEOUT=30), FLEET, "sha256:aa", "0.1.17", "c1")
+    assert plan["drain_timeout"] == 30 and plan["stop_timeout"] > 30
 
 
 @pytest.mark.parametrize("bind, url", [("0.0.0.0", "http://127.0.0.1:30000"), ("::", "http://[::1]:30000"),
@@ -141,8 +176,8 @@ def test_data_parallel_engines_make_the_router_dp_aware_and_dp_1_adds_nothing():
     engines = dict((e, {"data_parallel_size": 4}) for e in ("engine-1", "engine-2", "engine-3"))
     assert router_args(SITE, workers, engines)[-1] == "4"
     plain = router_plan(SITE, FLEET, "sha256:abc", "0.1.17", "0" * 64)
-    assert router_plan(dict(SITE, NARWHAL_DATA_PARALLEL_SIZE=2), FLEET, "sha256:abc", "0.1.17", "0" * 64)["hash"] \
-        != plain["hash"]
+    dp2 = router_plan(dict(SITE, NARWHAL_DATA_PARALLEL_SIZE=2), FLEET, "sha256:abc", "0.1.17", "0" * 64)
+    assert dp2["config"] != plain["config"] and dp2["hash"] == plain["hash"]  # router.json: a reload
 
 
 def test_engines_of_different_data_parallel_sizes_are_refused_by_name():
@@ -163,7 +198,8 @@ def test_the_router_plan_filter_reads_per_node_data_parallel_sizes():
     engines = dict((e, {"data_parallel_size": 2}) for e in ("engine-1", "engine-2", "engine-3"))
     plan = router_plan_filter({"site": SITE, "engines": engines}, FLEET, "sha256:abc", "0.1.17", "0" * 64)
     assert plan["config"]["args"][-2:] == ["--intra-node-data-parallel-size", "2"]
-    assert plan["hash"] != router_plan_filter({"site": SITE}, FLEET, "sha256:abc", "0.1.17", "0" * 64)["hash"]
+    assert plan["config"] != router_plan_filter({"site": SITE}, FLEET, "sha256:abc", "0.1.17", "0" * 64)["config"]
+    assert json.loads(plan["workers_text"]) == plan["workers_doc"] and json.loads(plan["config_text"]) == plan["config"]
     engines["engine-2"] = {"data_parallel_size": 1}
     with pytest.raises(AnsibleFilterError) as err:
         router_plan_filter({"site": SITE, "engines": engines}, FLEET, "sha256:abc", "0.1.17", "0" * 64)
@@ -171,7 +207,7 @@ def test_the_router_plan_filter_reads_per_node_data_parallel_sizes():
 
 
 # TLS and the bind (issue 35): the router binds its host's address unless NARWHAL_ROUTER_BIND says otherwise; with TLS
-# vllm-router binds loopback behind narwhal_router.py's TLS front on that address.
+# narwhal_router.py's fronts end TLS on that address (vllm-router is on loopback either way, issue 36).
 TLS_SITE = dict(SITE, NARWHAL_TLS="site", NARWHAL_ROUTER_BIND="")
 CERT = {"cert": "/p/config/tls/hosts/router-1.crt", "key": "/p/config/tls/hosts/router-1.key", "sha256": "ab" * 32,
         "not_after": "2027-01-01T00:00:00Z", "days_left": 300, "names": ["10.0.0.21"]}
@@ -205,15 +241,14 @@ def test_with_tls_a_wildcard_or_loopback_bind_is_refused_by_name(bind):
     assert router_bind(dict(TLS_SITE, NARWHAL_TLS="off", NARWHAL_ROUTER_BIND=bind), "10.0.0.21") == bind
 
 
-def test_with_tls_vllm_router_binds_loopback_behind_the_front_on_the_same_ports():
+def test_with_tls_the_fronts_end_tls_on_the_router_address():
     config = router_config(TLS_SITE, fleet_workers(FLEET), address="10.0.0.21")
-    args = config["args"]
-    assert args[args.index("--host") + 1] == "127.0.0.1" and args[args.index("--prometheus-host") + 1] == "127.0.0.1"
-    assert config["tls"] == {"cert": "/narwhal/tls/server.crt", "key": "/narwhal/tls/server.key",
-                             "fronts": [{"listen": ["10.0.0.21", 30000], "upstream": ["127.0.0.1", 30000]},
-                                        {"listen": ["10.0.0.21", 29000], "upstream": ["127.0.0.1", 29000]}]}
+    assert "--host" not in config["args"]  # vllm-router: loopback, the start script's choice
+    assert config["tls"] == {"cert": "/narwhal/tls/server.crt", "key": "/narwhal/tls/server.key"}
+    assert config["fronts"] == [{"listen": ["10.0.0.21", 30000], "to": "port"},
+                                {"listen": ["10.0.0.21", 29000], "to": "prometheus_port"}]
     plain = router_config(dict(TLS_SITE, NARWHAL_TLS="off"), fleet_workers(FLEET), address="10.0.0.21")
-    assert "tls" not in plain and plain["args"][plain["args"].index("--host") + 1] == "10.0.0.21"
+    assert "tls" not in plain and plain["fronts"] == config["fronts"]
 
 
 def test_the_tls_plan_is_https_verifies_the_engines_and_restarts_on_a_new_certificate():
@@ -222,7 +257,7 @@ def test_the_tls_plan_is_https_verifies_the_engines_and_restarts_on_a_new_certif
     assert plan["url"] == "https://10.0.0.21:30000" and plan["metrics_url"] == "https://10.0.0.21:29000/metrics"
     assert plan["local_url"] == "https://10.0.0.21:30000" and plan["local_metrics_url"] == "https://10.0.0.21:29000"
     assert plan["env"] == ["SSL_CERT_FILE=/narwhal/tls/ca.crt"] and plan["tls"] is True
-    assert plan["config"]["api_key_validation_urls"][0] == "https://10.0.0.12:8000/v1/models"
+    assert plan["workers_doc"]["decode"][0] == "https://10.0.0.12:8000"
     assert "ab" * 32 not in json.dumps(plan["config"])  # the certificate's hash is the plan's, not router.json's
     renewed_cert = dict(CERT, sha256="cd" * 32, days_left=365)
     renewed = router_plan(TLS_SITE, fleet, "sha256:aa", "0.1.17", "c1", "10.0.0.21", tls=renewed_cert)
@@ -241,15 +276,15 @@ def test_with_tls_a_router_host_without_its_certificate_is_refused():
         assert err.value.key == "NARWHAL_TLS" and "tls_material" in str(err.value)
 
 
-def test_without_tls_the_hash_of_an_unchanged_router_is_what_it_was():
-    """A site that keeps NARWHAL_TLS=off and an explicit bind keeps its running router (the hash before issue 35,
-    computed here from the same fields)."""
+def test_the_hash_is_that_of_the_container_fields():
+    """The hash covers image, entrypoint, command, entry_sha256, dir, env, tls_sha256, ports, bind and log (issue 36:
+    router.json and workers.json left it; a router of an earlier release is replaced once, drained)."""
     import hashlib
 
-    site = dict(SITE, NARWHAL_ROUTER_BIND="10.0.0.21")
-    plan = router_plan(site, FLEET, "sha256:aa", "0.1.17", "c1", "10.0.0.21")
-    before = dict((k, plan[k]) for k in ("image", "entrypoint", "command", "config", "entry_sha256", "dir"))
-    assert plan["hash"] == hashlib.sha256(json.dumps(before, sort_keys=True).encode("utf-8")).hexdigest()
+    plan = router_plan(dict(SITE, NARWHAL_ROUTER_BIND="10.0.0.21"), FLEET, "sha256:aa", "0.1.17", "c1", "10.0.0.21")
+    fields = dict((k, plan[k]) for k in ("image", "entrypoint", "command", "entry_sha256", "dir", "port",
+                                         "metrics_port", "bind", "log"))
+    assert plan["hash"] == hashlib.sha256(json.dumps(fields, sort_keys=True).encode("utf-8")).hexdigest()
 
 
 def test_the_certificate_names_the_router_address_and_a_bind_of_its_own():
