@@ -178,3 +178,34 @@ def describe(plan):
                          ", ".join(phase["engines"]), ", ".join(phase["serving_after"]["prefill"]),
                          ", ".join(phase["serving_after"]["decode"])))
     return lines
+
+
+def _strip(url):
+    return str(url).rstrip("/")
+
+
+def router_moves(routers, direction, engines=None, serving=None):
+    """What narwhal.deploy.router_members does on each router that runs, as [{host, remove | add | workers}]:
+    `routers`: [{host, workers: {prefill: [url], decode: [url]}, ...}] (the routers' records: what each was given);
+    `direction`: out (`engines`, [{engine, role, url}], leave every router that holds them; a router whose role would
+    be left empty keeps them: vllm-router needs one prefill and one decode, and it answers errors for them until it is
+    given them again), in (they come back where they were held) or set (`serving`, the complete worker set; none when
+    a role of it is empty: the routers keep what they hold meanwhile, a stated outage)."""
+    moves = []
+    for router in routers:
+        base = dict((k, v) for k, v in router.items() if k != "workers")
+        held = dict((role, [_strip(u) for u in (router.get("workers") or {}).get(role) or []]) for role in ROLES)
+        if direction == "set":
+            if all(serving.get(role) for role in ROLES):
+                moves.append(dict(base, workers=dict((r, [_strip(u) for u in serving[r]]) for r in ROLES)))
+            continue
+        mine = [e for e in engines or [] if _strip(e["url"]) in held.get(e["role"], [])]
+        if not mine:
+            continue
+        if direction == "in":
+            moves.append(dict(base, add=[{"role": e["role"], "url": _strip(e["url"])} for e in mine]))
+            continue
+        going = set(_strip(e["url"]) for e in mine)
+        if all([u for u in held[role] if u not in going] for role in ROLES):
+            moves.append(dict(base, remove=[_strip(e["url"]) for e in mine]))
+    return moves

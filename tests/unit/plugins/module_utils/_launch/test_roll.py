@@ -12,7 +12,12 @@ import copy
 import pytest
 from test_support.prepare import HAND_LAUNCH, compatible
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._launch.roll import describe, phase_pairs, roll_plan
+from ansible_collections.narwhal.deploy.plugins.module_utils._launch.roll import (
+    describe,
+    phase_pairs,
+    roll_plan,
+    router_moves,
+)
 
 BASE = compatible(copy.deepcopy(HAND_LAUNCH))["engines"]["engine-1"]
 
@@ -165,3 +170,29 @@ def test_any_handshake_factor_that_changes_rolls_by_sets(factor, change):
         change(e["new"])
     plan = roll_plan(engines)
     assert plan["kind"] == "sets" and factor in plan["reason"]
+
+
+ROUTERS = [{"host": "router-1", "url": "http://10.0.1.1:8080", "workers": {"prefill": urls(1, 2), "decode": urls(3)}},
+           {"host": "router-2", "url": "http://10.0.1.2:8080", "workers": {"prefill": urls(1), "decode": urls(3)}}]
+
+
+def test_an_engine_leaves_the_routers_that_hold_it_and_comes_back_there():
+    two = {"engine": "engine-2", "role": "prefill", "url": urls(2)[0] + "/"}
+    assert router_moves(ROUTERS, "out", [two]) == [{"host": "router-1", "url": "http://10.0.1.1:8080",
+                                                   "remove": urls(2)}]
+    assert router_moves(ROUTERS, "in", [two]) == [{"host": "router-1", "url": "http://10.0.1.1:8080",
+                                                  "add": [{"role": "prefill", "url": urls(2)[0]}]}]
+    # a new engine is in no router: nothing out, nothing in
+    assert router_moves(ROUTERS, "out", [dict(two, url=urls(9)[0])]) == []
+
+
+def test_the_last_engine_of_a_role_stays_in_its_router_but_comes_back_in():
+    one = {"engine": "engine-1", "role": "prefill", "url": urls(1)[0]}
+    assert [m["host"] for m in router_moves(ROUTERS, "out", [one])] == ["router-1"]  # router-2 would hold no prefill
+    assert [m["host"] for m in router_moves(ROUTERS, "in", [one])] == ["router-1", "router-2"]
+
+
+def test_a_set_is_given_whole_unless_a_role_is_empty():
+    serving = {"prefill": urls(2), "decode": urls(4)}
+    assert [m["workers"] for m in router_moves(ROUTERS, "set", serving=serving)] == [serving, serving]
+    assert router_moves(ROUTERS, "set", serving={"prefill": [], "decode": []}) == []
