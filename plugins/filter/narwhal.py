@@ -508,8 +508,8 @@ def launch_roll(hosts, fleet, runs_dir, texts=None, records=None, outage=""):
     """How launch rolls the engines it starts or replaces (_launch/roll.py::roll_plan) from the previewed hosts'
     variables (launch_action, launch_runs), the resolved fleet, the record files' texts ({path: text}, the paths of
     launch_roll_records) and the launch config's records (engines outside the play). Adds `lines` (what launch shows),
-    `phase_hosts` and `phase_pairs` (per phase: the inventory hosts it launches, the pairs that prove it) and `proven`
-    (every pair the roll proves)."""
+    `phase_hosts` and `phase_pairs` (per phase: the inventory hosts it launches, the pairs that prove it),
+    `engine_pairs` (the pairs of each engine's phase) and `proven` (every pair the roll proves)."""
     if outage not in ROLL_OUTAGE:
         raise AnsibleFilterError("narwhal_roll_outage=%r: leave it unset, or set accept to take a stated outage where "
                                  "the engines cannot be rolled without one" % (outage,))
@@ -520,6 +520,8 @@ def launch_roll(hosts, fleet, runs_dir, texts=None, records=None, outage=""):
     plan["lines"] = describe_roll(plan)
     plan["phase_hosts"] = [[host_of[e] for e in p["engines"] if e in host_of] for p in plan["phases"]]
     plan["phase_pairs"] = [phase_pairs(entries, p) for p in plan["phases"]]
+    plan["engine_pairs"] = dict((e, pairs) for p, pairs in zip(plan["phases"], plan["phase_pairs"])
+                                for e in p["engines"])
     plan["proven"] = [pair for i, pairs in enumerate(plan["phase_pairs"]) for pair in pairs
                       if pair not in [q for earlier in plan["phase_pairs"][:i] for q in earlier]]
     return plan

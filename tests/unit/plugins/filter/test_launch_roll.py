@@ -53,6 +53,7 @@ def test_an_upgrade_of_the_2p2d_fleet_rolls_by_sets_on_the_inventory_hosts():
                                                    "decode": ["http://10.0.0.4:8000"]}
     assert plan["phase_pairs"][0] == [["engine-1", "engine-3"], ["engine-3", "engine-1"]]
     assert len(plan["proven"]) == 8  # every pair of the fleet, each once
+    assert plan["engine_pairs"]["engine-3"] == plan["phase_pairs"][0]
     assert plan["lines"][0].startswith("roll: sets - the NIXL compatibility changes fleet-wide")
 
 
