@@ -520,8 +520,7 @@ def launch_roll(hosts, fleet, runs_dir, texts=None, records=None, outage=""):
     plan["lines"] = describe_roll(plan)
     plan["phase_hosts"] = [[host_of[e] for e in p["engines"] if e in host_of] for p in plan["phases"]]
     plan["phase_pairs"] = [phase_pairs(entries, p) for p in plan["phases"]]
-    plan["engine_pairs"] = dict((e, pairs) for p, pairs in zip(plan["phases"], plan["phase_pairs"])
-                                for e in p["engines"])
+    plan["engine_pairs"] = dict((e, phase_pairs(entries, p)) for p in plan["phases"] for e in p["engines"])
     plan["proven"] = [pair for i, pairs in enumerate(plan["phase_pairs"]) for pair in pairs
                       if pair not in [q for earlier in plan["phase_pairs"][:i] for q in earlier]]
     return plan

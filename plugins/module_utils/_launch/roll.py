@@ -99,7 +99,8 @@ def _rolling(entries, changing):
 
 def _sets(entries):
     """A = the first ceil(n/2) prefills and decodes in fleet order, B = the rest: routers := B; replace A; prove A x A;
-    routers := A; replace B; prove every pair; routers := A + B."""
+    routers := A; replace B; prove every pair; routers := A + B. An engine of B started for the first time is in no
+    router before phase 2."""
     first, rest = [], []
     for role in ROLES:
         mine = [e for e in entries if e["role"] == role]
@@ -109,7 +110,8 @@ def _sets(entries):
     order = dict((e["engine"], i) for i, e in enumerate(entries))
     first.sort(key=lambda e: order[e["engine"]])
     rest.sort(key=lambda e: order[e["engine"]])
-    return [_phase(first, rest, first), _phase(rest, first, entries)]
+    waiting = [e for e in rest if e["action"] != "start"]  # an engine started for the first time serves after B
+    return [_phase(first, waiting, first), _phase(rest, first, entries)]
 
 
 def _names(entries, role):

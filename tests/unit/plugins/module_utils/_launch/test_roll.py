@@ -111,6 +111,14 @@ def test_a_3p2d_upgrade_takes_two_prefills_and_one_decode_first():
     assert two["serving_after"] == {"prefill": urls(1, 3, 4), "decode": urls(2, 5)}
 
 
+def test_an_engine_new_to_the_fleet_serves_only_after_its_set():
+    plan = roll_plan(fleet("PPPDD", start=("engine-3",)))
+    assert plan["kind"] == "sets"
+    assert plan["phases"][0]["engines"] == ["engine-1", "engine-2", "engine-4"]
+    assert plan["phases"][0]["serving_before"] == {"prefill": [], "decode": urls(5)}  # engine-3 has no container yet
+    assert plan["phases"][1]["serving_after"] == {"prefill": urls(1, 2, 3), "decode": urls(4, 5)}
+
+
 def test_a_1p1d_upgrade_is_refused_with_the_reason():
     plan = roll_plan(fleet("PD"))
     assert plan["phases"] == [] and plan["kind"] == "outage"
