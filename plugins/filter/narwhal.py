@@ -6,13 +6,15 @@ the playbooks' tables, the pairs to probe and what follows a launch (decodes to 
 
 from __future__ import annotations
 
+import json
+
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import bench_plan as plan_bench
 from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import bench_router_plan as plan_bench_router
 from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import from_record
 from ansible_collections.narwhal.deploy.plugins.module_utils._bench.report import progress
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import url_host
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import url_host, url_port
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError, PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import NODE_VAR, RANK_VAR
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import engine_hosts as hosts_of_engines
@@ -28,6 +30,9 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers impor
     restart_refusal,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers import peer_facts as record_peer_facts
+from ansible_collections.narwhal.deploy.plugins.module_utils._launch.roll import describe as describe_roll
+from ansible_collections.narwhal.deploy.plugins.module_utils._launch.roll import phase_pairs, roll_plan
+from ansible_collections.narwhal.deploy.plugins.module_utils._launch.roll import router_moves as plan_router_moves
 from ansible_collections.narwhal.deploy.plugins.module_utils._monitor.targets import file_sd, fleet_name, scrape_config
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.parallel import member_view
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import install_paths, install_plan
@@ -41,6 +46,9 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._probe.fabric impor
 from ansible_collections.narwhal.deploy.plugins.module_utils._probe.pairs import probe_pairs as fleet_pairs
 from ansible_collections.narwhal.deploy.plugins.module_utils._probe.schedule import changed_pairs, cover_pairs
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import (
+    KEY,
+    MOUNT,
+    TLS_CA,
     config_text,
     fleet_workers,
     local_url,
@@ -450,6 +458,102 @@ def launch_peers(hosts, fleet, records=None, mode="auto", check=False):
     return plan
 
 
+ROLL_OUTAGE = ("", "accept")
+
+
+def _roll_record(runs_dir, run, engine):
+    """An engine's launch record of one run on the controller (the run directory prepare wrote)."""
+    return "%s/%s/%s/engine-launch.%s.json" % (runs_dir, run, engine, engine)
+
+
+def _roll_reads(hostvars, runs_dir):
+    """{"new": path, "running": path or None} of one engine the launch previewed (launch_runs, set by the launch role):
+    its installed run's record and, when it is replaced, the record of the run its container runs."""
+    engine, runs = engine_of(hostvars), hostvars.get("launch_runs") or {}
+    running = runs.get("running") if hostvars.get("launch_action") == "replace" else None
+    return {"new": _roll_record(runs_dir, runs.get("installed"), engine) if runs.get("installed") else None,
+            "running": _roll_record(runs_dir, running, engine) if running else None}
+
+
+def launch_roll_records(hosts, runs_dir):
+    """The record files launch_roll reads (on the controller, lookup('file')): for each previewed engine its installed
+    record and, when it is replaced, the record of the run its container runs."""
+    paths = []
+    for hostvars in hosts:
+        paths += [p for p in _roll_reads(hostvars, runs_dir).values() if p and p not in paths]
+    return paths
+
+
+def _roll_entries(hosts, fleet, runs_dir, texts, records):
+    by_engine = dict((engine_of(h), h) for h in hosts if h.get("launch_action"))
+    entries, host_of = [], {}
+    for entry in fleet:
+        engine, hostvars = entry.get("engine"), by_engine.get(entry.get("engine"))
+        reads = _roll_reads(hostvars, runs_dir) if hostvars else {"new": None, "running": None}
+        try:
+            new = json.loads(texts[reads["new"]]) if reads["new"] in texts else (records or {}).get(engine)
+            running = json.loads(texts[reads["running"]]) if reads["running"] in texts else None
+        except ValueError as exc:
+            raise AnsibleFilterError("the launch record of %s does not parse (%s); rerun prepare" % (engine, exc))
+        if new is None:
+            continue  # an engine without a record on the controller: not judged (it is not launched either)
+        if hostvars:
+            host_of[engine] = hostvars.get("inventory_hostname")
+        entries.append({"engine": engine, "role": entry.get("role"), "url": str(entry.get("url")).rstrip("/"),
+                        "action": hostvars.get("launch_action") if hostvars else "unchanged",
+                        "running": running, "new": new})
+    return entries, host_of
+
+
+def launch_roll(hosts, fleet, runs_dir, texts=None, records=None, outage=""):
+    """How launch rolls the engines it starts or replaces (_launch/roll.py::roll_plan) from the previewed hosts'
+    variables (launch_action, launch_runs), the resolved fleet, the record files' texts ({path: text}, the paths of
+    launch_roll_records) and the launch config's records (engines outside the play). Adds `lines` (what launch shows),
+    `phase_hosts` and `phase_pairs` (per phase: the inventory hosts it launches, the pairs that prove it),
+    `engine_pairs` (the pairs of each engine's phase) and `proven` (every pair the roll proves)."""
+    if outage not in ROLL_OUTAGE:
+        raise AnsibleFilterError("narwhal_roll_outage=%r: leave it unset, or set accept to take a stated outage where "
+                                 "the engines cannot be rolled without one" % (outage,))
+    if not isinstance(fleet, list):
+        raise AnsibleFilterError("launch_roll takes the resolved fleet (a list), not %s" % type(fleet).__name__)
+    entries, host_of = _roll_entries(list(hosts), fleet, runs_dir, texts or {}, records)
+    plan = roll_plan(entries, accept_outage=outage == "accept")
+    plan["lines"] = describe_roll(plan)
+    plan["phase_hosts"] = [[host_of[e] for e in p["engines"] if e in host_of] for p in plan["phases"]]
+    plan["phase_pairs"] = [phase_pairs(entries, p) for p in plan["phases"]]
+    plan["engine_pairs"] = dict((e, phase_pairs(entries, p)) for p in plan["phases"] for e in p["engines"])
+    plan["proven"] = [pair for i, pairs in enumerate(plan["phase_pairs"]) for pair in pairs
+                      if pair not in [q for earlier in plan["phase_pairs"][:i] for q in earlier]]
+    return plan
+
+
+def router_access(records, site):
+    """How a router host reaches its router, from the routers' records (runs/routers/<host>.json, as the router stage
+    wrote them): [{host, url (the local URL, _router/plan.py::local_url of the recorded bind and port), dir,
+    api_key_file, ca_file (the router directory's copies of what the container mounts at _router/plan.py MOUNT), workers
+    ({prefill: [url], decode: [url]})}]."""
+    if not isinstance(site, dict):
+        raise AnsibleFilterError("router_access takes narwhal_site (a dict), not %s" % type(site).__name__)
+    folder = str((site.get("site") or {}).get("NARWHAL_ROUTER_DIR", "")).rstrip("/")
+    out = []
+    for record in records:
+        secure = str(record.get("url", "")).startswith("https://")
+        workers = record.get("workers") or {}
+        held = dict((role, [w["url"] for w in workers.get(role) or []]) for role in ("prefill", "decode"))
+        out.append({"host": record["host"], "url": local_url(record["bind"], url_port(record["url"]), secure),
+                    "dir": folder, "api_key_file": folder + KEY[len(MOUNT):],
+                    "ca_file": folder + TLS_CA[len(MOUNT):] if secure else "",
+                    "workers": held})
+    return out
+
+
+def router_moves(routers, direction, engines=None, serving=None):
+    """What narwhal.deploy.router_members does on each router (_launch/roll.py::router_moves)."""
+    if direction not in ("out", "in", "set"):
+        raise AnsibleFilterError("router_moves: direction %r is not out, in or set" % (direction,))
+    return plan_router_moves(routers, direction, engines, serving)
+
+
 def tls_hosts(play_hosts, engines, members, fleet, launch=None):
     """tls_material's `hosts` for the engine hosts of a play: each with its engine's fleet URL host (the head's for
     an engine across hosts) and its own address from the launch records (_tls/certs.py::engine_host_names)."""
@@ -476,4 +580,5 @@ class FilterModule:
                 "prometheus_scrape": prometheus_scrape,
                 "bench_plan": bench_plan, "bench_router_plan": bench_router_plan, "bench_progress": bench_progress,
                 "peer_facts": peer_facts, "probe_pairs": probe_pairs, "launch_peers": launch_peers,
-                "tls_hosts": tls_hosts}
+                "tls_hosts": tls_hosts, "launch_roll": launch_roll, "launch_roll_records": launch_roll_records,
+                "router_access": router_access, "router_moves": router_moves}
