@@ -258,6 +258,15 @@ def references(key, context):
     return asyncio.run(run())
 
 
+def error_text(exc):
+    """The client's error with its cause (the openai client's "Connection error." says nothing of why)."""
+    text = "%s: %s" % (type(exc).__name__, exc)
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None and str(cause) not in text:
+        text += " (%s: %s)" % (type(cause).__name__, cause)
+    return text[:400]
+
+
 class Traffic:
     """Open-loop traffic at `rate` requests a second through the router, in a thread of its own. Every request is
     recorded as {"sent", "done" (monotonic seconds), "prompt", "ok", "text" | "error"}."""
@@ -281,7 +290,7 @@ class Traffic:
         try:
             rec.update(ok=True, text=await ask(api, PROMPTS[prompt]))
         except Exception as exc:  # noqa: BLE001 - every client error is a failed request, with its text
-            rec.update(ok=False, error="%s: %s" % (type(exc).__name__, str(exc)[:300]))
+            rec.update(ok=False, error=error_text(exc))
         rec["done"] = time.monotonic()
         self.records.append(rec)
 
@@ -432,6 +441,28 @@ def table(doc):
     return "\n".join(lines) + "\n"
 
 
+def problems(doc):
+    """What --strict refuses: an operation that lost or changed an answer, did not end whole, or whose action
+    failed."""
+    found = []
+    for row in doc["operations"]:
+        if row.get("skipped"):
+            found.append("%s: skipped (%s)" % (row["operation"], row["skipped"]))
+            continue
+        if row["failed"]:
+            found.append("%s: %d of %d requests failed, first: %s" % (row["operation"], row["failed"],
+                                                                     row["requests"], row["first_error"]))
+        if row["differ"]:
+            found.append("%s: %d answers differ from the reference, first: %s" % (
+                row["operation"], row["differ"], row["first_difference"]))
+        if row["whole_after_s"] is None:
+            found.append("%s: the fleet was not whole within %d s (%s)" % (row["operation"], WHOLE_TIMEOUT_S,
+                                                                          row["not_whole"]))
+        if row["action"]["rc"]:
+            found.append("%s: %s" % (row["operation"], row["action"]["detail"]))
+    return found
+
+
 def write(out, doc):
     bench.write_json(os.path.join(out, "day-two.json"), doc)
     with open(os.path.join(out, "day-two.md"), "w") as fh:
@@ -447,6 +478,8 @@ def parse(argv):
     parser.add_argument("--load-s", type=int, default=20, help="NARWHAL_STANDIN_LOAD_S of the engines through "
                         "NARWHAL_ENGINE_ENV: the stand-in's model-load time (default 20; 0 leaves it out)")
     parser.add_argument("--cut-s", type=int, default=30, help="seconds host-cut keeps the host off (default 30)")
+    parser.add_argument("--strict", action="store_true", help="exit 1 naming every operation that failed a request, "
+                        "changed an answer, did not end whole or whose action failed (the CI short form)")
     parser.add_argument("--keep", action="store_true", help="keep the simulated site afterwards")
     parser.add_argument("--down", action="store_true", help="only tear the day-two site down")
     parser.add_argument("--out", help="results directory (default runs/day-two-<UTC stamp>)")
@@ -501,7 +534,10 @@ def main(argv=None):
             harness(out, images, "absent")
     print(table(doc))
     log("results in %s" % os.path.relpath(out, ROOT))
-    return 0
+    found = problems(doc) if args.strict else []
+    for problem in found:
+        log("refused: " + problem)
+    return 1 if found else 0
 
 
 if __name__ == "__main__":
