@@ -260,6 +260,10 @@ def references(key, context):
 
 def error_text(exc):
     """The client's error with its cause (the openai client's "Connection error." says nothing of why)."""
+    status = getattr(exc, "status_code", None)
+    if status is not None:  # openai.APIStatusError: the router's answer, its body when it has one
+        body = (getattr(exc, "response", None) and exc.response.text or "").strip()
+        return ("%s: HTTP %d %s" % (type(exc).__name__, status, body or "(empty body)"))[:400]
     text = "%s: %s" % (type(exc).__name__, exc)
     cause = exc.__cause__ or exc.__context__
     if cause is not None and str(cause) not in text:
@@ -318,7 +322,12 @@ def summarize(records, refs, start, end):
     marks = [start] + successes + [max(end, successes[-1] if successes else end)]
     gap = max(b - a for a, b in itertools.pairwise(marks))
     errors = collections.Counter(r["error"] for r in failed)
-    return {"requests": len(sent), "failed": len(failed), "first_error": failed[0]["error"] if failed else None,
+    run = longest = 0
+    for r in sent:
+        run = 0 if r["ok"] else run + 1
+        longest = max(longest, run)
+    return {"requests": len(sent), "failed": len(failed), "failed_in_a_row": longest,
+            "first_error": failed[0]["error"] if failed else None,
             "errors": [{"error": e, "count": c} for e, c in errors.most_common(5)],
             "differ": len(differ), "first_difference": {"prompt": PROMPTS[differ[0]["prompt"]],
                                                         "reference": refs[differ[0]["prompt"]],
@@ -405,7 +414,10 @@ def run_op(name, site, args, key):
     records = traffic.stop()
     figures = summarize(records, refs, t0 - LEAD_S, end)
     figures.update(operation=name, action=action, whole_after_s=round(at - t0, 1) if at else None,
-                   not_whole=not_whole, not_whole_before=reason, references=refs)
+                   not_whole=not_whole, not_whole_before=reason, references=refs,
+                   requests_log=[{"sent_s": round(r["sent"] - t0, 3), "done_s": round(r["done"] - t0, 3),
+                                  "prompt": r["prompt"], "ok": r["ok"], "error": r.get("error")}
+                                 for r in sorted(records, key=lambda r: r["sent"])])
     log("%s: %d requests, %d failed, %d differ, longest gap %.2f s, whole after %s s (%s)" % (
         name, figures["requests"], figures["failed"], figures["differ"], figures["longest_gap_s"],
         figures["whole_after_s"], action["detail"]))
@@ -414,7 +426,8 @@ def run_op(name, site, args, key):
 
 # ------------------------------------------------------------------------------------------------ the report
 
-COLUMNS = (("operation", "operation"), ("requests", "requests"), ("failed", "failed"), ("differ", "answers differ"),
+COLUMNS = (("operation", "operation"), ("requests", "requests"), ("failed", "failed"),
+           ("failed_in_a_row", "failed in a row"), ("differ", "answers differ"),
            ("longest_gap_s", "longest gap (s)"), ("whole_after_s", "whole after (s)"), ("action_s", "action (s)"),
            ("first_error", "first error"))
 

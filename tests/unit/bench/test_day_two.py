@@ -32,7 +32,7 @@ def test_figures_count_the_window_and_find_the_longest_gap():
                _ok(13.5, 13.6),
                _ok(20.5, 20.6)]                    # after the window: not counted
     fig = day_two.summarize(records, REFS, 10.0, 15.0)
-    assert (fig["requests"], fig["failed"], fig["differ"]) == (7, 3, 1)
+    assert (fig["requests"], fig["failed"], fig["failed_in_a_row"], fig["differ"]) == (7, 3, 3, 1)
     assert fig["first_error"] == "APIStatusError: Error code: 500"
     assert fig["errors"] == [{"error": "APIStatusError: Error code: 500", "count": 2},
                              {"error": "APIConnectionError: Connection error.", "count": 1}]
@@ -43,7 +43,7 @@ def test_figures_count_the_window_and_find_the_longest_gap():
 
 def test_a_window_without_success_is_one_gap():
     fig = day_two.summarize([_failed(1.0, 1.5), _failed(2.0, 2.5)], REFS, 0.0, 6.0)
-    assert (fig["requests"], fig["failed"], fig["longest_gap_s"]) == (2, 2, 6.0)
+    assert (fig["requests"], fig["failed"], fig["failed_in_a_row"], fig["longest_gap_s"]) == (2, 2, 2, 6.0)
     clean = day_two.summarize([_ok(0.5, 0.7), _ok(1.0, 1.2)], REFS, 0.0, 1.5)
     assert (clean["failed"], clean["differ"], clean["first_error"], clean["longest_gap_s"]) == (0, 0, None, 0.7)
 
@@ -62,7 +62,7 @@ def test_env_is_the_operators_file_with_the_edits():
 
 
 def _row(name, **kw):
-    row = {"operation": name, "requests": 100, "failed": 0, "first_error": None, "differ": 0,
+    row = {"operation": name, "requests": 100, "failed": 0, "failed_in_a_row": 0, "first_error": None, "differ": 0,
            "first_difference": None, "longest_gap_s": 0.4, "whole_after_s": 12.5, "not_whole": None,
            "action": {"rc": 0, "action_s": 10.0, "detail": "site rc 0"}}
     row.update(kw)
@@ -78,9 +78,9 @@ def test_table_and_strict():
                           _row("router-restart", action={"rc": 1, "action_s": 0.1, "detail": "docker restart"}),
                           {"operation": "kill-engine", "skipped": "no such engine"}]}
     text = day_two.table(doc)
-    assert "| replace-prefill | 100 | 0 | 0 | 0.4 | 12.5 | 10.0 | - |" in text
+    assert "| replace-prefill | 100 | 0 | 0 | 0 | 0.4 | 12.5 | 10.0 | - |" in text
     assert "APIStatusError: 500 \\| mismatch" in text
-    assert "| host-cut | 100 | 0 | 0 | 0.4 | not within %d s |" % day_two.WHOLE_TIMEOUT_S in text
+    assert "| host-cut | 100 | 0 | 0 | 0 | 0.4 | not within %d s |" % day_two.WHOLE_TIMEOUT_S in text
     assert "| kill-engine | skipped: no such engine |" in text
     found = day_two.problems(doc)
     assert found[0].startswith("upgrade: 3 of 100 requests failed, first: APIStatusError")
@@ -97,3 +97,24 @@ def test_ops_are_checked_and_kept_in_order(capsys):
     with pytest.raises(SystemExit):
         day_two.parse(["--ops", "replace-prefil"])
     assert "--ops: unknown operation(s) replace-prefil; choose from replace-prefill" in capsys.readouterr().err
+
+
+class _StatusError(Exception):
+    status_code = 500
+
+    def __init__(self, body):
+        super().__init__("Error code: 500")
+        self.response = type("Response", (), {"text": body})()
+
+
+def test_error_text_says_what_the_router_answered():
+    assert day_two.error_text(_StatusError("KV transfer failed\n")) == "_StatusError: HTTP 500 KV transfer failed"
+    assert day_two.error_text(_StatusError("")) == "_StatusError: HTTP 500 (empty body)"
+    try:
+        try:
+            raise ConnectionResetError("Server disconnected without sending a response.")
+        except ConnectionResetError as cause:
+            raise RuntimeError("Connection error.") from cause
+    except RuntimeError as exc:
+        assert day_two.error_text(exc) == ("RuntimeError: Connection error. (ConnectionResetError: Server "
+                                           "disconnected without sending a response.)")
