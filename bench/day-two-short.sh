@@ -6,7 +6,7 @@
 # loads at once (--load-s 0: CI keeps today's speed). Needs the sim images (scripts/build-images.sh sim, which
 # builds engine-standin:next too) and the venv (scripts/bootstrap.sh). Exit status: bench/day_two.py's (1 names
 # every operation that lost a request). The site is removed afterwards, also on failure.
-# Usage: scripts/day-two-short.sh [OUT_DIR]   (default runs/day-two-ci)
+# Usage: bench/day-two-short.sh [OUT_DIR]   (default runs/day-two-ci)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PWD/.venv/bin:$PATH
