@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: bootstrap demo demo-down real test lint unit sanity molecule bench bench-down docs clean-sim
+.PHONY: bootstrap demo demo-down real test lint unit sanity molecule bench bench-down day-two day-two-down docs clean-sim
 
 bootstrap:            ## venv, collections, Docker engine, harness images
 	scripts/bootstrap.sh
@@ -39,6 +39,12 @@ bench: bootstrap      ## discovery/launch cost vs N on simulated hosts -> bench/
 
 bench-down:           ## remove the benchmark's simulated site (after an interrupted run or --keep)
 	bench/bench.py --down
+
+day-two: bootstrap    ## day-two operations under client traffic on a 2P2D simulated site -> runs/day-two-<stamp>/ (docs/day-two.md)
+	bench/day_two.py $(DAY_TWO_ARGS)
+
+day-two-down:         ## remove the day-two benchmark's simulated site (after an interrupted run or --keep)
+	bench/day_two.py --down
 
 docs:                 ## regenerate .env.example, docs/inputs.md, the example launch config, the shapes and the roles' option tables
 	$(VENV)/bin/python scripts/gen-inputs.py
