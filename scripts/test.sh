@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs every quality gate of narwhal.deploy; `make test` (the README's test command) calls it after
-# scripts/bootstrap.sh. Usage: scripts/test.sh [lint|unit|sanity|molecule|bench-smoke]...
-# (default: lint unit sanity molecule, in that order; bench-smoke, 2.5-6 min, only when named)
+# scripts/bootstrap.sh. Usage: scripts/test.sh [lint|unit|sanity|installed|day-two|molecule|bench-smoke]...
+# (default: lint unit sanity installed day-two molecule, in that order; bench-smoke, 2.5-6 min, only when named).
+# day-two is the day-two benchmark's short form (bench/day-two-short.sh, ~4.5 min): a planned replace and the upgrade
+# roll under client traffic on a 2P2D simulated site, failing on any lost or changed answer (docs/day-two.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PWD/.venv/bin:$PATH
@@ -95,7 +97,7 @@ molecule_all() {
   for s in $MOLECULE_SCENARIOS; do run "molecule $s" molecule test -s "$s"; done
 }
 
-gates=("$@"); [ "${#gates[@]}" = 0 ] && gates=(lint unit sanity installed molecule)
+gates=("$@"); [ "${#gates[@]}" = 0 ] && gates=(lint unit sanity installed day-two molecule)
 for g in "${gates[@]}"; do
   case $g in
     lint) lint ;;
@@ -103,6 +105,7 @@ for g in "${gates[@]}"; do
     sanity) run sanity sanity ;;
     molecule) molecule_all ;;
     installed) run "installed collection" installed ;;
+    day-two) run "day-two short form" bench/day-two-short.sh ;;
     bench-smoke) run "bench smoke" bench_smoke ;;
     *) echo "unknown gate $g" >&2; exit 2 ;;
   esac
