@@ -209,8 +209,8 @@ def whole(key, context):
         return workers
     roles = collections.Counter(t for _u, t, ok in workers if ok)
     if len(workers) != ENGINES or roles.get("prefill") != ENGINES // 2 or roles.get("decode") != ENGINES // 2:
-        return "router workers: %s" % ", ".join("%s %s %s" % (t, u, "healthy" if ok else "unhealthy")
-                                                 for u, t, ok in workers)
+        shown = ["%s %s %s" % (t, u, "healthy" if ok else "unhealthy") for u, t, ok in workers]
+        return "router workers: %s" % ", ".join(shown)
     with concurrent.futures.ThreadPoolExecutor(max_workers=ENGINES) as pool:
         problems = [p for p in pool.map(engine_status, range(1, ENGINES + 1)) if p]
     return "; ".join(problems) or None
@@ -463,14 +463,14 @@ def problems(doc):
             found.append("%s: skipped (%s)" % (row["operation"], row["skipped"]))
             continue
         if row["failed"]:
-            found.append("%s: %d of %d requests failed, first: %s" % (row["operation"], row["failed"],
-                                                                     row["requests"], row["first_error"]))
+            found.append("%s: %d of %d requests failed, first: %s"
+                         % (row["operation"], row["failed"], row["requests"], row["first_error"]))
         if row["differ"]:
             found.append("%s: %d answers differ from the reference, first: %s" % (
                 row["operation"], row["differ"], row["first_difference"]))
         if row["whole_after_s"] is None:
-            found.append("%s: the fleet was not whole within %d s (%s)" % (row["operation"], WHOLE_TIMEOUT_S,
-                                                                          row["not_whole"]))
+            found.append("%s: the fleet was not whole within %d s (%s)"
+                         % (row["operation"], WHOLE_TIMEOUT_S, row["not_whole"]))
         if row["action"]["rc"]:
             found.append("%s: %s" % (row["operation"], row["action"]["detail"]))
     return found

@@ -53,8 +53,8 @@ class Client(threading.Thread):
         if self.conn is None or not self.keep:
             self.conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
         body = json.dumps(dict(BODY, prompt="client %d request %d" % (self.number, n)))
-        self.conn.request("POST", "/v1/completions", body, {"Authorization": "Bearer " + KEY,
-                                                             "Content-Type": "application/json"})
+        headers = {"Authorization": "Bearer " + KEY, "Content-Type": "application/json"}
+        self.conn.request("POST", "/v1/completions", body, headers)
         resp = self.conn.getresponse()
         data = resp.read()
         if not self.keep or resp.getheader("connection", "").lower() == "close":
@@ -94,7 +94,7 @@ def reported(url):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--reloads", type=int, default=6)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--pause", type=float, default=3.0, help="seconds of traffic between reloads")

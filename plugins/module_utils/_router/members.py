@@ -73,8 +73,8 @@ def desired(params, held, reported):
             url = _url(item.get("url"), "add")
             other = [r for r in ROLES if r != item["role"] and url in want[r]]
             if other:
-                raise PlanError("add: %s is in the router as %s, not %s; remove it first" % (url, other[0],
-                                                                                          item["role"]), "add")
+                raise PlanError("add: %s is in the router as %s, not %s; remove it first"
+                                % (url, other[0], item["role"]), "add")
             if url not in want[item["role"]]:
                 want[item["role"]].append(url)
     for role in ROLES:

@@ -210,8 +210,8 @@ def test_a_reload_serves_the_new_worker_set_and_drops_no_request(fleet, router):
         url + "/v1/completions", KEY, dict(SLOW, stream=True), timeout=30), ended=time.time()), daemon=True)
     streamer.start()
     time.sleep(0.5)
-    router["workers"].write_text(json.dumps({"prefill": [fleet[0]["url"]], "decode": [fleet[1]["url"],
-                                                                                     fleet[2]["url"]]}))
+    workers = {"prefill": [fleet[0]["url"]], "decode": [fleet[1]["url"], fleet[2]["url"]]}
+    router["workers"].write_text(json.dumps(workers))
     os.kill(front.pid, signal.SIGHUP)
     _wait(lambda: _workers(url) is not None and len(_workers(url)) == 3, what="the new worker set")
     switched = time.time()

@@ -15,8 +15,8 @@ HELD = {"prefill": ["http://p1:8000", "http://p2:8000"], "decode": ["http://d1:8
 
 
 def test_the_set_is_workers_json_less_remove_plus_add():
-    assert desired({"remove": ["http://d1:8000/"]}, HELD, None) == {"prefill": HELD["prefill"],
-                                                                   "decode": ["http://d2:8000"]}
+    expected = {"prefill": HELD["prefill"], "decode": ["http://d2:8000"]}
+    assert desired({"remove": ["http://d1:8000/"]}, HELD, None) == expected
     assert desired({"remove": ["http://elsewhere:1"]}, HELD, None) == HELD  # not held: no change
     back = desired({"add": [{"role": "decode", "url": "http://d3:8000"}]}, HELD, None)
     assert back["decode"] == ["http://d1:8000", "http://d2:8000", "http://d3:8000"]

@@ -165,8 +165,8 @@ def test_status_shows_the_containers_log_driver_and_rotation():
     inspected = {"Name": "/narwhal-engine-2", "Id": "d" * 64, "State": {"Status": "running"}, "Image": IMAGE,
                  "Config": {"Labels": {"org.narwhal.engine": "engine-2"}},
                  "HostConfig": {"LogConfig": {"Type": "local", "Config": {"max-size": "20m", "max-file": "3"}}}}
-    assert le.container_facts(inspected, "engine-2")["log"] == {"Type": "local",
-                                                               "Config": {"max-size": "20m", "max-file": "3"}}
+    expected = {"Type": "local", "Config": {"max-size": "20m", "max-file": "3"}}
+    assert le.container_facts(inspected, "engine-2")["log"] == expected
     del inspected["HostConfig"]
     assert le.container_facts(inspected, "engine-2")["log"] is None
 
