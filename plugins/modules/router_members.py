@@ -133,15 +133,15 @@ seconds:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.specs import ROUTER_ACCESS_SPEC
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.members import run_module
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            url=dict(type="str", required=True),
-            api_key_file=dict(type="path", required=True, no_log=False),
-            ca_file=dict(type="path"),
+            # how the router host reaches its router: router_workers' and router_traffic's options (no fleet here)
+            **dict((k, v) for k, v in ROUTER_ACCESS_SPEC.items() if k != "engines"),
             dir=dict(type="path", required=True),
             container=dict(type="str", default="narwhal-router"),
             workers=dict(type="dict"),

@@ -11,8 +11,8 @@ written once here and its text once in plugins/doc_fragments/, and validate-modu
                                                                  engine_host_facts, engine_prereqs
     DOCKER_ACCESS_SPEC    docker_access    docker_host           image_facts, engine_host_facts, engine_prereqs
     IMAGE_READ_SPEC       image_read       cache_dir, timeout    image_facts, engine_host_facts
-    ROUTER_ACCESS_SPEC    router_access    url, engines,         router_workers, router_traffic
-                                           api_key_file, ca_file
+    ROUTER_ACCESS_SPEC    router_access    url, engines,         router_workers, router_traffic (router_members:
+                                           api_key_file, ca_file all but engines, documented on its own)
 
 Compose with dict(a=..., **SPEC, b=...) in the order the module lists its options. Python 3.8 compatible (runs
 on engine hosts).
