@@ -114,7 +114,7 @@ def main():
         module.fail_json(msg=str(exc), input=exc.key)
     url = p["url"].rstrip("/")
     # every fleet engine's own /health first: the router notices a lost worker only after its health checks
-    # (_router/plan.py HEALTH_INTERVAL_S x HEALTH_FAILURES), and ready means the whole fleet answers now
+    # (_router/plan.py HEALTH_INTERVAL_S x HEALTH_FAILURES, about 2 s), and ready means the whole fleet answers now
     down = []
     for role in ("prefill", "decode"):
         for worker in workers[role]:
