@@ -28,7 +28,11 @@ The operations (--ops, in this order):
                    compatibility hash), `site` is rerun; skipped (said so) when that image does not exist
   router-restart   `docker restart narwhal-router` on router-1
   kill-engine      `kill -9` of engine-4's (a decode) main process; Docker's restart policy brings it back
-  host-cut         engine-3 (a prefill) disconnected from both its networks for --cut-s seconds, then connected again
+  host-cut         engine-3 (a prefill) disconnected from both its networks; --cut-s seconds later, with it still
+                   off, an operator's change of engine-1 and `site` (it must go on for the others: exit status 4, the
+                   closing table naming engine-3 unreachable); then the host is connected again and `site` rerun,
+                   which takes engine-3 back. --strict counts only the requests that failed once the router had
+                   dropped engine-3
 
 Usage: bench/day_two.py [--ops replace-prefill,...] [--rate 5] [--load-s 20] [--cut-s 30] [--keep] [--out DIR]
        bench/day_two.py --down
@@ -371,17 +375,46 @@ def op_kill_engine(site, args, node=4):
             "detail": "kill -9 of engine-%d's main process (decode)" % node}
 
 
-def op_host_cut(site, args, node=3):
+def dropped(key, context, url, timeout=60):
+    """Seconds (monotonic) at which the router no longer routes to `url` (unhealthy or gone from its /workers)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        workers = router_workers(key, context)
+        if not isinstance(workers, str) and not any(u.rstrip("/") == url and ok for u, _t, ok in workers):
+            return time.monotonic()
+        time.sleep(0.2)
+    return None
+
+
+def closing_lines(output, word):
+    """The lines of a playbook's output (its closing table included) that name `word`."""
+    return [line.strip().strip('",') for line in output.splitlines() if word in line][-4:]
+
+
+def op_host_cut(site, args, node=3, key=None, context=None):
+    """engine-<node> (a prefill) off both networks. While it is off, an operator's change of engine-1's input and
+    a `site` run: it goes on for the others (ansible-playbook's exit status 4 says a host was unreachable), leaves
+    engine-<node> out of the routers and names it in its closing table. Then the host comes back and `site` is run
+    again: it takes the engine back."""
     name, begin = host("engine-%d" % node), time.monotonic()
+    url = "https://%s.%d:8000" % (FABRIC4, 10 + node)
     for net in ("fabric", "mgmt"):
         bench.sh(["docker", "network", "disconnect", "%s-%s" % (SITE, net), name])
+    gone = dropped(key, context, url) if key else None
     time.sleep(args.cut_s)
+    site.edit("NARWHAL_NODE_1_EXTRA_ARGS", "--max-num-seqs %d" % (64 + len(site.overrides)))
+    cut = site.playbook("site", "op-host-cut")
     # management first, so that it is eth0 again and the fabric eth1 (tests/harness/tasks/up.yml)
     bench.sh(["docker", "network", "connect", "--ip", "%s.%d" % (MGMT, 10 + node), SITE + "-mgmt", name])
     bench.sh(["docker", "network", "connect", "--ip", "%s.%d" % (FABRIC4, 10 + node), "--ip6",
               "%s:%d" % (FABRIC6, 10 + node), SITE + "-fabric", name])
-    return {"rc": 0, "action_s": round(time.monotonic() - begin, 1),
-            "detail": "engine-%d (prefill) off both networks for %d s, then back" % (node, args.cut_s)}
+    back = site.playbook("site", "op-host-back")
+    return {"rc": back["rc"], "action_s": round(time.monotonic() - begin, 1),
+            "dropped_s": round(gone - begin, 2) if gone else None,
+            "cut_rc": cut["rc"], "cut_site_s": round(cut["wall_s"], 1), "back_rc": back["rc"],
+            "cut_closing": closing_lines(cut["output"], "unreachable"),
+            "detail": "engine-%d (prefill) off both networks; site with it off: rc %d (4: a host unreachable), %.0f s; "
+                      "back, site: rc %d" % (node, cut["rc"], cut["wall_s"], back["rc"])}
 
 
 ACTIONS = {
@@ -406,13 +439,17 @@ def run_op(name, site, args, key):
     time.sleep(LEAD_S)
     log("%s: start" % name)
     t0 = time.monotonic()
-    action = ACTIONS[name](site, args)
+    action = (op_host_cut(site, args, key=key, context=context) if name == "host-cut"
+              else ACTIONS[name](site, args))
     time.sleep(2)
     at, not_whole = wait_whole(key, context)
     time.sleep(TAIL_S)
     end = time.monotonic()
     records = traffic.stop()
     figures = summarize(records, refs, t0 - LEAD_S, end)
+    if action.get("dropped_s") is not None:  # a lost host: what failed once the router had dropped it
+        late = summarize(records, refs, t0 + action["dropped_s"], end)
+        figures.update(failed_after_drop=late["failed"], first_error_after_drop=late["first_error"])
     figures.update(operation=name, action=action, whole_after_s=round(at - t0, 1) if at else None,
                    not_whole=not_whole, not_whole_before=reason, references=refs,
                    requests_log=[{"sent_s": round(r["sent"] - t0, 3), "done_s": round(r["done"] - t0, 3),
@@ -427,6 +464,7 @@ def run_op(name, site, args, key):
 # ------------------------------------------------------------------------------------------------ the report
 
 COLUMNS = (("operation", "operation"), ("requests", "requests"), ("failed", "failed"),
+           ("failed_after_drop", "failed once dropped"),
            ("failed_in_a_row", "failed in a row"), ("differ", "answers differ"),
            ("longest_gap_s", "longest gap (s)"), ("whole_after_s", "whole after (s)"), ("action_s", "action (s)"),
            ("first_error", "first error"))
@@ -462,7 +500,15 @@ def problems(doc):
         if row.get("skipped"):
             found.append("%s: skipped (%s)" % (row["operation"], row["skipped"]))
             continue
-        if row["failed"]:
+        if "failed_after_drop" in row:  # a lost host: only what failed once the router had dropped it counts
+            if row["failed_after_drop"]:
+                found.append("%s: %d requests failed after the router had dropped the host, first: %s"
+                             % (row["operation"], row["failed_after_drop"], row["first_error_after_drop"]))
+            if row["action"]["cut_rc"] != 4 or not any("unreachable" in x for x in row["action"]["cut_closing"]):
+                found.append("%s: the site run with the host off did not go on for the others (rc %d, want 4: a host "
+                             "unreachable) or did not name it unreachable: %s"
+                             % (row["operation"], row["action"]["cut_rc"], row["action"]["cut_closing"]))
+        elif row["failed"]:
             found.append("%s: %d of %d requests failed, first: %s"
                          % (row["operation"], row["failed"], row["requests"], row["first_error"]))
         if row["differ"]:

@@ -18,6 +18,8 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints i
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError, PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import NODE_VAR, RANK_VAR
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import engine_hosts as hosts_of_engines
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.reach import describe as describe_lost
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.reach import lost_hosts as plan_lost_hosts
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import redact_text, secret_values
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import (
     check_engine_hosts,
@@ -199,7 +201,7 @@ def _cert_days(tls):
 def status_row(status):
     """One engine of the status table (the launcher's `status` document)."""
     container = status.get("container") or {}
-    state = container.get("state") or "absent"
+    state = "lost" if status.get("lost") else container.get("state") or "absent"
     if container.get("restart_count"):
         state = "%s/%sr" % (state, container["restart_count"])
     nixl = status.get("nixl") or {}
@@ -231,20 +233,62 @@ def status_problems(status):
 SUMMARY_FACTS = ("prepare_summary", "launch_summary", "probe_summary", "stop_summary")
 
 
-def summary_entry(hostvars, urls=None):
+def summary_entry(hostvars, urls=None, lost=None):
     """One engine's row of a playbook's closing table, from the facts its stage roles set (<role>_summary, the
-    later stage's value winning)."""
+    later stage's value winning); a host this run lost (`lost`: narwhal_lost) is named so, its action `unreachable`
+    (it did not answer) or `left out` (another host of its engine did not)."""
     done = {}
     for stage in SUMMARY_FACTS:
         done.update(hostvars.get(stage) or {})
     engine = engine_of(hostvars)
     role = node_settings(hostvars.get("narwhal_site") or {}, engine)["role"]
     member = int(hostvars.get("narwhal_member") or 0)  # a host after the head of an engine across hosts: no URL
-    return {"engine": engine, "inventory_host": hostvars.get("inventory_hostname") or engine,
-            "host": hostvars.get("ansible_host") or hostvars.get("inventory_hostname") or engine, "role": role,
+    action = done.get("action")
+    name = hostvars.get("inventory_hostname")
+    if name in ((lost or {}).get("hosts") or ()):
+        action = "unreachable"
+    elif name in ((lost or {}).get("left_out") or ()):
+        action = "left out"
+    return {"engine": engine, "inventory_host": name or engine,
+            "host": hostvars.get("ansible_host") or name or engine, "role": role,
             "url": (urls or {}).get(engine) if not member else "(narwhal_rank %d, headless)" % member,
             "run_id": done.get("run_id"), "container_id": done.get("container_id"),
-            "action": done.get("action"), "vllm_version": done.get("vllm_version"), "probe": done.get("probe")}
+            "action": action, "vllm_version": done.get("vllm_version"), "probe": done.get("probe")}
+
+
+def lost_status(hosts, lost=None):
+    """The status documents of the engine hosts of a play (`hosts`: their hostvars): each host's status_engine, and
+    for a host this run lost (narwhal_lost) one that names it (state `lost`, not serving); router hosts and hosts
+    without a status are left out."""
+    lost = lost or {}
+    docs = []
+    for hostvars in hosts:
+        name, doc = hostvars.get("inventory_hostname"), hostvars.get("status_engine")
+        if doc:
+            docs.append(doc)
+            continue
+        engine = hostvars.get("narwhal_engine")
+        if not engine or name not in list(lost.get("hosts") or ()) + list(lost.get("left_out") or ()):
+            continue
+        why = ("the host did not answer (unreachable): the routers' health checks keep its engine out, and the next "
+               "run that reaches it takes it back"
+               if name in (lost.get("hosts") or ()) else
+               "left out: another host of %s did not answer" % engine)
+        doc = {"engine": engine, "inventory_host": name, "serving": False, "as_recorded": False, "lost": True,
+               "role": node_settings(hostvars.get("narwhal_site") or {}, engine)["role"] or "-", "problems": [why]}
+        if int(hostvars.get("narwhal_member") or 0):
+            doc["member"] = int(hostvars["narwhal_member"])
+        docs.append(doc)
+    return docs
+
+
+def without_lost(fleet, lost=None):
+    """The resolved fleet without the engines this run lost (narwhal_lost.engines): what the routers serve and the
+    probes pair while a host does not answer."""
+    if not isinstance(fleet, list):
+        raise AnsibleFilterError("without_lost takes the resolved fleet (a list), not %s" % type(fleet).__name__)
+    gone = set((lost or {}).get("engines") or ())
+    return [entry for entry in fleet if entry.get("engine") not in gone]
 
 
 def summary_row(entry):
@@ -554,6 +598,19 @@ def router_moves(routers, direction, engines=None, serving=None):
     return plan_router_moves(routers, direction, engines, serving)
 
 
+def lost_hosts(play_hosts, reached, engines, members, routers, site):
+    """The hosts this run lost when it opened, the engines they take with them, and whether the run goes on
+    (_common/reach.py::lost_hosts, NARWHAL_MAX_LOST_HOSTS); adds `lines`, what the opening shows."""
+    if not isinstance(site, dict):
+        raise AnsibleFilterError("lost_hosts takes narwhal_site (a dict), not %s" % type(site).__name__)
+    engines, members = engines or {}, members or {}
+    roles = dict((e, node_settings(site, e)["role"]) for e in sorted(set(engines.values())))
+    report = plan_lost_hosts(list(play_hosts), list(reached), engines, members, list(routers or ()), roles,
+                             site.get("site", {}).get("NARWHAL_MAX_LOST_HOSTS", "10%"))
+    report["lines"] = describe_lost(report)
+    return report
+
+
 def tls_hosts(play_hosts, engines, members, fleet, launch=None):
     """tls_material's `hosts` for the engine hosts of a play: each with its engine's fleet URL host (the head's for
     an engine across hosts) and its own address from the launch records (_tls/certs.py::engine_host_names)."""
@@ -581,4 +638,5 @@ class FilterModule:
                 "bench_plan": bench_plan, "bench_router_plan": bench_router_plan, "bench_progress": bench_progress,
                 "peer_facts": peer_facts, "probe_pairs": probe_pairs, "launch_peers": launch_peers,
                 "tls_hosts": tls_hosts, "launch_roll": launch_roll, "launch_roll_records": launch_roll_records,
-                "router_access": router_access, "router_moves": router_moves}
+                "router_access": router_access, "router_moves": router_moves, "lost_hosts": lost_hosts,
+                "lost_status": lost_status, "without_lost": without_lost}

@@ -230,8 +230,10 @@ def _open_twice(tmp_path, between):
     """A playbook that opens like site.yml does (the boilerplate before each stage) with `between` (tasks) in the
     middle, run by a real ansible-playbook over two local engine hosts -> (rc, output)."""
     (tmp_path / ".env").write_text(OPENING_ENV)
-    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"engines": {"hosts": {
-        "engine-1": {"ansible_connection": "local"}, "engine-2": {"ansible_connection": "local"}}}}))
+    # the opening reaches each host with a module (ansible.builtin.ping): this Python runs it
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"engines": {"hosts": {"engine-1": local,
+                                                                              "engine-2": local}}}))
     book = [{"ansible.builtin.import_playbook": "narwhal.deploy.boilerplate"},
             {"name": "A stage", "hosts": "engines", "gather_facts": False, "tasks": between},
             {"ansible.builtin.import_playbook": "narwhal.deploy.boilerplate"},

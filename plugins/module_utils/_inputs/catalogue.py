@@ -121,6 +121,12 @@ INPUTS = [
             "g). A container keeps at most NARWHAL_LOG_MAX_FILE such files, so its logs never exceed their product."},
     {"name": "NARWHAL_LOG_MAX_FILE", "kind": "int", "default": 5, "example": 5,
      "doc": "Log files a container keeps (the log driver's max-file), the current one included."},
+    {"name": "NARWHAL_MAX_LOST_HOSTS", "kind": "count_or_percent", "default": "10%", "example": "10%",
+     "doc": "How many hosts of a run (engine and router hosts) may not answer when it opens, and the run goes on "
+            "without them: a count (0: every host must answer) or a percentage of the run's hosts, rounded up (10%: "
+            "1 of 4, 3 of 30). A lost host's engines leave the routers and the run, are named in its closing table and "
+            "in status, and the next run takes them back; discovery keeps their last record. More lost hosts, or a "
+            "role left without an engine, stop the run before anything changes."},
     {"name": "NARWHAL_SIDE_CHANNEL_PORT", "kind": "port", "default": 5600, "example": 5600,
      "doc": "First NIXL side-channel port on each host (VLLM_NIXL_SIDE_CHANNEL_PORT); engines sharing a host "
             "get consecutive, non-overlapping ranges."},

@@ -103,6 +103,8 @@ def _check(spec, key, raw):
         return _port(key, value)
     if kind == "seconds":
         return _seconds(spec, key, value)
+    if kind == "count_or_percent":
+        return _count_or_percent(key, raw, value)
     if kind == "count_or_all":
         if value == "all":
             return value
@@ -143,6 +145,17 @@ def _check(spec, key, raw):
     if kind in ("args", "env"):
         _planner_words(kind, key, value)
     return value
+
+
+def _count_or_percent(key, raw, value):
+    """A whole number of hosts (0 or more) or a percentage (0% to 100%), kept as its text (_common/reach.py reads
+    it)."""
+    text = str(value)
+    number = text[:-1] if text.endswith("%") else text
+    if not number.isdigit() or not number.isascii() or (text.endswith("%") and int(number) > 100):
+        raise InputError(key, "%r is not a count of hosts (e.g. 1) or a percentage of them (e.g. 10%%); %s"
+                         % (raw, FIX))
+    return text
 
 
 def _port(key, value):

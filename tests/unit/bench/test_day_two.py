@@ -74,20 +74,30 @@ def test_table_and_strict():
            "operations": [_row("replace-prefill"),
                           _row("upgrade", failed=3, first_error="APIStatusError: 500 | mismatch", differ=1,
                                first_difference={"prompt": "p", "reference": "a", "answer": "b"}),
-                          _row("host-cut", whole_after_s=None, not_whole="router: engine-3 unhealthy"),
+                          _row("host-cut", whole_after_s=None, not_whole="router: engine-3 unhealthy", failed=4,
+                               failed_after_drop=1, first_error_after_drop="APIConnectionError",
+                               action={"rc": 0, "action_s": 50.0, "detail": "cut", "cut_rc": 2,
+                                       "cut_closing": ["engine-3 failed"]}),
                           _row("router-restart", action={"rc": 1, "action_s": 0.1, "detail": "docker restart"}),
                           {"operation": "kill-engine", "skipped": "no such engine"}]}
     text = day_two.table(doc)
-    assert "| replace-prefill | 100 | 0 | 0 | 0 | 0.4 | 12.5 | 10.0 | - |" in text
+    assert "| replace-prefill | 100 | 0 | - | 0 | 0 | 0.4 | 12.5 | 10.0 | - |" in text
     assert "APIStatusError: 500 \\| mismatch" in text
-    assert "| host-cut | 100 | 0 | 0 | 0 | 0.4 | not within %d s |" % day_two.WHOLE_TIMEOUT_S in text
+    assert "| host-cut | 100 | 4 | 1 | 0 | 0 | 0.4 | not within %d s |" % day_two.WHOLE_TIMEOUT_S in text
     assert "| kill-engine | skipped: no such engine |" in text
     found = day_two.problems(doc)
     assert found[0].startswith("upgrade: 3 of 100 requests failed, first: APIStatusError")
     assert found[1].startswith("upgrade: 1 answers differ")
-    assert found[2] == "host-cut: the fleet was not whole within %d s (router: engine-3 unhealthy)" \
+    # a lost host: the requests that failed before the router dropped it are not counted, those after are
+    assert found[2] == "host-cut: 1 requests failed after the router had dropped the host, first: APIConnectionError"
+    assert found[3].startswith("host-cut: the site run with the host off did not go on for the others (rc 2, want 4")
+    assert found[4] == "host-cut: the fleet was not whole within %d s (router: engine-3 unhealthy)" \
         % day_two.WHOLE_TIMEOUT_S
-    assert found[3:] == ["router-restart: docker restart", "kill-engine: skipped (no such engine)"]
+    assert found[5:] == ["router-restart: docker restart", "kill-engine: skipped (no such engine)"]
+    cut = _row("host-cut", failed=4, failed_after_drop=0, first_error_after_drop=None,
+               action={"rc": 0, "action_s": 50.0, "detail": "cut", "cut_rc": 4,
+                       "cut_closing": ["engine-3 engine-3 prefill ... unreachable"]})
+    assert day_two.problems({"operations": [cut]}) == []
     assert day_two.problems({"operations": [_row("replace-prefill")]}) == []
 
 

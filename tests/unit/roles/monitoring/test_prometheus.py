@@ -65,7 +65,7 @@ def _project(where, engines, router):
             n=e["engine"].split("-")[1], url=e["url"]) for e in engines))
     record = {"host": "router-1", "url": router["url"], "metrics_url": router["metrics_url"]}
     (where / "runs" / "routers" / "router-1.json").write_text(json.dumps(record, indent=2))
-    local = {"ansible_connection": "local"}
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}  # the opening's ping
     (where / "inventory" / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {
         "engines": {"hosts": {e["engine"]: dict(local) for e in engines}},
         "routers": {"hosts": {"router-1": dict(local)}}}}}))

@@ -60,7 +60,8 @@ def _project(where, engines):
         "NARWHAL_NODE_%d_URL=%s\nNARWHAL_NODE_%d_ATTESTATION_URL=http://127.0.0.1:9/v1/attestation\n"
         % (n, e["url"], n) for n, e in enumerate(engines, 1)))
     (where / "inventory" / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"engines": {"hosts": {
-        e["engine"]: {"ansible_connection": "local"} for e in engines}}}}}))
+        e["engine"]: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+        for e in engines}}}}}))
 
 
 @pytest.fixture(scope="module")
