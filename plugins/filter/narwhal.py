@@ -132,10 +132,12 @@ def engine_of(hostvars):
 
 
 def table_row(row, hosts=None):
-    """One engine of discovery's table; `hosts` ({engine: inventory host}) adds the inventory host."""
-    return "%-10s %-20s %-8s %-26s %-34s %-48s %s" % (
+    """One engine of discovery's table; `hosts` ({engine: inventory host}) adds the inventory host. A row's `note`
+    (an engine whose host is unreachable: discovery kept its last record) ends it."""
+    text = "%-10s %-20s %-8s %-26s %-34s %-48s %s" % (
         row["engine"], (hosts or {}).get(row["engine"]) or row["engine"], row["interface"], row["address"], row["url"],
         row["attestation_url"], row["role"])
+    return "%s   %s" % (text, row["note"]) if row.get("note") else text
 
 
 def inspection(hostvars):

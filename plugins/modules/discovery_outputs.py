@@ -72,6 +72,28 @@ options:
       - When not given, read from the host variables of the hosts the fact C(narwhal_members) lists after each
         engine's head.
     type: dict
+  lost:
+    description:
+      - Inventory hosts unreachable in this run (the opening play's C(narwhal_lost.hosts)). Hosts of no engine of
+        O(engines) (routers) are ignored.
+      - An engine with a lost host (any host of an engine across hosts) keeps its previous outputs as they are, byte
+        for byte - its C(deployment.env) lines, its fleet entry, its launch record and its inspection extracts -
+        while the other engines are discovered; the set is still written as one set. Its address, host, GPUs and
+        side-channel ports are its kept record's, so the engines discovered around it take others.
+      - Refused by name, before anything is written, naming the host, the engine and the fix (bring the host back
+        and rerun discovery, or take the engine out of the fleet) - when the engine has no earlier outputs (first
+        discovery), when they are incomplete or not the ones discovery wrote (checked against the sources index), or
+        when they were discovered from other inputs (a site policy input, or one of the engine's own
+        C(NARWHAL_NODE_<n>_*)) than today's C(.env).
+    type: list
+    elements: str
+    default: []
+  lost_engines:
+    description:
+      - The engines of O(lost), by engine name, each the list of its lost inventory hosts.
+      - When not given, the action plugin maps O(lost) to engines with the facts C(narwhal_engines) and
+        C(narwhal_members); without them a lost host is the engine of its name, or a host O(members) lists.
+    type: dict
 attributes:
   diff_mode:
     description: Returns the before and after text of every output file that changes.
@@ -95,12 +117,24 @@ EXAMPLES = r"""
 
 RETURN = r"""
 table:
-  description: One row per engine with engine, interface, address, url, attestation_url and role.
+  description: One row per engine with engine, interface, address, url, attestation_url and role, and a kept
+    engine's note.
   returned: success
   type: list
   elements: dict
   sample: [{"engine": "engine-1", "interface": "eth1", "address": "10.0.0.11", "url": "http://10.0.0.11:8000",
-            "attestation_url": "http://10.0.0.11:8010/v1/attestation", "role": "prefill"}]
+            "attestation_url": "http://10.0.0.11:8010/v1/attestation", "role": "prefill"},
+           {"engine": "engine-2", "interface": "eth1", "address": "10.0.0.12", "url": "http://10.0.0.12:8000",
+            "attestation_url": "http://10.0.0.12:8010/v1/attestation", "role": "decode",
+            "note": "unreachable: kept its last record"}]
+kept:
+  description: >-
+    The engines with a host unreachable in this run whose last record discovery kept, in fleet order; their rows of
+    the table end with the note C(unreachable: kept its last record).
+  returned: success
+  type: list
+  elements: str
+  sample: ["engine-2"]
 files:
   description: The output files of the set and whether each changed.
   returned: success

@@ -73,13 +73,31 @@ def member_facts(engines, hostvars, members):
     return found
 
 
+def lost_engines(lost, engines, hosts=None, members=None):
+    """discovery_outputs' `lost_engines`: {engine: [its inventory hosts in `lost`]} of the engines of the task
+    (`hosts`: narwhal_engines, `members`: narwhal_members; an engine-<n> host without a mapping is its own). A lost
+    host of no engine (a router) is not discovery's."""
+    engine_of = dict(hosts or {})
+    for engine, names in (members or {}).items():
+        engine_of.update((name, engine) for name in names or [])
+    found = {}
+    for host in [h for h in lost if isinstance(h, str)]:
+        engine = engine_of.get(host, host)
+        if engine in engines:
+            found.setdefault(engine, []).append(host)
+    return found
+
+
 def discovery_facts(args, hostvars, hosts=None, members=None):
     """discovery_outputs' arguments with `interfaces`, `hosts` and `members` read from the engines' host variables
-    where the task does not give them."""
+    where the task does not give them, and `lost_engines` from `lost` (the inventory hosts unreachable in this
+    run)."""
     engines = _engines(args, hostvars, hosts, members)
     if engines is None:
         return args
     args = dict(args)
+    if isinstance(args.get("lost"), list) and "lost_engines" not in args:
+        args["lost_engines"] = lost_engines(args["lost"], [e for e, _found in engines], hosts, members)
     if "interfaces" not in args:
         args["interfaces"] = dict((e, found.get(INTERFACE_FACT)) for e, found in engines)
     if "hosts" not in args:

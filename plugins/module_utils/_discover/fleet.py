@@ -98,8 +98,42 @@ def _override(n, node, kind, port_key, default_url, port, tls=None):
     return url
 
 
-def build_fleet(inputs, engines, interfaces):
-    """-> {"nodes": [...], "deployment_env": [(key, value)...], "fleet": [...], "table": [...]}."""
+def _discovered_address(n, host, settings, facts, family):
+    """(fabric address, host ID) of an engine from its host's narwhal_interface facts."""
+    interface = settings["fabric_interface"]
+    facts = dict(facts or {})
+    facts["per_node"] = settings["inputs"]["fabric_interface"] != "NARWHAL_FABRIC_INTERFACE"
+    # the facts modules refuse such a link on the host (_facts/netaddr.py::link_problem); this holds the same
+    # rule for the facts that reach the controller (operstate only: UP and UNKNOWN carry traffic)
+    state = str(facts.get("operstate") or "").upper()
+    if state and state not in USABLE_OPERSTATES:
+        key = settings["inputs"]["fabric_interface"]
+        raise InputError(key, "interface %s on host %s is down (ip reports operstate %s), so its addresses carry "
+                              "no traffic and must not go into the records; bring the link up (cable, switch "
+                              "port, 'ip link set %s up') or choose another interface, then rerun discovery"
+                         % (interface, host, facts["operstate"], interface))
+    return select_address(n, host, interface, facts, family, settings["ip"]), facts.get("host_id") or host
+
+
+def _check_kept(node, kept, ip):
+    """A kept engine's deployment.env lines (_discover/kept.py) must be what today's .env gives it: its role, ports,
+    interface, URLs and an explicit address (`ip`, NARWHAL_NODE_<n>_IP); its address is the kept one."""
+    now = {"ROLE": node["role"], "ENGINE_PORT": str(node["engine_port"]), "ATTEST_PORT": str(node["attest_port"]),
+           "FABRIC_INTERFACE": node["interface"], "IP": ip or kept["env"].get("IP"), "URL": node["url"],
+           "ATTESTATION_URL": node["attestation_url"]}
+    for suffix, value in now.items():
+        if kept["env"].get(suffix) != value:
+            key = "NARWHAL_NODE_%d_%s" % (node["n"], suffix)
+            raise InputError(key, "%s, so discovery would keep its last record, whose deployment.env has %s=%s, but "
+                                  ".env gives %s now; undo the change until %s is back, or %s"
+                             % (kept["unreachable"], key, kept["env"].get(suffix), value, node["engine"], kept["fix"]))
+
+
+def build_fleet(inputs, engines, interfaces, kept=None):
+    """-> {"nodes": [...], "deployment_env": [(key, value)...], "fleet": [...], "table": [...]}. `kept`: {engine:
+    what discovery keeps of an engine whose host is unreachable (_discover/kept.py::kept_outputs)}: its address and
+    host ID instead of its facts."""
+    kept = kept or {}
     site = inputs["site"]
     family = site["NARWHAL_BIND_FAMILY"]
     numbers = {}
@@ -124,18 +158,10 @@ def build_fleet(inputs, engines, interfaces):
                              "or decode" % (host, n))
         settings = engine_settings(inputs, host)  # the node's overrides, resolved once (_inputs/nodes.py)
         interface = settings["fabric_interface"]
-        facts = dict(interfaces.get(host) or {})
-        facts["per_node"] = settings["inputs"]["fabric_interface"] != "NARWHAL_FABRIC_INTERFACE"
-        # the facts modules refuse such a link on the host (_facts/netaddr.py::link_problem); this holds the same
-        # rule for the facts that reach the controller (operstate only: UP and UNKNOWN carry traffic)
-        state = str(facts.get("operstate") or "").upper()
-        if state and state not in USABLE_OPERSTATES:
-            key = settings["inputs"]["fabric_interface"]
-            raise InputError(key, "interface %s on host %s is down (ip reports operstate %s), so its addresses carry "
-                                  "no traffic and must not go into the records; bring the link up (cable, switch "
-                                  "port, 'ip link set %s up') or choose another interface, then rerun discovery"
-                             % (interface, host, facts["operstate"], interface))
-        address = select_address(n, host, interface, facts, family, settings["ip"])
+        if host in kept:
+            address, host_id = kept[host]["address"], kept[host]["host_id"]
+        else:
+            address, host_id = _discovered_address(n, host, settings, interfaces.get(host), family)
         engine_port, attest_port = settings["engine_port"], settings["attest_port"]
         tls = site["NARWHAL_TLS"]
         url = _override(n, node, "URL", "ENGINE_PORT", engine_url(address, engine_port, engine_scheme(tls)),
@@ -144,7 +170,9 @@ def build_fleet(inputs, engines, interfaces):
                         attest_port)
         nodes.append({"n": n, "engine": host, "role": node["ROLE"], "interface": interface,
                       "address": address, "engine_port": engine_port, "attest_port": attest_port,
-                      "url": url, "attestation_url": att, "host_id": facts.get("host_id") or host})
+                      "url": url, "attestation_url": att, "host_id": host_id})
+        if host in kept:
+            _check_kept(nodes[-1], kept[host], settings["ip"])
     if len(nodes) < 2:
         raise InputError("engines", "the fleet has %d engine(s); prefill/decode needs at least two "
                                     "(engine-1 prefill, engine-2 decode): add hosts to group engines" % len(nodes))

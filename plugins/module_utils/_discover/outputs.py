@@ -23,6 +23,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.names impor
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.step import StepError
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.fleet import build_fleet, render_env
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover.kept import KEPT_NOTE, kept_outputs, lost_engines
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.members import member_inspection
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.parallelism import local_ranks
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy import (
@@ -98,13 +99,68 @@ def _given(given, reserved, taken, engine, machine):
     return given.setdefault(machine, _busy(reserved, taken, machine, engine))
 
 
-def collect_records(plan, inputs, hosts, members=None, interfaces=None):
+def _hold_kept(kept, taken, site):
+    """Mark the GPUs of the kept records (_discover/kept.py) as given on their machines, before any engine takes
+    GPUs, and return their side-channel ports: [(engine, machine, first, past the last)], on every machine of an
+    engine across hosts the span one base gives all its hosts (as the engines discovered here take them)."""
+    held = []
+    for engine, found in sorted(kept.items()):
+        record = found["record"]
+        parts = [record] + list(record.get("members") or [])
+        for part in parts:
+            for index in part["gpu_host_indices"]:
+                taken.setdefault(part["node"]["host_id"], {})[index] = engine
+        first, last = record["node"].get("side_channel_ports") or [site["NARWHAL_SIDE_CHANNEL_PORT"]] * 2
+        end = first + (last - first + 1) * len(parts)
+        held += [(engine, part["node"]["host_id"], first, end) for part in parts]
+    return held
+
+
+def _clear(port, width, machines, held):
+    """The first base port from `port` whose `width` ports on `machines` miss every kept record's."""
+    moved = True
+    while moved:
+        moved = False
+        for _engine, machine, first, end in held:
+            if machine in machines and port < end and first < port + width:
+                port, moved = end, True
+    return port
+
+
+def _extracts_of(engine, record, node, facts, spread, interface):
+    """{extract file: content} of one engine: its inspection and that of each other host of an engine across hosts;
+    `interface` its narwhal_interface (the speed the transfer probe's figures read)."""
+    extracts = {}
+    for rank, found in enumerate(spread, 1):
+        member = found.get("inspection") or {}
+        extracts[member_inspection(engine, rank)] = {
+            "engine": engine, "member": rank, "inventory_host": found.get("host"),
+            "host": {"interface": record["members"][rank - 1]["node"]["fabric_interface"],
+                     "address": record["members"][rank - 1]["node"]["address"],
+                     "host_id": (found.get("interface") or {}).get("host_id") or found.get("host"),
+                     "interface_speed": (found.get("interface") or {}).get("speed"),
+                     "gpus": member.get("gpus"), "rdma": member.get("rdma")},
+            "image": dict((k, v) for k, v in (member.get("image") or {}).items() if k != "cached"),
+            "model": member.get("model")}
+    extracts[INSPECTION_FILE % engine] = {
+        "engine": engine,
+        "host": {"interface": node["interface"], "interface_speed": (interface or {}).get("speed"),
+                 "address": node["address"], "host_id": node["host_id"], "gpus": facts.get("gpus"),
+                 "rdma": facts.get("rdma")},
+        "image": dict((k, v) for k, v in (facts.get("image") or {}).items() if k != "cached"),
+        "model": facts.get("model")}
+    return extracts
+
+
+def collect_records(plan, inputs, hosts, members=None, interfaces=None, kept=None):
     """-> (launch config, {extract file: content}) of the engines of `plan` from the hosts' inspections (`hosts`:
     {engine: inspection of its head}; `members`: {engine: [{host, interface, inspection}] of the other hosts of an
     engine across hosts}); `interfaces` ({engine: narwhal_interface}) gives each extract its interface's nominal
-    speed (the transfer probe's figures read it, no record does)."""
+    speed (the transfer probe's figures read it, no record does). `kept` ({engine: _discover/kept.py's entry}): the
+    engines whose host is unreachable keep their record and extracts (the texts, byte for byte), their GPUs and
+    side-channel ports are theirs."""
     site = inputs["site"]
-    interfaces = interfaces or {}
+    interfaces, kept = interfaces or {}, kept or {}
     taken, next_port, records, extracts = {}, {}, {}, {}
     # the policy the records come from; prepare compares it with the inputs of its day
     # (_discover/policy.py::check_policy)
@@ -115,67 +171,69 @@ def collect_records(plan, inputs, hosts, members=None, interfaces=None):
     for node in plan["nodes"]:
         for index in inputs["nodes"].get(node["n"], {}).get("GPU_IDS") or []:
             reserved.setdefault(node["host_id"], {}).setdefault(index, node["engine"])
+    held = _hold_kept(kept, taken, site)
     for i, node in enumerate(plan["nodes"]):
         fleet_entry = plan["fleet"][i]
         engine = node["engine"]
-        facts = hosts.get(engine)
-        if not facts:
-            raise InputError(engine, "no host inspection was gathered for %s; rerun discovery on every engine"
-                                     % engine)
-        node_policy = inputs["nodes"].get(node["n"], {})
-        host_key = node["host_id"]
-        spread, machines = _spread(node, inputs, members)
-        # an engine across hosts takes one base port for all its hosts: past what every one of them has given
-        port = max(next_port.get(h, site["NARWHAL_SIDE_CHANNEL_PORT"]) for h in machines)
-        record, span = build_record(node, site, node_policy, facts, facts.get("image") or {}, facts.get("model") or {},
-                                    fleet_entry, _busy(reserved, taken, host_key, engine), port)
-        for index in record["gpu_host_indices"]:
-            taken[host_key][index] = engine
-        if spread:
-            given = {}
-            entries = build_members(node, site, node_policy, record, facts, spread,
-                                    partial(_given, given, reserved, taken, engine), span)
-            for entry in entries:
-                for index in entry["gpu_host_indices"]:
-                    taken.setdefault(entry["node"]["host_id"], {})[index] = engine
-            items = list(record.items())
-            at = [k for k, _v in items].index("node") + 1
-            record = dict(items[:at] + [("members", entries)] + items[at:])
-        for machine in machines:
-            next_port[machine] = port + span * len(machines)
-        for rank, found in enumerate(spread, 1):
-            extract = member_inspection(engine, rank)
-            interface = found.get("interface") or {}
-            member_facts = found.get("inspection") or {}
-            extracts[extract] = {"engine": engine, "member": rank, "inventory_host": found.get("host"),
-                                 "host": {"interface": record["members"][rank - 1]["node"]["fabric_interface"],
-                                          "address": record["members"][rank - 1]["node"]["address"],
-                                          "host_id": interface.get("host_id") or found.get("host"),
-                                          "interface_speed": interface.get("speed"),
-                                          "gpus": member_facts.get("gpus"), "rdma": member_facts.get("rdma")},
-                                 "image": dict((k, v) for k, v in (member_facts.get("image") or {}).items()
-                                               if k != "cached"),
-                                 "model": member_facts.get("model")}
-        inspection = INSPECTION_FILE % engine
-        record["sources"].update({
-            "host": {"file": inspection, "pointer": "/host"},
-            "image": {"file": inspection, "pointer": "/image"},
-            "model": {"file": inspection, "pointer": "/model"},
-            "policy": {"file": POLICY_FILE, "pointer": "/nodes/%s" % engine,
-                       "site_pointer": "/site"},
-        })
-        extracts[inspection] = {"engine": engine,
-                                "host": {"interface": node["interface"],
-                                         "interface_speed": (interfaces.get(engine) or {}).get("speed"),
-                                         "address": node["address"],
-                                         "host_id": host_key, "gpus": facts.get("gpus"), "rdma": facts.get("rdma")},
-                                "image": dict((k, v) for k, v in (facts.get("image") or {}).items() if k != "cached"),
-                                "model": facts.get("model")}
+        if engine in kept:
+            record = kept[engine]["record"]
+            for machine, end in [(h[1], h[3]) for h in held if h[0] == engine]:  # as if discovered in its turn
+                next_port[machine] = max(next_port.get(machine, site["NARWHAL_SIDE_CHANNEL_PORT"]), end)
+            extracts.update(kept[engine]["extracts"])
+        else:
+            record = _discovered_record(node, inputs, hosts.get(engine), members, fleet_entry,
+                                        (reserved, taken, next_port, held))
+            extracts.update(_extracts_of(engine, record, node, hosts[engine], (members or {}).get(engine) or [],
+                                         interfaces.get(engine)))
         fleet_entry["accelerator"] = record["accelerator"]
         fleet_entry["gpu_count"] = record["accelerator"]["count"]
         records[engine] = record
     extracts[POLICY_FILE] = policy
     return {"version": 1, "engines": records}, extracts
+
+
+def _discovered_record(node, inputs, facts, members, fleet_entry, state):
+    """The record of an engine discovered in this run; `state` (reserved, taken, next_port, held): the GPUs and
+    side-channel ports the engines before it (and the kept records) have, updated with this engine's."""
+    reserved, taken, next_port, held = state
+    site, engine, host_key = inputs["site"], node["engine"], node["host_id"]
+    if not facts:
+        raise InputError(engine, "no host inspection was gathered for %s; rerun discovery on every engine" % engine)
+    node_policy = inputs["nodes"].get(node["n"], {})
+    spread, machines = _spread(node, inputs, members)
+    # an engine across hosts takes one base port for all its hosts: past what every one of them has given (and past
+    # a kept record's ports there)
+    port = max(next_port.get(h, site["NARWHAL_SIDE_CHANNEL_PORT"]) for h in machines)
+    for _try in range(2):
+        record, span = build_record(node, site, node_policy, facts, facts.get("image") or {},
+                                    facts.get("model") or {}, fleet_entry, _busy(reserved, taken, host_key, engine),
+                                    port)
+        clear = _clear(port, span * len(machines), machines, held)
+        if clear == port:
+            break
+        port = clear  # the span is known once the record is: plan it again past the kept ports
+    for index in record["gpu_host_indices"]:
+        taken.setdefault(host_key, {})[index] = engine
+    if spread:
+        given = {}
+        entries = build_members(node, site, node_policy, record, facts, spread,
+                                partial(_given, given, reserved, taken, engine), span)
+        for entry in entries:
+            for index in entry["gpu_host_indices"]:
+                taken.setdefault(entry["node"]["host_id"], {})[index] = engine
+        items = list(record.items())
+        at = [k for k, _v in items].index("node") + 1
+        record = dict(items[:at] + [("members", entries)] + items[at:])
+    for machine in machines:
+        next_port[machine] = port + span * len(machines)
+    inspection = INSPECTION_FILE % engine
+    record["sources"].update({
+        "host": {"file": inspection, "pointer": "/host"},
+        "image": {"file": inspection, "pointer": "/image"},
+        "model": {"file": inspection, "pointer": "/model"},
+        "policy": {"file": POLICY_FILE, "pointer": "/nodes/%s" % engine, "site_pointer": "/site"},
+    })
+    return record
 
 
 def module_spec():
@@ -188,42 +246,33 @@ def module_spec():
             root=dict(type="path", required=True),
             hosts=dict(type="dict"),
             members=dict(type="dict"),
+            lost=dict(type="list", elements="str", default=[]),
+            lost_engines=dict(type="dict"),
         ),
         supports_check_mode=True,
     )
 
 
-def discovery_outputs(task):
-    p = task.params
-    inputs = {"site": p["site"]["site"], "nodes": {int(k): v for k, v in p["site"]["nodes"].items()},
-              "engines": p["site"].get("engines")}
-    root = p["root"]
-    try:
-        site = inputs["site"]
-        # every output path of its own, none an input, git-ignored inside the checkout: before any planning
-        paths = check_paths(root, site, p["engines"], p["site"].get("env_file"), git_ignore_checker(root),
-                            os.path.realpath)
-        config_dir, fleet_path, launch_path = paths["config_dir"], paths["fleet"], paths["launch_config"]
-        plan = build_fleet(inputs, p["engines"], p["interfaces"] or {})
-        env_text = render_env(plan["deployment_env"], ENV_HEADER)
-        records = None
-        if p["hosts"] is not None:
-            records = collect_records(plan, inputs, p["hosts"], p.get("members"), p["interfaces"])
-    except InputError as exc:
-        raise StepError("discovery refused its inputs, nothing was written: %s" % exc, input=exc.key)
+def _planned_set(p, inputs, paths, kept):
+    """(plan, launch records or None, {path: (text, mode)}, schema errors) of this discovery: the fleet planned from
+    the engines' facts and the kept engines' last records (_discover/kept.py)."""
+    config_dir, fleet_path, launch_path = paths["config_dir"], paths["fleet"], paths["launch_config"]
+    plan = build_fleet(inputs, p["engines"], p["interfaces"] or {}, kept)
+    env_text = render_env(plan["deployment_env"], ENV_HEADER)
+    records = None
+    if p["hosts"] is not None:
+        records = collect_records(plan, inputs, p["hosts"], p.get("members"), p["interfaces"], kept)
     files = {
         os.path.join(config_dir, DEPLOYMENT_ENV): (env_text, 0o600),
         fleet_path: (dump(plan["fleet"]), 0o600),
     }
     errors = validation_errors(plan["fleet"], FLEET_SCHEMA)
-    remove = []
     if records is not None:
         document, extracts = records
         errors += ["launch record %s" % e for e in launch_config_errors(document)]
-        index_path = os.path.join(config_dir, SOURCES_FILE)
         index = {"launch_config": launch_path, "files": {}, "engines": {}}
         for name, content in sorted(extracts.items()):
-            text = dump(content)
+            text = content if isinstance(content, str) else dump(content)  # a kept extract: its text as it was
             files[os.path.join(config_dir, name)] = (text, 0o600)
             index["files"][name] = hashlib.sha256(text.encode()).hexdigest()
         for engine, record in sorted(document["engines"].items()):
@@ -231,29 +280,60 @@ def discovery_outputs(task):
         launch_text = dump(document)
         index["launch_config_sha256"] = hashlib.sha256(launch_text.encode()).hexdigest()
         files[launch_path] = (launch_text, 0o600)
-        files[index_path] = (dump(index), 0o600)
-    if errors:
-        raise StepError("discovery produced output that fails its schema, nothing was written: %s"
-                        % "; ".join(errors[:10]))
+        files[os.path.join(config_dir, SOURCES_FILE)] = (dump(index), 0o600)
+    return plan, records, files, errors
+
+
+def _written(task, p, inputs, paths, lost):
+    """Plan and write the set under its lock: the kept engines' last records are read there, as the recovery of an
+    interrupted write leaves them. -> (plan, records, files, changes, kept, notes)."""
+    config_dir = paths["config_dir"]
+    with OutputSet(config_dir, "discovery", check_mode=task.check_mode) as outputs:
+        kept = kept_outputs(lost, inputs, outputs.read, paths, p["hosts"] is not None)
+        plan, records, files, errors = _planned_set(p, inputs, paths, kept)
+        if errors:
+            raise StepError("discovery produced output that fails its schema, nothing was written: %s"
+                            % "; ".join(errors[:10]))
+        remove = []
+        if records is not None:
+            remove = stale_extracts(os.path.join(config_dir, SOURCES_FILE), config_dir, files, outputs.read)
+        changes = outputs.plan(files, remove)
+        if changes and not task.check_mode:
+            outputs.apply(changes)
+    return plan, records, files, changes, kept, outputs.notes
+
+
+def discovery_outputs(task):
+    p = task.params
+    inputs = {"site": p["site"]["site"], "nodes": {int(k): v for k, v in p["site"]["nodes"].items()},
+              "engines": p["site"].get("engines")}
+    root = p["root"]
+    # the engines with a host unreachable in this run (narwhal_lost): their last records are kept
+    lost = lost_engines(p["lost"], p.get("lost_engines"), p["engines"], p.get("members"))
     # One lock for the set (a second discovery waits, then is refused by name); an interrupted write of a previous
     # run is completed or undone first; the swap is journaled (plugins/module_utils/_outputs/writer.py,
     # docs/outputs.md).
     try:
-        with OutputSet(config_dir, "discovery", check_mode=task.check_mode) as outputs:
-            if records is not None:
-                remove = stale_extracts(index_path, config_dir, files, outputs.read)
-            changes = outputs.plan(files, remove)
-            if changes and not task.check_mode:
-                outputs.apply(changes)
+        # every output path of its own, none an input, git-ignored inside the checkout: before any planning
+        paths = check_paths(root, inputs["site"], p["engines"], p["site"].get("env_file"), git_ignore_checker(root),
+                            os.path.realpath)
+        plan, records, files, changes, kept, notes = _written(task, p, inputs, paths, lost)
+    except InputError as exc:
+        raise StepError("discovery refused its inputs, nothing was written: %s" % exc, input=exc.key)
     except OutputError as exc:
         raise StepError("discovery: %s" % exc, path=exc.path)
-    for note in outputs.notes:
+    for note in notes:
         task.warnings.append(note)
+    for engine in [e for e in p["engines"] if e in kept]:
+        task.warnings.append("%s: discovery kept its last record (its deployment.env lines, fleet entry, launch record "
+                             "and inspection extracts as they were); the next discovery with %s back reads it again"
+                             % (kept[engine]["unreachable"], " and ".join(kept[engine]["hosts"])))
     for _engine, record in sorted((records[0] if records else {"engines": {}})["engines"].items()):
         warning = drain_warning(record)  # a prefill whose stop would end before its KV lease
         if warning:
             task.warnings.append(warning)
-    result = {"changed": bool(changes), "table": plan["table"],
+    table = [dict(row, note=KEPT_NOTE) if row["engine"] in kept else row for row in plan["table"]]
+    result = {"changed": bool(changes), "table": table, "kept": [row["engine"] for row in table if "note" in row],
               "files": dict((path, any(c[0] == path for c in changes)) for path in files)}
     if task.diff:
         result["diff"] = [{"before_header": c[0], "after_header": c[0], "before": c[1] or "", "after": c[2] or ""}

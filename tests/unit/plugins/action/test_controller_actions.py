@@ -182,6 +182,11 @@ def test_discovery_outputs_action_reads_the_engines_facts_from_hostvars(tmp_path
     rc, out, result = play.run([step_task("discovery_outputs", task_args, ignore_errors=True)])
     assert result["failed"] is True and result["msg"].startswith("discovery refused its inputs, nothing was written")
     assert "engine-2" in result["msg"]
+    # ... unless its host is lost in this run (narwhal_lost.hosts): its last record is kept, the set as it was
+    rc, out, result = play.run([step_task("discovery_outputs", dict(task_args, lost=["engine-2", "router-1"]))])
+    assert rc == 0, out
+    assert result["kept"] == ["engine-2"] and result["changed"] is False
+    assert dict((k, v[0]) for k, v in snapshot(root).items()) == dict((k, v[0]) for k, v in by_module.items())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -357,6 +362,22 @@ def test_hostvars_fill_only_what_the_task_does_not_give():
     assert __hostvars.prepare_facts({"engines": ["engine-1"], "stage": "write"}, hostvars)["hosts"] == {
         "engine-1": {"gpus": {"vendor": "nvidia"}, "interface": {"name": "eth1"}, "image_id": "sha256:x"}}
     assert "hosts" not in __hostvars.prepare_facts({"engines": ["engine-1"], "stage": "validate"}, hostvars)
+
+
+def test_lost_hosts_are_mapped_to_their_engines():
+    """discovery_outputs' lost_engines from `lost` (narwhal_lost.hosts): through narwhal_engines and narwhal_members
+    (any host of an engine across hosts), an engine-<n> host without a mapping is its own; a host of no engine of
+    the task (a router) is not discovery's; a task's own lost_engines wins."""
+    hosts = {"gpu-a17": "engine-1", "gpu-a18": "engine-1", "engine-2": "engine-2", "gpu-c3": "engine-3"}
+    members = {"engine-1": ["gpu-a17", "gpu-a18"]}
+    args = {"engines": ["engine-1", "engine-2", "engine-3", "engine-4"], "lost": ["gpu-a18", "router-1", "engine-4"]}
+    assert __hostvars.discovery_facts(args, {}, hosts, members)["lost_engines"] == {
+        "engine-1": ["gpu-a18"], "engine-4": ["engine-4"]}
+    args["lost"] = ["gpu-c3", "gpu-a17", "gpu-a18"]
+    assert __hostvars.discovery_facts(args, {}, hosts, members)["lost_engines"] == {
+        "engine-1": ["gpu-a17", "gpu-a18"], "engine-3": ["gpu-c3"]}
+    assert __hostvars.discovery_facts(dict(args, lost_engines={}), {}, hosts, members)["lost_engines"] == {}
+    assert "lost_engines" not in __hostvars.discovery_facts({"engines": ["engine-1"]}, {}, hosts, members)
 
 
 def test_hostvars_of_an_engine_are_its_inventory_hosts():
