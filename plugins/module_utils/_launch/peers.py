@@ -148,3 +148,107 @@ def restart_refusal(plan, mode, play_hosts):
     return ("launch replaced prefill %s, and decode %s must be restarted before it serves again (%s). %s. Restart "
             "them one at a time: ansible-playbook narwhal.deploy.launch -e narwhal_launch_restart=%s"
             % (", ".join(plan["replaced_prefill"]), ", ".join(left), how, reasons, ",".join(left)))
+
+
+# ------------------------------------------------------------------ after a crash (a status run that repairs)
+
+
+def _renewed_prefills(roles, states, start):
+    """{prefill: (since, why)}: the prefills whose process is not the one the decodes may have talked to - started
+    again by this repair (since None: now), or running a process that is not the one its launch recorded (since: its
+    last host's start, seconds)."""
+    renewed = {}
+    for engine, role in roles:
+        state = states.get(engine)
+        if role != "prefill" or state is None:
+            continue
+        if engine in start:
+            renewed[engine] = (None, "it is started again by this repair")
+        elif state["state"] == "running" and state.get("renewed"):
+            renewed[engine] = (state.get("last_started_at"), state["renewed"])
+    return renewed
+
+
+def _stale_decodes(roles, states, start, peers):
+    """(restart, why, kept): the running decodes whose process started before a renewed prefill's (an unknown time
+    counts as before), restarted where the rule says so (decode_restart), with the reason each."""
+    renewed = _renewed_prefills(roles, states, start)
+    restart, why, kept = [], {}, {}
+    for engine, role in roles:
+        state = states.get(engine)
+        if role != "decode" or state is None or state["state"] != "running" or engine in start:
+            continue
+        mine = state.get("started_at")
+        talked = [p for p, (since, _w) in renewed.items() if since is None or mine is None or mine < since]
+        if not talked:
+            continue
+        facts = peers.get(engine) or {}
+        needed, reason = decode_restart(facts.get("vllm"), facts.get("nixl"), facts.get("connector"))
+        text = "it runs since before the process of %s (%s); %s" % (
+            ", ".join(talked), "; ".join("%s: %s" % (p, renewed[p][1]) for p in talked), reason)
+        if needed:
+            restart.append(engine)
+            why[engine] = text
+        else:
+            kept[engine] = text
+    return restart, why, kept
+
+
+def after_restart(fleet, states, peers, lost=()):
+    """What a repair run does after crashes (a status run with narwhal_repair=true; docs/day-two.md, "Crashes").
+
+    `fleet`: [{engine, role}] in fleet order; `states`: {engine: state} of the engines the run saw
+    (_launch/repair.py::engine_states: state running, down or left, why, blocked, started_at, last_started_at,
+    renewed, serving, as_recorded); `peers`: {engine: peer_facts}; `lost`: the engines of a lost host
+    (narwhal_lost.engines), never started, restarted, proven with or put back.
+    -> {"start": the engines whose container does not run, started again exactly as recorded (fleet order);
+        "restart": the running decodes a renewed prefill (restarted by Docker, or started now) leaves with its previous
+        process's NIXL state, where the rule says so; "order": start then restart (the prefills come back before their
+        decodes are restarted); "why" (each of order), "kept" (a decode the rule keeps, and why), "left" (an engine
+        that is down but cannot be started as recorded, or that cannot be read: why, untouched); "out": the engines
+        that leave the routers before anything is restarted (every one that is down, and the lost ones), so that no
+        router reload waits for an engine that does not answer; "back": the engines that serve as recorded and are
+        not restarted (put back into a router that lacks them); "proof": {engine: the [producer, consumer] pairs that
+        prove it before it goes back in - with the engines serving then, none that is still to be restarted}}."""
+    lost = set(lost or ())
+    roles = [(e["engine"], e.get("role")) for e in fleet if e["engine"] not in lost]
+    states = dict((e, states[e]) for e, _r in roles if e in (states or {}))
+    start, why, left = [], {}, {}
+    for engine, _role in roles:
+        state = states.get(engine)
+        if state is None:
+            continue
+        if state["state"] == "left":
+            left[engine] = state["why"]
+        elif state["state"] == "down" and state.get("blocked"):
+            left[engine] = "%s; %s" % (state["why"], state["blocked"])
+        elif state["state"] == "down":
+            start.append(engine)
+            why[engine] = "%s: started again as recorded" % state["why"]
+    restart, stale, kept = _stale_decodes(roles, states, start, peers or {})
+    why.update(stale)
+    order = start + restart
+    serving = set(e for e, s in states.items() if s["state"] == "running" and s["serving"] and e not in order)
+    proof = {}
+    for index, engine in enumerate(order):
+        partners = serving | set(order[:index + 1])
+        proof[engine] = [pair for pair in probe_pairs(fleet, [engine]) if set(pair) <= partners]
+    down = [e for e, _r in roles if (states.get(e) or {}).get("state") == "down"]
+    return {"start": start, "restart": restart, "order": order, "why": why, "kept": kept, "left": left,
+            "out": [e["engine"] for e in fleet if e["engine"] in lost or e["engine"] in down],
+            "back": [e for e, _r in roles if e in states and states[e]["state"] == "running"
+                     and states[e]["as_recorded"] and e not in order],
+            "proof": proof}
+
+
+def describe_restart(plan, lost=(), check=False):
+    """The lines a repair run shows: what it starts or restarts and why, the decodes the rule keeps, what it leaves
+    alone, and "nothing to start or restart" when it starts and restarts nothing."""
+    would = "would " if check else ""
+    lines = ["%s: %sstart - %s" % (e, would, plan["why"][e]) for e in plan["start"]]
+    lines += ["%s: %srestart - %s" % (e, would, plan["why"][e]) for e in plan["restart"]]
+    lines += ["%s: no restart - %s" % (e, plan["kept"][e]) for e in plan["kept"]]
+    lines += ["%s: left alone - %s" % (e, plan["left"][e]) for e in plan["left"]]
+    lines += ["%s: left alone - a host of it is lost (unreachable, narwhal_lost): out of the routers, not repaired"
+              % e for e in lost or ()]
+    return lines + ([] if plan["order"] else ["nothing to start or restart"])

@@ -1,15 +1,22 @@
 """After a launch (plugins/module_utils/_launch/peers.py): the decode-restart rule from the pinned versions, the
-pairs probed again, and the refusal that hands the restarts to the operator."""
+pairs probed again, and the refusal that hands the restarts to the operator; after a crash (after_restart, a status
+run that repairs): the engines started again, the decodes a restarted prefill leaves stale, and lost engines never
+named."""
 
 import pytest
+from test_support.status_docs import FLEET as REPAIR_FLEET
+from test_support.status_docs import fleet_docs
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._launch.peers import (
     PEER_RESTART_RULE,
     after_launch,
+    after_restart,
     decode_restart,
+    describe_restart,
     peer_facts,
     restart_refusal,
 )
+from ansible_collections.narwhal.deploy.plugins.module_utils._launch.repair import engine_states
 from ansible_collections.narwhal.deploy.plugins.module_utils._probe.pairs import probe_pairs
 
 GOOD = {"vllm": "0.32.0+cpu", "nixl": "1.5.1", "connector": "NixlConnector"}
@@ -158,3 +165,118 @@ def test_refusal_tells_which_decodes_to_restart_and_how():
     assert "decode engine-3 must be restarted" in msg and "outside this play (--limit)" in msg
     assert msg.endswith("narwhal_launch_restart=engine-3")
     assert restart_refusal(after_launch(FLEET, {}, peers), "tell", everyone) is None
+
+
+# ------------------------------------------------------------------ after a crash (a status run that repairs)
+
+
+def plan_of(docs, peers=None, lost=()):
+    """after_restart over the status documents (_launch/repair.py::engine_states), GOOD versions unless `peers`."""
+    return after_restart(REPAIR_FLEET, engine_states(docs),
+                         peers if peers is not None else dict((e["engine"], GOOD) for e in REPAIR_FLEET), lost)
+
+
+def old_nixl_everywhere():
+    return dict((e["engine"], OLD_NIXL) for e in REPAIR_FLEET)
+
+
+def test_a_fleet_serving_as_launched_repairs_nothing():
+    plan = plan_of(fleet_docs())
+    assert plan == {"start": [], "restart": [], "order": [], "why": {}, "kept": {}, "left": {}, "out": [],
+                    "back": ["engine-1", "engine-2", "engine-3", "engine-4"], "proof": {}}
+    assert describe_restart(plan) == ["nothing to start or restart"]
+
+
+def test_a_prefill_restarted_by_docker_on_old_nixl_restarts_its_decodes():
+    """The NIXL < 1.5 image: a decode may segfault at its first handshake with the prefill's new process."""
+    docs = fleet_docs(engine_1={"restarts": 1, "started": "2026-12-03T09:00:00Z"})
+    plan = plan_of(docs, old_nixl_everywhere())
+    assert plan["start"] == [] and plan["restart"] == ["engine-2", "engine-4"] and plan["kept"] == {}
+    assert plan["why"]["engine-2"].startswith(
+        "it runs since before the process of engine-1 (engine-1: Docker's restart policy started its container again")
+    assert "its NIXL 1.4.1 is older than 1.5.0" in plan["why"]["engine-2"]
+    assert plan["out"] == [] and plan["back"] == ["engine-1", "engine-3"]
+    # each decode is proven with both prefills (they serve); not with the other decode still to be restarted
+    assert plan["proof"]["engine-2"] == probe_pairs(REPAIR_FLEET, ["engine-2"])
+    assert describe_restart(plan, check=True)[0].startswith("engine-2: would restart - it runs since before")
+
+
+def test_a_prefill_restarted_by_docker_on_nixl_1_5_and_vllm_0_32_restarts_nothing():
+    docs = fleet_docs(engine_1={"restarts": 1, "started": "2026-12-03T09:00:00Z"})
+    plan = plan_of(docs)
+    assert plan["order"] == [] and sorted(plan["kept"]) == ["engine-2", "engine-4"]
+    assert "NIXL 1.5.1 >= 1.5.0 and vLLM 0.32.0+cpu >= 0.31.0 with NixlConnector" in plan["kept"]["engine-2"]
+    assert describe_restart(plan)[-1] == "nothing to start or restart"
+
+
+def test_a_decode_that_started_after_the_prefill_never_saw_its_previous_process():
+    """The decode restarted itself (Docker) after the prefill did, or a repair restarted it: nothing to do again."""
+    docs = fleet_docs(engine_1={"restarts": 1, "started": "2026-12-03T09:00:00Z"},
+                      engine_2={"restarts": 1, "started": "2026-12-03T09:00:30Z"},
+                      engine_4={"cid": "c-new", "action": "replaced", "started": "2026-12-03T09:05:00Z"})
+    plan = plan_of(docs, old_nixl_everywhere())
+    assert plan["restart"] == [] and plan["kept"] == {}
+
+
+def test_a_launch_that_replaced_a_prefill_and_left_its_decodes_is_finished():
+    """narwhal_decode_restart=tell, a --limit, or an interrupted launch: the decodes are restarted by the repair."""
+    docs = fleet_docs(engine_3={"action": "replaced", "started": "2026-12-03T08:00:09Z"})
+    docs[1]["container"]["started_at"] = "2026-12-03T07:00:00Z"
+    plan = plan_of(docs, old_nixl_everywhere())
+    assert plan["restart"] == ["engine-2", "engine-4"]
+    assert "engine-3: its container replaced an earlier one" in plan["why"]["engine-2"]
+
+
+def test_a_stopped_prefill_is_started_first_then_its_decodes_restarted():
+    docs = fleet_docs(engine_1={"state": "exited"})
+    plan = plan_of(docs, old_nixl_everywhere())
+    assert plan["start"] == ["engine-1"] and plan["restart"] == ["engine-2", "engine-4"]
+    assert plan["order"] == ["engine-1", "engine-2", "engine-4"]
+    assert plan["why"]["engine-1"] == "container narwhal-engine-1 is exited (code 137): started again as recorded"
+    assert "(engine-1: it is started again by this repair)" in plan["why"]["engine-2"]
+    assert plan["out"] == ["engine-1"] and plan["back"] == ["engine-3"]
+    # the prefill is proven with no decode that is still to be restarted (none here: it goes in unproven by pairs),
+    # each decode then with both prefills
+    assert plan["proof"]["engine-1"] == []
+    assert plan["proof"]["engine-2"] == probe_pairs(REPAIR_FLEET, ["engine-2"])
+
+
+def test_a_stopped_decode_is_started_and_proven_with_the_prefills():
+    plan = plan_of(fleet_docs(engine_4={"state": "restarting", "restarts": 9}))
+    assert plan["order"] == ["engine-4"] and plan["out"] == ["engine-4"]
+    assert plan["why"]["engine-4"].startswith("container narwhal-engine-4 is restarting after exiting (code 137, "
+                                              "restarted 9 times): started again as recorded")
+    assert plan["proof"]["engine-4"] == probe_pairs(REPAIR_FLEET, ["engine-4"])
+    assert plan["back"] == ["engine-1", "engine-2", "engine-3"]
+
+
+def test_an_engine_stopped_by_narwhal_stop_stays_stopped():
+    """stop -l engine-2 removes its container (and took it out of the routers): a repair does not undo it."""
+    plan = plan_of(fleet_docs(engine_2={"state": None}), old_nixl_everywhere())
+    assert plan["order"] == [] and plan["out"] == [] and list(plan["left"]) == ["engine-2"]
+    assert plan["back"] == ["engine-1", "engine-3", "engine-4"]
+
+
+def test_an_engine_whose_plan_changed_is_left_to_launch_but_leaves_the_routers():
+    plan = plan_of(fleet_docs(engine_2={"state": "exited", "running_plan": "sha256:" + "b" * 64}))
+    assert plan["order"] == [] and list(plan["left"]) == ["engine-2"] and plan["out"] == ["engine-2"]
+    assert "a new plan is launch's to apply" in plan["left"]["engine-2"]
+    assert describe_restart(plan)[0].startswith("engine-2: left alone - container narwhal-engine-2 is exited")
+
+
+def test_a_lost_engine_is_never_named_started_restarted_proven_with_or_put_back():
+    """narwhal_lost.engines: engine-1's host is unreachable; engine-3 (prefill) restarted; old NIXL everywhere."""
+    docs = fleet_docs(engine_3={"restarts": 1, "started": "2026-12-03T09:00:00Z"}, engine_2={"state": "exited"})
+    docs = [d for d in docs if d["engine"] != "engine-1"]
+    peers = old_nixl_everywhere()
+    plan = plan_of(docs, peers, lost=["engine-1", "engine-4"])
+    named = set(plan["order"]) | set(plan["why"]) | set(plan["kept"]) | set(plan["left"]) | set(plan["back"])
+    assert not named & {"engine-1", "engine-4"}
+    assert plan["order"] == ["engine-2"] and plan["back"] == ["engine-3"]
+    assert all("engine-1" not in pair and "engine-4" not in pair for pairs in plan["proof"].values() for pair in pairs)
+    # it leaves the routers with the engines that are down (no reload may wait for it)
+    assert plan["out"] == ["engine-1", "engine-2", "engine-4"]
+    # a lost prefill's status (a document from before it was lost) renews nothing either
+    plan = plan_of(fleet_docs(engine_1={"state": "exited"}), peers, lost=["engine-1"])
+    assert plan["order"] == [] and plan["restart"] == []
+    assert describe_restart(plan, ["engine-1"])[0].startswith("engine-1: left alone - a host of it is lost")
