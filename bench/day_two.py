@@ -29,7 +29,7 @@ The operations (--ops, in this order):
   router-restart   `docker restart narwhal-router` on router-1
   kill-engine      `kill -9` of engine-4's (a decode) main process; Docker's restart policy brings it back
   host-cut         engine-3 (a prefill) disconnected from both its networks; --cut-s seconds later, with it still
-                   off, an operator's change of engine-1 and `site` (it must go on for the others: exit status 4, the
+                   off, an operator's change of engine-2 and `site` (it must go on for the others: exit status 4, the
                    closing table naming engine-3 unreachable); then the host is connected again and `site` rerun,
                    which takes engine-3 back. --strict counts only the requests that failed once the router had
                    dropped engine-3
@@ -392,7 +392,7 @@ def closing_lines(output, word):
 
 
 def op_host_cut(site, args, node=3, key=None, context=None):
-    """engine-<node> (a prefill) off both networks. While it is off, an operator's change of engine-1's input and
+    """engine-<node> (a prefill) off both networks. While it is off, an operator's change of engine-2's input and
     a `site` run: it goes on for the others (ansible-playbook's exit status 4 says a host was unreachable), leaves
     engine-<node> out of the routers and names it in its closing table. Then the host comes back and `site` is run
     again: it takes the engine back."""
@@ -402,7 +402,9 @@ def op_host_cut(site, args, node=3, key=None, context=None):
         bench.sh(["docker", "network", "disconnect", "%s-%s" % (SITE, net), name])
     gone = dropped(key, context, url) if key else None
     time.sleep(args.cut_s)
-    site.edit("NARWHAL_NODE_1_EXTRA_ARGS", "--max-num-seqs %d" % (64 + len(site.overrides)))
+    # a decode's change (engine-2): with engine-3 off, engine-1 is the only prefill the routers have, and an engine
+    # a router cannot spare stays in it while it is replaced (_launch/roll.py::router_moves)
+    site.edit("NARWHAL_NODE_2_EXTRA_ARGS", "--max-num-seqs %d" % (64 + len(site.overrides)))
     cut = site.playbook("site", "op-host-cut")
     # management first, so that it is eth0 again and the fabric eth1 (tests/harness/tasks/up.yml)
     bench.sh(["docker", "network", "connect", "--ip", "%s.%d" % (MGMT, 10 + node), SITE + "-mgmt", name])
