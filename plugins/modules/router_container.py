@@ -18,9 +18,20 @@ description:
     container of that name already runs with the plan's hash label, started when it is stopped, replaced when its
     hash differs, created when there is none; O(restart) restarts a kept one (a new key file is read at start).
   - O(state=inspected) reports the container (read-only); O(state=absent) stops it (SIGTERM - the router stops
-    listening and drains what it holds - and SIGKILL after O(stop_timeout)) and removes it. A replaced or restarted
-    container is stopped the same way, with the plan's C(stop_timeout); the plan's C(log) is the container's
-    C(HostConfig.LogConfig).
+    listening and drains what it holds - and SIGKILL after O(stop_timeout)) and removes it. The plan's C(log) is the
+    container's C(HostConfig.LogConfig).
+  - A running container that is replaced or restarted is handed over without refusing a connection - the new
+    container starts next to it as C(<name>-next) (its start script binds the same ports with C(SO_REUSEPORT) and
+    listens once its vllm-router serves and every worker answers C(/health), then takes every new connection), and
+    once its log holds the start script's C(serving) line the old one is stopped (it drains, the plan's
+    C(stop_timeout)) and removed, and the new one renamed (a restart therefore gives a new container ID). A new
+    container that does not serve within O(ready_timeout) is removed and the module fails quoting its last log lines;
+    the old one serves on.
+  - Every container it creates carries the label C(org.narwhal.router.handover=reuseport). A running container
+    without it (started before the hand-over existed, its ports held without C(SO_REUSEPORT)) is stopped first and
+    then replaced or restarted as before (clients are refused until the new one serves); RV(handover) says so.
+  - A C(<name>-next) container left by an interrupted run is dealt with first - it takes the place of C(<name>) when
+    it serves (or C(<name>) is gone), else it is removed; RV(handover.leftover) says which.
 options:
   state:
     description: What to do.
@@ -42,6 +53,11 @@ options:
     description: Restart a kept container (O(state=started)).
     type: bool
     default: false
+  ready_timeout:
+    description: Seconds a hand-over waits for the new container to serve (O(state=started)); the router role gives
+      C(NARWHAL_ROUTER_READY_TIMEOUT).
+    type: int
+    default: 300
   stop_timeout:
     description: Seconds C(docker stop) waits for the container to end before SIGKILL (O(state=absent)); the router
       role gives the router's drain (C(NARWHAL_ROUTER_DRAIN_TIMEOUT)) and a margin.
@@ -102,6 +118,13 @@ container:
   description: The container's inspection (C(Id), C(State), C(Config.Labels), C(RestartCount)), or null.
   returned: when state is started or inspected
   type: dict
+handover:
+  description: How a running container was replaced or restarted - C(used) (true - handed over, C(seconds) from the
+    new container's creation to the rename; false - stopped first, C(why)) - and C(leftover), what was done with a
+    C(<name>-next) container left by an interrupted run.
+  returned: when state is started and a running container was replaced or restarted, or a leftover was found
+  type: dict
+  sample: {"used": true, "seconds": 4.2}
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -117,6 +140,7 @@ def main():
             plan=dict(type="dict"),
             name=dict(type="str", default="narwhal-router"),
             restart=dict(type="bool", default=False),
+            ready_timeout=dict(type="int", default=300),
             stop_timeout=dict(type="int", default=10),
             timeout=dict(type="int", default=60),
         ),

@@ -44,11 +44,29 @@ for exactly that). A SIGHUP during a reload asks for one more after it.
 
 Stop (SIGTERM or SIGINT, `docker stop`): the fronts stop listening, every child gets SIGTERM and drains as above
 (SIGKILL after `drain_timeout`), then the parent exits 0; the role's stop gives `docker stop` drain_timeout + a
-margin. When the serving child ends on its own, the parent ends with its exit status, so Docker's restart policy
-(unless-stopped) starts both again; a failure of the fronts (a bind refused, the loop raising) kills the children
-and exits non-zero. A child asks the kernel to kill it when the parent dies (prctl PR_SET_PDEATHSIG), so a router
-never outlives its front outside a container either. The listening sockets, the certificate and the key are opened
-before any child starts, so a bad certificate or an address the host lacks is refused once, by name.
+margin. When another router listens on a front's address and port (a hand-over, below), the front first takes what
+already reached it: it closes its listening socket once at least QUIET_S have passed and its accept queue is empty
+(at most CLOSE_S), since Linux resets the connections still queued on a closed listener. When the serving child ends
+on its own, the parent ends with its exit status, so Docker's restart policy (unless-stopped) starts both again; a
+failure of the fronts (a bind refused, the loop raising) kills the children and exits non-zero. A child asks the
+kernel to kill it when the parent dies (prctl PR_SET_PDEATHSIG), so a router never outlives its front outside a
+container either. The fronts' sockets are bound, the certificate and the key read before any child starts, so a bad
+certificate, an address the host lacks or a port another program holds is refused once, by name.
+
+Hand-over (a replaced or restarted router container, router_container): the fronts' sockets are bound with
+SO_REUSEPORT, so a second router (the new container, same user on the host network) binds the same address and port
+while the first listens; a process without SO_REUSEPORT on that port is refused by name, as before. A front listens
+only once its first vllm-router accepts connections on loopback and, when another router already listens on its
+address (read from /proc/net/tcp or tcp6), every worker of the set answers /health (bounded by `ready_timeout`; when
+it is not met the script exits non-zero naming why). Then it takes every new connection from the other router: a
+classic BPF program on the port's SO_REUSEPORT group (SO_ATTACH_REUSEPORT_CBPF) that returns this socket's index
+(socket(7): sockets are numbered in the order of their listen() calls, an invalid index falls back to the hash; the
+last socket moves into a closed socket's place: net/core/sock_reuseport.c). Once it listens it prints a line that
+starts with "narwhal_router: serving" (SERVING; router_container waits for it in the new container's log), and the
+previous router, stopped then, finds nothing new in its accept queue and closes an empty one. The kernel's
+alternative, net.ipv4.tcp_migrate_req=1 (Linux 5.14; Documentation/networking/ip-sysctl.rst: "When a listener is
+closed, in-flight request sockets during the handshake and established sockets in the accept queue are aborted"
+unless it is set), is a host setting, off by default, and not needed here.
 
 Everything else is upstream: the command line is parsed by vllm-router's own parser (vllm_router/launch_router.py,
 parse_router_args; an unknown option is refused with its usage error), and the router is built by its own
@@ -61,6 +79,7 @@ import signal
 import socket
 import ssl
 import stat
+import struct
 import subprocess
 import sys
 import threading
@@ -84,6 +103,24 @@ POLL_S = 0.1
 SWITCH_GRACE_S = 1.0
 # the options the parent sets for each child (its loopback ports); router.json's args must not hold them
 CHILD_OPTIONS = ("--host", "--port", "--prometheus-host", "--prometheus-port")
+# What the script says once its fronts listen (the log line "narwhal_router: serving: ...": router_container's
+# hand-over waits for it in the new container's log, _router/container.py SERVING), and how often a front that waits
+# for its workers says what it waits for.
+SERVING = "serving"
+PROGRESS_S = 10
+# A stop while another router listens on a front's address (a hand-over): the front keeps its listening socket at
+# least QUIET_S (a handshake begun before the other router took the new connections completes within a round trip,
+# a lost SYN-ACK is sent again after 1 s: RFC 6298's initial RTO) and until its accept queue is empty, at most CLOSE_S.
+QUIET_S = 1.0
+CLOSE_S = 5.0
+# setsockopt SO_ATTACH_REUSEPORT_CBPF (include/uapi/asm-generic/socket.h; Python's socket module has no name for it)
+# and the one classic BPF instruction "ret #k" (BPF_RET | BPF_K, include/uapi/linux/bpf_common.h)
+SO_ATTACH_REUSEPORT_CBPF = 51
+BPF_RET_K = 0x06
+# TCP_INFO (include/uapi/linux/tcp.h) and where struct tcp_info holds tcpi_unacked, which Linux reports for a listener
+# as its accept queue's length (net/ipv4/tcp.c, tcp_get_info: "tcpi_unacked -> Number of children ready for accept()")
+TCP_INFO = getattr(socket, "TCP_INFO", 11)
+TCPI_UNACKED = 24
 
 
 def say(message):
@@ -228,8 +265,10 @@ def server_context(tls):
 
 
 def listen(host, port):
-    """A listening TCP socket on host:port (IPv6 only for an IPv6 address other than the wildcard), refused by name
-    when the host lacks it."""
+    """A TCP socket bound to host:port with SO_REUSEPORT (IPv6 only for an IPv6 address other than the wildcard),
+    refused by name when the host lacks the address or another process holds the port without SO_REUSEPORT (or as
+    another user). It listens later, once a vllm-router serves (open_fronts: asyncio's server calls listen()): a bound
+    socket that does not listen gets no connection, while another router may still listen on the same port."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP
     # (asyncio/base_events.py::_set_nodelay), and an accepted connection inherits the listener's proto; with Nagle
@@ -237,16 +276,65 @@ def listen(host, port):
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)  # the hand-over's second router binds it too
         if family == socket.AF_INET6 and host != "::":
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind((host, int(port)))
-        sock.listen(1024)
     except OSError as exc:
         sock.close()
         fail("the router's front cannot listen on %s port %s: %s; NARWHAL_ROUTER_BIND (or the router host's "
              "router_address) must be an address of this host, and the port free" % (host, port, exc.strerror or exc))
     sock.setblocking(False)
     return sock
+
+
+def listeners(sock):
+    """How many TCP sockets listen on `sock`'s address and port in this network namespace (the host's, on the host
+    network), `sock` included when it listens: the LISTEN (0A) rows of /proc/net/tcp (tcp6) whose local address is
+    its own, written as the kernel writes it (each 32-bit word of the address in host byte order, then the port)."""
+    try:
+        host, port = sock.getsockname()[:2]
+        if sock.family == socket.AF_INET6:
+            words = struct.unpack("=4I", socket.inet_pton(socket.AF_INET6, host))
+            path, local = "/proc/net/tcp6", "%08X%08X%08X%08X:%04X" % (words + (port,))
+        else:
+            path, local = "/proc/net/tcp", "%08X:%04X" % (struct.unpack("=I", socket.inet_aton(host))[0], port)
+        with open(path) as handle:
+            rows = [line.split() for line in handle.readlines()[1:]]
+    except OSError:
+        return 0
+    return sum(1 for row in rows if len(row) > 3 and row[1] == local and row[3] == "0A")
+
+
+def queued(sock):
+    """Connections waiting in a listening socket's accept queue (TCP_INFO)."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, TCP_INFO, 32)
+    except OSError:
+        return 0
+    return struct.unpack_from("=I", info, TCPI_UNACKED)[0] if len(info) >= TCPI_UNACKED + 4 else 0
+
+
+def steer(sock):
+    """Every new connection to `sock`'s address and port to `sock` (it listens, added last to the port's SO_REUSEPORT
+    group: index = listeners - 1) -> the index, or None when it is alone or the kernel refused. A classic BPF program
+    attached to the group returns that index for each SYN (socket(7), SO_ATTACH_REUSEPORT_CBPF; no capability needed).
+    It stays with the group: when the previous router's socket closes this one moves to index 0 and the index is out
+    of range, so the kernel falls back to its hash over the one socket left (net/core/sock_reuseport.c,
+    run_bpf_filter and __reuseport_detach_sock)."""
+    index = listeners(sock) - 1
+    if index < 1:
+        return None
+    import ctypes
+
+    code = ctypes.create_string_buffer(struct.pack("=HBBI", BPF_RET_K, 0, 0, index))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, struct.pack("@HP", 1, ctypes.addressof(code)))
+    except OSError as exc:
+        say("the front on %s port %s cannot take the new connections from the other router (%s): the kernel shares "
+            "them until that one stops listening" % (sock.getsockname()[0], sock.getsockname()[1], exc))
+        return None
+    return index
 
 
 async def pump(reader, writer):
@@ -314,7 +402,7 @@ async def open_fronts(fronts, sockets, context, upstream):
     for i, front in enumerate(fronts):
         extra = {"ssl": context, "ssl_handshake_timeout": HANDSHAKE_S} if context else {}
         servers.append(await asyncio.start_server(
-            lambda r, w, to=front["to"]: relay(lambda: upstream(to), r, w), sock=sockets[i], **extra))
+            lambda r, w, to=front["to"]: relay(lambda: upstream(to), r, w), sock=sockets[i], backlog=1024, **extra))
         say("%s front on %s port %s -> vllm-router's %s on loopback"
             % ("TLS" if context else "TCP", front["listen"][0], front["listen"][1], front["to"]))
     return servers
@@ -345,12 +433,12 @@ class Supervisor:
         self.loop, self.path, self.config, self.key = loop, path, config, key
         self.current, self.children, self.generation = None, set(), 0
         self.reloading = self.again = self.stopping = False
-        self.servers = []
+        self.servers, self.sockets = [], []
         self.ended = loop.create_future()
 
     def upstream(self, to):
-        child = self.current
-        return (LOOPBACK, child.ports[to]) if child is not None and not self.stopping else None
+        child = self.current  # until it drains: a stop's fronts relay what reaches them before they close
+        return (LOOPBACK, child.ports[to]) if child is not None and not child.draining else None
 
     def spawn(self, plan):
         self.generation += 1
@@ -384,24 +472,33 @@ class Supervisor:
         if not self.ended.done():
             self.ended.set_result(code)
 
-    async def ready(self, child, timeout):
+    async def ready(self, child, timeout, workers=True, progress=False):
         """None once `child` accepts connections on its port (vllm-router binds it once its workers answered /health)
-        and every worker of its set answers /health (not_answering), else why not: it exited, or `timeout` seconds
-        passed."""
-        deadline, bad = self.loop.time() + timeout, None
+        and, with `workers`, every worker of its set answers /health (not_answering), else why not: it exited, or
+        `timeout` seconds passed. `progress`: say what it waits for every PROGRESS_S seconds."""
+        deadline, bad, accepts = self.loop.time() + timeout, None, False
+        shown = self.loop.time()
         while not child.exited.done():
             try:
                 _reader, writer = await asyncio.wait_for(asyncio.open_connection(LOOPBACK, child.ports["port"]), 2)
             except (OSError, asyncio.TimeoutError):  # noqa: UP041 - Python 3.8 in a router image
-                pass
+                accepts = False
             else:
                 writer.close()
-                bad = await self.loop.run_in_executor(None, not_answering, child.workers)
+                accepts = True
+                bad = await self.loop.run_in_executor(None, not_answering, child.workers) if workers else None
                 if not bad:
                     return None
+            waits = ""
+            if bad:
+                waits = ": not answering /health: %s" % ", ".join(bad)
+            elif not accepts:
+                waits = ": vllm-router does not accept connections on loopback port %d yet" % child.ports["port"]
             if self.loop.time() > deadline:
-                return "did not serve within %s s (ready_timeout)%s" % (
-                    timeout, ": not answering /health: %s" % ", ".join(bad) if bad else "")
+                return "did not serve within %s s (ready_timeout)%s" % (timeout, waits)
+            if progress and self.loop.time() - shown >= PROGRESS_S:
+                shown = self.loop.time()
+                say("vllm-router (pid %d) does not serve yet%s" % (child.proc.pid, waits))
             await asyncio.sleep(POLL_S)
         return "ended (exit status %d) before it served" % child.exited.result()
 
@@ -464,11 +561,48 @@ class Supervisor:
         if previous is not None:
             self.loop.call_later(SWITCH_GRACE_S, self.drain, previous, config.get("drain_timeout", DRAIN_S))
 
+    async def start(self, context):
+        """The fronts listen once the first vllm-router serves (ready: with another router on a front's address, a
+        hand-over, once every worker answers /health too; then the new connections are taken from it: steer) ->
+        None, or the exit status when it does not serve."""
+        child, began = self.current, self.loop.time()
+        handover = any(listeners(sock) for sock in self.sockets)
+        why = await self.ready(child, self.config.get("ready_timeout", READY_S), workers=handover, progress=True)
+        if self.stopping:
+            return None
+        if why:
+            say("vllm-router (pid %d) %s; the fronts do not listen" % (child.proc.pid, why))
+            return self.ended.result() if self.ended.done() else 1
+        try:
+            self.servers = await open_fronts(self.config["fronts"], self.sockets, context, self.upstream)
+        except OSError as exc:  # e.g. a program bound the port with SO_REUSEADDR meanwhile and listens on it
+            say("the router's front cannot listen: %s; the port must be free" % (exc.strerror or exc))
+            return 2
+        steered = [steer(sock) for sock in self.sockets] if handover else []
+        say("%s: vllm-router pid %d ready in %.1f s%s" % (
+            SERVING, child.proc.pid, self.loop.time() - began,
+            "; hand-over: every new connection comes here (reuseport index %s), the router that listened before "
+            "may stop" % ", ".join(str(i) for i in steered) if handover else ""))
+        return None
+
+    async def quiesce(self):
+        """Before a stop closes the fronts while another router listens on their addresses: at least QUIET_S, then
+        until no connection waits in their accept queues, at most CLOSE_S (a closed listener's queued connections
+        are reset)."""
+        deadline = self.loop.time() + CLOSE_S
+        await asyncio.sleep(QUIET_S)
+        while any(queued(sock) for sock in self.sockets) and self.loop.time() < deadline:
+            await asyncio.sleep(POLL_S)
+
     async def stop(self, sig):
-        """SIGTERM/SIGINT: stop listening, drain every child, end with status 0."""
+        """SIGTERM/SIGINT: stop listening (after quiesce in a hand-over), drain every child, end with status 0."""
         if self.stopping:
             return
         self.stopping = True
+        if self.servers and any(listeners(sock) > 1 for sock in self.sockets):
+            say("signal %d: another router listens on the fronts' addresses; the fronts take what reached them, then "
+                "stop listening" % sig)
+            await self.quiesce()
         for server in self.servers:
             server.close()
         timeout = self.config.get("drain_timeout", DRAIN_S)
@@ -487,12 +621,14 @@ def serve(path, config, key, context, sockets):
     asyncio.set_event_loop(loop)
     loop.set_exception_handler(quiet)
     supervisor = Supervisor(loop, path, config, key)
+    supervisor.sockets = sockets
     try:
-        supervisor.current = supervisor.spawn(child_plan(config))
-        supervisor.servers = loop.run_until_complete(
-            open_fronts(config["fronts"], sockets, context, supervisor.upstream))
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda s=sig: asyncio.ensure_future(supervisor.stop(s)))
+        supervisor.current = supervisor.spawn(child_plan(config))
+        code = loop.run_until_complete(supervisor.start(context))
+        if code is not None:
+            return code
         loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(supervisor.reload()))
         return loop.run_until_complete(supervisor.ended)
     except BaseException as exc:  # noqa: BLE001 - whatever ends the front ends the routers with it

@@ -1,6 +1,7 @@
 """router_container against this machine's Docker daemon and the proving ground's router image
 (tests/harness/images/vllm-router): the image's ID and vllm-router version read by a short-lived container, and the
-container's life - created, kept, restarted, replaced when the plan hash changes, reported, removed."""
+container's life - created, kept, restarted and replaced by a hand-over (a new container next to the old one until
+its log says it serves), reported, removed; a new container that never serves removed, the old one kept."""
 import uuid
 
 import pytest
@@ -33,15 +34,20 @@ def test_the_image_reports_its_router_version(module_runner):
 def name():
     name = "narwhal-router-test-%s" % uuid.uuid4().hex[:8]
     yield name
-    try:
-        Client.from_env().remove(name, force=True)
-    except EngineAPIError:
-        pass
+    for leftover in (name, name + "-next"):
+        try:
+            Client.from_env().remove(leftover, force=True)
+        except EngineAPIError:
+            pass
 
 
-def _plan(name, tmp_path, digest):
+# the start script's line once its fronts listen (narwhal_router.py), which a hand-over waits for
+SERVES = "import sys, time; print('narwhal_router: serving: test', file=sys.stderr, flush=True); time.sleep(600)"
+
+
+def _plan(name, tmp_path, digest, code=SERVES):
     return {"name": name, "image": _daemon_with_image(), "entrypoint": ["python3"],
-            "command": ["-c", "import time; time.sleep(600)"], "dir": str(tmp_path), "hash": digest,
+            "command": ["-c", code], "dir": str(tmp_path), "hash": digest,
             "labels": {"org.narwhal.role": "router", "org.narwhal.router.plan-hash": digest}, "stop_timeout": 1,
             "log": {"Type": "json-file", "Config": {"max-size": "10m", "max-file": "2"}}}
 
@@ -64,12 +70,23 @@ def test_the_container_follows_its_plan(module_runner, name, tmp_path):
     assert seen["Config"]["StopTimeout"] == 1  # the plan's drain and margin (python3 as PID 1 ignores SIGTERM)
     status, again = run({"state": "started", "plan": _plan(name, tmp_path, "a" * 64)})
     assert (again["changed"], again["action"], again["container"]["Id"]) == (False, "kept", first["container"]["Id"])
+    assert seen["Config"]["Labels"]["org.narwhal.router.handover"] == "reuseport"
     status, restarted = run({"state": "started", "plan": _plan(name, tmp_path, "a" * 64), "restart": True})
-    assert restarted["action"] == "restarted" and restarted["container"]["Id"] == first["container"]["Id"]
+    assert restarted["action"] == "restarted" and restarted["handover"]["used"] is True
+    assert restarted["container"]["Id"] != first["container"]["Id"]  # a hand-over: a new container
     status, replaced = run({"state": "started", "plan": dict(_plan(name, tmp_path, "b" * 64),
                                                              env=["SSL_CERT_FILE=/narwhal/tls/ca.crt"])})
-    assert replaced["action"] == "replaced" and replaced["container"]["Id"] != first["container"]["Id"]
+    assert replaced["action"] == "replaced" and replaced["handover"]["used"] is True
+    assert replaced["container"]["Id"] != restarted["container"]["Id"]
     assert "SSL_CERT_FILE=/narwhal/tls/ca.crt" in api.container(name)["Config"]["Env"]  # the plan's env (TLS)
+    with pytest.raises(EngineAPIError):
+        api.container(name + "-next")  # renamed, none left
+    status, failed = run({"state": "started", "ready_timeout": 3,
+                          "plan": _plan(name, tmp_path, "c" * 64, code="import time; time.sleep(600)")})
+    assert status == "fail" and "%s-next did not serve within 3 s" % name in failed["msg"]
+    assert api.container(name)["Id"] == replaced["container"]["Id"] and api.container(name)["State"]["Running"]
+    with pytest.raises(EngineAPIError):
+        api.container(name + "-next")  # removed
     api.stop(name, timeout=1)
     status, info = run({"state": "inspected", "name": name})
     assert not info["changed"] and info["container"]["State"]["Running"] is False

@@ -66,3 +66,30 @@ def router_process(tmp_path, engines, key, health_interval_s=1, health_failures=
         time.sleep(0.2)
     return {"url": url, "metrics_url": "%s://%s:%d/metrics" % (scheme, host, metrics), "proc": proc, "log": log,
             "key_file": str(key_file), "config": tmp_path / "router.json", "workers": tmp_path / "workers.json"}
+
+
+def router_next(started, tmp_path, name="next", config=None):
+    """-> {proc, log} of a second start script on the same fronts as `started` (router_process's): its router.json
+    (or `config`, a path), as the hand-over's new container runs it next to the old one. It returns at once; the
+    caller waits for its "narwhal_router: serving" line (wait_serving) and terminates `proc`."""
+    log = tmp_path / ("router-%s.log" % name)
+    env = {k: v for k, v in os.environ.items() if "KEY" not in k}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, str(ENTRY), str(config or started["config"])], stdout=out,
+                                stderr=subprocess.STDOUT, env=env)
+    return {"proc": proc, "log": log}
+
+
+def wait_serving(started, timeout=60):
+    """Wait until a start script (router_process's or router_next's) prints that its fronts listen -> its log;
+    AssertionError with the log when it ends first or does not in time."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        text = started["log"].read_text(errors="replace")
+        if "narwhal_router: serving" in text:
+            return text
+        if started["proc"].poll() is not None:
+            raise AssertionError("the router ended (%s) before it served: %s" % (started["proc"].returncode,
+                                                                                  text[-2000:]))
+        time.sleep(0.1)
+    raise AssertionError("the router did not serve within %d s: %s" % (timeout, text[-2000:]))

@@ -284,6 +284,7 @@ def test_accepted_connections_are_tcp_so_asyncio_turns_nagle_off():
 
     listener = FRONT.listen("127.0.0.1", free_port())
     listener.setblocking(True)
+    listener.listen(8)  # the script's asyncio server listens once a vllm-router serves
     with listener, socket.create_connection(listener.getsockname()[:2], timeout=5):
         conn, _peer = listener.accept()
         with conn:
