@@ -26,9 +26,12 @@ The operations (--ops, in this order):
   replace-decode   the same for NARWHAL_NODE_2_EXTRA_ARGS
   upgrade          NARWHAL_IMAGE=narwhal-sim/engine-standin:next in .env (another vLLM version, so another NIXL
                    compatibility hash), `site` is rerun; skipped (said so) when that image does not exist
-  router-restart   `docker restart narwhal-router` on router-1
+  router-restart   `docker restart narwhal-router` on router-1 (not the collection's: what a crash or an operator's
+                   restart by hand costs)
+  router-replace   a new router image (built on router-1 from the one it holds, one label more) in .env and the
+                   router stage rerun: the collection replaces the container by hand-over
   kill-engine      `kill -9` of engine-4's (a decode) main process; Docker's restart policy brings it back
-  host-cut         engine-3 (a prefill) disconnected from both its networks; --cut-s seconds later, with it still
+  host-cut         engine-3 (a prefill) cut off (its firewall drops every packet); --cut-s seconds later, with it still
                    off, an operator's change of engine-2 and `site` (it must go on for the others: exit status 4, the
                    closing table naming engine-3 unreachable); then the host is connected again and `site` rerun,
                    which takes engine-3 back. --strict counts only the requests that failed once the router had
@@ -68,13 +71,14 @@ PROFILE = "nvidia-8gpu-rdma"
 IMAGE = bench.IMAGE                          # narwhal-sim/engine-standin:latest
 NEXT_IMAGE = "narwhal-sim/engine-standin:next"  # scripts/build-images.sh sim: the stand-in as another vLLM version
 ROUTER_IMAGE = bench.ROUTER_IMAGE
+NEXT_ROUTER = "narwhal-sim/vllm-router:next"  # built by router-replace on router-1: the same router, another image ID
 ROUTER = "router-1"
 ENGINES = 4                                  # engine-1..4: prefill on the odd ones, decode on the even ones
 MODEL_NAME = "tiny-llama"
 STATE = os.path.join(ROOT, ".cache", SITE)   # tests/harness/site.yml's sim_dir: SSH key, inventory (hosts.yml)
 CHECKOUT = bench.CHECKOUT                     # /opt/narwhal on the hosts
 ROUTER_PORT = 30000                           # NARWHAL_ROUTER_PORT default
-OPS = ("replace-prefill", "replace-decode", "upgrade", "router-restart", "kill-engine", "host-cut")
+OPS = ("replace-prefill", "replace-decode", "upgrade", "router-restart", "router-replace", "kill-engine", "host-cut")
 PROMPTS = ["Day two, prompt %d: the fleet keeps serving while %s" % (i, what) for i, what in enumerate(
     ("an engine is replaced", "the image is upgraded", "the router restarts", "a host is cut off",
      "a process is killed", "the operator reruns site", "nothing changes", "the traffic goes on"))]
@@ -367,6 +371,20 @@ def op_router_restart(site, args):
             "detail": "docker restart narwhal-router on %s" % ROUTER}
 
 
+def op_router_replace(site, args):
+    # a new router image as an operator's upgrade brings one: built on router-1's daemon from the image it holds
+    # (one label more, so another image ID; offline), NARWHAL_ROUTER_IMAGE changed in .env, the router stage rerun:
+    # the container is replaced by hand-over (docs/router.md)
+    begin = time.monotonic()
+    script = "printf 'FROM %s\\nLABEL org.narwhal.bench=router-replace-%d\\n' | docker build -q -t %s -" % (
+        ROUTER_IMAGE, len(site.overrides), NEXT_ROUTER)
+    bench.sh(["docker", "exec", host(ROUTER), "sh", "-c", script])
+    site.edit("NARWHAL_ROUTER_IMAGE", NEXT_ROUTER)
+    res = site.playbook("router", "op-router-replace")
+    return {"rc": res["rc"], "action_s": round(time.monotonic() - begin, 1),
+            "detail": "NARWHAL_ROUTER_IMAGE=%s, router stage rc %d" % (NEXT_ROUTER, res["rc"])}
+
+
 def op_kill_engine(site, args, node=4):
     begin = time.monotonic()
     script = "kill -9 $(docker inspect -f '{{.State.Pid}}' narwhal-engine-%d)" % node
@@ -391,31 +409,33 @@ def closing_lines(output, word):
     return [line.strip().strip('",') for line in output.splitlines() if word in line][-4:]
 
 
+# a host cut off: its own firewall drops every packet in or out but loopback's ({0}: -I cuts, -D mends)
+CUT = "iptables {0} INPUT ! -i lo -j DROP && iptables {0} OUTPUT ! -o lo -j DROP"
+
+
 def op_host_cut(site, args, node=3, key=None, context=None):
-    """engine-<node> (a prefill) off both networks. While it is off, an operator's change of engine-2's input and
-    a `site` run: it goes on for the others (ansible-playbook's exit status 4 says a host was unreachable), leaves
+    """engine-<node> (a prefill) cut off from every network. While it is off, an operator's change of engine-2's input
+    and a `site` run: it goes on for the others (ansible-playbook's exit status 4 says a host was unreachable), leaves
     engine-<node> out of the routers and names it in its closing table. Then the host comes back and `site` is run
     again: it takes the engine back."""
     name, begin = host("engine-%d" % node), time.monotonic()
     url = "https://%s.%d:8000" % (FABRIC4, 10 + node)
-    for net in ("fabric", "mgmt"):
-        bench.sh(["docker", "network", "disconnect", "%s-%s" % (SITE, net), name])
+    # cut off as a dead link cuts it: every packet in or out of the host's interfaces dropped (its own firewall, so
+    # its interfaces stay as they are: a docker network disconnect/connect renames them, which a real host does not)
+    bench.sh(["docker", "exec", name, "sh", "-c", CUT.format("-I")])
     gone = dropped(key, context, url) if key else None
     time.sleep(args.cut_s)
     # a decode's change (engine-2): with engine-3 off, engine-1 is the only prefill the routers have, and an engine
     # a router cannot spare stays in it while it is replaced (_launch/roll.py::router_moves)
     site.edit("NARWHAL_NODE_2_EXTRA_ARGS", "--max-num-seqs %d" % (64 + len(site.overrides)))
     cut = site.playbook("site", "op-host-cut")
-    # management first, so that it is eth0 again and the fabric eth1 (tests/harness/tasks/up.yml)
-    bench.sh(["docker", "network", "connect", "--ip", "%s.%d" % (MGMT, 10 + node), SITE + "-mgmt", name])
-    bench.sh(["docker", "network", "connect", "--ip", "%s.%d" % (FABRIC4, 10 + node), "--ip6",
-              "%s:%d" % (FABRIC6, 10 + node), SITE + "-fabric", name])
+    bench.sh(["docker", "exec", name, "sh", "-c", CUT.format("-D")])
     back = site.playbook("site", "op-host-back")
     return {"rc": back["rc"], "action_s": round(time.monotonic() - begin, 1),
             "dropped_s": round(gone - begin, 2) if gone else None,
             "cut_rc": cut["rc"], "cut_site_s": round(cut["wall_s"], 1), "back_rc": back["rc"],
             "cut_closing": closing_lines(cut["output"], "unreachable"),
-            "detail": "engine-%d (prefill) off both networks; site with it off: rc %d (4: a host unreachable), %.0f s; "
+            "detail": "engine-%d (prefill) cut off; site with it off: rc %d (4: a host unreachable), %.0f s; "
                       "back, site: rc %d" % (node, cut["rc"], cut["wall_s"], back["rc"])}
 
 
@@ -424,6 +444,7 @@ ACTIONS = {
     "replace-decode": lambda site, args: op_replace(site, args, 2),
     "upgrade": op_upgrade,
     "router-restart": op_router_restart,
+    "router-replace": op_router_replace,
     "kill-engine": op_kill_engine,
     "host-cut": op_host_cut,
 }
