@@ -26,6 +26,8 @@ The operations (--ops, in this order):
   replace-decode   the same for NARWHAL_NODE_2_EXTRA_ARGS
   upgrade          NARWHAL_IMAGE=narwhal-sim/engine-standin:next in .env (another vLLM version, so another NIXL
                    compatibility hash), `site` is rerun; skipped (said so) when that image does not exist
+  key-rotation     the key file gets a new first line and keeps the old key as its second, `site`; the clients move to
+                   the new key; the second line removed, `site` again (docs/security.md "Rotating the key")
   router-restart   `docker restart narwhal-router` on router-1 (not the collection's: what a crash or an operator's
                    restart by hand costs)
   router-replace   a new router image (built on router-1 from the one it holds, one label more) in .env and the
@@ -78,7 +80,8 @@ MODEL_NAME = "tiny-llama"
 STATE = os.path.join(ROOT, ".cache", SITE)   # tests/harness/site.yml's sim_dir: SSH key, inventory (hosts.yml)
 CHECKOUT = bench.CHECKOUT                     # /opt/narwhal on the hosts
 ROUTER_PORT = 30000                           # NARWHAL_ROUTER_PORT default
-OPS = ("replace-prefill", "replace-decode", "upgrade", "router-restart", "router-replace", "kill-engine", "host-cut")
+OPS = ("replace-prefill", "replace-decode", "upgrade", "key-rotation", "router-restart", "router-replace",
+       "kill-engine", "host-cut")
 PROMPTS = ["Day two, prompt %d: the fleet keeps serving while %s" % (i, what) for i, what in enumerate(
     ("an engine is replaced", "the image is upgraded", "the router restarts", "a host is cut off",
      "a process is killed", "the operator reruns site", "nothing changes", "the traffic goes on"))]
@@ -128,7 +131,16 @@ def api_key():
         with os.fdopen(fd, "w") as fh:
             fh.write(os.urandom(18).hex() + "\n")
     with open(path) as fh:
-        return fh.read().strip()
+        return fh.read().splitlines()[0].strip()  # the key; a second line is the previous one (a rotation)
+
+
+def write_key(text):
+    """The site's key file replaced whole (0600), as an operator's editor would leave it."""
+    path = os.path.join(STATE, "engine-api.key")
+    fd = os.open(path + ".new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(path + ".new", path)
 
 
 def env_text(load_s, overrides):
@@ -308,8 +320,12 @@ class Traffic:
 
     async def _run(self):
         api, tasks, n = client(self.key, self.context), set(), 0
-        begin = time.monotonic()
+        begin, apis, key = time.monotonic(), [api], self.key
         while not self._stop.is_set():
+            if self.key != key:  # the clients moved to another key (key-rotation)
+                key = self.key
+                api = client(key, self.context)
+                apis.append(api)
             task = asyncio.ensure_future(self._one(api, n))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
@@ -317,7 +333,8 @@ class Traffic:
             await asyncio.sleep(max(0.0, begin + n / self.rate - time.monotonic()))
         if tasks:
             await asyncio.wait(tasks, timeout=REQUEST_TIMEOUT_S + 5)
-        await api.close()
+        for one in apis:
+            await one.close()
 
 
 def summarize(records, refs, start, end):
@@ -362,6 +379,23 @@ def op_replace(site, args, node):
 def op_upgrade(site, args):
     site.edit("NARWHAL_IMAGE", NEXT_IMAGE)
     return _site_run(site, "upgrade")
+
+
+def op_key_rotation(site, args, traffic):
+    """The key rotated as docs/security.md "Rotating the key" says: the new key on the first line of the key file
+    and the old one on the second, `site` (the engines accept both at once, the routers reload with the new one);
+    the clients move to the new key; the second line removed, `site` again. The traffic keeps the old key until the
+    first run is done, then takes the new one."""
+    begin, old, new = time.monotonic(), api_key(), os.urandom(18).hex()
+    write_key("%s\n%s\n" % (new, old))
+    both = site.playbook("site", "op-key-both")
+    traffic.key = new
+    time.sleep(3)
+    write_key(new + "\n")
+    only = site.playbook("site", "op-key-new")
+    return {"rc": both["rc"] or only["rc"], "action_s": round(time.monotonic() - begin, 1),
+            "detail": "key file new + old: site rc %d (%.0f s); clients on the new key; key file new: site rc %d "
+                      "(%.0f s)" % (both["rc"], both["wall_s"], only["rc"], only["wall_s"])}
 
 
 def op_router_restart(site, args):
@@ -443,6 +477,7 @@ ACTIONS = {
     "replace-prefill": lambda site, args: op_replace(site, args, 1),
     "replace-decode": lambda site, args: op_replace(site, args, 2),
     "upgrade": op_upgrade,
+    "key-rotation": op_key_rotation,
     "router-restart": op_router_restart,
     "router-replace": op_router_replace,
     "kill-engine": op_kill_engine,
@@ -462,10 +497,14 @@ def run_op(name, site, args, key):
     time.sleep(LEAD_S)
     log("%s: start" % name)
     t0 = time.monotonic()
-    action = (op_host_cut(site, args, key=key, context=context) if name == "host-cut"
-              else ACTIONS[name](site, args))
+    if name == "host-cut":
+        action = op_host_cut(site, args, key=key, context=context)
+    elif name == "key-rotation":
+        action = op_key_rotation(site, args, traffic)
+    else:
+        action = ACTIONS[name](site, args)
     time.sleep(2)
-    at, not_whole = wait_whole(key, context)
+    at, not_whole = wait_whole(api_key(), context)  # the key now (key-rotation changes it)
     time.sleep(TAIL_S)
     end = time.monotonic()
     records = traffic.stop()
