@@ -408,6 +408,38 @@ def test_plan_hash_stable_and_sensitive():
     assert le.plan_hash(le.build_plan(role_env(), rec)) != h
 
 
+def test_start_creates_the_container_without_the_key(tmp_path, monkeypatch):
+    """What the launcher's start sends the daemon (the create body, what `docker inspect` then shows) holds no key,
+    although start read the key file: the engine's guard reads it through the mounted secrets directory."""
+    from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import plan_body
+
+    env_path, env = write_inputs(tmp_path, record("engine-1"))
+    prepared = le.prepare(str(env_path))
+
+    class API:
+        body = None
+
+        def plan_config(self, plan, labels, group_ids=None):
+            return plan_body(plan, labels, group_ids)
+
+        def create(self, name, body):
+            API.body = body
+            return {"Id": "c" * 64}
+
+        def start(self, container_id):
+            pass
+
+    start = MODULES["start"]
+    monkeypatch.setattr(start, "set_aside", lambda api, found, plan: None)
+    monkeypatch.setattr(start, "_wait_started", lambda *args: None)
+    assert start._create_and_wait(API(), prepared, {}, {}, 10, str(tmp_path), 0.1, SECRET, {}) == ("c" * 64, None)
+    assert SECRET not in json.dumps(API.body)
+    assert "VLLM_API_KEY=" in API.body["Env"] and "NARWHAL_GUARD_KEY_FILE=/narwhal/secrets/engine-api.key" in \
+        API.body["Env"]
+    assert {"Target": "/narwhal/secrets", "Source": str(tmp_path / "secrets"), "Type": "bind",
+            "ReadOnly": True} in API.body["HostConfig"]["Mounts"]
+
+
 # ------------------------------------------------------------------------------------------ CLI
 
 def test_cli_plan_writes_plan_without_key(tmp_path):
