@@ -457,9 +457,9 @@ def launcher_rounds(out, rounds):
     values = dict(line.split("=", 1) for line in sh(["docker", "exec", host, "cat", role_env]).stdout.splitlines()
                   if "=" in line and not line.startswith("#"))
     plan = json.loads(sh(["docker", "exec", host, "cat", values["NARWHAL_RUN_DIR"] + "/plan.json"]).stdout)
-    key = sh(["docker", "exec", host, "cat", values["NARWHAL_API_KEY_FILE"]]).stdout.strip()
-    # the recorded argv has the API key redacted and the --gpus value quoted for a shell: same container
-    argv = [a.replace("VLLM_API_KEY=<redacted>", "VLLM_API_KEY=" + key) for a in plan["argv"]]
+    # the recorded argv holds no key (the engine's guard reads the mounted key file) and the --gpus value quoted for
+    # a shell: the same container
+    argv = list(plan["argv"])
     address = values["NARWHAL_ADVERTISED_ADDRESS"]
     tls_dir = values.get("NARWHAL_TLS_DIR", "")
     url = "%s://%s:%s" % ("https" if tls_dir else "http", "[%s]" % address if ":" in address else address,

@@ -77,7 +77,7 @@ EXAMPLES = r"""
     image: sha256:0123abcd
     argv: [--backend, openai, --base-url, "http://10.0.0.21:30000", --model, tiny, --num-prompts, "16"]
     name: narwhal-bench-20261202t201500z-01-pd-rate-1
-    key_file: /opt/narwhal/config/engine-api.key
+    key_file: /opt/narwhal/secrets/engine-api.key
     model_path: /models/tiny
     result_file: 01-pd-rate-1.json
   become: true

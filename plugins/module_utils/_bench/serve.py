@@ -26,8 +26,9 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api 
 
 __metaclass__ = type
 
-# The key from the mounted file into the load generator's own environment (never the container's settings).
-WRAPPER = 'OPENAI_API_KEY="$(cat %s)"; export OPENAI_API_KEY; exec vllm bench serve "$@"' % KEY
+# The key from the mounted file into the load generator's own environment (never the container's settings): its first
+# line (during a rotation the file holds the previous key on a second line: _common/api_key.py)
+WRAPPER = 'read -r OPENAI_API_KEY < %s; export OPENAI_API_KEY; exec vllm bench serve "$@"' % KEY
 
 
 def _remove(api, ref):

@@ -276,9 +276,9 @@ class Client:
         """container_config() with this client's proxy environment (the SDK's use_config_proxy)."""
         return container_config(image, proxy_env=proxy_environment(self.proxies), **kwargs)
 
-    def plan_config(self, plan, labels, group_ids=None, secret_env=None):
+    def plan_config(self, plan, labels, group_ids=None):
         """plan_body() with this client's proxy environment (the SDK's use_config_proxy)."""
-        return plan_body(plan, labels, group_ids, secret_env, proxy_env=proxy_environment(self.proxies))
+        return plan_body(plan, labels, group_ids, proxy_env=proxy_environment(self.proxies))
 
 
 # ---------------------------------------------------------------------------------------- the create body
@@ -398,17 +398,14 @@ def container_config(image, command=None, entrypoint=None, environment=None, lab
     return {k: v for k, v in body.items() if v is not None}
 
 
-def plan_body(plan, labels, group_ids=None, secret_env=None, proxy_env=None):
+def plan_body(plan, labels, group_ids=None, proxy_env=None):
     """The create body of an engine's container straight from its plan (_plan/container.py::container_spec), the
     one translation after the plan: the body docker-py 7 sends for the same container (container_config() of
     the equivalent containers.create(...) arguments; a unit test compares the two and the SDK's own). `labels`:
     the create labels (_plan/labels.py::create_labels); `group_ids`: the plan's group names -> the host's
-    numeric IDs (a name the host lacks is left out); `secret_env`: values of the plan's placeholder variables
-    (the API key), injected here only."""
+    numeric IDs (a name the host lacks is left out). No secret is added: the engine's key guard reads the key from
+    its mounted file (_plan/container.py), so `docker inspect` shows no key."""
     environment = dict(plan["environment"])
-    for name, value in (secret_env or {}).items():
-        if name in environment:
-            environment[name] = value
     env = ["%s=%s" % (k, environment[k]) for k in sorted(environment)]
     if proxy_env:
         env = list(proxy_env) + env

@@ -152,12 +152,15 @@ INPUTS = [
      "doc": "Seconds launch waits for a started engine's /health before it fails (model load time: large "
             "checkpoints take minutes); a container that exits earlier fails at once with its last log lines."},
     {"name": "NARWHAL_ENGINE_CHECKOUT", "kind": "abspath", "default": "/opt/narwhal", "example": "/opt/narwhal",
-     "doc": "Engine checkout on every engine host: install places the record, the role environment, the API key "
-            "(config/) and the launcher snapshot (bin/) there; the launcher keeps its runs under runs/."},
+     "doc": "Engine checkout on every engine host: install places the record and the role environment (config/), "
+            "the API key (secrets/, which the engines mount read-only) and the launcher snapshot (bin/) there; the "
+            "launcher keeps its runs under runs/."},
     {"name": "NARWHAL_API_KEY_FILE", "kind": "path", "default": "config/engine-api.key",
      "example": "config/engine-api.key",
-     "doc": "Controller file holding the engines' API key (one line, mode 0600, git-ignored); install copies it "
-            "to each engine host (0600) and the launcher passes it by environment. Never logged."},
+     "doc": "Controller file holding the engines' API key (one line, mode 0600, git-ignored; during a rotation the "
+            "previous key on a second line: docs/security.md, \"Rotating the key\"); install copies it to each engine "
+            "host (secrets/, 0600), whose key guard reads it again when it changes (no restart), and the router stage "
+            "to each router host. Never logged, never in a container's environment."},
     {"name": "NARWHAL_ENGINE_BIND", "kind": "bind", "default": "", "example": "",
      "doc": "Address every engine's HTTP server binds (vllm serve --host). Empty (the default): the address the fleet "
             "advertises for the engine (its fabric address, node.address of its launch record), so the engine "

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import posixpath
 import re
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import RERUN, PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_NAME, local_host_reason
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import API_KEY_ENV, REDACTED
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import API_KEY_ENV
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.versions import version_tuple
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.args import (
     DERIVED_ENV,
@@ -56,7 +57,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._plan.parallel impo
     member_record,
     parallel_flags,
 )
-from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import TLS_FILES, model_mount
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import SECRETS_DIR, TLS_FILES, model_mount
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.subst import SubstitutionError, resolve_values
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.transfer import (
     NETWORK_TRANSPORTS,
@@ -86,6 +87,16 @@ WILDCARDS = ("0.0.0.0", "::")
 GUARD_TARGET = "/narwhal/guard"
 GUARD_MIDDLEWARE = "narwhal_guard.KeyGuard"
 TLS_TARGET = "/narwhal/tls"
+# The engines' key (issue 36, key rotation): never in the container's environment (so never in `docker inspect`) and
+# never in the plan. The guard is the engine's only key check: it reads the engine host's key file, whose directory
+# (<checkout>/secrets, the key file alone: role_env.py SECRETS_DIR) is mounted read-only at SECRETS_TARGET - a
+# directory, so that the file install replaces by rename is seen in the container (a file bind mount keeps the old
+# inode) - and accepts each key of it, the previous one too during a rotation, re-reading it when it changes: a new
+# key costs no restart. GUARD_KEY_ENV names the file (a path, no secret). vLLM's own check stays off: VLLM_API_KEY is
+# set empty (vLLM 0.32.0 entrypoints/serve/middleware/register.py keeps no empty key, so adds no check; an image
+# whose Env carries a key of its own does not turn it back on) and no --api-key is passed.
+SECRETS_TARGET = "/narwhal/secrets"
+GUARD_KEY_ENV = "NARWHAL_GUARD_KEY_FILE"
 
 
 def side_channel_host(address):
@@ -293,12 +304,29 @@ def _sha256(role_env, key, required):
     return value
 
 
+def key_file_mount(role_env):
+    """(mount, container path) of the engine's key file (NARWHAL_API_KEY_FILE): its directory, which must be a
+    SECRETS_DIR of its own (an older role environment's config/engine-api.key is refused: that directory holds the
+    records), at SECRETS_TARGET, read-only."""
+    key_file = _abs_path(role_value(role_env, "NARWHAL_API_KEY_FILE"), "role env NARWHAL_API_KEY_FILE")
+    folder, name = posixpath.split(key_file)
+    if posixpath.basename(folder) != SECRETS_DIR or not name:
+        raise PlanError("role env NARWHAL_API_KEY_FILE=%s is not in the directory of its own that the engine mounts "
+                        "(<checkout>/%s/); prepare a new run (install puts the key there)" % (key_file, SECRETS_DIR),
+                        "NARWHAL_API_KEY_FILE")
+    mount = {"type": "bind", "source": folder, "target": SECRETS_TARGET, "read_only": True}
+    return mount, "%s/%s" % (SECRETS_TARGET, name)
+
+
 def _access(role_env):
     """(mounts, flags, labels) of the key guard and the engine's TLS (who gets in): the guard's directory mounted at
-    GUARD_TARGET and --middleware; with NARWHAL_TLS_DIR, that directory at TLS_TARGET and --ssl-certfile and
-    --ssl-keyfile. The sha256 of the guard and of the certificate are labels, so that a new one changes the plan."""
+    GUARD_TARGET and --middleware, the key file's directory at SECRETS_TARGET (key_file_mount); with
+    NARWHAL_TLS_DIR, that directory at TLS_TARGET and --ssl-certfile and --ssl-keyfile. The sha256 of the guard and
+    of the certificate are labels, so that a new one changes the plan (the key is in neither: a new key is read by
+    the guard, not planned)."""
     guard_dir = _abs_path(role_value(role_env, "NARWHAL_GUARD_DIR"), "role env NARWHAL_GUARD_DIR")
-    mounts = [{"type": "bind", "source": guard_dir, "target": GUARD_TARGET, "read_only": True}]
+    mounts = [{"type": "bind", "source": guard_dir, "target": GUARD_TARGET, "read_only": True},
+              key_file_mount(role_env)[0]]
     flags = ["--middleware", GUARD_MIDDLEWARE]
     guard_sha = _sha256(role_env, "NARWHAL_GUARD_SHA256", False)
     labels = {GUARD_LABEL: guard_sha} if guard_sha else {}
@@ -320,8 +348,9 @@ def python_path(runtime_env):
 
 def _environment(record, vendor, gpu_ids, runtime_env, derived_env, managed):
     """The container's environment, sorted by name: the record's runtime and derived environment, the GPU visibility
-    variable, the launcher-managed variables `managed`, the API key placeholder and, where the image's vLLM reads
-    the KV lease from the environment (<= 0.21), the lease."""
+    variable, the launcher-managed variables `managed` (the guard's key file among them), VLLM_API_KEY empty (vLLM's
+    own check off: the guard is the check) and, where the image's vLLM reads the KV lease from the environment
+    (<= 0.21), the lease. No key: the guard reads it from its file."""
     environment = dict(runtime_env)
     environment.update(derived_env)
     if gpu_ids:
@@ -331,7 +360,7 @@ def _environment(record, vendor, gpu_ids, runtime_env, derived_env, managed):
                             % (visibility, vendor, VISIBILITY_BY_VENDOR.get(vendor), RERUN), "gpu_visibility_env")
         environment[visibility] = ",".join(gpu_ids)
     environment.update(managed)
-    environment[API_KEY_ENV] = REDACTED
+    environment[API_KEY_ENV] = ""
     lease = kv_lease(record)
     if lease is not None and lease[0] == LEASE_ENV:
         environment[LEASE_ENV] = str(lease[1])
@@ -358,7 +387,7 @@ def _serve_command(record, mount, served, bind_host, http_port, access, tp, drai
 
 
 def container_spec(record, role_env):
-    """The container the engine runs, as data (pure). The API key is a placeholder (REDACTED). Every refusal names
+    """The container the engine runs, as data (pure). No key in it (the guard reads the key file). Every refusal names
     the record field or role-environment key; they come in the order of the fields below. For an engine across
     hosts it is the container of the host the role environment names (member_record)."""
     record = member_record(record, role_env)
@@ -382,6 +411,7 @@ def container_spec(record, role_env):
         "VLLM_NIXL_SIDE_CHANNEL_HOST": side_host,
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_port),
         PREFIXED_ENV[0]: python_path(runtime_env),
+        GUARD_KEY_ENV: key_file_mount(role_env)[1],
     })
     drain = shutdown_timeout(record)
     logs = log_config(record)
@@ -414,7 +444,7 @@ def container_spec(record, role_env):
 
 
 def docker_run_argv(plan, group_ids=None, run_id=None):
-    """The complete container command as `docker run` reads it (API key redacted). `group_ids` maps the plan's
+    """The complete container command as `docker run` reads it (no key in it). `group_ids` maps the plan's
     group names to the host's numeric IDs (the launcher passes them; see its start); `run_id` is the creating
     run's label."""
     plan = redacted(plan)

@@ -1,6 +1,6 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""A plan's identity (pure, standard library only): its hash (sha256 of the canonical JSON, the API key excluded:
+"""A plan's identity (pure, standard library only): its hash (sha256 of the canonical JSON, which holds no key:
 the same on the controller and the host) and the labels its container carries (the engine, the plan hash, the run
 that created it), which the launcher's start, status and preview read back."""
 
@@ -31,14 +31,17 @@ RUN_ID_LABEL = "org.narwhal.run-id"
 
 
 def redacted(plan):
+    """A copy of `plan` with a VLLM_API_KEY value shown as <redacted>. A plan of today carries none (VLLM_API_KEY
+    empty: the key guard reads the key file, _plan/container.py), a plan before issue 36 carried the placeholder."""
     plan = copy.deepcopy(plan)
-    if API_KEY_ENV in plan.get("environment", {}):
+    if plan.get("environment", {}).get(API_KEY_ENV):
         plan["environment"][API_KEY_ENV] = REDACTED
     return plan
 
 
 def plan_hash(plan):
-    """sha256 of the canonical JSON of the plan, the API key excluded: the same on the controller and host."""
+    """sha256 of the canonical JSON of the plan (no key in it: a new key changes no plan), the same on the controller
+    and host."""
     canonical = json.dumps(redacted(plan), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 

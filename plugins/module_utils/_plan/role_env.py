@@ -29,6 +29,10 @@ ROLE_ENV_KEYS = ("NARWHAL_ENGINE", "NARWHAL_RECORD", "NARWHAL_MODEL_MOUNT", "NAR
 TLS_FILES = {"cert": "server.crt", "key": "server.key", "ca": "ca.crt"}
 # The key guard (roles/install/files/guard/narwhal_guard.py) in <checkout>/guard (NARWHAL_GUARD_DIR)
 GUARD_FILE = "narwhal_guard.py"
+# The engines' API key file in <checkout>/secrets (NARWHAL_API_KEY_FILE), a directory of its own (0700) that the engine
+# mounts read-only for its key guard (_plan/container.py key_file_mount); before issue 36 the key was
+# <checkout>/config/engine-api.key (install_paths "former_api_key": install removes it)
+SECRETS_DIR = "secrets"
 
 
 # ----------------------------------------------------------------------------------------- role environment
@@ -40,7 +44,9 @@ def install_paths(checkout, engine, run_id):
         "record": "%s/config/engine-launch.%s.json" % (checkout, engine),
         "role_env": "%s/config/%s.env" % (checkout, engine),
         "launcher": "%s/bin/launch_engine.pyz" % checkout,
-        "api_key": "%s/config/engine-api.key" % checkout,
+        "secrets_dir": "%s/%s" % (checkout, SECRETS_DIR),
+        "api_key": "%s/%s/engine-api.key" % (checkout, SECRETS_DIR),
+        "former_api_key": "%s/config/engine-api.key" % checkout,
         "run_dir": "%s/runs/%s" % (checkout, run_id),
         "guard_dir": "%s/guard" % checkout,
         "guard": "%s/guard/%s" % (checkout, GUARD_FILE),
@@ -55,7 +61,8 @@ def install_plan(paths, record, role_env_text, launcher_sha256, api_key_file, ow
     """What install writes on an engine host and what the host should then hold (roles/install; roles/prepare reads
     the same list with its host checks): `record_text` (the launch record as ansible's to_nice_json(indent=2) writes
     it, and a newline) and `wanted`, held_files' list - the checkout's directories, then the record, role environment,
-    launcher (its prepared sha256) and API key (`src`, the controller file, digested by the action plugin), then what
+    launcher (its prepared sha256), the key's directory and the API key (`src`, the controller file, digested by the
+    action plugin; a new key is a new file there, which the engines' guard reads: no restart), then what
     `sources` (prepare_run's install_sources of this host: {guard_sha256, tls: {cert, key, ca} or None}) names: the
     key guard (its sha256: install copies the install role's own file) and, with TLS, the engine's TLS directory and
     its certificate, key (0600) and CA (`src`: the controller files of the tls_material step)."""
@@ -70,6 +77,7 @@ def install_plan(paths, record, role_env_text, launcher_sha256, api_key_file, ow
         {"path": paths["role_env"], "sha256": hashlib.sha256(role_env_text.encode("utf-8")).hexdigest(),
          "mode": "0600", "owner": owner},
         {"path": paths["launcher"], "sha256": launcher_sha256, "mode": "0755", "owner": owner},
+        {"path": paths["secrets_dir"], "state": "directory", "mode": "0700", "owner": owner},
         {"path": paths["api_key"], "src": api_key_file, "mode": "0600", "owner": owner},
     ]
     return {"record_text": record_text, "wanted": wanted + _engine_files(paths, sources or {}, owner)}

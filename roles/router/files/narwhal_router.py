@@ -152,10 +152,16 @@ def private_bytes(path, what, limit):
 
 
 def read_key(path):
-    lines = private_bytes(path, "API key file", 4097).decode("utf-8", "replace").strip().splitlines()
-    if len(lines) != 1 or not lines[0].strip():
-        raise Refused("the API key file %s must hold one non-empty line" % path)
-    return lines[0].strip()
+    """The key the router sends to the workers (and its Router's api_key): the file's first line. During a rotation
+    the file (a copy of NARWHAL_API_KEY_FILE, held to plugins/module_utils/_common/api_key.py's rule by prepare) holds
+    the previous key on a second line: the engines accept both, and a client's key is checked against the engines
+    (api_key_validation_urls), so the router itself needs only the first."""
+    lines = [line.strip() for line in private_bytes(path, "API key file", 4097).decode("utf-8", "replace").strip()
+             .splitlines()]
+    if not 1 <= len(lines) <= 2 or not all(lines):
+        raise Refused("the API key file %s must hold the key on one line (during a rotation the previous key on a "
+                      "second); rerun the router stage" % path)
+    return lines[0]
 
 
 def read_json(path, what):

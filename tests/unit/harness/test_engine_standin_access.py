@@ -11,11 +11,9 @@ import urllib.request
 
 import pytest
 from test_support import engine_tls
-from test_support.paths import GUARD
-from test_support.standin import KEY, engine_log, engine_process
+from test_support.standin import KEY, engine_key_file, engine_log, engine_process, write_key_file
 
-GUARD_FLAGS = ("--middleware", "narwhal_guard.KeyGuard")
-GUARD_ENV = {"PYTHONPATH": str(GUARD.parent)}  # the launcher's /narwhal/guard, first on PYTHONPATH
+OLD = "sk-narwhal-previous-key-9876543210"
 
 
 def ask(url, path, method="GET", key=None, body=None, context=None):
@@ -42,7 +40,9 @@ def engines():
 
 
 def test_the_key_guard_refuses_every_path_but_the_open_ones(tmp_path, engines):
-    url, proc = engine_process(tmp_path, "guarded", KEY, *GUARD_FLAGS, env=GUARD_ENV)
+    """engine_process starts the stand-in as the launcher does: the guard (--middleware, first on PYTHONPATH) with
+    the key in its file, VLLM_API_KEY empty (vLLM's own check off)."""
+    url, proc = engine_process(tmp_path, "guarded", KEY)
     engines.append(proc)
     unauthorized = (401, '{"error":"Unauthorized"}')
     for path in ("/health", "/version", "/metrics"):
@@ -60,16 +60,46 @@ def test_the_key_guard_refuses_every_path_but_the_open_ones(tmp_path, engines):
     assert status == 200 and json.loads(text)["choices"][0]["text"], text
 
 
+def test_a_key_rotation_reaches_the_running_engine(tmp_path, engines):
+    """The engine's key file rewritten (install's rename) while it serves: the new key and the previous one both
+    accepted, then the new one alone - the same process throughout, no restart."""
+    url, proc = engine_process(tmp_path, "rotated", OLD)
+    engines.append(proc)
+    models = ("/v1/models", "GET")
+    assert ask(url, *models, key=OLD)[0] == 200 and ask(url, *models, key=KEY)[0] == 401
+    write_key_file(engine_key_file(tmp_path, "rotated"), "%s\n%s\n" % (KEY, OLD))
+    assert _eventually(lambda: ask(url, *models, key=KEY)[0]) == 200  # within the guard's second
+    assert ask(url, *models, key=OLD)[0] == 200 and ask(url, *models, key="another")[0] == 401
+    write_key_file(engine_key_file(tmp_path, "rotated"), KEY + "\n")
+    assert _eventually(lambda: ask(url, *models, key=OLD)[0], 401) == 401
+    assert ask(url, *models, key=KEY)[0] == 200 and proc.poll() is None
+    log = engine_log(tmp_path, "rotated")
+    assert log.count("narwhal_guard: ") == 3 and "narwhal_guard: 2 key(s) of the key file" in log
+    assert KEY not in log and OLD not in log
+
+
+def _eventually(probe, want=200, timeout=5):
+    import time
+
+    deadline = time.time() + timeout
+    while True:
+        found = probe()
+        if found == want or time.time() > deadline:
+            return found
+        time.sleep(0.1)
+
+
 def test_without_the_guard_vllms_own_check_guards_v1_only(tmp_path, engines):
     """What the guard closes: vLLM's --api-key / VLLM_API_KEY check guards GUARD_PREFIX paths only (/v1 here)."""
-    url, proc = engine_process(tmp_path, "plain", KEY)
+    url, proc = engine_process(tmp_path, "plain", KEY, guard=False)
     engines.append(proc)
     assert ask(url, "/v1/models")[0] == 401
     assert ask(url, "/tokenize", "POST", body={}) == (404, '{"detail":"Not Found"}')  # reached the routes
 
 
 def test_a_middleware_that_does_not_import_ends_the_start_with_its_traceback(tmp_path, engines):
-    url, proc = engine_process(tmp_path, "broken", KEY, "--middleware", "narwhal_guard.KeyGuard", wait=False)
+    url, proc = engine_process(tmp_path, "broken", KEY, "--middleware", "narwhal_guard.KeyGuard", wait=False,
+                               guard=False)  # not on PYTHONPATH
     engines.append(proc)
     assert proc.wait(timeout=30) == 1
     log = engine_log(tmp_path, "broken")
@@ -80,8 +110,8 @@ def test_a_middleware_that_does_not_import_ends_the_start_with_its_traceback(tmp
 def test_tls_from_the_ssl_flags_and_the_host_bound_exactly(tmp_path, engines):
     ca = engine_tls.make_ca()
     folder = engine_tls.write_tls_dir(tmp_path / "tls", ca[1], engine_tls.make_leaf(ca))
-    url, proc = engine_process(tmp_path, "tls", KEY, *GUARD_FLAGS, "--ssl-certfile", str(folder / "server.crt"),
-                               "--ssl-keyfile", str(folder / "server.key"), env=GUARD_ENV)
+    url, proc = engine_process(tmp_path, "tls", KEY, "--ssl-certfile", str(folder / "server.crt"),
+                               "--ssl-keyfile", str(folder / "server.key"))
     engines.append(proc)
     https = "https" + url[len("http"):]
     context = ssl.create_default_context(cafile=str(folder / "ca.crt"))

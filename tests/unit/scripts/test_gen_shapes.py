@@ -149,7 +149,7 @@ def test_the_commands_are_the_planners_for_the_checked_in_records(shape):
         assert "--middleware" in argv and ("--ssl-certfile" in argv) == (site["NARWHAL_TLS"] != "off")
         block = text.split("## %s (" % engine, 1)[1].split("\n", 1)[1].split("\n# inside the container:", 1)[0]
         assert shlex.split(block.replace("\\\n", " ")) == argv
-        assert "VLLM_API_KEY=<redacted>" in argv
+        assert "VLLM_API_KEY=" in argv and "NARWHAL_GUARD_KEY_FILE=/narwhal/secrets/engine-api.key" in argv
 
 
 def test_1p1d_tp8_is_two_whole_hosts_on_every_rail(planned):

@@ -40,7 +40,10 @@ def test_the_wanted_list_names_every_directory_and_file_with_its_mode_owner_and_
         {"path": PATHS["role_env"], "sha256": hashlib.sha256(ROLE_ENV.encode()).hexdigest(), "mode": "0600",
          "owner": "narwhal"},
         {"path": PATHS["launcher"], "sha256": "ab" * 32, "mode": "0755", "owner": "narwhal"},
-        {"path": PATHS["api_key"], "src": "/srv/key", "mode": "0600", "owner": "narwhal"}]
+        {"path": "/opt/narwhal/secrets", "state": "directory", "mode": "0700", "owner": "narwhal"},
+        {"path": "/opt/narwhal/secrets/engine-api.key", "src": "/srv/key", "mode": "0600", "owner": "narwhal"}]
+    assert PATHS["api_key"] == "/opt/narwhal/secrets/engine-api.key"  # its own directory, which the engines mount
+    assert PATHS["former_api_key"] == "/opt/narwhal/config/engine-api.key"  # where it was: install removes it
     # the same inputs give the same list (install takes prepare's read only then); any other role env does not
     again = filters.install_plan_filter(PATHS, record(), ROLE_ENV, "ab" * 32, "/srv/key", "narwhal")
     assert again["wanted"] == plan["wanted"]

@@ -86,11 +86,12 @@ def role_env(engine="engine-1", **overrides):
 
 
 def write_inputs(tmp_path, rec, tag="", **overrides):
-    """The record, a 0600 API key file and a role environment pointing at both, under tmp_path (`tag` names a
-    second set of record and role environment, as another run installs them)."""
+    """The record, a 0600 API key file (in tmp_path/secrets) and a role environment pointing at both, under tmp_path
+    (`tag` names a second set of record and role environment, as another run installs them)."""
     rec_path = tmp_path / ("record%s.json" % tag)
     rec_path.write_text(json.dumps(rec))
-    key = tmp_path / "api-key"
+    key = tmp_path / "secrets" / "engine-api.key"  # in a directory of its own, mounted by the engine (install's)
+    key.parent.mkdir(exist_ok=True)
     key.write_text(SECRET + "\n")
     key.chmod(0o600)
     guard = tmp_path / "guard"  # the key guard, as install puts it

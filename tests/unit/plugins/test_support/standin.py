@@ -13,7 +13,7 @@ import threading
 import types
 from http.server import ThreadingHTTPServer
 
-from test_support.paths import REPO, STANDIN_SITE
+from test_support.paths import GUARD, REPO, STANDIN_SITE
 
 # the geometry of tests/harness/models/tiny-llama
 TINY = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
@@ -128,13 +128,32 @@ def _dp_size(flags):
     return 1
 
 
+def engine_key_file(tmp_path, name):
+    """The key file of engine_process `name` (install's <checkout>/secrets/engine-api.key, read by its key guard)."""
+    return tmp_path / ("secrets-%s" % name) / "engine-api.key"
+
+
+def write_key_file(path, text):
+    """A key file written as install's copy writes it: a new 0600 file renamed over the old one (a new inode)."""
+    import os
+
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    new = path.with_name(path.name + ".new")
+    with open(os.open(str(new), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
+        handle.write(text)
+    os.replace(str(new), str(path))
+
+
 def engine_process(tmp_path, name, key, *flags, version="0.33.0", port=None, side_host="127.0.0.1", side_port=None,
-                   env=None, wait=True, model_config=None):
+                   env=None, wait=True, model_config=None, guard=True):
     """-> (url, Popen) of a stand-in engine serving the tiny model config on free loopback ports (or HTTP on
     `port`: an engine replaced at its URL). Its NIXL side channels on `side_host` (a loopback address standing for
     the engine's host) from `side_port` (default: free ports); `env`: more environment; `wait`: until its HTTP port
     accepts connections (False: return at once, for a headless worker or a head that waits for its workers);
-    `model_config`: another checkpoint config (tmp_path/model-<hash>) instead of the tiny one."""
+    `model_config`: another checkpoint config (tmp_path/model-<hash>) instead of the tiny one. `guard` (default):
+    as the launcher starts an engine - the collection's key guard (--middleware narwhal_guard.KeyGuard, first on
+    PYTHONPATH) reading `key` from engine_key_file (rewrite it with write_key_file: a rotation), VLLM_API_KEY empty
+    so that vLLM's own check is off; guard=False: no guard, `key` in VLLM_API_KEY (vLLM's own check, /v1 only)."""
     import os
     import subprocess
     import time
@@ -150,11 +169,16 @@ def engine_process(tmp_path, name, key, *flags, version="0.33.0", port=None, sid
                                                   "tokenizer_config.json").read_text())
     port = port or free_port()
     kv = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"})
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("UCX_", "VLLM_", "NARWHAL_STANDIN_"))}
-    # the key by environment, as the launcher passes it (never in the process list)
+    environ = {k: v for k, v in os.environ.items()
+               if not k.startswith(("UCX_", "VLLM_", "NARWHAL_STANDIN_", "NARWHAL_GUARD_"))}
     environ.update(VLLM_NIXL_SIDE_CHANNEL_HOST=side_host,
                    VLLM_NIXL_SIDE_CHANNEL_PORT=str(side_port or free_ports(_dp_size(flags), (side_host,))),
-                   VLLM_API_KEY=key)
+                   VLLM_API_KEY="" if guard else key)
+    if guard:  # the key in a file the guard reads, never in the environment (the launcher's plan)
+        key_file = engine_key_file(tmp_path, name)
+        write_key_file(key_file, key + "\n")
+        environ.update(NARWHAL_GUARD_KEY_FILE=str(key_file), PYTHONPATH=str(GUARD.parent))
+        flags = ("--middleware", "narwhal_guard.KeyGuard") + tuple(flags)
     environ.update(env or {})
     log = open(tmp_path / ("engine-%s.log" % name), "wb")
     proc = subprocess.Popen([sys.executable, "-c", ENGINE_MAIN, str(STANDIN_SITE), version, str(model),

@@ -3,13 +3,17 @@ served in-process: the start script (roles/router/files/narwhal_router.py) keeps
 the process environment and its logs and refuses keyless clients; router_workers reports the fleet (and names an
 engine the router lost); router_traffic proves every request of its matrix."""
 import json
+import os
+import pathlib
+import signal
 import subprocess
+import threading
 import time
 
 import pytest
 from test_support.paths import REPO
 from test_support.router import router_process
-from test_support.standin import engine_process
+from test_support.standin import engine_key_file, engine_process, write_key_file
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call
 from ansible_collections.narwhal.deploy.plugins.modules import router_traffic, router_workers
@@ -167,3 +171,84 @@ def test_an_engine_replaced_leaves_the_router_answering_through_the_others(tmp_p
         for proc in procs.values():
             proc.kill()
             proc.wait(10)
+
+
+# ------------------------------------------------------------------------------------------ key rotation
+
+NEW = "sk-narwhal-router-new-key-fedcba9876543210"
+
+
+class Clients:
+    """Steady completions through the router, one after the other, with the key the test gives them now."""
+
+    def __init__(self, url, key):
+        self.url, self.key, self.running, self.answers = url, key, True, []
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while self.running:
+            key = self.key
+            status, answer = call(self.url + "/v1/completions", key, {"model": "tiny", "prompt": "rotate %d"
+                                                                      % len(self.answers), "max_tokens": 2},
+                                  timeout=30)
+            self.answers.append((key, status, status == 200 or str(answer)[:200]))
+            time.sleep(0.05)
+
+    def stop(self):
+        self.running = False
+        self.thread.join(40)
+        return self.answers
+
+
+def _site(tmp_path, router, text, reload_number):
+    """What `site` does with a changed NARWHAL_API_KEY_FILE: install rewrites each engine host's key file (the guard
+    reads it within a second), the router stage its copy in the router directory and reloads the router."""
+    for name in ("1", "2"):
+        write_key_file(engine_key_file(tmp_path, name), text)
+    write_key_file(pathlib.Path(router["key_file"]), text)
+    os.kill(router["proc"].pid, signal.SIGHUP)
+    deadline = time.time() + 60
+    while "reload %d done" % reload_number not in router["log"].read_text(errors="replace"):
+        assert time.time() < deadline and "reload %d failed" % reload_number not in \
+            router["log"].read_text(errors="replace"), router["log"].read_text(errors="replace")[-2000:]
+        time.sleep(0.2)
+
+
+def _refused_soon(url, key):
+    deadline = time.time() + 10
+    while call(url + "/v1/models", key)[0] != 401 and time.time() < deadline:
+        time.sleep(0.2)
+    return call(url + "/v1/models", key)[0] == 401
+
+
+def test_a_key_rotation_serves_clients_with_either_key_and_restarts_no_engine(router, tmp_path):
+    """docs/security.md "Rotating the key", through the real router in front of stand-ins behind their key guards,
+    under steady traffic: the new key first and the old one second (`site`: the engines accept both, the router
+    reloads with the new key) - clients with either key are served; the clients move to the new key; the second line
+    removed (`site` again) - the old key is refused. No request fails, no engine process is restarted."""
+    url, engines = router["url"], router["procs"]
+    pids = {name: proc.pid for name, proc in engines.items()}
+    assert call(url + "/v1/models", NEW)[0] == 401
+    clients = Clients(url, KEY)
+    time.sleep(1)
+    _site(tmp_path, router, "%s\n%s\n" % (NEW, KEY), 2)
+    time.sleep(1.5)  # the engines' guards have read their files again (at most a second)
+    for key in (KEY, NEW):  # a client with the previous key and one with the new key, through the router
+        status, answer = call(url + "/v1/completions", key, {"model": "tiny", "prompt": "both", "max_tokens": 2},
+                              timeout=30)
+        assert status == 200 and answer["choices"][0]["text"], (key == KEY, status, answer)
+    clients.key = NEW  # the operator moves the clients to the new key
+    time.sleep(1)
+    _site(tmp_path, router, NEW + "\n", 3)
+    time.sleep(1)
+    answers = clients.stop()
+    assert answers and all(ok is True for _key, _status, ok in answers), [a for a in answers if a[2] is not True][:3]
+    assert {key for key, _status, _ok in answers} == {KEY, NEW}
+    assert _refused_soon(url, KEY) and call(url + "/v1/models", NEW)[0] == 200
+    status, _answer = call(url + "/v1/completions", KEY, {"model": "tiny", "prompt": "old", "max_tokens": 2})
+    assert status == 401
+    assert {name: proc.pid for name, proc in engines.items()} == pids
+    assert all(proc.poll() is None for proc in engines.values())
+    log = router["log"].read_text(errors="replace")
+    assert KEY not in log and NEW not in log

@@ -81,8 +81,8 @@ def main(argv=None):
     parser.add_argument("action", choices=("plan", "start", "stop", "status", "preview", "check", "probe-version",
                                            "finish"))
     parser.add_argument("--force", action="store_true", help="start: rerun the image check and replace the "
-                        "container even if unchanged (e.g. after an API key rotation, which the plan hash does not "
-                        "see)")
+                        "container even if unchanged (an API key rotation needs none: the engine's key guard reads "
+                        "the new key file)")
     parser.add_argument("--timeout", type=float, default=300.0, help="probe-version: seconds to wait for /health")
     parser.add_argument("--ready-timeout", type=float, help="start: seconds a new container gets to answer /health "
                         "and /version before start rolls back (default 300; the launch stage passes the site's "

@@ -8,7 +8,7 @@ import os
 import stat
 import sys
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.api_key import api_key_from
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.api_key import api_keys_from
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError as LaunchError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_NAME
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import register_secret
@@ -84,7 +84,12 @@ def load_record(path):
 
 
 def read_api_key(path):
-    """The engine API key from a 0600 (or 0400) file of one line."""
+    """The engine API key (the first line: api_keys_from's rule) from its 0600 (or 0400) file."""
+    return read_api_keys(path)[0]
+
+
+def read_api_keys(path):
+    """The keys of the engine API key file: [key] or, during a rotation, [key, previous] (_common/api_key.py)."""
     if not path:
         raise LaunchError("role env NARWHAL_API_KEY_FILE is not set; install writes the engine key file")
     try:
@@ -93,11 +98,12 @@ def read_api_key(path):
         raise LaunchError("NARWHAL_API_KEY_FILE %s: %s; rerun install to write the engine key"
                           % (path, "a symlink loop" if exc.errno == errno.ELOOP else exc.strerror or exc))
     if st.st_mode & 0o077:  # refused before the key is read
-        api_key_from(b"", st.st_mode, path)
+        api_keys_from(b"", st.st_mode, path)
     text = _read_text(path, "NARWHAL_API_KEY_FILE", "rerun install to write the engine key")
-    key = api_key_from(text.encode("utf-8"), st.st_mode, path)  # prepare's rule for the same file
-    register_secret(key)  # from now on redacted from every message of this process
-    return key
+    keys = api_keys_from(text.encode("utf-8"), st.st_mode, path)  # prepare's rule for the same file
+    for key in keys:
+        register_secret(key)  # from now on redacted from every message of this process
+    return keys
 
 
 def launcher_path():

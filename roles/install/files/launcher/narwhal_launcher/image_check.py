@@ -10,7 +10,6 @@ import pkgutil
 import sys
 import time
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import API_KEY_ENV
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.versions import version_tuple
 from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import EngineAPIError, NotFound
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.args import LEASE_EXTRA_KEY, SSM_LAYOUT_ENV
@@ -172,8 +171,9 @@ def _module_failures(report, spec, name, what):
 
 
 def _guard_failures(report, spec, image_id):
-    """The key guard loads in the image's own Python as vLLM loads a --middleware class, and refuses a request
-    without the key while /health passes (in_image.py::key_guard)."""
+    """The key guard loads in the image's own Python as vLLM loads a --middleware class, refuses a request without
+    the key while /health passes, and accepts the engine's key, which it reads from the mounted key file as the
+    image's user (in_image.py::key_guard)."""
     entry = report.get("key_guard") or {}
     if not entry.get("ok"):
         return ["the key guard %s does not load in image %s's own Python (%s): vllm serve --middleware would end the "
@@ -187,6 +187,12 @@ def _guard_failures(report, spec, image_id):
                             "and GET /health with %s (not 200): it is not narwhal.deploy's guard; rerun prepare so "
                             "that install puts the collection's guard in <checkout>/guard"
                             % (found.get("middleware"), image_id, found.get("refused"), found.get("open")))
+        elif found.get("keyed") != 200:
+            failures.append("the key guard %s in image %s does not accept the engine's own key (GET /v1/models with "
+                            "it: %s): it reads the key from <checkout>/secrets/engine-api.key (mode 0600, owner root), "
+                            "mounted read-only at /narwhal/secrets, as the image's user; run the image as root (as its "
+                            "TLS key is read too) and rerun prepare so that install puts the key there"
+                            % (found.get("middleware"), image_id, found.get("keyed")))
     return failures
 
 
@@ -329,9 +335,10 @@ def verify_image(api, plan):
 
 
 def run_check_container(api, plan, spec):
-    """Run in_image.py in a short-lived container of the recorded image ID: no network, the model mount
-    read-only, the plan's environment (no API key) and devices; the container is removed afterwards."""
-    environment = {k: v for k, v in plan["environment"].items() if k != API_KEY_ENV}
+    """Run in_image.py in a short-lived container of the recorded image ID: no network, the plan's mounts read-only
+    (the key file's directory among them: the guard's check reads it as the engine would), the plan's environment
+    (no key) and devices; the container is removed afterwards."""
+    environment = dict(plan["environment"])
     name = "%s%s-%s" % (CHECK_PREFIX, plan["engine"], os.urandom(4).hex())
     kwargs = {
         "entrypoint": ["python3"],

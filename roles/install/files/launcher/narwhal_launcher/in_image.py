@@ -160,9 +160,10 @@ def kv_lease_read(spec):
     return sorted(found)
 
 
-async def _request(guard_class, path):
-    """The status the middleware class answers GET `path` with (no Authorization header), the app behind it answering
-    200: one ASGI request driven with asyncio, as uvicorn drives vLLM's app."""
+async def _request(guard_class, path, key=None):
+    """The status the middleware class answers GET `path` with (with `key`: `Authorization: Bearer <key>`, else no
+    such header), the app behind it answering 200: one ASGI request driven with asyncio, as uvicorn drives vLLM's
+    app."""
     sent = []
 
     async def app(scope, receive, send):
@@ -176,16 +177,33 @@ async def _request(guard_class, path):
         sent.append(message)
 
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
-             "path": path, "raw_path": path.encode("ascii"), "root_path": "", "query_string": b"", "headers": []}
+             "path": path, "raw_path": path.encode("ascii"), "root_path": "", "query_string": b"",
+             "headers": [(b"authorization", ("Bearer " + key).encode("latin-1"))] if key else []}
     await guard_class(app)(scope, receive, send)
     return next((m.get("status") for m in sent if m.get("type") == "http.response.start"), None)
+
+
+def _keyed(guard_class):
+    """The status GET /v1/models with the engine's key answers through the guard, or why it could not be asked: the
+    key is the first line of the file NARWHAL_GUARD_KEY_FILE names (the plan's environment and mount), read as the
+    image's user reads it, as the guard does. Only the status is reported, never the key."""
+    import asyncio
+    path = os.environ.get("NARWHAL_GUARD_KEY_FILE", "")
+    if not path:
+        return "NARWHAL_GUARD_KEY_FILE is not set"
+    try:
+        with open(path, "rb") as handle:
+            key = handle.read(65537).decode("utf-8", "replace").split("\n", 1)[0].strip()
+    except OSError as exc:
+        return "cannot read %s: %s" % (path, exc.strerror or exc)
+    return asyncio.run(_request(guard_class, "/v1/models", key))
 
 
 def key_guard(spec):
     """Each --middleware of the plan (the key guard) imported as vLLM 0.32.0 imports it
     (entrypoints/serve/middleware/register.py: module_path, object_name = rsplit("."); getattr(import_module(...));
     a class is added with app.add_middleware), from the plan's PYTHONPATH and mounts; then a request without the key
-    (GET /v1/models) and one to /health through it."""
+    (GET /v1/models), one with the engine's key (_keyed) and one to /health through it."""
     import asyncio
     import inspect
     found = []
@@ -195,7 +213,7 @@ def key_guard(spec):
         if not inspect.isclass(imported):
             raise TypeError("%s is not a class" % name)
         found.append({"middleware": name, "file": inspect.getsourcefile(imported),
-                      "refused": asyncio.run(_request(imported, "/v1/models")),
+                      "refused": asyncio.run(_request(imported, "/v1/models")), "keyed": _keyed(imported),
                       "open": asyncio.run(_request(imported, "/health"))})
     return found
 

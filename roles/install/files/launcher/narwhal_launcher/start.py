@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import API_KEY_ENV, redact_text
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import redact_text
 from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import EngineAPIError, NotFound
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import TLS_TARGET
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.labels import (
@@ -319,8 +319,7 @@ def _create_and_wait(api, prepared, found, checked, timeout, directory, interval
     container_id = None
     try:
         try:
-            body = api.plan_config(plan, create_labels(plan, run_id, digest), prepared.group_ids,
-                                   {API_KEY_ENV: api_key})
+            body = api.plan_config(plan, create_labels(plan, run_id, digest), prepared.group_ids)
             container_id = api.create(plan["name"], body)["Id"]
             api.start(container_id)
         except EngineAPIError as exc:

@@ -82,3 +82,25 @@ def test_a_ca_file_the_host_lacks_is_named(tmp_path):
         run_step(FakeModule(_params(tmp_path, ca_file=str(tmp_path / "tls" / "ca.crt"))), api)
     assert "ca_file %s is not on this host" % (tmp_path / "tls" / "ca.crt") in stop.value.args[0]["msg"]
     assert not api.bodies
+
+
+@pytest.mark.parametrize("text", ["new-key\n", "new-key", "new-key\nold-key\n"])
+def test_the_load_generator_gets_the_first_line_of_the_key_file(tmp_path, text):
+    """The container's /bin/sh -c WRAPPER hands `vllm bench serve` the key file's first line as OPENAI_API_KEY: the
+    key, also while a rotation has the previous key on a second line (a newline in a Bearer token breaks every
+    request)."""
+    import os
+    import subprocess
+
+    from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import KEY
+    from ansible_collections.narwhal.deploy.plugins.module_utils._bench.serve import WRAPPER
+
+    (tmp_path / "api.key").write_text(text)
+    (tmp_path / "bin").mkdir()
+    fake = tmp_path / "bin" / "vllm"  # what the wrapper execs: prints the key it was given and its arguments
+    fake.write_text('#!/bin/sh\nprintf "%s|%s" "$OPENAI_API_KEY" "$*"\n')
+    fake.chmod(0o755)
+    proc = subprocess.run(["/bin/sh", "-c", WRAPPER.replace(KEY, str(tmp_path / "api.key")), "vllm-bench", "--x"],
+                          capture_output=True, text=True, check=True,
+                          env=dict(os.environ, PATH="%s:%s" % (tmp_path / "bin", os.environ["PATH"])))
+    assert proc.stdout == "new-key|bench serve --x"

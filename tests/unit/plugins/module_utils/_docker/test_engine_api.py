@@ -178,11 +178,10 @@ def _plan_labels(plan):
     return MODULES["labels"].create_labels(plan, "r1", "f" * 64)
 
 
-def _sdk_create_kwargs(plan, api_key, group_ids):
+def _sdk_create_kwargs(plan, group_ids):
     """The reference: docker-py's client.containers.create(...) keyword arguments of a plan, as the launcher called
     the SDK before it spoke the Engine API (the same container, the SDK's own translation)."""
     environment = dict(plan["environment"])
-    environment["VLLM_API_KEY"] = api_key
     groups = [group_ids.get(g) for g in plan["group_add"]]
     logs = {"log_config": dict(plan["log_config"])} if "log_config" in plan else {}
     return dict(logs, **{
@@ -207,7 +206,7 @@ def _example_plans():
 
 def _launcher_kwargs():
     """SDK keyword arguments of the NVIDIA and the ROCm/RDMA example plans, the check container's, image facts'."""
-    cases = [_sdk_create_kwargs(plan, "key", GROUP_IDS) for plan in _example_plans()]
+    cases = [_sdk_create_kwargs(plan, GROUP_IDS) for plan in _example_plans()]
     cases.append({"image": "sha256:" + "a" * 64, "entrypoint": ["python3", "-c", "print(1)"], "command": ["vllm"],
                   "network_mode": "none", "labels": {"org.narwhal.deploy.image-facts": "version-probe"},
                   "environment": {"PYTHONDONTWRITEBYTECODE": "1"}})
@@ -256,17 +255,30 @@ def test_the_body_is_the_one_the_sdk_sends(case, tmp_path, monkeypatch):
 @pytest.mark.parametrize("case", range(2), ids=["nvidia", "rocm-rdma"])
 def test_the_plan_body_is_the_one_the_sdk_sends_for_the_plan(case, tmp_path, monkeypatch):
     """The launcher's one translation, plan -> create body (plan_config), is the body the SDK sends for the same
-    container; the API key reaches only the body."""
+    container."""
     docker = pytest.importorskip("docker")
     (tmp_path / "config.json").write_text(json.dumps({"proxies": {"default": {"httpProxy": "http://proxy:3128"}}}))
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
     monkeypatch.delenv("DOCKER_HOST", raising=False)
     plan = _example_plans()[case]
-    expected = _sdk_body(docker, monkeypatch, _sdk_create_kwargs(plan, "secret-key-1", GROUP_IDS))[0]
+    expected = _sdk_body(docker, monkeypatch, _sdk_create_kwargs(plan, GROUP_IDS))[0]
     client = _engine_api.Client.from_env()
-    body = client.plan_config(plan, _plan_labels(plan), GROUP_IDS, {"VLLM_API_KEY": "secret-key-1"})
+    body = client.plan_config(plan, _plan_labels(plan), GROUP_IDS)
     assert json.loads(json.dumps(body)) == expected
-    assert "VLLM_API_KEY=secret-key-1" in body["Env"] and "secret-key-1" not in json.dumps(plan)
+
+
+@pytest.mark.parametrize("case", range(2), ids=["nvidia", "rocm-rdma"])
+def test_the_engines_container_carries_no_key(case):
+    """What `docker inspect` shows of an engine (Config.Env, Cmd, Labels: the create body) holds no key: VLLM_API_KEY
+    is empty (vLLM's own check off), the guard finds the key file through NARWHAL_GUARD_KEY_FILE, in the key file's
+    own directory mounted read-only; no --api-key."""
+    plan = _example_plans()[case]
+    body = _engine_api.plan_body(plan, _plan_labels(plan), GROUP_IDS)
+    env = [e for e in body["Env"] if e.split("=", 1)[0] in ("VLLM_API_KEY", "NARWHAL_GUARD_KEY_FILE")]
+    assert env == ["NARWHAL_GUARD_KEY_FILE=/narwhal/secrets/api-key", "VLLM_API_KEY="]
+    assert {"Target": "/narwhal/secrets", "Source": "/opt/narwhal/secrets", "Type": "bind",
+            "ReadOnly": True} in body["HostConfig"]["Mounts"]
+    assert not [a for a in body["Cmd"] if a.startswith("--api-key")]
 
 
 @needs_docker
@@ -282,16 +294,16 @@ def test_the_launcher_makes_the_container_the_sdk_made(api):
         # the model, the key guard and (engine-2) the TLS directory mounted: each from a directory of this host
         tls = {"NARWHAL_TLS_DIR": "/tmp", "NARWHAL_TLS_CERT_SHA256": "c" * 64} if engine == "engine-2" else {}
         plan = MODULES["plan"].container_spec(rec, role_env(engine, **tls))
-        assert len(plan["mounts"]) == (3 if tls else 2)
+        assert len(plan["mounts"]) == (4 if tls else 3)
         for mount in plan["mounts"]:
             mount["source"] = "/tmp"
-        kwargs = _sdk_create_kwargs(plan, "key", GROUP_IDS)
+        kwargs = _sdk_create_kwargs(plan, GROUP_IDS)
         kwargs["labels"][LABEL] = str(os.getpid())
         suffix = uuid.uuid4().hex[:8]
         sdk_kwargs = dict(_sdk_kwargs(docker, kwargs), name="narwhal-test-sdk-%s" % suffix)
         theirs = client.containers.create(**sdk_kwargs).attrs
         labels = dict(_plan_labels(plan), **{LABEL: str(os.getpid())})
-        body = api.plan_config(plan, labels, GROUP_IDS, {"VLLM_API_KEY": "key"})
+        body = api.plan_config(plan, labels, GROUP_IDS)
         ours = api.container(api.create("narwhal-test-engineapi-%s" % suffix, body)["Id"])
         for key in ("Config", "HostConfig"):
             assert ours[key] == theirs[key], key

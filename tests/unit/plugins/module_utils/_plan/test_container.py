@@ -1,7 +1,9 @@
 """The contract of the one planner: for every record the tests build, what prepare records in the manifest
 (derive: environment, vllm_args, container, plan hash) is exactly what the launcher snapshot plans and starts
 on the host (plan.json written by the zipapp), and the record discovery writes is one the launcher accepts."""
+import copy
 import json
+import posixpath
 import subprocess
 import sys
 
@@ -11,6 +13,8 @@ from test_support.paths import HAND_LAUNCH_CONFIG, REPO
 from test_support.records import amd, build, host, image, model, nv_pair, rdma_pair
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts import gpu as _gpu
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import SECRETS_TARGET
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.labels import plan_hash
 from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.checks import derive
 
 CHECKOUT = "/opt/narwhal"
@@ -65,9 +69,21 @@ def _host_plans(tmp_path, sites, access=None):
                                   capture_output=True, text=True, check=False)
             assert proc.returncode == 0, (name, engine, proc.stderr)
             host_plan = json.loads((where / "runs" / "r1" / "plan.json").read_text())
-            assert host_plan["plan_hash"] == derived["plan_hash"], (name, engine)
-            assert host_plan["plan"] == derived["container"], (name, engine)
+            # the one difference: the key file's directory (the test's, not <checkout>/secrets), which is mounted
+            expected = _with_key_dir(derived["container"], posixpath.dirname(env["NARWHAL_API_KEY_FILE"]))
+            assert derived["plan_hash"] == plan_hash(derived["container"]), (name, engine)
+            assert host_plan["plan_hash"] == plan_hash(expected), (name, engine)
+            assert host_plan["plan"] == expected, (name, engine)
             yield name, engine, derived, host_plan
+
+
+def _with_key_dir(plan, folder):
+    """`plan` with the key file's directory mounted from `folder`."""
+    plan = copy.deepcopy(plan)
+    [mount] = [m for m in plan["mounts"] if m["target"] == SECRETS_TARGET]
+    assert mount["source"] == CHECKOUT + "/secrets" and mount["read_only"]
+    mount["source"] = folder
+    return plan
 
 
 def test_manifest_equals_the_launchers_plan_for_every_record(tmp_path):
@@ -90,8 +106,9 @@ def test_who_gets_in_is_planned_alike_by_prepare_and_the_launcher(tmp_path):
         command = host_plan["plan"]["command"]
         assert command[command.index("--host") + 1] == "::"
         assert command[command.index("--ssl-keyfile") + 1] == "/narwhal/tls/server.key"
-        assert [m["target"] for m in host_plan["plan"]["mounts"]][1:] == ["/narwhal/guard", "/narwhal/tls"]
-        assert host_plan["plan"]["mounts"][2]["source"] == "%s/tls/%s" % (CHECKOUT, engine)
+        assert [m["target"] for m in host_plan["plan"]["mounts"]][1:] == ["/narwhal/guard", "/narwhal/secrets",
+                                                                          "/narwhal/tls"]
+        assert host_plan["plan"]["mounts"][3]["source"] == "%s/tls/%s" % (CHECKOUT, engine)
         assert host_plan["plan"]["labels"]["org.narwhal.tls-cert-sha256"] == "c" * 64
 
 
@@ -225,10 +242,12 @@ def test_the_log_inputs_are_the_records_runtime_log_and_the_containers_log_confi
         assert argv[at:at + 6] == ["--log-driver", "local", "--log-opt", "max-file=3", "--log-opt", "max-size=20m"]
 
 
-# The plan hashes of the hand-shaped records (no runtime.log) at ee6dc23, before runtime.log existed: an engine
-# started from such a record is not replaced by a launcher that knows runtime.log. Change them only on purpose.
-OLD_HASHES = {"engine-1": "be0c0c01964dcb92abe635dc80a551cd3632ec089ddd384c3244036261897db2",
-              "engine-2": "26ec30537551db2dc4b7ec9385935c2216290882b51c7f44176f215191c9ee52"}
+# The plan hashes of the hand-shaped records (no runtime.log): an engine started from such a record is not replaced
+# by a launcher that knows runtime.log. Change them only on purpose: at ee6dc23, before runtime.log existed, they
+# were be0c0c01... and 26ec3053...; issue 36's key rotation changed them (the key left the environment: VLLM_API_KEY
+# empty, NARWHAL_GUARD_KEY_FILE and the key file's directory mounted), one replace of every engine on upgrade.
+OLD_HASHES = {"engine-1": "18b4a68a6ce1e449b642fd7277e1ec77fd7a7e7465e03d7010c53387d826dcf6",
+              "engine-2": "e9088b8ca483810f2f4d0f0f2684b751fc9b6caa3c1428f4b409cd6b04b9feaa"}
 
 
 @pytest.mark.parametrize("engine", sorted(OLD_HASHES))

@@ -164,7 +164,8 @@ def test_derive_nvidia_tcp(records):
         "UCX_TLS": "tcp,cuda_copy,cuda_ipc,sm,self",
         "VLLM_NIXL_SIDE_CHANNEL_HOST": "172.31.241.11",
         "VLLM_NIXL_SIDE_CHANNEL_PORT": "5600",
-        "VLLM_API_KEY": "<redacted>",
+        "VLLM_API_KEY": "",  # vLLM's own check off: no key in the plan, the guard reads the key file
+        "NARWHAL_GUARD_KEY_FILE": "/narwhal/secrets/engine-api.key",
         "PYTHONPATH": "/narwhal/guard",
     }
     # the container's whole environment: the record's image env plus what the launcher manages
@@ -202,7 +203,9 @@ def test_derive_role_env_and_paths(records):
         "record": "/srv/narwhal/config/engine-launch.engine-1.json",
         "role_env": "/srv/narwhal/config/engine-1.env",
         "launcher": "/srv/narwhal/bin/launch_engine.pyz",
-        "api_key": "/srv/narwhal/config/engine-api.key",
+        "secrets_dir": "/srv/narwhal/secrets",
+        "api_key": "/srv/narwhal/secrets/engine-api.key",
+        "former_api_key": "/srv/narwhal/config/engine-api.key",
         "run_dir": "/srv/narwhal/runs/run-0123456789ab",
         "guard_dir": "/srv/narwhal/guard",
         "guard": "/srv/narwhal/guard/narwhal_guard.py",
@@ -221,7 +224,7 @@ def test_derive_role_env_and_paths(records):
         "NARWHAL_ADVERTISED_ADDRESS": "172.31.241.11",
         "NARWHAL_SIDE_CHANNEL_PORT": "5600",
         "NARWHAL_FABRIC_INTERFACE": "eth1",
-        "NARWHAL_API_KEY_FILE": "/srv/narwhal/config/engine-api.key",
+        "NARWHAL_API_KEY_FILE": "/srv/narwhal/secrets/engine-api.key",
         "NARWHAL_RUN_ID": "run-0123456789ab",
         "NARWHAL_RUN_DIR": "/srv/narwhal/runs/run-0123456789ab",
         "NARWHAL_BIND_ADDRESS": "172.31.241.11",

@@ -46,7 +46,7 @@ def good_report(**overrides):
         "tokenizer": {"ok": True, "value": "PreTrainedTokenizerFast"},
         "serve_args": {"ok": True, "value": {"model": "/models/tiny-llama"}},
         "key_guard": {"ok": True, "value": [{"middleware": "narwhal_guard.KeyGuard", "refused": 401, "open": 200,
-                                             "file": "/narwhal/guard/narwhal_guard.py"}]},
+                                             "keyed": 200, "file": "/narwhal/guard/narwhal_guard.py"}]},
     }
     report.update(overrides)
     return report
@@ -115,9 +115,20 @@ def test_decide_success():
      r"the key guard narwhal_guard.KeyGuard does not load in image sha256:abc's own Python \(ModuleNotFoundError: "
      r"No module named 'narwhal_guard'\): vllm serve --middleware would end the engine's start; .* rerun prepare"),
     ({"key_guard": None}, r"the key guard narwhal_guard.KeyGuard does not load .* \(no result\)"),
-    ({"key_guard": {"ok": True, "value": [{"middleware": "narwhal_guard.KeyGuard", "refused": 200, "open": 200}]}},
+    ({"key_guard": {"ok": True, "value": [{"middleware": "narwhal_guard.KeyGuard", "refused": 200, "open": 200,
+                                           "keyed": 200}]}},
      r"the key guard narwhal_guard.KeyGuard in image sha256:abc answered GET /v1/models without the key with 200 "
      r"\(not 401\)"),
+    ({"key_guard": {"ok": True, "value": [{"middleware": "narwhal_guard.KeyGuard", "refused": 401, "open": 200,
+                                           "keyed": "cannot read /narwhal/secrets/engine-api.key: Permission "
+                                                    "denied"}]}},
+     r"the key guard narwhal_guard.KeyGuard in image sha256:abc does not accept the engine's own key \(GET "
+     r"/v1/models with it: cannot read /narwhal/secrets/engine-api.key: Permission denied\): it reads the key from "
+     r"<checkout>/secrets/engine-api.key \(mode 0600, owner root\), mounted read-only at /narwhal/secrets, as the "
+     r"image's user; run the image as root"),
+    ({"key_guard": {"ok": True, "value": [{"middleware": "narwhal_guard.KeyGuard", "refused": 401, "open": 200,
+                                           "keyed": 401}]}},
+     r"does not accept the engine's own key \(GET /v1/models with it: 401\)"),
 ])
 def test_decide_failures(overrides, message):
     with pytest.raises(le.LaunchError, match=message):
@@ -240,10 +251,11 @@ def test_serve_args_bad_kv_transfer_config(standin_vllm, monkeypatch):
 
 
 @pytest.mark.parametrize("key", [None, "a-key-baked-into-the-image"])
-def test_the_observer_loads_the_guard_as_vllm_does_and_drives_two_requests(monkeypatch, key):
+def test_the_observer_loads_the_guard_as_vllm_does_and_drives_three_requests(monkeypatch, tmp_path, key):
     """in_image.py::key_guard imports --middleware's class from PYTHONPATH (the guard's mount) as vLLM's register.py
-    does and asks it for /v1/models without the key (refused, whatever key the image's environment holds) and
-    /health (through); a module that is not there, or a middleware that is not a class, is a failed result."""
+    does and asks it for /v1/models without the key (refused, whatever key the image's environment holds), with the
+    key of the file NARWHAL_GUARD_KEY_FILE names (accepted; read as the image's user) and /health (through); a
+    module that is not there, or a middleware that is not a class, is a failed result."""
     observer = MODULES["in_image"]
     monkeypatch.syspath_prepend(str(GUARD.parent))
     monkeypatch.delitem(sys.modules, "narwhal_guard", raising=False)
@@ -251,10 +263,20 @@ def test_the_observer_loads_the_guard_as_vllm_does_and_drives_two_requests(monke
         monkeypatch.delenv("VLLM_API_KEY", raising=False)
     else:
         monkeypatch.setenv("VLLM_API_KEY", key)
+    key_file = tmp_path / "engine-api.key"
+    key_file.write_text("the-engines-key\nthe-previous-key\n")
+    monkeypatch.setenv("NARWHAL_GUARD_KEY_FILE", str(key_file))
     found = observer.attempt(lambda: observer.key_guard({"middleware": ["narwhal_guard.KeyGuard"]}))
     assert found["ok"], found
     assert found["value"] == [{"middleware": "narwhal_guard.KeyGuard", "file": str(GUARD), "refused": 401,
-                               "open": 200}]
+                               "keyed": 200, "open": 200}]
+    monkeypatch.setenv("NARWHAL_GUARD_KEY_FILE", str(tmp_path / "absent.key"))
+    found = observer.attempt(lambda: observer.key_guard({"middleware": ["narwhal_guard.KeyGuard"]}))
+    assert found["value"][0]["keyed"] == "cannot read %s: No such file or directory" % (tmp_path / "absent.key")
+    key_file.write_text("the-engines-key\nthe-previous-key\na-third-line\n")  # the guard refuses the file
+    monkeypatch.setenv("NARWHAL_GUARD_KEY_FILE", str(key_file))
+    found = observer.attempt(lambda: observer.key_guard({"middleware": ["narwhal_guard.KeyGuard"]}))
+    assert found["value"][0]["keyed"] == 401
     missing = observer.attempt(lambda: observer.key_guard({"middleware": ["narwhal_guard_gone.KeyGuard"]}))
     assert missing == {"ok": False, "error": "ModuleNotFoundError: No module named 'narwhal_guard_gone'"}
     function = observer.attempt(lambda: observer.key_guard({"middleware": ["narwhal_guard._digest"]}))

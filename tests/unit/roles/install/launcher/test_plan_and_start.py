@@ -77,6 +77,8 @@ def test_nvidia_plan():
     assert plan["mounts"] == [{"type": "bind", "source": "/srv/models/tiny-llama", "target": "/models/tiny-llama",
                                "read_only": True},
                               {"type": "bind", "source": "/opt/narwhal/guard", "target": "/narwhal/guard",
+                               "read_only": True},
+                              {"type": "bind", "source": "/opt/narwhal/secrets", "target": "/narwhal/secrets",
                                "read_only": True}]
     env = plan["environment"]
     assert env["CUDA_VISIBLE_DEVICES"] == UUIDS
@@ -84,7 +86,8 @@ def test_nvidia_plan():
     assert env["UCX_TLS"] == "tcp,cuda_copy,cuda_ipc,sm,self"
     assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "172.31.241.11"
     assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"
-    assert env["VLLM_API_KEY"] == "<redacted>"
+    assert env["VLLM_API_KEY"] == ""  # vLLM's own check off: the guard is the check
+    assert env["NARWHAL_GUARD_KEY_FILE"] == "/narwhal/secrets/api-key"  # role env NARWHAL_API_KEY_FILE, mounted
     assert env["NIXL_PLUGIN_DIR"] == "/usr/local/lib/python3.11/dist-packages/nixl_cu12.libs/nixl"
     assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
     assert env["PYTHONPATH"] == "/narwhal/guard"
@@ -105,10 +108,12 @@ def test_nvidia_docker_run_argv():
     assert argv[11:13] == ["--gpus", '"device=0,1,2,3,4,5,6,7"']
     assert "--device" not in argv
     assert ["--mount", "type=bind,source=/srv/models/tiny-llama,target=/models/tiny-llama,readonly",
-            "--mount", "type=bind,source=/opt/narwhal/guard,target=/narwhal/guard,readonly"] == argv[13:17]
+            "--mount", "type=bind,source=/opt/narwhal/guard,target=/narwhal/guard,readonly",
+            "--mount", "type=bind,source=/opt/narwhal/secrets,target=/narwhal/secrets,readonly"] == argv[13:19]
     assert "org.narwhal.plan-hash=%s" % le.plan_hash(plan) in argv
     assert "org.narwhal.engine=engine-1" in argv
-    assert "VLLM_API_KEY=<redacted>" in argv and "UCX_LOG_LEVEL=info" in argv
+    assert "VLLM_API_KEY=" in argv and "NARWHAL_GUARD_KEY_FILE=/narwhal/secrets/api-key" in argv
+    assert "UCX_LOG_LEVEL=info" in argv
     tail = argv.index("--entrypoint")
     assert argv[tail:tail + 5] == ["--entrypoint", "vllm", plan["image"], "serve", "/models/tiny-llama"]
     assert argv[-6:] == ["--dtype", "bfloat16", "--kv-cache-dtype", "auto", "--block-size", "16"]
@@ -180,10 +185,11 @@ def test_tls_serves_the_installed_certificate_and_a_new_one_replaces_the_engine(
                                   "/narwhal/tls/server.crt", "--ssl-keyfile", "/narwhal/tls/server.key"]
     assert plan["mounts"][1:] == [
         {"type": "bind", "source": "/opt/narwhal/guard", "target": "/narwhal/guard", "read_only": True},
+        {"type": "bind", "source": "/opt/narwhal/secrets", "target": "/narwhal/secrets", "read_only": True},
         {"type": "bind", "source": "/opt/narwhal/tls/engine-1", "target": "/narwhal/tls", "read_only": True}]
     assert plan["labels"]["org.narwhal.tls-cert-sha256"] == cert
     off = le.build_plan(role_env(), record("engine-1"))
-    assert not [w for w in off["command"] if w.startswith("--ssl")] and len(off["mounts"]) == 2
+    assert not [w for w in off["command"] if w.startswith("--ssl")] and len(off["mounts"]) == 3
     assert "org.narwhal.tls-cert-sha256" not in off["labels"]
     digest = le.plan_hash(plan)
     assert le.plan_hash(le.build_plan(dict(env, NARWHAL_TLS_CERT_SHA256="d" * 64), record("engine-1"))) != digest
@@ -388,9 +394,11 @@ def test_plan_hash_stable_and_sensitive():
     shuffled = dict(reversed(list(shuffled.items())))
     env = dict(reversed(list(role_env().items())))
     assert le.plan_hash(le.build_plan(env, shuffled)) == h
-    plan = le.build_plan(role_env(), rec)
-    plan["environment"]["VLLM_API_KEY"] = SECRET  # the key never enters the hash
-    assert le.plan_hash(plan) == h
+    keyed = [le.build_plan(role_env(), rec) for _plan in range(2)]
+    keyed[0]["environment"]["VLLM_API_KEY"], keyed[1]["environment"]["VLLM_API_KEY"] = SECRET, "an-older-key-0123"
+    assert le.plan_hash(keyed[0]) == le.plan_hash(keyed[1])  # a key in a plan (as before issue 36) is not hashed
+    # the key file's place is planned (its directory is mounted), its content is not (the guard reads it)
+    assert le.plan_hash(le.build_plan(role_env(NARWHAL_API_KEY_FILE="/srv/other/secrets/api-key"), rec)) != h
     rec2 = json.loads(json.dumps(rec))
     rec2["runtime"]["extra_args"] = ["--max-num-seqs", "8"]
     assert le.plan_hash(le.build_plan(role_env(), rec2)) != h
@@ -398,6 +406,38 @@ def test_plan_hash_stable_and_sensitive():
     assert le.plan_hash(le.build_plan(role_env(NARWHAL_HTTP_PORT="8001"), rec)) != h
     rec["runtime"]["block_size"] = 32
     assert le.plan_hash(le.build_plan(role_env(), rec)) != h
+
+
+def test_start_creates_the_container_without_the_key(tmp_path, monkeypatch):
+    """What the launcher's start sends the daemon (the create body, what `docker inspect` then shows) holds no key,
+    although start read the key file: the engine's guard reads it through the mounted secrets directory."""
+    from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import plan_body
+
+    env_path, env = write_inputs(tmp_path, record("engine-1"))
+    prepared = le.prepare(str(env_path))
+
+    class API:
+        body = None
+
+        def plan_config(self, plan, labels, group_ids=None):
+            return plan_body(plan, labels, group_ids)
+
+        def create(self, name, body):
+            API.body = body
+            return {"Id": "c" * 64}
+
+        def start(self, container_id):
+            pass
+
+    start = MODULES["start"]
+    monkeypatch.setattr(start, "set_aside", lambda api, found, plan: None)
+    monkeypatch.setattr(start, "_wait_started", lambda *args: None)
+    assert start._create_and_wait(API(), prepared, {}, {}, 10, str(tmp_path), 0.1, SECRET, {}) == ("c" * 64, None)
+    assert SECRET not in json.dumps(API.body)
+    assert "VLLM_API_KEY=" in API.body["Env"] and "NARWHAL_GUARD_KEY_FILE=/narwhal/secrets/engine-api.key" in \
+        API.body["Env"]
+    assert {"Target": "/narwhal/secrets", "Source": str(tmp_path / "secrets"), "Type": "bind",
+            "ReadOnly": True} in API.body["HostConfig"]["Mounts"]
 
 
 # ------------------------------------------------------------------------------------------ CLI
@@ -416,7 +456,7 @@ def test_cli_plan_writes_plan_without_key(tmp_path):
     data = json.loads(text)
     assert data["plan_hash"] == le.plan_hash(data["plan"])
     assert data["argv"] == le.docker_run_argv(data["plan"], run_id="r1")
-    assert "VLLM_API_KEY=<redacted>" in data["argv"]
+    assert "VLLM_API_KEY=" in data["argv"] and not [a for a in data["argv"] if SECRET in a]
     # the creating run is a label of the container, outside the hashed plan
     assert "org.narwhal.run-id=r1" in data["argv"] and "org.narwhal.run-id" not in json.dumps(data["plan"])
     assert data["launcher_sha256"] == hashlib.sha256(launcher.read_bytes()).hexdigest()
@@ -512,19 +552,37 @@ def test_start_refuses_missing_host_inputs(tmp_path):
 # ------------------------------------------------------------------------------------------ docker
 
 
-def _models(address, port):
-    """The served model name from /v1/models with the API key (the stand-in answers within seconds)."""
+NEW_SECRET = "n3w-s3cr3t-Key-fedcba9876543210"
+
+
+def _write_key(path, text):
+    """The engine host's key file rewritten as install's copy does: a new file renamed over it."""
+    new = path + ".new"
+    with open(os.open(new, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as handle:
+        handle.write(text)
+    os.replace(new, path)
+
+
+def _models(address, port, key=SECRET, want=200):
+    """The served model name from /v1/models with `key` (the stand-in answers within seconds; a new key file is
+    read by the guard within a second); `want`=401: the status once the key is refused."""
     import time
+    import urllib.error
     import urllib.request
 
     request = urllib.request.Request("http://%s:%d/v1/models" % (address, port),
-                                     headers={"Authorization": "Bearer " + SECRET})
+                                     headers={"Authorization": "Bearer " + key})
     for _attempt in range(40):
         try:
             with urllib.request.urlopen(request, timeout=2) as answer:
-                return json.loads(answer.read())["data"][0]["id"]
+                if want == 200:
+                    return json.loads(answer.read())["data"][0]["id"]
+        except urllib.error.HTTPError as exc:
+            if exc.code == want:
+                return exc.code
         except OSError:
-            time.sleep(0.25)
+            pass
+        time.sleep(0.25)
     return None
 
 
@@ -572,7 +630,8 @@ def test_start_standin_container(tmp_path, capsys, monkeypatch):
         assert attrs["Config"]["Image"] == image.id
         container_env = dict(e.split("=", 1) for e in attrs["Config"]["Env"])
         for key, value in plan["environment"].items():
-            assert container_env[key] == (SECRET if key == "VLLM_API_KEY" else value), key
+            assert container_env[key] == value, key
+        assert container_env["VLLM_API_KEY"] == "" and SECRET not in json.dumps(attrs)  # docker inspect: no key
         assert attrs["Config"]["Labels"]["org.narwhal.plan-hash"] == plan_data["plan_hash"]
         assert attrs["Config"]["Labels"]["org.narwhal.engine"] == engine
         host = attrs["HostConfig"]
@@ -580,10 +639,20 @@ def test_start_standin_container(tmp_path, capsys, monkeypatch):
         assert not host.get("Devices") and not host.get("DeviceRequests")
         assert host["RestartPolicy"]["Name"] == "unless-stopped"
         assert [(m["Source"], m["Target"], m["ReadOnly"]) for m in host["Mounts"]] == [
-            (str(model), "/models/tiny-llama", True), (env["NARWHAL_GUARD_DIR"], "/narwhal/guard", True)]
+            (str(model), "/models/tiny-llama", True), (env["NARWHAL_GUARD_DIR"], "/narwhal/guard", True),
+            (os.path.dirname(env["NARWHAL_API_KEY_FILE"]), "/narwhal/secrets", True)]
         assert first["launcher_sha256"] == le.launcher_sha256() and first["image_id"] == image.id
         assert SECRET not in (pathlib.Path(env["NARWHAL_RUN_DIR"]) / "deployment.json").read_text()
         assert _models(address, ports[0]) == "tiny-llama", client.containers.get(test_name).logs()[-2000:]
+        # a key rotation: the new key on the first line, the old one on the second, replaced by rename as install
+        # does; the engine's guard takes both within a second, then the new one alone - no restart
+        _write_key(env["NARWHAL_API_KEY_FILE"], "%s\n%s\n" % (NEW_SECRET, SECRET))
+        assert _models(address, ports[0], NEW_SECRET) == _models(address, ports[0]) == "tiny-llama"
+        _write_key(env["NARWHAL_API_KEY_FILE"], NEW_SECRET + "\n")
+        assert _models(address, ports[0], SECRET, want=401) == 401
+        assert _models(address, ports[0], NEW_SECRET) == "tiny-llama"
+        _write_key(env["NARWHAL_API_KEY_FILE"], SECRET + "\n")
+        assert _models(address, ports[0]) == "tiny-llama"
         capsys.readouterr()
         assert le.main(["--role-env", str(env_path), "start"]) == 0
         assert capsys.readouterr().out.strip() == "unchanged"
