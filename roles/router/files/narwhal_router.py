@@ -343,24 +343,6 @@ def steer(sock):
     return index
 
 
-async def pump(reader, writer):
-    """Bytes from `reader` to `writer` as they arrive, until the reader's end (then the writer's end: a half-close
-    where the transport has one, else close) or an error (close)."""
-    try:
-        while True:
-            data = await reader.read(CHUNK)
-            if not data:
-                break
-            writer.write(data)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-            return
-    except (OSError, asyncio.IncompleteReadError):
-        pass
-    writer.close()
-
-
 # The relays in flight, held here: the event loop keeps only weak references to tasks, and asyncio's stream protocol
 # drops its reference to the connection's task when the client's side closes (asyncio/streams.py,
 # StreamReaderProtocol.connection_lost) and holds the readers weakly, so a relay whose client has gone while it waits
@@ -369,24 +351,114 @@ async def pump(reader, writer):
 RELAYS = set()
 
 
+# A request the draining vllm-router closed unread is sent again to the serving one (Link.replay): at most this many
+# bytes of a request are kept until the first byte of its answer.
+REPLAY_MAX = 1 << 20
+
+
+class Link:
+    """One client connection relayed to vllm-router, with what it sent since the last byte that came back.
+
+    A reload drains the previous vllm-router (SIGTERM): it finishes what it holds and closes its idle kept-alive
+    connections. A client that sends its next request on such a connection at that moment (HTTP/1.1 keep-alive's
+    race, RFC 9112 section 9.3.1) gets the connection closed with no answer: measured once in 390 requests of
+    bench/day_two.py's replace-prefill (the OpenAI client with max_retries=0: "Server disconnected without sending a
+    response"). The front owns the client's connection, so it closes nothing: when the connection to a vllm-router
+    that is no longer the serving one ends with bytes sent and not one byte answered since, those bytes (the request
+    it never read) go to the serving vllm-router on a new connection, and the client's connection goes on. Only then:
+    a vllm-router that is still the serving one and ends a connection unanswered (it failed) ends the client's as
+    before, and so does one that answered part of it. (A request the draining one held unanswered until it was
+    killed, NARWHAL_ROUTER_DRAIN_TIMEOUT later, is sent again too: the serving one answers it.)"""
+
+    def __init__(self, upstream, client_reader, client_writer):
+        self.upstream, self.client_reader, self.client_writer = upstream, client_reader, client_writer
+        self.target, self.up_writer, self.pending, self.keep = None, None, bytearray(), True
+
+    async def connect(self):
+        """A connection to the serving vllm-router -> its reader (self.target, self.up_writer set), or None."""
+        target = self.upstream()
+        if target is None:
+            return None
+        try:
+            reader, writer = await asyncio.open_connection(target[0], int(target[1]))
+        except OSError:
+            return None
+        self.target, self.up_writer = target, writer
+        return reader
+
+    async def from_client(self):
+        """The client's bytes to the vllm-router of the moment, kept until an answer starts (within REPLAY_MAX)."""
+        try:
+            while True:
+                data = await self.client_reader.read(CHUNK)
+                if not data:
+                    break
+                if self.keep and len(self.pending) + len(data) <= REPLAY_MAX:
+                    self.pending += data
+                else:
+                    self.keep, self.pending = False, bytearray()
+                try:
+                    self.up_writer.write(data)
+                    await self.up_writer.drain()
+                except OSError:
+                    if not self.keep:
+                        raise
+            if self.up_writer.can_write_eof():
+                self.up_writer.write_eof()
+                return
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        self.up_writer.close()
+
+    async def to_client(self, reader):
+        """vllm-router's bytes to the client; a connection the draining vllm-router ended unanswered is replayed."""
+        while True:
+            try:
+                data = await reader.read(CHUNK)
+            except (OSError, asyncio.IncompleteReadError):
+                data = b""
+            if data:
+                self.pending, self.keep = bytearray(), True  # an answer started: what was sent is being answered
+                try:
+                    self.client_writer.write(data)
+                    await self.client_writer.drain()
+                except OSError:
+                    break
+                continue
+            if self.pending and self.keep and self.upstream() not in (None, self.target):
+                old = self.up_writer
+                reader = await self.connect()
+                old.close()
+                if reader is not None:
+                    self.up_writer.write(bytes(self.pending))
+                    say("front: a request the previous vllm-router closed unread went to the serving one")
+                    continue
+            if self.client_writer.can_write_eof() and not self.client_writer.is_closing():
+                try:
+                    self.client_writer.write_eof()
+                    return
+                except OSError:
+                    pass
+            break
+        self.client_writer.close()
+
+
 async def relay(upstream, client_reader, client_writer):
     """One client connection (its TLS handshake done) to vllm-router on loopback, both ways. `upstream`: a
-    function -> (host, port) of the serving child, or None when none serves; asked once, when the client connects."""
+    function -> (host, port) of the serving child, or None when none serves; asked when the client connects, and
+    again for a request the draining child closed unread (Link)."""
     task = asyncio.current_task()
     RELAYS.add(task)
+    link = Link(upstream, client_reader, client_writer)
     try:
-        target = upstream()
-        try:
-            if target is None:
-                raise OSError("no vllm-router")
-            up_reader, up_writer = await asyncio.open_connection(target[0], int(target[1]))
-        except OSError:
+        reader = await link.connect()
+        if reader is None:
             client_writer.close()  # vllm-router does not listen (yet): the client sees the connection closed
             return
         try:
-            await asyncio.gather(pump(client_reader, up_writer), pump(up_reader, client_writer))
+            await asyncio.gather(link.from_client(), link.to_client(reader))
         finally:
-            up_writer.close()
+            link.up_writer.close()
             client_writer.close()
     finally:
         RELAYS.discard(task)

@@ -270,3 +270,59 @@ def test_sigterm_stops_listening_and_drains_what_is_in_flight(router):
     assert slow["answer"][0] == 200 and time.time() - started > SlowDoor.DELAY_S, slow  # it was in flight
     assert front.wait(30) == 0 and _gone(child)
     assert "drains (at most 20 s)" in router["log"].read_text(errors="replace")
+
+
+def _replay_case(switch):
+    """A client connection through the front's relay to upstream A, which reads the next request and closes the
+    connection unanswered (a draining vllm-router closing an idle kept-alive connection as the request arrives);
+    `switch`: B serves by then (a reload happened) -> what the client read, and what each upstream received."""
+    import asyncio
+
+    received = {"a": b"", "b": b""}
+
+    async def run():
+        async def upstream_a(reader, writer):
+            received["a"] += await reader.read(65536)  # the first request: answered
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nA")
+            await writer.drain()
+            received["a"] += await reader.read(65536)  # the next one: read, then the connection ends unanswered
+            writer.close()
+
+        async def upstream_b(reader, writer):
+            received["b"] += await reader.read(65536)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nB")
+            await writer.drain()
+            writer.close()
+
+        a = await asyncio.start_server(upstream_a, "127.0.0.1", 0)
+        b = await asyncio.start_server(upstream_b, "127.0.0.1", 0)
+        serving = [a.sockets[0].getsockname()[:2]]
+        front = await asyncio.start_server(lambda r, w: FRONT.relay(lambda: serving[0], r, w), "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection(*front.sockets[0].getsockname()[:2])
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}")
+        first = await asyncio.wait_for(reader.readexactly(39), 5)
+        if switch:
+            serving[0] = b.sockets[0].getsockname()[:2]
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n[]")
+        second = await asyncio.wait_for(reader.read(65536), 5)
+        writer.close()
+        for server in (front, a, b):
+            server.close()
+        return first, second
+
+    first, second = asyncio.run(run())
+    return first, second, received
+
+
+def test_a_request_the_draining_router_closed_unread_goes_to_the_serving_one():
+    first, second, received = _replay_case(switch=True)
+    assert first.endswith(b"\r\n\r\nA")
+    assert second.endswith(b"\r\n\r\nB"), second  # answered by the serving one, on the client's same connection
+    assert received["a"].endswith(b"[]")
+    assert received["b"] == b"POST /v1/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n[]"
+
+
+def test_a_request_the_serving_router_closed_unanswered_closes_the_client_connection():
+    first, second, received = _replay_case(switch=False)
+    assert first.endswith(b"\r\n\r\nA") and second == b""  # no answer, the connection closed: nothing was replayed
+    assert received["b"] == b""
