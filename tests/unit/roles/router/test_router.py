@@ -11,13 +11,14 @@ import threading
 import time
 
 import pytest
-from test_support.paths import REPO
+from test_support.paths import REPO, load_file
 from test_support.router import router_process
 from test_support.standin import engine_key_file, engine_process, write_key_file
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call
 from ansible_collections.narwhal.deploy.plugins.modules import router_traffic, router_workers
 
+GUARD = load_file("narwhal_guard", REPO / "roles" / "install" / "files" / "guard" / "narwhal_guard.py")
 KEY = "sk-narwhal-router-test-key-0123456789abcdef"
 
 
@@ -206,6 +207,9 @@ def _site(tmp_path, router, text, reload_number):
     reads it within a second), the router stage its copy in the router directory and reloads the router."""
     for name in ("1", "2"):
         write_key_file(engine_key_file(tmp_path, name), text)
+    # the router stage comes after install (prepare, launch and probe in between: tens of seconds); the guards read
+    # their files again within RECHECK_S, so the router never sends a key an engine does not accept yet
+    time.sleep(GUARD.RECHECK_S + 0.5)
     write_key_file(pathlib.Path(router["key_file"]), text)
     os.kill(router["proc"].pid, signal.SIGHUP)
     deadline = time.time() + 60
