@@ -64,8 +64,8 @@ class Client(threading.Thread):
         if self.conn is None:
             self.conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
         body = json.dumps(dict(BODY, prompt="client %d request %d" % (self.number, n)))
-        self.conn.request("POST", "/v1/completions", body, {"Authorization": "Bearer " + KEY,
-                                                              "Content-Type": "application/json"})
+        headers = {"Authorization": "Bearer " + KEY, "Content-Type": "application/json"}
+        self.conn.request("POST", "/v1/completions", body, headers)
         resp = self.conn.getresponse()
         data = resp.read()
         if not self.keep or resp.getheader("connection", "").lower() == "close":
@@ -190,8 +190,8 @@ def report(title, clients, rows):
         client.join(40)
     print(title)
     for what, serves, ended in rows:
-        print("   %-10s new router serving after %5.2f s, old router ended %5.2f s after its SIGTERM" % (what, serves,
-                                                                                                          ended))
+        print("   %-10s new router serving after %5.2f s, old router ended %5.2f s after its SIGTERM"
+              % (what, serves, ended))
     for kind, keep in (("new connection each", False), ("kept-alive", True)):
         group = [c for c in clients if c.keep == keep]
         print("   %-20s clients %d: requests %d, failed %d, kept-alive connections closed and opened again %d"

@@ -31,7 +31,7 @@ description:
     without it (started before the hand-over existed, its ports held without C(SO_REUSEPORT)) is stopped first and
     then replaced or restarted as before (clients are refused until the new one serves); RV(handover) says so.
   - A C(<name>-next) container left by an interrupted run is dealt with first - it takes the place of C(<name>) when
-    it serves (or C(<name>) is gone), else it is removed; RV(handover.leftover) says which.
+    it serves (or C(<name>) is gone), else it is removed; RV(handover) says which (its C(leftover)).
 options:
   state:
     description: What to do.

@@ -30,13 +30,14 @@ def allowed(bound, hosts):
 
 
 def lost_hosts(play_hosts, reached, engines, members, routers, roles, bound):
-    """-> {hosts, engines, routers, left_out, refused}: `hosts` the play's hosts that did not answer (in play order),
-    `engines` the engines with a lost host, `routers` the lost hosts of group routers, `left_out` the hosts that
-    answered but serve only a lost engine (the other hosts of an engine across hosts: the run leaves them out too),
-    `refused` None, or why the run stops here: more hosts lost than `bound` allows; `empty_role` None, or which
-    role of the play has no engine left (a run that changes the fleet stops on it too; status only reports it). `play_hosts`: ansible_play_hosts_all; `reached`: the hosts that answered; `engines`:
-    {inventory host: engine-<n>} (narwhal_engines); `members`: {engine-<n>: its hosts} (narwhal_members); `routers`:
-    group routers; `roles`: {engine-<n>: prefill|decode}."""
+    """-> {hosts, engines, routers, left_out, refused, empty_role}: `hosts` the play's hosts that did not answer (in
+    play order), `engines` the engines with a lost host, `routers` the lost hosts of group routers, `left_out` the
+    hosts that answered but serve only a lost engine (the other hosts of an engine across hosts: the run leaves them
+    out too), `refused` None, or why the run stops here: more hosts lost than `bound` allows; `empty_role` None, or
+    which role of the play has no engine left (a run that changes the fleet stops on it too; status only reports
+    it). `play_hosts`: ansible_play_hosts_all; `reached`: the hosts that answered; `engines`: {inventory host:
+    engine-<n>} (narwhal_engines); `members`: {engine-<n>: its hosts} (narwhal_members); `routers`: group routers;
+    `roles`: {engine-<n>: prefill|decode}."""
     answered = set(reached)
     lost = [h for h in play_hosts if h not in answered]
     lost_engines = []

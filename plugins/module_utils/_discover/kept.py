@@ -64,8 +64,8 @@ def bring_back(engine, hosts):
     names = " and ".join(hosts)
     return ("bring %s back (until `ansible %s -m ansible.builtin.ping` answers: power, network, ssh) and rerun "
             "discovery (ansible-playbook narwhal.deploy.discover), or take %s out of the fleet: remove %s from the "
-            "inventory and the NARWHAL_NODE_%d_* inputs from .env" % (names, hosts[0], engine, names,
-                                                                     engine_number(engine)))
+            "inventory and the NARWHAL_NODE_%d_* inputs from .env"
+            % (names, hosts[0], engine, names, engine_number(engine)))
 
 
 def unreachable(engine, hosts):
@@ -106,8 +106,8 @@ def _previous_set(read, paths):
         raise _MissingError("the sources index %s lists no files" % index_path)
     raw = read(launch_path)
     if raw is None or _sha(raw) != index.get("launch_config_sha256"):
-        raise _MissingError("the launch config %s is %s" % (launch_path, "missing" if raw is None else
-                                                       "not the one the sources index %s records" % index_path))
+        why = "missing" if raw is None else "not the one the sources index %s records" % index_path
+        raise _MissingError("the launch config %s is %s" % (launch_path, why))
     launch = _json(raw, "launch config %s" % launch_path)
     policy_path = os.path.join(config_dir, POLICY_FILE)
     raw = read(policy_path)
@@ -134,13 +134,13 @@ def _kept_engine(engine, env, previous, read, config_dir):
         raise _MissingError("the launch config has no record of it")
     if record["node"].get("address") != values["IP"]:
         raise _MissingError("its launch record's address %s is not deployment.env's %s%s=%s"
-                       % (record["node"].get("address"), prefix, "IP", values["IP"]))
+                            % (record["node"].get("address"), prefix, "IP", values["IP"]))
     for rank in range(len(record.get("members") or []) + 1):
         name = member_inspection(engine, rank)
         raw = read(os.path.join(config_dir, name))
         if raw is None or _sha(raw) != index["files"].get(name):
-            raise _MissingError("its inspection extract %s is %s" % (name, "missing" if raw is None else
-                                                                 "not the one the sources index records"))
+            why = "missing" if raw is None else "not the one the sources index records"
+            raise _MissingError("its inspection extract %s is %s" % (name, why))
         kept["extracts"][name] = raw.decode("utf-8")
     kept.update(record=record, host_id=record["node"].get("host_id") or engine)
     return kept

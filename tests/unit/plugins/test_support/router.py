@@ -89,7 +89,7 @@ def wait_serving(started, timeout=60):
         if "narwhal_router: serving" in text:
             return text
         if started["proc"].poll() is not None:
-            raise AssertionError("the router ended (%s) before it served: %s" % (started["proc"].returncode,
-                                                                                  text[-2000:]))
+            raise AssertionError("the router ended (%s) before it served: %s"
+                                 % (started["proc"].returncode, text[-2000:]))
         time.sleep(0.1)
     raise AssertionError("the router did not serve within %d s: %s" % (timeout, text[-2000:]))

@@ -12,7 +12,8 @@ ROLES = {"engine-1": "prefill", "engine-2": "decode", "engine-3": "prefill", "en
 PLAY = ["engine-1", "engine-2", "engine-3", "engine-4", "router-1"]
 
 
-def lose(*gone, bound="10%", engines=ENGINES, members=MEMBERS, play=PLAY):
+def lose(*gone, bound="10%", engines=None, members=None, play=None):
+    play, engines, members = play or PLAY, engines or ENGINES, members or MEMBERS
     return lost_hosts(play, [h for h in play if h not in gone], engines, members, ["router-1"], ROLES, bound)
 
 
@@ -53,7 +54,7 @@ def test_a_role_left_without_an_engine_stops_the_run():
     report = lose("engine-1", "engine-3", bound="50%")
     assert report["refused"] is None
     assert report["empty_role"].startswith("every prefill engine of the play is on a host that did not answer "
-                                        "(engine-1 on engine-1, engine-3 on engine-3)")
+                                           "(engine-1 on engine-1, engine-3 on engine-3)")
 
 
 def test_a_lost_router_host_is_named_as_a_router():

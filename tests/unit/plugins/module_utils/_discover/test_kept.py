@@ -141,7 +141,7 @@ def test_a_lost_engine_without_earlier_outputs_is_refused_and_nothing_is_written
              "so it would write a fleet without it", "bring gpu-c3 back", "ansible gpu-c3 -m ansible.builtin.ping",
              "rerun discovery (ansible-playbook narwhal.deploy.discover)", "take engine-3 out of the fleet",
              "remove gpu-c3 from the inventory and the NARWHAL_NODE_3_* inputs from .env"])
-    assert not [name for name in snapshot(root)]
+    assert not list(snapshot(root))
 
 
 @pytest.mark.parametrize("change, extra, key, words", [

@@ -161,8 +161,8 @@ def fresh(guard):
 @pytest.mark.parametrize("content", [None, "", "\n", "\n" + KEY + "\n", "%s\n%s\nthird\n" % (KEY, OLD),
                                      "%s\n\n%s\n" % (KEY, OLD), "%s\n%s\n" % (KEY, KEY), "key with space\n",
                                      "k\x00" + KEY, "unset"])
-def test_fail_closed_without_a_readable_key_file_that_keeps_the_rule(guard_module, key_file, monkeypatch, capsys,
-                                                                       content):
+def test_fail_closed_without_a_readable_key_file_that_keeps_the_rule(
+        guard_module, key_file, monkeypatch, capsys, content):
     """No NARWHAL_GUARD_KEY_FILE, no file, an empty one, an empty first line, three lines, an empty line between the
     two, a duplicate, a bad key: everything but the open paths is refused (no key of the file is accepted), and one
     line on stderr names the file and what is wrong, never a key."""
