@@ -27,7 +27,6 @@ Prints its figures; asserts nothing about time.
 """
 import argparse
 import http.client
-import json
 import select
 import signal
 import socket
@@ -42,36 +41,21 @@ sys.path[:0] = [str(REPO / "collections"), str(REPO / "tests" / "unit" / "plugin
                 str(REPO / "bench"), str(REPO / "roles" / "router" / "files")]
 
 import narwhal_router as script  # noqa: E402
+import router_reload  # noqa: E402 - bench/router_reload.py: its client
 from test_support.router import router_next, router_process, wait_serving  # noqa: E402
 from test_support.standin import engine_process  # noqa: E402
 
 KEY = "sk-narwhal-handover-bench-key-0123456789abcdef"
-BODY = {"model": "tiny", "prompt": "steady traffic", "max_tokens": 4}
 RETRY_PAUSE_S = 0.05
 
 
-class Client(threading.Thread):
-    """Completions one after another: on a new connection each (keep=False) or on one kept-alive connection ->
-    sent, failed, errors, reconnects, answered (the times of the 200 answers)."""
+class Client(router_reload.Client):
+    """router_reload.py's client (completions one after another, on a new connection each or on one kept-alive
+    connection) that also keeps `answered`, the times of its 200 answers, and pauses after a failure."""
 
     def __init__(self, host, port, keep, number):
-        super().__init__(daemon=True)
-        self.host, self.port, self.keep, self.number = host, port, keep, number
-        self.sent = self.failed = self.reconnects = 0
-        self.errors, self.answered, self.running, self.conn = [], [], True, None
-
-    def request(self, n):
-        if self.conn is None:
-            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
-        body = json.dumps(dict(BODY, prompt="client %d request %d" % (self.number, n)))
-        headers = {"Authorization": "Bearer " + KEY, "Content-Type": "application/json"}
-        self.conn.request("POST", "/v1/completions", body, headers)
-        resp = self.conn.getresponse()
-        data = resp.read()
-        if not self.keep or resp.getheader("connection", "").lower() == "close":
-            self.conn.close()
-            self.conn = None
-        return resp.status, data
+        super().__init__(host, port, keep, number, key=KEY)
+        self.answered = []
 
     def once(self, n):
         try:

@@ -43,9 +43,9 @@ BODY = {"model": "tiny", "prompt": "steady traffic", "max_tokens": 4}
 class Client(threading.Thread):
     """Completions one after another: on a new connection each (keep=False) or on one kept-alive connection."""
 
-    def __init__(self, host, port, keep, number):
+    def __init__(self, host, port, keep, number, key=KEY):
         super().__init__(daemon=True)
-        self.host, self.port, self.keep, self.number = host, port, keep, number
+        self.host, self.port, self.keep, self.number, self.key = host, port, keep, number, key
         self.sent = self.failed = self.reconnects = 0
         self.errors, self.running, self.conn = [], True, None
 
@@ -53,7 +53,7 @@ class Client(threading.Thread):
         if self.conn is None or not self.keep:
             self.conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
         body = json.dumps(dict(BODY, prompt="client %d request %d" % (self.number, n)))
-        headers = {"Authorization": "Bearer " + KEY, "Content-Type": "application/json"}
+        headers = {"Authorization": "Bearer " + self.key, "Content-Type": "application/json"}
         self.conn.request("POST", "/v1/completions", body, headers)
         resp = self.conn.getresponse()
         data = resp.read()
