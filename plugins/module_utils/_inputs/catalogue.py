@@ -47,6 +47,17 @@ INPUTS = [
     {"name": "NARWHAL_MODEL_PATH", "kind": "abspath", "required": True, "example": "/srv/models/Llama-3.1-8B-Instruct",
      "doc": "Checkpoint directory (Hugging Face format) on every engine host, mounted read-only into the engine. "
             "A trailing '/' is dropped (the default served model name is the last component)."},
+    {"name": "NARWHAL_MODEL_SOURCE", "kind": "path", "default": None, "example": None,
+     "doc": "Controller directory holding the checkpoint (Hugging Face format). Set: the deliver stage (first in site) "
+            "makes its manifest (sha256 of every file) once, in NARWHAL_CONFIG_DIR/model-manifest.json, and syncs it "
+            "to NARWHAL_MODEL_PATH on every engine host that does not hold it verified: rsync into a directory beside "
+            "(resumable), every file checked against the manifest, then moved into place. Unset: the checkpoint must "
+            "already be on every engine host (docs/delivery.md)."},
+    {"name": "NARWHAL_MODEL_VERIFY", "kind": "choice", "choices": ["fast", "full"], "default": "fast",
+     "example": "fast",
+     "doc": "How the deliver stage checks a checkpoint a host already holds against the manifest: fast (the size and "
+            "mtime of every file against what the last full check recorded on the host), or full (the sha256 of every "
+            "file again; for one run: NARWHAL_MODEL_VERIFY=full ansible-playbook narwhal.deploy.deliver)."},
     {"name": "NARWHAL_SERVED_MODEL_NAME", "kind": "model_name", "default": None, "example": "llama-3.1-8b",
      "doc": "Model name the engines serve; default: the last component of NARWHAL_MODEL_PATH. Letters, digits and "
             ". _ - + : @ /, starting with a letter or digit, no '.' or '..' component; the engines mount the "
@@ -180,6 +191,23 @@ INPUTS = [
     {"name": "NARWHAL_RUNS_DIR", "kind": "path", "default": "runs", "example": "runs",
      "doc": "Controller directory of prepared runs (runs/<run-id>/: manifest, role environments, records, launcher "
             "snapshot)."},
+    {"name": "NARWHAL_REGISTRY_AUTH_FILE", "kind": "path", "default": None, "example": None,
+     "doc": "Controller file with the registry credentials the deliver stage pulls images with: Docker's config.json "
+            "format ({\"auths\": {\"registry.example:5000\": {\"auth\": \"<base64 user:password>\"}}}, what docker "
+            "login writes), mode 0600. Sent to a host only for its pulls (0600, removed after); never in an argument, "
+            "a log, docker inspect, a record or a run. Unset: pulls are anonymous."},
+    {"name": "NARWHAL_REGISTRY_CA_FILE", "kind": "path", "default": None, "example": None,
+     "doc": "Controller file with the PEM CA certificate of a registry whose TLS certificate a private CA signed; "
+            "the deliver stage installs it as /etc/docker/certs.d/<registry>/ca.crt on the hosts that pull from it "
+            "(Docker reads it at each pull, no restart)."},
+    {"name": "NARWHAL_IMAGE_ARCHIVE_DIR", "kind": "path", "default": None, "example": None,
+     "doc": "Controller directory of docker save archives (<name>.tar, optionally <name>.tar.sha256 as sha256sum "
+            "writes it) for sites without a registry: an image a host lacks is copied from here (at most "
+            "NARWHAL_DELIVER_PARALLEL hosts at a time), its sha256 checked on the host, and loaded; a host that holds "
+            "the image gets nothing."},
+    {"name": "NARWHAL_DELIVER_PARALLEL", "kind": "int", "default": 4, "example": 4,
+     "doc": "How many hosts the deliver stage sends an archive or a checkpoint to, or pulls on, at a time (the "
+            "controller's and the registry's links are shared by all of them)."},
     {"name": "NARWHAL_ROUTER_IMAGE", "kind": "image", "default": None, "example": "narwhal/vllm-router:0.1.17",
      "doc": "Image of vLLM's P/D router (reference or ID) on every host of the inventory group routers; the router "
             "stage runs only when that group exists. It needs python3 and the vllm-router distribution at the "
