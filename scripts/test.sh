@@ -26,7 +26,8 @@ lint() {
 unit() {
   # pytest exits 5 when it collected nothing: that is a broken suite here, never a pass.
   local rc=0
-  python -m pytest -q tests/unit || rc=$?
+  # on every core (pytest-xdist), each test file on one worker (module fixtures such as a real router are set up once)
+  python -m pytest -q -n auto --dist loadfile tests/unit || rc=$?
   [ "$rc" = 5 ] && { echo "pytest collected no tests: failing" >&2; return 1; }
   return "$rc"
 }

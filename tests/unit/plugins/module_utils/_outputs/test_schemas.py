@@ -68,7 +68,14 @@ def _set(record, dotted, value):
     return record
 
 
-MISSING = object()
+class _Missing:
+    """A field left out of a record; its repr is stable, so test IDs are the same in every process (pytest-xdist)."""
+
+    def __repr__(self):
+        return "<missing>"
+
+
+MISSING = _Missing()
 
 # (field edited, value, the field the refusal names): hand edits of a record on the engine host
 HOSTILE = [
