@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: bootstrap demo demo-down real test lint unit sanity molecule bench bench-down day-two day-two-down docs clean-sim
+.PHONY: bootstrap demo demo-down real test lint unit sanity molecule bench bench-down day-two day-two-down delivery delivery-down docs clean-sim
 
 bootstrap:            ## venv, collections, Docker engine, harness images
 	scripts/bootstrap.sh
@@ -45,6 +45,12 @@ day-two: bootstrap    ## day-two operations under client traffic on a 2P2D simul
 
 day-two-down:         ## remove the day-two benchmark's simulated site (after an interrupted run or --keep)
 	bench/day_two.py --down
+
+delivery: bootstrap   ## deliver-stage figures: a checkpoint to 1/4/16 and an image pull on 1/16 bare simulated hosts vs the link (docs/delivery.md)
+	bench/delivery.py $(DELIVERY_ARGS)
+
+delivery-down:        ## remove the delivery benchmark's simulated site and stop its registry (after an interrupted run or --keep)
+	bench/delivery.py --down
 
 docs:                 ## regenerate .env.example, docs/inputs.md, the example launch config, the shapes and the roles' option tables
 	$(VENV)/bin/python scripts/gen-inputs.py

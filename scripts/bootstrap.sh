@@ -21,19 +21,24 @@ need_system() {  # apt packages the controller and the harness use
   # prometheus: the real Prometheus the unit tests scrape the stand-in engines and the router with
   # (tests/unit/roles/monitoring); they run the binary on a free port, never the package's service
   [ "$HARNESS" = 1 ] && pkgs+=(docker.io mmdebstrap prometheus)
+  # docker-registry (distribution 2.8) + apache2-utils (htpasswd -B), openssl, curl: the proving ground's registry
+  # (tests/harness/registry.sh runs the binary as a process of its own, never the package's service)
+  [ "$HARNESS" = 1 ] && pkgs+=(docker-registry apache2-utils openssl curl)
   local missing=()
   for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
   [ "${#missing[@]}" = 0 ] && return 0
   if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
     die "missing system packages: ${missing[*]}. This script installs them only as root on Debian/Ubuntu;
-install them with your package manager (Docker Engine, mmdebstrap, OpenSSH client, rsync, Prometheus), then rerun."
+install them with your package manager (Docker Engine, mmdebstrap, OpenSSH client, rsync, Prometheus, the distribution
+registry (docker-registry), htpasswd (apache2-utils), openssl, curl), then rerun."
   fi
   step "apt-get install ${missing[*]}"
   apt-get update -qq
-  # prometheus's postinst starts a daemon on :9090 where an init system runs: a policy-rc.d that refuses every start
-  # for the install (a Docker Engine installed with it is started by need_docker), then the service disabled
-  local guard="" rc=0
-  if [[ " ${missing[*]} " == *" prometheus "* ]] && [ ! -e /usr/sbin/policy-rc.d ]; then
+  # prometheus's and docker-registry's postinst start a daemon (:9090, :5000) where an init system runs: a policy-rc.d
+  # that refuses every start for the install (a Docker Engine installed with them is started by need_docker), then
+  # the services disabled
+  local guard="" rc=0 svc
+  if [[ " ${missing[*]} " =~ " "(prometheus|docker-registry)" " ]] && [ ! -e /usr/sbin/policy-rc.d ]; then
     guard=/usr/sbin/policy-rc.d
     printf '#!/bin/sh\n# scripts/bootstrap.sh: no service starts during its apt-get install\nexit 101\n' > "$guard"
     chmod 0755 "$guard"
@@ -41,13 +46,14 @@ install them with your package manager (Docker Engine, mmdebstrap, OpenSSH clien
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || rc=$?
   [ -n "$guard" ] && rm -f "$guard"
   [ "$rc" = 0 ] || die "apt-get install ${missing[*]} failed (exit $rc)"
-  if [[ " ${missing[*]} " == *" prometheus "* ]]; then
+  for svc in prometheus docker-registry; do
+    [[ " ${missing[*]} " == *" $svc "* ]] || continue
     if [ -d /run/systemd/system ]; then
-      systemctl disable --now prometheus >/dev/null 2>&1 || true
+      systemctl disable --now "$svc" >/dev/null 2>&1 || true
     elif command -v update-rc.d >/dev/null; then
-      update-rc.d prometheus disable >/dev/null 2>&1 || true
+      update-rc.d "$svc" disable >/dev/null 2>&1 || true
     fi
-  fi
+  done
   timing apt
 }
 

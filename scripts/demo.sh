@@ -1,21 +1,42 @@
 #!/usr/bin/env bash
 # The main job on the built-in simulated site: bring up two simulated engine hosts (SSH, own Docker
-# daemons, fake GPUs replaying real tool output) and a router host (vLLM's router image), run the pipeline
-# as far as it exists, print what it produced, tear the site down (KEEP=1 keeps it; `scripts/demo.sh down`
-# removes it).
+# daemons, fake GPUs replaying real tool output) and a router host, all bare (no image, no checkpoint); the
+# proving ground's registry (tests/harness/registry.sh: TLS from a test CA, htpasswd) on the site's management
+# gateway with the engine and router images pushed to it; run the pipeline, whose deliver stage pulls the images
+# and syncs the checkpoint; print what it produced, tear the site down and stop the registry (KEEP=1 keeps both;
+# `scripts/demo.sh down` removes them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 export PATH=$PWD/.venv/bin:$PATH ANSIBLE_COLLECTIONS_PATH=$PWD/collections
 SITE=tests/harness/sites/demo.yml
 STATE=.cache/narwhal-sim-demo
+ENV_FILE=tests/harness/sites/demo.env
+REGISTRY=$STATE/registry   # the registry's certificates, credentials, config, log and blobs (kept for the next demo)
 if [ "${1:-}" = down ]; then
   ansible-playbook -i localhost, tests/harness/site.yml -e @"$SITE" -e sim_state=absent
+  tests/harness/registry.sh down "$REGISTRY"
   exit 0
 fi
 start=$SECONDS
 ansible-playbook -i localhost, tests/harness/site.yml -e @"$SITE"
 echo "== site up in $((SECONDS - start)) s"
+# The registry listens on the management network's gateway, the controller's address on the network the hosts'
+# own dockerd pull over (their default route), and nowhere else; demo.env's references name it.
+env_value() { sed -n "s/^$1=//p" "$ENV_FILE"; }
+ref=$(env_value NARWHAL_IMAGE); hostport=${ref%%/*}
+gateway=$(docker network inspect -f '{{range .IPAM.Config}}{{.Gateway}}{{end}}' narwhal-sim-demo-mgmt)
+if [ "$gateway" != "${hostport%:*}" ]; then
+  echo "demo: $ENV_FILE names the registry ${hostport%:*}, the management network's gateway is '$gateway'" >&2
+  exit 1
+fi
+pushes=()
+for key in NARWHAL_IMAGE NARWHAL_ROUTER_IMAGE; do  # the local harness image of each reference, under its own name
+  ref=$(env_value "$key"); pushes+=("${ref#*/}=${ref#*/}")
+done
+t=$SECONDS
+tests/harness/registry.sh up "$REGISTRY" "${hostport%:*}" "${hostport##*:}" "${pushes[@]}"
+echo "== registry https://$hostport up and images pushed in $((SECONDS - t)) s"
 # The collection as an operator uses it: built, installed into a collections path, and run by FQCN from a
 # project directory of its own (.env, inventory, ansible.cfg; config/ and runs/ are written there).
 PROJECT=${NARWHAL_DEMO_PROJECT:-$PWD/$STATE/project}
@@ -25,7 +46,14 @@ ansible-galaxy collection build --force --output-path "$STATE/dist" . >/dev/null
 ansible-galaxy collection install --offline --force -p "$COLLECTIONS" "$STATE"/dist/narwhal-deploy-*.tar.gz >/dev/null
 echo "== collection installed: $(ls "$STATE"/dist) -> $COLLECTIONS"
 unset ANSIBLE_COLLECTIONS_PATH NARWHAL_ENV_FILE
-cp tests/harness/sites/demo.env "$PROJECT/.env"
+cp "$ENV_FILE" "$PROJECT/.env"
+# what demo.env names in the project: the registry's credentials (0600) and CA, the checkpoint to deliver
+mkdir -p "$PROJECT/registry"
+install -m 0600 "$REGISTRY/auth.json" "$PROJECT/registry/auth.json"
+install -m 0644 "$REGISTRY/ca.crt" "$PROJECT/registry/ca.crt"
+python tests/harness/models/shards.py "$PROJECT/models/tiny-llama" --like tests/harness/models/tiny-llama
+# a new site: the image pins of a former demo (another registry's digests) do not hold for it
+rm -f "$PROJECT/config/demo/image-pins.json"
 cp "$STATE/hosts.yml" "$PROJECT/inventory/hosts.yml"
 printf 'plugin: narwhal.deploy.fleet_groups\n' > "$PROJECT/inventory/narwhal.yml"
 printf '[defaults]\ninventory = inventory\ncollections_path = %s\nhost_key_checking = False\nforks = 32\n'\
@@ -51,6 +79,7 @@ for name, r in doc["engines"].items():
     print(f"    devices={len(r['accelerator_devices'])} transport={r['transfer']['transport']} "
           f"net={r['transfer']['net_devices']} image={rt['image_id'][:19]} pins={rt['expected_packages']} "
           f"block={rt['cache_plan']['block_size']} page={rt['cache_plan']['page_bytes']}B")
+    print(f"    delivered: image_digest={rt.get('image_digest')} model_manifest={rt.get('model_manifest')}")
 PY
 printf '\n== prepared runs (runs/)\n'
 find runs -maxdepth 4 -type f | sort | head -40
@@ -89,6 +118,7 @@ cd "$REPO"
 export ANSIBLE_COLLECTIONS_PATH=$REPO/collections
 if [ "${KEEP:-0}" != 1 ]; then
   ansible-playbook -i localhost, tests/harness/site.yml -e @"$SITE" -e sim_state=absent >/dev/null
-  echo "== site removed (KEEP=1 keeps it)"
+  tests/harness/registry.sh down "$REGISTRY"
+  echo "== site removed, registry stopped (KEEP=1 keeps both)"
 fi
 echo "== demo done in $((SECONDS - start)) s"

@@ -55,6 +55,7 @@ installed() {  # the built tarball installed into a fresh path; the demo site's 
   project=$(mktemp -d /tmp/narwhal-installed.XXXXXX)
   KEEP=1 NARWHAL_DEMO_PROJECT=$project scripts/demo.sh || rc=$?
   if [ "$rc" = 0 ]; then (cd "$project" && installed_day_two) || rc=$?; fi
+  if [ "$rc" = 0 ]; then (cd "$project" && installed_refusals "$OLDPWD") || rc=$?; fi
   scripts/demo.sh down >/dev/null || true
   rm -rf "$project"
   return "$rc"
@@ -85,6 +86,70 @@ installed_day_two() {  # in the project directory, with the installed collection
   step grep -Eq "$a +: ok=[0-9]+ +changed=0 " stop3.log
   step grep -Eq "$b +: ok=[0-9]+ +changed=0 " stop3.log
   return "$fail"
+}
+
+installed_refusals() {  # installed_refusals REPO: the deliver stage's refusals on the demo site (errexit is off here)
+  # Each a short deliver run with one input changed through the process environment (it overrides .env) or one host
+  # changed by docker exec; each refusal must name the host and the input to fix; the site is put back after each.
+  export ANSIBLE_COLLECTIONS_PATH=$PWD/collections
+  unset NARWHAL_ENV_FILE
+  local fail=0 a=gpu-a17.dc1.example b=gpu-b03.dc1.example reg=$1/.cache/narwhal-sim-demo/registry
+  local ref model hostport pinned shard=model-00002-of-00002.safetensors
+  ref=$(sed -n 's/^NARWHAL_IMAGE=//p' .env) model=$(sed -n 's/^NARWHAL_MODEL_PATH=//p' .env)
+  hostport=$(cat "$reg/address")
+  step() { echo "+ $*" >&2; "$@" || { echo "installed: FAILED: $*" >&2; fail=1; }; }
+  on() { docker exec -i "narwhal-sim-demo-$1" "${@:2}"; }
+  image_id() { on "$1" docker image inspect -f '{{.Id}}' "$ref"; }
+  # 1. a wrong password: engine-2's host lacks the image and pulls it with auth-wrong.json (the user, another password)
+  pinned=$(image_id "$a")
+  step on "$b" docker image rm -f "$(image_id "$b")"
+  step not with_env NARWHAL_REGISTRY_AUTH_FILE="$reg/auth-wrong.json" play deliver refuse-auth.log
+  step refused refuse-auth.log "$b" "$hostport" NARWHAL_REGISTRY_AUTH_FILE
+  step not grep -qF "$(cat "$reg/password")" refuse-auth.log  # neither password is ever shown
+  # 2. an unknown CA: NARWHAL_REGISTRY_CA_FILE names a CA that did not sign the registry's certificate
+  step not with_env NARWHAL_REGISTRY_CA_FILE="$reg/other-ca.crt" play deliver refuse-ca.log
+  step refused refuse-ca.log "$b" "$hostport" NARWHAL_REGISTRY_CA_FILE
+  step play deliver deliver-back.log  # the right CA and credentials: the host pulls the pinned image again
+  step test "$(image_id "$b")" = "$pinned"
+  # 3. a tag that moved: the registry's tag names another image (the CUDA stand-in) and engine-2's host pulled it
+  step "$1/tests/harness/registry.sh" push "$reg" "narwhal-sim/engine-standin:latest=${ref#*/}"
+  step on "$b" sh -c 'c=$(mktemp -d); docker --config "$c" login -u narwhal --password-stdin "$0" >/dev/null &&
+    docker --config "$c" pull -q "$1"; rc=$?; rm -rf "$c"; exit $rc' "$hostport" "$ref" < "$reg/password"
+  step not play deliver refuse-moved.log
+  step refused refuse-moved.log "$b" "$ref" deliver_image_repin
+  step "$1/tests/harness/registry.sh" push "$reg" "${ref#*/}=${ref#*/}"  # the tag back where the pin is
+  step on "$b" docker tag "$pinned" "$ref"
+  # 4. a damaged shard: one byte of a shard on engine-1's host changed, its size and mtime kept (the fast check
+  #    cannot see it): the full check names the host and the file, and the host gets the source's file again
+  step on "$a" sh -c 'f=$0; t=$(stat -c %y "$f"); v=$(dd if="$f" bs=1 skip=4096 count=1 status=none | od -An -tu1);
+    printf "\\$(printf %o $((255 - v)))" | dd of="$f" bs=1 seek=4096 conv=notrunc status=none; touch -d "$t" "$f"' \
+    "$model/$shard"
+  step not test "$(on "$a" sha256sum "$model/$shard" | cut -d' ' -f1)" = "$(sha256sum "models/tiny-llama/$shard" | cut -d' ' -f1)"
+  step with_env NARWHAL_MODEL_VERIFY=full play deliver repair-shard.log
+  step names repair-shard.log "$a" "$shard"
+  step test "$(on "$a" sha256sum "$model/$shard" | cut -d' ' -f1)" = "$(sha256sum "models/tiny-llama/$shard" | cut -d' ' -f1)"
+  # the site holds everything again: a deliver run changes nothing
+  step play deliver deliver-last.log
+  step grep -Eq "$a +: ok=[0-9]+ +changed=0 " deliver-last.log
+  step grep -Eq "$b +: ok=[0-9]+ +changed=0 " deliver-last.log
+  return "$fail"
+}
+
+names() {  # names LOG WORD...: one line of LOG holds every WORD
+  local log=$1; shift
+  awk -v n="$#" 'BEGIN { for (i = 1; i <= n; i++) w[i] = ARGV[i + 1]; ARGC = 2 }
+    { ok = 1; for (i = 1; i <= n; i++) if (index($0, w[i]) == 0) ok = 0; if (ok) { found = 1; exit } }
+    END { exit !found }' "$log" "$@"
+}
+
+refused() {  # refused LOG WORD...: one error line of LOG (fatal:, [ERROR], FAILED!) holds every WORD
+  local log=$1; shift
+  grep -E 'fatal:|\[ERROR\]|FAILED!' "$log" > "$log.errors" || return 1
+  names "$log.errors" "$@"
+}
+
+with_env() {  # with_env KEY=VALUE CMD...: CMD (a function too) with KEY set in its process environment
+  ( export "$1"; "${@:2}" )
 }
 
 play() {  # play BOOK ARGS... LOG: ansible-playbook narwhal.deploy.BOOK, output shown and kept in LOG
