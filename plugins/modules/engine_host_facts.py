@@ -118,7 +118,7 @@ ansible_facts:
       type: dict
       sample: {id: "sha256:6a0b...", cached: true}
     narwhal_model:
-      description: As returned by M(narwhal.deploy.model_facts).
+      description: As returned by M(narwhal.deploy.model_facts) (with C(manifest) when the checkpoint holds the deliver stage's).
       returned: always
       type: dict
       sample: {path: /srv/models/tiny-llama, dtype: bfloat16}

@@ -12,7 +12,8 @@ version_added: 0.1.0
 description:
   - Runs on the engine host during prepare, read-only. Checks that the Docker daemon answers (over its Engine
     API, with the Python standard library; neither this module nor the launcher needs the Docker SDK), that the
-    image with the recorded ID is present, that the model path exists and is readable, that every recorded device path
+    image with the recorded ID is present, that the model path exists and is readable (and its manifest, when the
+    deliver stage stamped one, readable and intact), that every recorded device path
     exists, that the fabric interface exists, can carry traffic (operstate UP or UNKNOWN, administratively up, no
     C(NO-CARRIER) flag) and still carries the recorded address, and that nothing else
     listens on the ports this host's part of the engine binds (its HTTP and attestation ports, except on a headless
@@ -121,6 +122,15 @@ image_id:
   returned: success
   type: str
   sample: sha256:c261354381582881da50c70a35a35bbe65b52c1b48cb2591b0c97e7291c60d18
+model_manifest:
+  description:
+    - The digest of the manifest the record's checkpoint (C(runtime.model_path)) holds now
+      (C(.narwhal-manifest.json), which the deliver stage writes), recomputed from its files map; null without one.
+      prepare_run's write stage compares it with the record's C(runtime.model_manifest). A manifest that cannot be
+      read or whose digest is not its files' is a missing prerequisite.
+  returned: success
+  type: str
+  sample: sha256:5d41402abc4b2a76b9719d911017c592ae2c5d3a3c1e5b7b8a9f0e1d2c3b4a59
 attestation:
   description:
     - The attestation port as found. C(url) asked, C(port), C(listening) (something listens on the port),

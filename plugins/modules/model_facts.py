@@ -18,6 +18,9 @@ description:
     planning.
   - A C(config.json) without C(model_type) and C(architectures) is not a Hugging Face config and fails the
     module, as do a missing directory, a missing C(config.json) and invalid JSON.
+  - When the directory holds C(.narwhal-manifest.json), the manifest the deliver stage wrote after its full check
+    of the checkpoint, it is read as C(manifest); one that is not JSON, has no files map or records a digest that is
+    not its files' fails the module, naming the file and the fix (rerun the deliver stage).
   - Read-only; never reports a change.
 options:
   path:
@@ -145,6 +148,18 @@ ansible_facts:
           type: int
           returned: always
           sample: 131072
+        manifest:
+          description:
+            - The checkpoint's manifest as the deliver stage stamped it (C(.narwhal-manifest.json)), with C(digest)
+              (C(sha256:) and the sha256 of the canonical JSON of the files map, recomputed here from the files) and
+              C(files) (each file's path relative to the directory, with its C(size) and C(sha256)).
+            - Discovery records the digest as the launch record's C(runtime.model_manifest); prepare compares it
+              across engines and with the source's manifest (docs/launch-record.md).
+          type: dict
+          returned: when the directory holds C(.narwhal-manifest.json)
+          sample:
+            digest: sha256:5d41402abc4b2a76b9719d911017c592ae2c5d3a3c1e5b7b8a9f0e1d2c3b4a59
+            files: {config.json: {size: 654, sha256: 398adf8b93f20e64d3a2b1c0e9f8a7b6c5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f0}}
 """
 
 from ansible.module_utils.basic import AnsibleModule

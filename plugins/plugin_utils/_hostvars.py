@@ -25,7 +25,7 @@ INTERFACE_FACT = "narwhal_interface"
 
 
 # the result of narwhal.deploy.engine_prereqs as the prepare role registers it: its image_id is the recorded image's
-# ID on the host now
+# ID on the host now, its model_manifest the digest of the checkpoint's manifest there now
 PREREQS_VAR = "prepare_prereqs"
 
 
@@ -36,10 +36,11 @@ def host_inspection(hostvars):
 
 def current_inspection(hostvars):
     """What prepare_run's write stage compares a record with: the GPUs and the fabric interface now
-    (narwhal_gpus, narwhal_interface, read again by the prepare role) and the recorded image's ID on the host."""
+    (narwhal_gpus, narwhal_interface, read again by the prepare role), the recorded image's ID on the host and the
+    digest of its checkpoint's manifest (prepare_prereqs.model_manifest)."""
     prereqs = hostvars.get(PREREQS_VAR) or {}
     return {"gpus": hostvars.get("narwhal_gpus"), "interface": hostvars.get(INTERFACE_FACT),
-            "image_id": prereqs.get("image_id")}
+            "image_id": prereqs.get("image_id"), "model_manifest": prereqs.get("model_manifest")}
 
 
 def _heads(hosts=None, members=None):

@@ -26,6 +26,9 @@ DEPLOYMENT_ENV = "deployment.env"
 INSPECTION_FILE = "engine-launch.%s.inspection.json"
 POLICY_FILE = "engine-launch.policy.json"
 SOURCES_FILE = "engine-launch.sources.json"
+# The manifest of NARWHAL_MODEL_SOURCE the deliver stage writes into NARWHAL_CONFIG_DIR (prepare compares the records'
+# runtime.model_manifest with its digest)
+MODEL_MANIFEST_FILE = "model-manifest.json"
 
 
 # The host variable that ties an inventory host of group engines to node <n> of .env (docs/inputs.md, "The inventory")

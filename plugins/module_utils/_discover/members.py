@@ -12,13 +12,15 @@ nixl/base_scheduler.py:77-80).
 
 The record of such an engine is the head's record (what the head runs) plus `members`, one entry per other host with
 what differs there: its GPUs, devices, rails, fabric address and side-channel ports. The image, the GPU product and
-count and the checkpoint must be the same on every host: anything else is refused by name here.
+count and the checkpoint must be the same on every host (its manifest too, when the deliver stage stamped it):
+anything else is refused by name here.
 """
 
 from __future__ import annotations
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import INSPECTION_FILE
+from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.manifest import STAMP, describe_difference
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.fleet import USABLE_OPERSTATES, select_address
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.model import record_geometry
 
@@ -65,6 +67,25 @@ def check_member(engine, head_host, head, host, facts, image_key):
           "copy the same checkpoint to NARWHAL_MODEL_PATH on every host of the engine")
     _same(engine, "the checkpoint's dtype", "NARWHAL_MODEL_PATH", head_host, head_model.get("dtype"), host,
           model.get("dtype"), "copy the same checkpoint to NARWHAL_MODEL_PATH on every host of the engine")
+    check_member_manifest(engine, head_host, head_model.get("manifest"), host, model.get("manifest"))
+
+
+def check_member_manifest(engine, head_host, head, host, found):
+    """Refuse a member host whose checkpoint manifest (the deliver stage's STAMP: narwhal_model.manifest, {digest,
+    files} or None) is not the head's, naming both digests and the files that differ (_deliver/manifest.py)."""
+    digest, other = (head or {}).get("digest"), (found or {}).get("digest")
+    if digest == other:
+        return
+    if digest and other:
+        what = "files that differ: %s" % describe_difference(head["files"], found["files"])
+    else:
+        what = "%s holds no manifest (%s)" % (head_host if other else host, STAMP)
+    raise InputError("NARWHAL_MODEL_PATH", "the hosts of %s differ in the checkpoint's manifest (%s of "
+                                           "NARWHAL_MODEL_PATH): its head %s has %s, %s has %s; %s; every host of an "
+                                           "engine across hosts serves the same weights: run the deliver stage "
+                                           "(NARWHAL_MODEL_SOURCE) so every host holds the source's checkpoint, then "
+                                           "rerun discovery (ansible-playbook narwhal.deploy.site)"
+                     % (engine, STAMP, head_host, digest or "none", host, other or "none", what))
 
 
 def member_entry(engine, n, rank, local, record, host, where, allocation, transfer, span, sources):

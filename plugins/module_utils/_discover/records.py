@@ -112,6 +112,8 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
         },
         "sources": dict(sources, visibility=reason_vis),
     }
+    if model.get("manifest"):  # the deliver stage's STAMP (_facts/checkpoint.py::read_stamp); none: as before
+        record["runtime"]["model_manifest"] = model["manifest"]["digest"]
     record["runtime"].update(lifecycle)
     record["runtime"]["log"] = log_fields(site)
     if dp > 1 or ep:

@@ -1,8 +1,9 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The one reader of a checkpoint directory on a host: config.json (or params.json), tokenizer_config.json
-and the names of the tokenizer files, each read as a bounded regular file (_common/tools.py); read_model is the
-same read for a module (narwhal_model), failing it with the message that names the path.
+"""The one reader of a checkpoint directory on a host: config.json (or params.json), tokenizer_config.json,
+the names of the tokenizer files and the manifest the deliver stage stamped there (_deliver/manifest.py's STAMP),
+each read as a bounded regular file (_common/tools.py); read_model is the same read for a module (narwhal_model),
+failing it with the message that names the path.
 """
 
 from __future__ import annotations
@@ -15,11 +16,20 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools impor
     path_kind,
     read_regular,
 )
+from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.manifest import (
+    STAMP,
+    canonical_files,
+    manifest_digest,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.model import (
     TOKENIZER_FILE_NAMES,
     ModelConfigError,
     model_facts,
 )
+
+# The largest STAMP read: a manifest entry is about 120 bytes, so this holds some 500 000 files (a checkpoint has
+# tens to thousands); a larger file is not one the deliver stage wrote.
+STAMP_MAX_BYTES = 64 * 1024 * 1024
 
 # --------------------------------------------------------------------------------------------------
 # the file-reading helper
@@ -93,10 +103,62 @@ def checkpoint_config_path(path):
     return config_path
 
 
-def read_checkpoint(path):
-    """Read ``config.json`` (+ ``tokenizer_config.json`` and tokenizer file names) below ``path``.
+# The fix of a damaged STAMP: the deliver stage checks the checkpoint against the source's manifest again and writes
+# the STAMP anew (roles/deliver, model_delivery state=commit); a site that does not deliver its checkpoint removes it.
+STAMP_FIX = ("rerun the deliver stage (ansible-playbook narwhal.deploy.deliver with NARWHAL_MODEL_SOURCE set), which "
+             "checks the checkpoint again and writes the file anew, then rerun discovery; on a site that does not "
+             "deliver its checkpoint, remove the file")
 
-    Returns the facts of :func:`model_facts`; raises ModelConfigError naming the path on any problem.
+
+def _stamp_files(stamp_path, document):
+    """The files map of a parsed STAMP, canonical ({rel: {size, sha256}}); ModelConfigError when it has none."""
+    files = document.get("files") if isinstance(document, dict) else None
+    try:
+        if not isinstance(files, dict) or not all(isinstance(rel, str) and isinstance(e, dict)
+                                                  for rel, e in files.items()):
+            raise TypeError("no files map")
+        return canonical_files(files)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelConfigError(f"the model manifest {stamp_path} is damaged (its files map: {exc}); {STAMP_FIX}") \
+            from None
+
+
+def read_stamp(path):
+    """The manifest checkpoint directory `path` holds (the STAMP the deliver stage wrote after its full check):
+    {"digest", "files"} with the digest recomputed from the files (manifest_digest), or None without a STAMP.
+    ModelConfigError naming the file and the fix (STAMP_FIX) when it is not a readable regular file, not JSON, has
+    no files map or a digest that is not its files'."""
+    stamp_path = os.path.join(path, STAMP)
+    try:
+        raw = read_regular(stamp_path, STAMP_MAX_BYTES)
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError) and not os.path.islink(stamp_path):
+            return None
+        raise ModelConfigError(f"cannot read the model manifest {stamp_path}: {exc.strerror or exc}; {STAMP_FIX}") \
+            from None
+    if len(raw) > STAMP_MAX_BYTES:
+        raise ModelConfigError(f"the model manifest {stamp_path} is larger than {STAMP_MAX_BYTES} bytes, not one the "
+                               f"deliver stage wrote; {STAMP_FIX}")
+    try:
+        document = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ModelConfigError(f"the model manifest {stamp_path} is not valid JSON ({exc.__class__.__name__}: "
+                               f"{exc}); {STAMP_FIX}") from None
+    files = _stamp_files(stamp_path, document)
+    digest = manifest_digest(files)
+    if document.get("digest") != digest:
+        raise ModelConfigError(f"the model manifest {stamp_path} records digest {document.get('digest')!r}, but its "
+                               f"files map has digest {digest}: the file was changed after the deliver stage wrote "
+                               f"it; {STAMP_FIX}")
+    return {"digest": digest, "files": files}
+
+
+def read_checkpoint(path):
+    """Read ``config.json`` (+ ``tokenizer_config.json``, tokenizer file names and the STAMP) below ``path``.
+
+    Returns the facts of :func:`model_facts`, with ``manifest`` (read_stamp) only when the checkpoint holds a STAMP
+    (so a checkpoint without one has the facts it had before delivery); raises ModelConfigError naming the path on
+    any problem.
     """
     config_path = checkpoint_config_path(path)
     config_bytes, config = load_json_file(config_path)
@@ -109,7 +171,11 @@ def read_checkpoint(path):
     except OSError as exc:
         raise ModelConfigError(f"cannot list {path}: {exc}") from None
     tokenizer_files = [name for name in names if name in TOKENIZER_FILE_NAMES or name.endswith(".tiktoken")]
-    return model_facts(path, config_bytes, config, tokenizer_config, tokenizer_files)
+    facts = model_facts(path, config_bytes, config, tokenizer_config, tokenizer_files)
+    manifest = read_stamp(path)
+    if manifest is not None:
+        facts["manifest"] = manifest
+    return facts
 
 
 def read_model(module, path):

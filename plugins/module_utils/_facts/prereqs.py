@@ -4,8 +4,8 @@
 plugins/modules/engine_prereqs.py, holds the documentation, the argument spec and main(); the work is here, as
 community.docker's plugins/modules/docker_container.py hands its module to
 plugins/module_utils/_module_container/module.py). An I/O edge that ships to the engine host: it asks the Docker
-daemon (_docker/engine_api.py), reads /proc, the model and the device paths, runs `ip` and GETs the attestation URL
-(_common/http.py::get_status). Read-only. Python 3.8 compatible."""
+daemon (_docker/engine_api.py), reads /proc, the model (its config and STAMP) and the device paths, runs `ip` and
+GETs the attestation URL (_common/http.py::get_status). Read-only. Python 3.8 compatible."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools impor
     run_bounded,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import Client, EngineAPIError
-from ansible_collections.narwhal.deploy.plugins.module_utils._facts.checkpoint import checkpoint_config_path
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.checkpoint import checkpoint_config_path, read_stamp
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.gpu_reader import read_gpus
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.interface_reader import read_link_speed
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts.model import ModelConfigError
@@ -206,6 +206,20 @@ def path_problems(record):
     return problems
 
 
+def model_manifest(record):
+    """(the digest of the checkpoint's STAMP now, or None without one; problems): prepare_run's stale check compares
+    it with the record's runtime.model_manifest. One small read (the digest is recomputed from the STAMP's files
+    map, no file of the checkpoint is hashed); a checkpoint directory that is missing is path_problems'."""
+    path = record["runtime"]["model_path"]
+    if not os.path.isdir(path):
+        return None, []
+    try:
+        found = read_stamp(path)
+    except ModelConfigError as exc:
+        return None, ["%s (NARWHAL_MODEL_PATH)" % exc]
+    return (found or {}).get("digest"), []
+
+
 def interface_problems(module, node):
     """prepare's one read of the fabric interface -> (problems, the interface as the fact narwhal_interface, or None).
     The fact is the current inspection prepare_run's write stage compares with the record. The address is checked
@@ -238,6 +252,8 @@ def run_module(module):
     node = record["node"]
     problems, image_id, own_container = docker_problems(module, record)
     problems += path_problems(record)
+    manifest, found = model_manifest(record)
+    problems += found
     found, interface = interface_problems(module, node)
     problems += found
     url = p["attestation_url"] or attestation_url(node["address"], node["attest_port"])
@@ -259,5 +275,5 @@ def run_module(module):
             held["held_differ"] = list(read_held(p["held"]))
         except HeldReadError as exc:
             module.fail_json(msg="held: %s" % exc)
-    module.exit_json(changed=False, image_id=image_id, python=sys.executable, attestation=attestation,
-                     ansible_facts=facts, **held)
+    module.exit_json(changed=False, image_id=image_id, model_manifest=manifest, python=sys.executable,
+                     attestation=attestation, ansible_facts=facts, **held)

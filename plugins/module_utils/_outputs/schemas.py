@@ -173,6 +173,9 @@ RECORD_SCHEMA = {
                                    "sliding_window": _COUNT, "use_mla": {"type": "boolean"},
                                    "ssm_state": {"type": ["string", "null"]}},
                 },
+                # the digest of the checkpoint's manifest the deliver stage stamped (_deliver/manifest.py); absent
+                # when the checkpoint has none
+                "model_manifest": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"},
             },
         },
         "sources": {"type": "object", "required": ["host", "image", "model", "policy", "allocation", "transfer"]},

@@ -43,6 +43,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._plan.fields import
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.labels import (
     ENGINE_LABEL,
     GUARD_LABEL,
+    MODEL_MANIFEST_LABEL,
     TLS_CERT_LABEL,
     create_labels,
     redacted,
@@ -274,6 +275,19 @@ def _model(record, role_env):
     return mount, model_path, served
 
 
+def model_labels(record):
+    """{MODEL_MANIFEST_LABEL: runtime.model_manifest} when the record has the checkpoint's manifest digest (the deliver
+    stage stamped the checkpoint), else {}: a record without one keeps the plan hash it had before the field existed.
+    Any other value than "sha256:" and 64 lower-case hex digits is refused naming the field."""
+    if "model_manifest" not in record["runtime"]:
+        return {}
+    digest = record_field(record, "runtime.model_manifest", str)
+    if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+        raise PlanError("launch record field runtime.model_manifest must be sha256:<64 hex digits> (the digest of the "
+                        "checkpoint's manifest), got %r; %s" % (digest, RERUN), "runtime.model_manifest")
+    return {MODEL_MANIFEST_LABEL: digest}
+
+
 def bind_address(role_env):
     """NARWHAL_BIND_ADDRESS, the address `vllm serve --host` binds: an IP address (the engine's advertised address,
     or NARWHAL_ENGINE_BIND, which may be 0.0.0.0 or ::), as ipaddress writes it."""
@@ -435,7 +449,7 @@ def container_spec(record, role_env):
         "ulimits": [{"name": "memlock", "soft": -1, "hard": -1}] if rdma else [],
         "security_opt": ["seccomp=unconfined"] if vendor == "amd" else [],
         "mounts": [{"type": "bind", "source": model_path, "target": mount, "read_only": True}] + access_mounts,
-        "labels": dict(access_labels, **{ENGINE_LABEL: engine}),
+        "labels": dict(access_labels, **model_labels(record), **{ENGINE_LABEL: engine}),
         "restart_policy": {"name": RESTART_POLICY},
     }
     if logs is not None:  # only then: a plan without it keeps the hash it had before runtime.log existed

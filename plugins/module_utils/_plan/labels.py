@@ -24,6 +24,10 @@ ENGINE_LABEL = "org.narwhal.engine"
 GUARD_LABEL = "org.narwhal.guard-sha256"
 TLS_CERT_LABEL = "org.narwhal.tls-cert-sha256"
 
+# In the plan (so in its hash) when the record has runtime.model_manifest: the digest of the checkpoint's manifest
+# (_deliver/manifest.py), so that new weights delivered to the hosts replace the engine (_plan/container.py)
+MODEL_MANIFEST_LABEL = "org.narwhal.model-manifest"
+
 
 # The run that created the container: set at create time next to the plan hash, never part of the plan (so the
 # hash stays run-independent and an unchanged engine survives a new run); `status` reads it to say which run serves.

@@ -14,7 +14,9 @@ import re
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import refuse_fleet_userinfo
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import REGENERATE, InputError, PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import INSPECTION_FILE
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.ports import bound_ports
+from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.manifest import STAMP, describe_difference
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import (
     FLEET_SCHEMA,
     MANIFEST_SCHEMA,
@@ -92,6 +94,76 @@ def shared_hosts(records):
                                              % (both, other, name, olo, ohi, lo, hi, REGENERATE))
 
 
+# The fix of a record whose weights are not the ones delivered: the deliver stage (first in site) puts the source's
+# checkpoint on every engine host, discovery records its manifest (docs/launch-record.md, runtime.model_manifest).
+DELIVER_THEN_DISCOVER = ("run the deliver stage, then discovery: ansible-playbook narwhal.deploy.site (or "
+                         "narwhal.deploy.deliver, then narwhal.deploy.discover), and prepare a new run")
+
+
+def _manifest_of(record):
+    return record["runtime"].get("model_manifest")
+
+
+def _files_difference(expected, found, how, where):
+    """'<how>: <the files that differ>' of two files maps, or where to compare them when either is not at hand."""
+    if expected is not None and found is not None:
+        return "%s: %s" % (how, describe_difference(expected, found))
+    return "compare the files maps (/model/manifest/files) of %s" % where
+
+
+def check_pair_manifests(records, files_of=lambda engine: None):
+    """Every prefill/decode pair serves one checkpoint: the records' runtime.model_manifest (the digest of the
+    manifest the deliver stage stamped on the engine's host) must be equal, and present on both or on neither.
+    `files_of(engine)`: the files map of the engine's manifest (its inspection extract's), or None when not at hand.
+    Raises InputError (NARWHAL_MODEL_PATH) naming both engines, both digests and the files that differ."""
+    prefill = [r for _e, r in sorted(records.items()) if r["role"] == "prefill"]
+    decode = [r for _e, r in sorted(records.items()) if r["role"] == "decode"]
+    for p in prefill:
+        for d in decode:
+            a, b = _manifest_of(p), _manifest_of(d)
+            if a == b:
+                continue
+            both = "%s (prefill) and %s (decode)" % (p["engine"], d["engine"])
+            if a and b:
+                extracts = "%s and %s in NARWHAL_CONFIG_DIR" % (INSPECTION_FILE % p["engine"],
+                                                                INSPECTION_FILE % d["engine"])
+                why = "serve different weights: runtime.model_manifest is %s on %s and %s on %s (%s)" % (
+                    a, p["engine"], b, d["engine"],
+                    _files_difference(files_of(p["engine"]), files_of(d["engine"]),
+                                      "the files of %s that differ from %s's" % (d["engine"], p["engine"]), extracts))
+            else:
+                has, lacks = (p, d) if a else (d, p)
+                why = ("cannot be shown to serve one checkpoint: %s has the manifest %s (runtime.model_manifest), %s "
+                       "has none (its host's checkpoint held no %s when discovery ran)"
+                       % (has["engine"], _manifest_of(has), lacks["engine"], STAMP))
+            raise InputError("NARWHAL_MODEL_PATH", "%s %s; a prefill/decode pair serves one checkpoint: %s"
+                             % (both, why, DELIVER_THEN_DISCOVER))
+
+
+def check_source_manifest(records, source, files_of=lambda engine: None):
+    """With NARWHAL_MODEL_SOURCE set, every record's runtime.model_manifest is the digest of the source's manifest
+    (`source`: {"path", "digest", "files"} of NARWHAL_CONFIG_DIR/model-manifest.json, which the deliver stage
+    writes). Raises InputError (NARWHAL_MODEL_SOURCE) naming the engine, both digests and the files that differ."""
+    for engine, record in sorted(records.items()):
+        digest = _manifest_of(record)
+        if digest == source["digest"]:
+            continue
+        if digest:
+            what = "has the checkpoint manifest %s (runtime.model_manifest)" % digest
+            files = " (%s)" % _files_difference(source["files"], files_of(engine),
+                                                "the files of %s that differ from the source's" % engine,
+                                                "%s in NARWHAL_CONFIG_DIR with %s's"
+                                                % (INSPECTION_FILE % engine, source["path"]))
+        else:
+            what = "has no checkpoint manifest (runtime.model_manifest: its host's checkpoint held no %s when " \
+                   "discovery ran)" % STAMP
+            files = ""
+        raise InputError("NARWHAL_MODEL_SOURCE", "the launch record of %s %s, but the manifest of NARWHAL_MODEL_SOURCE "
+                                                 "(%s) is %s%s: the record was not discovered from the checkpoint the "
+                                                 "deliver stage delivers; %s"
+                         % (engine, what, source["path"], source["digest"], files, DELIVER_THEN_DISCOVER))
+
+
 def _port_key(name, node):
     """The .env key that moves the port `name` of engine `node` (a number, or <n>)."""
     if name == "data-parallel RPC":
@@ -102,9 +174,9 @@ def _port_key(name, node):
 
 
 def stale(record, current):
-    """Compare a record with the current inspection of its host: GPUs, devices, address, image.
-    `current` = {"gpus": narwhal_gpus, "interface": narwhal_interface, "image_id": str|None,
-    "missing_devices": [...]}."""
+    """Compare a record with the current inspection of its host: GPUs, devices, address, image, the checkpoint's
+    manifest. `current` = {"gpus": narwhal_gpus, "interface": narwhal_interface, "image_id": str|None,
+    "model_manifest": the digest of the checkpoint's STAMP now (engine_prereqs) or None, "missing_devices": [...]}."""
     engine = record["engine"]
     fix = "the record of %s no longer matches its host: %%s; %s" % (engine, REGENERATE)
     gpus = current.get("gpus") or {}
@@ -132,6 +204,11 @@ def stale(record, current):
     if current.get("image_id") != record["runtime"]["image_id"]:
         raise InputError(engine, fix % ("image %s is %s on the host, recorded %s" % (
             record["runtime"]["image"], current.get("image_id") or "absent", record["runtime"]["image_id"])))
+    if current.get("model_manifest") != _manifest_of(record):  # the deliver stage's STAMP, read by engine_prereqs
+        raise InputError(engine, fix % ("the checkpoint %s holds the manifest %s (%s), recorded %s: weights were "
+                                        "delivered since discovery" % (
+                                            record["runtime"]["model_path"], current.get("model_manifest") or "none",
+                                            STAMP, _manifest_of(record) or "none")))
 
 
 def _derive_host(record, checkout, run_id, member=0, access=None):

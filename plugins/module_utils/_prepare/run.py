@@ -14,7 +14,13 @@ import os
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.api_key import API_KEY_MAX_BYTES, api_key_from
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import REGENERATE, InputError, PlanError
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_NAME, POLICY_FILE, SOURCES_FILE
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import (
+    ENGINE_NAME,
+    INSPECTION_FILE,
+    MODEL_MANIFEST_FILE,
+    POLICY_FILE,
+    SOURCES_FILE,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.step import StepError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import (
     CommandTimeoutError,
@@ -23,6 +29,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools impor
     read_regular,
     run_bounded,
 )
+from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.manifest import canonical_files, manifest_digest
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy import (
     RERUN,
     check_policy,
@@ -36,10 +43,13 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env impo
     parse_role_env,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.checks import (
+    DELIVER_THEN_DISCOVER,
     RELAUNCH,
     canonical,
     check_documents,
+    check_pair_manifests,
     check_run_id,
+    check_source_manifest,
     compatibility,
     derive,
     past_run,
@@ -328,6 +338,53 @@ def _records(task, paths, root, site, engines):
     return records, launcher_bytes, inputs_sha, earlier
 
 
+def source_manifest(config_dir):
+    """{"path", "digest", "files"} of the deliver stage's manifest of NARWHAL_MODEL_SOURCE (NARWHAL_CONFIG_DIR/
+    model-manifest.json), its digest recomputed from its files; refused by name when missing, unreadable or changed."""
+    path = os.path.join(config_dir, MODEL_MANIFEST_FILE)
+    try:
+        document = json.loads(read_regular(path))
+        files = canonical_files(document["files"])
+        digest = manifest_digest(files)
+    except OSError as exc:
+        raise InputError("NARWHAL_MODEL_SOURCE", "NARWHAL_MODEL_SOURCE is set but the manifest of the source %s cannot "
+                                                 "be read (%s): the deliver stage writes it; %s"
+                         % (path, getattr(exc, "strerror", None) or exc, DELIVER_THEN_DISCOVER))
+    except (ValueError, RecursionError, KeyError, TypeError, AttributeError) as exc:
+        raise InputError("NARWHAL_MODEL_SOURCE", "the manifest of the source %s is not one the deliver stage wrote "
+                                                 "(%s: %s); %s" % (path, exc.__class__.__name__, exc,
+                                                                   DELIVER_THEN_DISCOVER))
+    if document.get("digest") != digest:
+        raise InputError("NARWHAL_MODEL_SOURCE", "the manifest of the source %s records digest %r, but its files map "
+                                                 "has digest %s: it was changed after the deliver stage wrote it; %s"
+                         % (path, document.get("digest"), digest, DELIVER_THEN_DISCOVER))
+    return {"path": path, "digest": digest, "files": files}
+
+
+def extract_files(config_dir, records):
+    """files_of(engine) for the manifest checks: the files map of the manifest in the engine's inspection extract
+    (/model/manifest/files), only when its digest is the record's runtime.model_manifest (so a newer discovery's
+    extract beside a relaunched run's record is never taken for its own); None otherwise. Read only when asked."""
+    def files_of(engine):
+        try:
+            extract = json.loads(read_regular(os.path.join(config_dir, INSPECTION_FILE % engine)))
+            files = canonical_files(extract["model"]["manifest"]["files"])
+            digest = manifest_digest(files)
+        except (OSError, ValueError, RecursionError, KeyError, TypeError, AttributeError):
+            return None
+        return files if digest == records[engine]["runtime"].get("model_manifest") else None
+    return files_of
+
+
+def check_manifests(p, paths, records, engines):
+    """The checkpoint's manifests (docs/prepare.md): every prefill/decode pair serves one, and with
+    NARWHAL_MODEL_SOURCE set (a new run; a relaunch is a rollback) the engines' are the source's."""
+    files_of = extract_files(paths["config_dir"], records)
+    check_pair_manifests(records, files_of)
+    if p["site"]["site"].get("NARWHAL_MODEL_SOURCE") and not p["from_run"]:
+        check_source_manifest(dict((e, records[e]) for e in engines), source_manifest(paths["config_dir"]), files_of)
+
+
 def _stamp_identity(derived, engines, rev, dirty, collection):
     """The application revision and the collection in every host's role environment (the launcher records them in
     deployment.json with the container ID and its own digest)."""
@@ -357,6 +414,7 @@ def _validate(task):
     records, launcher_bytes, inputs_sha, earlier = _records(task, paths, root, site, engines)
     compatibility(records)
     shared_hosts(records)
+    check_manifests(p, paths, records, engines)
     launcher_sha = hashlib.sha256(launcher_bytes).hexdigest()
     checkout = site["NARWHAL_ENGINE_CHECKOUT"]
     access, sources = engine_access(p, site, engines, task.check_mode)

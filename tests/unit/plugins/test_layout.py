@@ -100,6 +100,14 @@ def test_host_modules_ship_only_what_they_need(module, forbidden):
     assert not [f for f in shipped if f.startswith(forbidden)], sorted(shipped)
 
 
+@pytest.mark.parametrize("module", ["engine_host_facts", "model_facts", "engine_prereqs"])
+def test_the_checkpoint_readers_ship_the_manifest_only_of_the_deliver_stage(module):
+    """Discovery's and prepare's host readers read the STAMP the deliver stage writes (_facts/checkpoint.py): they
+    ship _deliver/manifest.py (pure, standard library) for its shape and digest, and nothing else of _deliver/."""
+    shipped = _closure(_imports(REPO / "plugins" / "modules" / ("%s.py" % module)))
+    assert sorted(f for f in shipped if f.startswith("_deliver/")) == ["_deliver/manifest.py"]
+
+
 def test_urls_are_opened_by_the_http_edges_only():
     """One HTTP client: _common/http.py (the JSON request, the attestation GET) and _router/client.py (streams and
     Prometheus text over its TLS context); no module and no other module_utils file opens a URL of its own."""

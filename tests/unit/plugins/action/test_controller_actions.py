@@ -354,14 +354,15 @@ def test_the_modules_documentation_states_the_steps_argument_spec(name):
 
 def test_hostvars_fill_only_what_the_task_does_not_give():
     hostvars = {"engine-1": {"narwhal_interface": {"name": "eth1"}, "narwhal_gpus": {"vendor": "nvidia"},
-                             "prepare_prereqs": {"image_id": "sha256:x"}}}
+                             "prepare_prereqs": {"image_id": "sha256:x", "model_manifest": "sha256:m"}}}
     args = __hostvars.discovery_facts({"engines": ["engine-1", "engine-9"]}, hostvars)
     assert args["interfaces"] == {"engine-1": {"name": "eth1"}, "engine-9": None}
     assert args["hosts"]["engine-1"] == {"gpus": {"vendor": "nvidia"}, "rdma": None, "image": None, "model": None}
     given = {"engines": ["engine-1"], "interfaces": {}, "hosts": None}
     assert __hostvars.discovery_facts(given, hostvars) == given
     assert __hostvars.prepare_facts({"engines": ["engine-1"], "stage": "write"}, hostvars)["hosts"] == {
-        "engine-1": {"gpus": {"vendor": "nvidia"}, "interface": {"name": "eth1"}, "image_id": "sha256:x"}}
+        "engine-1": {"gpus": {"vendor": "nvidia"}, "interface": {"name": "eth1"}, "image_id": "sha256:x",
+                     "model_manifest": "sha256:m"}}
     assert "hosts" not in __hostvars.prepare_facts({"engines": ["engine-1"], "stage": "validate"}, hostvars)
 
 
@@ -393,7 +394,8 @@ def test_hostvars_of_an_engine_are_its_inventory_hosts():
     assert args["interfaces"] == {"engine-1": {"name": "ib0"}, "engine-2": {"name": "eth1"}}
     assert args["hosts"]["engine-1"]["gpus"] == {"vendor": "amd"}
     assert __hostvars.prepare_facts({"engines": ["engine-1"], "stage": "write"}, hostvars, hosts)["hosts"] == {
-        "engine-1": {"gpus": {"vendor": "amd"}, "interface": {"name": "ib0"}, "image_id": "sha256:a"}}
+        "engine-1": {"gpus": {"vendor": "amd"}, "interface": {"name": "ib0"}, "image_id": "sha256:a",
+                     "model_manifest": None}}
     # with tls, which inventory host's certificate each engine serves (the head of an engine across hosts)
     given = {"engines": ["engine-1", "engine-2", "engine-3"], "stage": "validate", "tls": {"mode": "site"}}
     members = {"engine-3": ["head-3", "worker-3"]}

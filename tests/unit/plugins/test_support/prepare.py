@@ -11,6 +11,8 @@ import hashlib
 import json
 import shutil
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import INSPECTION_FILE, MODEL_MANIFEST_FILE
+from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.manifest import manifest_digest
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover import outputs as _discovery_outputs
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy import launch_policy
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.paths import POLICY_FILE, SOURCES_FILE
@@ -32,6 +34,7 @@ def inspection(record):
             "interface": {"name": record["node"]["fabric_interface"],
                           "addresses": [{"address": "fe80::1"}, {"address": record["node"]["address"]}]},
             "image_id": record["runtime"]["image_id"],
+            "model_manifest": record["runtime"].get("model_manifest"),
             "missing_devices": []}
 
 
@@ -119,3 +122,31 @@ def prep_args(root, stage="validate", hosts=None, engines=("engine-1", "engine-2
 
 def good_hosts():
     return dict((e, inspection(r)) for e, r in compatible(copy.deepcopy(HAND_LAUNCH))["engines"].items())
+
+
+def files_map(*shards):
+    """A checkpoint's files map (canonical manifest entries) of config.json and the shards (name, bytes)."""
+    files = {"config.json": {"size": 2, "sha256": hashlib.sha256(b"{}").hexdigest()}}
+    for name, data in shards:
+        files[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    return files
+
+
+def with_manifest(root, launch, engine, files):
+    """Give `engine`'s record the manifest of `files` (runtime.model_manifest) and its inspection extract in the
+    checkout's config the files map (/model/manifest), as discovery writes them; the launch config is rewritten."""
+    digest = manifest_digest(files)
+    launch["engines"][engine]["runtime"]["model_manifest"] = digest
+    (root / "config" / "engine-launch.local.json").write_text(json.dumps(launch, indent=2))
+    (root / "config" / (INSPECTION_FILE % engine)).write_text(json.dumps(
+        {"engine": engine, "model": {"path": "/srv/models/tiny-llama", "manifest": {"digest": digest,
+                                                                                   "files": files}}}))
+    return digest
+
+
+def write_source_manifest(root, files, digest=None):
+    """<config>/model-manifest.json as the deliver stage writes it (NARWHAL_MODEL_SOURCE's manifest)."""
+    document = {"source": "/srv/source/tiny-llama", "version": 1, "digest": digest or manifest_digest(files),
+                "files": files, "seen": dict((rel, [e["size"], 1]) for rel, e in files.items())}
+    (root / "config" / MODEL_MANIFEST_FILE).write_text(json.dumps(document))
+    return document["digest"]

@@ -30,6 +30,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas im
     RECORD_SCHEMA,
     validation_errors,
 )
+from test_support.model import stamp
 from test_support.paths import PROFILES, REAL
 
 NVIDIA_SYS = PROFILES / "nvidia-8gpu-rdma" / "sys"
@@ -99,6 +100,18 @@ def model(tmp_path, src=LLAMA, patch=None):
     tok = REAL / "models" / (src + "__tokenizer_config.json")
     if tok.exists():
         shutil.copyfile(tok, path / "tokenizer_config.json")
+    return _checkpoint.read_checkpoint(str(path))
+
+
+def stamped_model(tmp_path, shard=b"weights", src=LLAMA, name="stamped"):
+    """model() of a checkpoint with one shard (`shard`) that the deliver stage stamped (test_support/model.py::stamp):
+    its facts carry the manifest {digest, files}."""
+    base = tmp_path / name
+    base.mkdir(exist_ok=True)
+    model(base, src)
+    path = base / ("model-" + src)
+    (path / "model.safetensors").write_bytes(shard)
+    stamp(path)
     return _checkpoint.read_checkpoint(str(path))
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from test_support.records import BASE, host, iface, image, model, nvidia, rdma
+from test_support.records import BASE, host, iface, image, model, nvidia, rdma, stamped_model
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError, PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover import outputs as _discovery_outputs
@@ -182,6 +182,46 @@ def test_a_member_with_another_image_or_fewer_gpus_is_refused_by_name(tmp_path, 
                   member_facts=dict(host({"vendor": "nvidia", "gpus": [], "devices": []}, tmp_path,
                                          mdl=model(tmp_path, MIXTRAL))))
     assert "gpu-a18" in str(err.value) or "engine-1" in str(err.value)
+
+
+def _stamped_site(tmp_path, head_shard, member_shard):
+    """plan_site with the head's and the member's checkpoints stamped by the deliver stage (None: not stamped)."""
+    def facts(shard, name):
+        mdl = stamped_model(tmp_path, shard, MIXTRAL, name) if shard is not None else model(tmp_path, MIXTRAL)
+        return host(nvidia(tmp_path / "dev"), tmp_path, mdl=mdl)
+    head, member = facts(head_shard, "head"), facts(member_shard, "member")
+    inputs = load_inputs(dict(BASE, **SPREAD))
+    ifs = {"engine-1": iface("10.0.0.11", "box-a"), "engine-2": iface("10.0.0.13", "box-c")}
+    plan = build_fleet(inputs, ["engine-1", "engine-2"], ifs)
+    members = {"engine-1": [{"host": "gpu-a18", "interface": iface("10.0.0.12", "box-b"), "inspection": member}]}
+    document, extracts = _discovery_outputs.collect_records(plan, inputs, {"engine-1": head, "engine-2": head},
+                                                            members)
+    return head, document["engines"], extracts
+
+
+def test_the_hosts_of_an_engine_hold_one_checkpoint_manifest(tmp_path, dev):
+    head, records, extracts = _stamped_site(tmp_path, b"weights", b"weights")
+    assert records["engine-1"]["runtime"]["model_manifest"] == head["model"]["manifest"]["digest"]
+    member = extracts["engine-launch.engine-1.member-1.inspection.json"]["model"]["manifest"]
+    assert member == head["model"]["manifest"]
+
+
+@pytest.mark.parametrize("head_shard, member_shard, words", [
+    (b"weights", b"weights, damaged", "files that differ: model.safetensors (16 bytes, expected 7)"),
+    (b"weights", b"wEights", "files that differ: model.safetensors (sha256 differs)"),
+    (b"weights", None, "gpu-a18 holds no manifest (.narwhal-manifest.json)"),
+    (None, b"weights", "engine-1 holds no manifest (.narwhal-manifest.json)"),
+])
+def test_a_member_with_another_checkpoint_manifest_is_refused_by_name(tmp_path, dev, head_shard, member_shard, words):
+    with pytest.raises(InputError) as err:
+        _stamped_site(tmp_path, head_shard, member_shard)
+    text = str(err.value)
+    assert err.value.key == "NARWHAL_MODEL_PATH"
+    assert "the hosts of engine-1 differ in the checkpoint's manifest (.narwhal-manifest.json of NARWHAL_MODEL_PATH)" \
+        in text
+    assert words in text
+    assert "run the deliver stage (NARWHAL_MODEL_SOURCE)" in text
+    assert text.count("sha256:") == (head_shard is not None) + (member_shard is not None)
 
 
 def test_inputs_refuse_a_dp_size_the_hosts_cannot_share(tmp_path):

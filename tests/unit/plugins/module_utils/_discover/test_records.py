@@ -28,9 +28,11 @@ from test_support.records import (
     rdma_pair,
     refused,
     snapshot,
+    stamped_model,
 )
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
+from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.manifest import manifest_digest
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.fleet import build_fleet
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy import policy_changes
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.records import build_record
@@ -189,6 +191,33 @@ def test_the_extract_carries_the_interface_speed_and_no_record_or_fleet_changes(
         written[label] = dict((name, (config / name).read_bytes()) for name in
                               ("engine-launch.local.json", "fleet.json", "deployment.env"))
     assert written["with"] == written["without"]
+
+
+def test_a_stamped_checkpoint_gives_the_record_its_manifest_and_the_extract_its_files(tmp_path, dev, run_module):
+    """The deliver stage's STAMP (narwhal_model.manifest): the record's runtime.model_manifest is its digest, the
+    inspection extract (sources.model) keeps the files map; without a STAMP the record has no such field and is
+    otherwise the same."""
+    mdl = stamped_model(tmp_path)
+    stamped = build({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path, mdl=mdl))
+    plain = build({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path))
+    for engine in ("engine-1", "engine-2"):
+        assert stamped[engine]["runtime"]["model_manifest"] == mdl["manifest"]["digest"]
+        assert "model_manifest" not in plain[engine]["runtime"]
+        del stamped[engine]["runtime"]["model_manifest"]
+    assert json.dumps(stamped, sort_keys=True) == json.dumps(plain, sort_keys=True)
+    root = tmp_path / "checkout"
+    root.mkdir()
+    status, result = run_module(module_args(root, nv_pair(tmp_path, mdl=mdl)))
+    assert status == "exit", result
+    config = root / "config"
+    record = json.loads((config / "engine-launch.local.json").read_text())["engines"]["engine-1"]
+    ref = record["sources"]["model"]
+    extract = json.loads((config / ref["file"]).read_text())
+    found = resolve_pointer(extract, ref["pointer"] + "/manifest")
+    assert found == mdl["manifest"] and manifest_digest(found["files"]) == record["runtime"]["model_manifest"]
+    assert "model.safetensors" in found["files"]
+    bad = dict(record, runtime=dict(record["runtime"], model_manifest="sha256:" + "G" * 64))
+    assert any("model_manifest" in e for e in validation_errors(bad, RECORD_SCHEMA))
 
 
 def test_writer_end_to_end(tmp_path, dev, run_module):

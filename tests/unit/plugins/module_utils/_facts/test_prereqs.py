@@ -12,10 +12,12 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from test_support.model import checkpoint, stamp
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import attestation_url
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import get_status
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.ports import port_set
+from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.manifest import STAMP
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts import prereqs
 
 
@@ -201,3 +203,22 @@ def test_prereqs_name_ip_trouble_instead_of_a_missing_interface(tmp_path, script
     assert isinstance(problem, str) and needle in problem and "'ip -j addr show'" in problem
     assert socket.gethostname() in problem
     assert prereqs.read_links(_PrereqModule(tmp_path / "none")).startswith("'ip' (iproute2) is not installed")
+
+
+# ------------------------------------------------------------------------------------------ the checkpoint's manifest
+
+
+def test_the_checkpoints_manifest_now_is_read_for_the_stale_check(tmp_path):
+    """engine_prereqs' model_manifest: the digest of the STAMP the checkpoint holds now (None without one, or without
+    the directory, which path_problems names); a damaged STAMP is a problem naming NARWHAL_MODEL_PATH."""
+    path = checkpoint(tmp_path, "aiconf__Qwen--Qwen2.5-7B")
+    rec = {"runtime": {"model_path": str(path)}}
+    assert prereqs.model_manifest(rec) == (None, [])
+    assert prereqs.model_manifest({"runtime": {"model_path": str(tmp_path / "gone")}}) == (None, [])
+    document = stamp(path)
+    assert prereqs.model_manifest(rec) == (document["digest"], [])
+    stamp(path, digest="sha256:" + "0" * 64)
+    digest, problems = prereqs.model_manifest(rec)
+    assert digest is None and len(problems) == 1
+    assert problems[0].startswith("the model manifest %s/%s records digest" % (path, STAMP))
+    assert problems[0].endswith("(NARWHAL_MODEL_PATH)") and "rerun the deliver stage" in problems[0]

@@ -10,7 +10,7 @@ import sys
 import pytest
 from test_support.launcher import write_inputs, zipapp
 from test_support.paths import HAND_LAUNCH_CONFIG, REPO
-from test_support.records import amd, build, host, image, model, nv_pair, rdma_pair
+from test_support.records import amd, build, host, image, model, nv_pair, rdma_pair, stamped_model
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts import gpu as _gpu
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import SECRETS_TARGET
@@ -30,6 +30,8 @@ def _records(tmp_path):
     yield "nvidia-extras", build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_EXTRA_ARGS": "--max-model-len 4096",
                                   "NARWHAL_NODE_2_EXTRA_ARGS": "--max-num-seqs 8",
                                   "NARWHAL_ENGINE_ENV": "VLLM_LOGGING_LEVEL=DEBUG"}, nv_pair(tmp_path))
+    # a checkpoint the deliver stage stamped: runtime.model_manifest, the container's org.narwhal.model-manifest
+    yield "model-manifest", build({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path, mdl=stamped_model(tmp_path)))
     yield "remote-code", build({"NARWHAL_GPUS_PER_ENGINE": "2"},
                                nv_pair(tmp_path, mdl=model(tmp_path, "syjjhl__chatglm2-6b")))
     yield "ssm", build({"NARWHAL_GPUS_PER_ENGINE": "4"},
@@ -292,3 +294,48 @@ def test_a_hand_broken_runtime_log_is_refused_by_field(log, field, words):
     with pytest.raises(PlanError) as err:
         container_spec(rec, role_env())
     assert err.value.key == field and words in str(err.value) and "rerun discovery" in str(err.value)
+
+
+# ------------------------------------------------------------------------------ the checkpoint's manifest
+
+def test_the_checkpoints_manifest_is_a_label_of_the_plan_and_a_record_without_it_keeps_its_hash(tmp_path):
+    """runtime.model_manifest (the deliver stage's STAMP) labels the container org.narwhal.model-manifest, so new
+    weights change the plan hash and the engine rolls; a record without it has no such label and its old hash."""
+    from test_support.launcher import le, record, role_env
+
+    for engine in sorted(OLD_HASHES):
+        rec = record(engine)
+        assert "model_manifest" not in rec["runtime"]
+        plan = le.build_plan(role_env(engine, NARWHAL_GUARD_SHA256="a" * 64), rec)
+        assert "org.narwhal.model-manifest" not in plan["labels"]
+        assert le.plan_hash(plan) == OLD_HASHES[engine]
+        hashes = set()
+        for digest in ("sha256:" + "1" * 64, "sha256:" + "2" * 64):
+            rec["runtime"]["model_manifest"] = digest
+            plan = le.build_plan(role_env(engine, NARWHAL_GUARD_SHA256="a" * 64), rec)
+            assert plan["labels"]["org.narwhal.model-manifest"] == digest
+            assert "--label" in le.docker_run_argv(plan) and "org.narwhal.model-manifest=%s" % digest in \
+                le.docker_run_argv(plan)
+            hashes.add(le.plan_hash(plan))
+        assert len(hashes | {OLD_HASHES[engine]}) == 3
+    stamped = [(derived, host_plan) for _n, _e, derived, host_plan in _host_plans(
+        tmp_path, [("stamped", build({"NARWHAL_GPUS_PER_ENGINE": "4"},
+                                     nv_pair(tmp_path, mdl=stamped_model(tmp_path))))])]
+    assert len(stamped) == 2
+    for derived, host_plan in stamped:
+        assert host_plan["plan"]["labels"]["org.narwhal.model-manifest"].startswith("sha256:")
+        assert derived["container"]["labels"] == host_plan["plan"]["labels"]
+
+
+@pytest.mark.parametrize("digest", ["sha256:" + "A" * 64, "sha256:" + "a" * 63, "md5:" + "a" * 64, "", 7, None])
+def test_a_hand_broken_model_manifest_is_refused_by_field(digest):
+    from test_support.launcher import record, role_env
+
+    from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
+    from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import container_spec
+
+    rec = record("engine-1")
+    rec["runtime"]["model_manifest"] = digest
+    with pytest.raises(PlanError) as err:
+        container_spec(rec, role_env())
+    assert err.value.key == "runtime.model_manifest" and "rerun discovery" in str(err.value)

@@ -10,16 +10,19 @@ import copy
 import re
 
 import pytest
-from test_support.prepare import CHECKOUT, SITE, fleet_for, inspection
+from test_support.prepare import CHECKOUT, SITE, files_map, fleet_for, inspection
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common import errors as _errors
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
+from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.manifest import manifest_digest
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy import (
     StaleRecordsError,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._plan import role_env as _role_env
 from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.checks import (
     check_documents,
+    check_pair_manifests,
+    check_source_manifest,
     compatibility,
     derive,
     render_role_env,
@@ -144,6 +147,25 @@ def test_stale_record_is_refused(records, engine, change, detail):
     assert err.value.key == engine
     assert "no longer matches" in str(err.value)
     assert detail in str(err.value)
+
+
+@pytest.mark.parametrize("recorded, now, detail", [
+    (None, "sha256:" + "1" * 64, "holds the manifest sha256:" + "1" * 64 + " (.narwhal-manifest.json), recorded none"),
+    ("sha256:" + "2" * 64, None, "holds the manifest none (.narwhal-manifest.json), recorded sha256:" + "2" * 64),
+    ("sha256:" + "2" * 64, "sha256:" + "1" * 64, "recorded sha256:" + "2" * 64),
+])
+def test_a_checkpoint_whose_manifest_changed_since_discovery_is_stale(records, recorded, now, detail):
+    record = copy.deepcopy(records["engine-1"])
+    if recorded:
+        record["runtime"]["model_manifest"] = recorded
+    current = inspection(record)
+    stale(record, current)  # as discovered
+    current["model_manifest"] = now
+    with pytest.raises(InputError) as err:
+        stale(record, current)
+    assert err.value.key == "engine-1"
+    assert "the checkpoint /srv/models/tiny-llama " in str(err.value) and detail in str(err.value)
+    assert "rerun discovery" in str(err.value)
 
 
 def test_empty_inspection_is_stale(records):
@@ -419,3 +441,80 @@ def test_stale_record_refusal_is_redacted():
     err = StaleRecordsError("NARWHAL_EXTRA_ARGS",
                             "NARWHAL_EXTRA_ARGS changed (records: --hf-token hf_abcdefghijklmnop)")
     assert "hf_abcdefghijklmnop" not in str(err) and "<redacted>" in str(err)
+
+
+# ------------------------------------------------------------------------------------------------
+# the checkpoint's manifests (runtime.model_manifest)
+
+SHARDS = files_map(("model.safetensors", b"weights"), ("tokenizer.json", b"{}"))
+OTHER = files_map(("model.safetensors", b"weights, retrained"), ("tokenizer.json", b"{}"))
+
+
+def _with_digests(records, one, two):
+    records = copy.deepcopy(records)
+    for engine, digest in (("engine-1", one), ("engine-2", two)):
+        if digest:
+            records[engine]["runtime"]["model_manifest"] = digest
+    return records
+
+
+@pytest.mark.parametrize("one, two", [(None, None), (manifest_digest(SHARDS), manifest_digest(SHARDS))])
+def test_a_pair_of_one_checkpoint_passes(records, one, two):
+    check_pair_manifests(_with_digests(records, one, two))
+    check_pair_manifests(_with_digests(records, one, two), {"engine-1": SHARDS, "engine-2": SHARDS}.get)
+
+
+def test_a_pair_of_different_weights_is_refused_naming_engines_digests_and_files(records):
+    a, b = manifest_digest(SHARDS), manifest_digest(OTHER)
+    pair = _with_digests(records, a, b)
+    with pytest.raises(InputError) as err:
+        check_pair_manifests(pair, {"engine-1": SHARDS, "engine-2": OTHER}.get)
+    assert err.value.key == "NARWHAL_MODEL_PATH"
+    assert str(err.value) == (
+        "NARWHAL_MODEL_PATH: engine-1 (prefill) and engine-2 (decode) serve different weights: runtime.model_manifest "
+        "is %s on engine-1 and %s on engine-2 (the files of engine-2 that differ from engine-1's: model.safetensors "
+        "(18 bytes, expected 7)); a prefill/decode pair serves one checkpoint: run the deliver stage, then discovery: "
+        "ansible-playbook narwhal.deploy.site (or narwhal.deploy.deliver, then narwhal.deploy.discover), and prepare "
+        "a new run" % (a, b))
+    with pytest.raises(InputError) as err:  # the files maps not at hand: where to compare them
+        check_pair_manifests(pair)
+    assert ("(compare the files maps (/model/manifest/files) of engine-launch.engine-1.inspection.json and "
+            "engine-launch.engine-2.inspection.json in NARWHAL_CONFIG_DIR)") in str(err.value)
+
+
+@pytest.mark.parametrize("one, two, has, lacks", [
+    ("sha256:" + "1" * 64, None, "engine-1", "engine-2"),
+    (None, "sha256:" + "1" * 64, "engine-2", "engine-1"),
+])
+def test_a_pair_where_one_record_has_no_manifest_is_refused(records, one, two, has, lacks):
+    with pytest.raises(InputError) as err:
+        check_pair_manifests(_with_digests(records, one, two))
+    assert err.value.key == "NARWHAL_MODEL_PATH"
+    assert ("engine-1 (prefill) and engine-2 (decode) cannot be shown to serve one checkpoint: %s has the manifest "
+            "sha256:%s (runtime.model_manifest), %s has none (its host's checkpoint held no .narwhal-manifest.json "
+            "when discovery ran)" % (has, "1" * 64, lacks)) in str(err.value)
+
+
+def test_records_of_the_sources_manifest_pass_and_others_are_refused(records):
+    source = {"path": "/p/config/model-manifest.json", "digest": manifest_digest(SHARDS), "files": SHARDS}
+    check_source_manifest(_with_digests(records, source["digest"], source["digest"]), source)
+    stale_records = _with_digests(records, source["digest"], manifest_digest(OTHER))
+    with pytest.raises(InputError) as err:
+        check_source_manifest(stale_records, source, {"engine-2": OTHER}.get)
+    assert err.value.key == "NARWHAL_MODEL_SOURCE"
+    assert str(err.value) == (
+        "NARWHAL_MODEL_SOURCE: the launch record of engine-2 has the checkpoint manifest %s (runtime.model_manifest), "
+        "but the manifest of NARWHAL_MODEL_SOURCE (/p/config/model-manifest.json) is %s (the files of engine-2 that "
+        "differ from the source's: model.safetensors (18 bytes, expected 7)): the record was not discovered from the "
+        "checkpoint the deliver stage delivers; run the deliver stage, then discovery: ansible-playbook "
+        "narwhal.deploy.site (or narwhal.deploy.deliver, then narwhal.deploy.discover), and prepare a new run"
+        % (manifest_digest(OTHER), source["digest"]))
+    with pytest.raises(InputError) as err:
+        check_source_manifest(stale_records, source)
+    assert ("is %s (compare the files maps (/model/manifest/files) of engine-launch.engine-2.inspection.json in "
+            "NARWHAL_CONFIG_DIR with /p/config/model-manifest.json's): " % source["digest"]) in str(err.value)
+    with pytest.raises(InputError) as err:
+        check_source_manifest(_with_digests(records, None, source["digest"]), source)
+    assert ("the launch record of engine-1 has no checkpoint manifest (runtime.model_manifest: its host's checkpoint "
+            "held no .narwhal-manifest.json when discovery ran), but the manifest of NARWHAL_MODEL_SOURCE") \
+        in str(err.value)

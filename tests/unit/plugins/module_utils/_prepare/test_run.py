@@ -22,16 +22,20 @@ from test_support.prepare import (
     CHECKOUT,
     NODES,
     SITE,
+    files_map,
     fleet_for,
     good_hosts,
     inspection,
     make_checkout,
     prep_args,
+    with_manifest,
     write_policy,
+    write_source_manifest,
 )
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import POLICY_FILE, SOURCES_FILE
+from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.manifest import manifest_digest
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy import (
     check_policy,
     launch_policy,
@@ -270,6 +274,107 @@ def test_prepare_incompatible_pair_is_refused(root, run_module, pd_launch):
     status, result = run_module(prep_args(root, "write", good_hosts()))
     assert status == "fail" and result["input"] == "NARWHAL_KV_CACHE_DTYPE"
     _refused(root, result, "would fail vLLM's NIXL handshake: KV cache dtype differs (auto on engine-1")
+
+
+# ------------------------------------------------------------------------------------------------
+# the checkpoint's manifests (runtime.model_manifest; the deliver stage's model-manifest.json)
+
+WEIGHTS = files_map(("model.safetensors", b"weights"))
+RETRAINED = files_map(("model.safetensors", b"weights, retrained"), ("extra.bin", b"x"))
+
+
+def _hosts_of(launch):
+    return dict((e, inspection(r)) for e, r in launch["engines"].items())
+
+
+def test_prepare_runs_a_pair_of_one_manifest_and_labels_their_containers(root, run_module, pd_launch):
+    digest = [with_manifest(root, pd_launch, e, WEIGHTS) for e in ("engine-1", "engine-2")][0]
+    status, result = run_module(prep_args(root, "write", _hosts_of(pd_launch)))
+    assert status == "exit", result
+    for e in ("engine-1", "engine-2"):
+        assert result["derived"][e]["container"]["labels"]["org.narwhal.model-manifest"] == digest
+    # the same with the deliver stage's manifest of NARWHAL_MODEL_SOURCE: the records are its
+    write_source_manifest(root, WEIGHTS)
+    status, again = run_module(prep_args(root, "write", _hosts_of(pd_launch),
+                                         site={"NARWHAL_MODEL_SOURCE": "/srv/source/tiny-llama"}))
+    assert status == "exit", again
+    assert again["run_id"] == result["run_id"] and again["changed"] is False
+
+
+def test_prepare_refuses_a_pair_of_different_weights_naming_the_files(root, run_module, pd_launch):
+    one = with_manifest(root, pd_launch, "engine-1", WEIGHTS)
+    two = with_manifest(root, pd_launch, "engine-2", RETRAINED)
+    status, result = run_module(prep_args(root, "write", _hosts_of(pd_launch)))
+    assert status == "fail" and result["input"] == "NARWHAL_MODEL_PATH"
+    _refused(root, result, "engine-1 (prefill) and engine-2 (decode) serve different weights: runtime.model_manifest "
+                           "is %s on engine-1 and %s on engine-2 (the files of engine-2 that differ from engine-1's: "
+                           "extra.bin (not in the manifest), model.safetensors (18 bytes, expected 7))" % (one, two),
+             "run the deliver stage, then discovery: ansible-playbook narwhal.deploy.site")
+    # an extract of another discovery (its files are not the record's manifest) is not taken for the record's
+    (root / "config" / "engine-launch.engine-2.inspection.json").write_text(json.dumps(
+        {"model": {"manifest": {"digest": one, "files": WEIGHTS}}}))
+    status, result = run_module(prep_args(root))
+    assert status == "fail" and "(compare the files maps (/model/manifest/files) of " \
+        "engine-launch.engine-1.inspection.json and engine-launch.engine-2.inspection.json in NARWHAL_CONFIG_DIR)" \
+        in result["msg"]
+
+
+def test_prepare_refuses_a_pair_where_one_record_has_no_manifest(root, run_module, pd_launch):
+    digest = with_manifest(root, pd_launch, "engine-2", WEIGHTS)
+    status, result = run_module(prep_args(root))
+    assert status == "fail" and result["input"] == "NARWHAL_MODEL_PATH"
+    _refused(root, result, "cannot be shown to serve one checkpoint: engine-2 has the manifest %s "
+                           "(runtime.model_manifest), engine-1 has none" % digest)
+
+
+def test_prepare_refuses_records_that_are_not_of_the_delivered_source(root, run_module, pd_launch):
+    site = {"NARWHAL_MODEL_SOURCE": "/srv/source/tiny-llama"}
+    status, result = run_module(prep_args(root, site=site))  # no manifest of the source yet
+    assert status == "fail" and result["input"] == "NARWHAL_MODEL_SOURCE"
+    _refused(root, result, "NARWHAL_MODEL_SOURCE is set but the manifest of the source %s cannot be read (No such file "
+                           "or directory): the deliver stage writes it; run the deliver stage, then discovery"
+             % (root / "config" / "model-manifest.json"))
+    source = write_source_manifest(root, RETRAINED)
+    status, result = run_module(prep_args(root, site=site))  # records of before the deliver stage: no manifest
+    assert status == "fail" and result["input"] == "NARWHAL_MODEL_SOURCE"
+    _refused(root, result, "the launch record of engine-1 has no checkpoint manifest", "is %s: the record" % source)
+    old = [with_manifest(root, pd_launch, e, WEIGHTS) for e in ("engine-1", "engine-2")][0]
+    status, result = run_module(prep_args(root, site=site))
+    _refused(root, result, "the launch record of engine-1 has the checkpoint manifest %s (runtime.model_manifest), "
+                           "but the manifest of NARWHAL_MODEL_SOURCE (%s) is %s (the files of engine-1 that differ "
+                           "from the source's: extra.bin (missing), model.safetensors (7 bytes, expected 18))"
+             % (old, root / "config" / "model-manifest.json", source))
+    assert run_module(prep_args(root))[0] == "exit"  # without NARWHAL_MODEL_SOURCE nothing compares them
+    write_source_manifest(root, WEIGHTS, digest=source)  # edited after the deliver stage wrote it
+    status, result = run_module(prep_args(root, site=site))
+    _refused(root, result, "records digest '%s', but its files map has digest %s: it was changed after the deliver "
+                           "stage wrote it" % (source, old))
+    (root / "config" / "model-manifest.json").write_text("[]")
+    status, result = run_module(prep_args(root, site=site))
+    _refused(root, result, "is not one the deliver stage wrote (TypeError")
+
+
+def test_prepare_refuses_a_host_whose_checkpoint_manifest_changed_since_discovery(root, run_module, pd_launch):
+    with_manifest(root, pd_launch, "engine-1", WEIGHTS)
+    with_manifest(root, pd_launch, "engine-2", WEIGHTS)
+    hosts = _hosts_of(pd_launch)
+    hosts["engine-2"]["model_manifest"] = manifest_digest(RETRAINED)  # engine_prereqs' read of the STAMP now
+    status, result = run_module(prep_args(root, "write", hosts))
+    assert status == "fail" and result["input"] == "engine-2"
+    _refused(root, result, "the record of engine-2 no longer matches its host: the checkpoint /srv/models/tiny-llama "
+                           "holds the manifest %s (.narwhal-manifest.json), recorded %s"
+             % (manifest_digest(RETRAINED), manifest_digest(WEIGHTS)))
+
+
+def test_a_relaunch_is_not_held_to_the_sources_manifest(root, run_module, earlier):
+    """A relaunch is a rollback: its records are the earlier run's, whatever the deliver stage delivers now (the
+    hosts' checkpoints are still compared with them: the stale check)."""
+    write_source_manifest(root, RETRAINED)
+    args = dict(prep_args(root, "write", good_hosts(), site={"NARWHAL_MODEL_SOURCE": "/srv/source/tiny-llama"}),
+                from_run=earlier["run_id"])
+    status, result = run_module(args)
+    assert status == "exit", result
+    assert run_module(dict(args, from_run=None))[0] == "fail"
 
 
 def test_prepare_refuses_the_example_nvidia_amd_pair(root, run_module, launch):
