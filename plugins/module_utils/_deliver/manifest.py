@@ -13,7 +13,7 @@ checkpoints with the same files have the same digest wherever and whenever they 
 host's checkpoint holds after its full check, is never part of a manifest.
 """
 
-from __future__ import absolute_import, division, print_function
+from __future__ import annotations
 
 import hashlib
 import json

@@ -23,7 +23,6 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.manifest i
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.private_file import write_whole
 
 INPUT = "NARWHAL_MODEL_SOURCE"
-CACHE_NAME = "model-manifest.json"
 # what a checkpoint's top holds (a Hugging Face config; Mistral's params.json, which discovery's reader takes too)
 CONFIG_NAMES = ("config.json", "params.json")
 FIX = ("set %s in .env to the controller directory that holds the checkpoint (Hugging Face format: config.json, the "
