@@ -25,7 +25,9 @@ echo "== site up in $((SECONDS - start)) s"
 # own dockerd pull over (their default route), and nowhere else; demo.env's references name it.
 env_value() { sed -n "s/^$1=//p" "$ENV_FILE"; }
 ref=$(env_value NARWHAL_IMAGE); hostport=${ref%%/*}
-gateway=$(docker network inspect -f '{{range .IPAM.Config}}{{.Gateway}}{{end}}' narwhal-sim-demo-mgmt)
+# (the network's bridge on the controller holds it: IPAM shows no gateway when Docker chose it)
+net_id=$(docker network inspect -f '{{.Id}}' narwhal-sim-demo-mgmt)
+gateway=$(ip -4 -o addr show "br-${net_id:0:12}" | awk '{split($4, a, "/"); print a[1]; exit}')
 if [ "$gateway" != "${hostport%:*}" ]; then
   echo "demo: $ENV_FILE names the registry ${hostport%:*}, the management network's gateway is '$gateway'" >&2
   exit 1
@@ -43,6 +45,9 @@ PROJECT=${NARWHAL_DEMO_PROJECT:-$PWD/$STATE/project}
 COLLECTIONS=$PROJECT/collections
 rm -rf "$STATE/dist" "$COLLECTIONS" && mkdir -p "$STATE/dist" "$PROJECT/inventory"
 ansible-galaxy collection build --force --output-path "$STATE/dist" . >/dev/null
+# its one dependency, ansible.posix (galaxy.yml), as the ansible package bundles it (Galaxy is not reachable here)
+mkdir -p "$COLLECTIONS/ansible_collections/ansible"
+cp -a collections/ansible_collections/ansible/posix/. "$COLLECTIONS/ansible_collections/ansible/posix"
 ansible-galaxy collection install --offline --force -p "$COLLECTIONS" "$STATE"/dist/narwhal-deploy-*.tar.gz >/dev/null
 echo "== collection installed: $(ls "$STATE"/dist) -> $COLLECTIONS"
 unset ANSIBLE_COLLECTIONS_PATH NARWHAL_ENV_FILE
