@@ -330,7 +330,8 @@ def test_a_controller_step_runs_in_this_process_even_with_become(tmp_path):
     assert not play.ran_module("private_file")
 
 
-DOC_ONLY = ("site_inputs", "discovery_outputs", "prepare_run", "private_file", "bench_report", "tls_material")
+DOC_ONLY = ("site_inputs", "discovery_outputs", "prepare_run", "private_file", "bench_report", "tls_material",
+            "image_sources")
 
 
 @pytest.mark.parametrize("name", DOC_ONLY + ("transfer_probe",))
