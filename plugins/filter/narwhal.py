@@ -21,6 +21,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.names impor
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.reach import describe as describe_lost
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.reach import lost_hosts as plan_lost_hosts
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import redact_text, secret_values
+from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.images import plan_images, resolved_pulls
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.nodes import (
     check_engine_hosts,
     check_role_groups,
@@ -622,6 +623,21 @@ def tls_hosts(play_hosts, engines, members, fleet, launch=None):
     return engine_host_names(list(play_hosts), engines or {}, members or {}, fleet, launch or {})
 
 
+def image_plan(reads, sources, repin=False, pulled=None, pin_file=None):
+    """The deliver stage's image plan (_deliver/images.py::plan_images): `reads` {inventory host: its registered
+    image_delivery state=read}, `sources` the image_sources result (pins, archives), `repin` deliver_image_repin,
+    `pulled` the resolvers' registered pulls (the second call, once they pulled)."""
+    if not isinstance(reads, dict) or not isinstance(sources, dict):
+        raise AnsibleFilterError("image_plan takes the hosts' reads (a dict) and the image_sources result (a dict)")
+    plain = json.loads(json.dumps({"reads": reads, "sources": sources, "pulled": list(pulled or [])}))
+    hosts = dict((h, r) for h, r in plain["reads"].items() if isinstance(r, dict) and "images" in r)
+    try:
+        return plan_images(hosts, plain["sources"].get("pins"), plain["sources"].get("archives"), bool(repin),
+                           resolved_pulls(plain["pulled"]), pin_file or "the pin file")
+    except (InputError, PlanError) as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
 class FilterModule:
     def filters(self):
         return {"resolve_values": resolve_values_filter, "table_row": table_row, "inspection": inspection,
@@ -641,4 +657,4 @@ class FilterModule:
                 "peer_facts": peer_facts, "probe_pairs": probe_pairs, "launch_peers": launch_peers,
                 "tls_hosts": tls_hosts, "launch_roll": launch_roll, "launch_roll_records": launch_roll_records,
                 "router_access": router_access, "router_moves": router_moves, "lost_hosts": lost_hosts,
-                "lost_status": lost_status, "without_lost": without_lost}
+                "lost_status": lost_status, "without_lost": without_lost, "image_plan": image_plan}

@@ -12,6 +12,7 @@ will (_plan/container.py).
 from __future__ import annotations
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError, PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.images import repo_digest
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.engine_args import (
     engine_args,
     engine_environment,
@@ -91,6 +92,7 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
         "runtime": {
             "image": image.get("image"),
             "image_id": image.get("id"),
+            **_image_digest(image),
             "platform": platform,
             "vllm_version": vllm_version,
             "nixl_distribution": nixl,
@@ -121,6 +123,13 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
     check_own_ports(record, node_settings(site, node_policy, n)["inputs"])  # its side channel and RPC port on its own
     _refused_by_the_planner(record, site, engine)
     return record, span
+
+
+def _image_digest(image):
+    """{"image_digest": the image's RepoDigest of its reference's repository} when it has one (pulled from a
+    registry), else {} (a locally built or loaded image: the record stays as it was; docs/launch-record.md)."""
+    digest = repo_digest(image.get("image"), image.get("repo_digests"))
+    return {"image_digest": digest} if digest else {}
 
 
 def _with_parallelism(record, node, site, dp, ep, hosts, local):

@@ -19,7 +19,8 @@ the SDK sends for the same container, so a container made through this client is
 
 Errors: EngineAPIError carries the HTTP status and the daemon's `message`; NotFound (404), Conflict (409);
 DaemonUnreachable (no status) when nothing answers at the address; Timeout (a DaemonUnreachable) when a call
-gets no answer within its timeout. Python 3.8 compatible (runs on engine hosts).
+gets no answer within its timeout; StreamError when a streamed answer (a pull, a load) ends with an error
+message. Python 3.8 compatible (runs on engine hosts).
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ class DaemonUnreachable(EngineAPIError):  # noqa: N818
 
 class Timeout(DaemonUnreachable):  # noqa: N818
     """The daemon did not answer a call within its timeout."""
+
+
+class StreamError(EngineAPIError):
+    """A streamed answer (a pull's or a load's progress) ended with an "error"/"errorDetail" message: `message` is
+    the daemon's (or the registry's) words."""
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -180,18 +186,26 @@ class Client:
     def call(self, method, path, query=None, body=None, timeout=None):
         """(status, body bytes) of one call; EngineAPIError (NotFound, Conflict) for an answer >= 400,
         DaemonUnreachable / Timeout when none comes."""
-        timeout = self.timeout if timeout is None else timeout
-        url = path + ("?" + urlencode(query) if query else "")
-        headers = {"User-Agent": "narwhal-engineapi"}
-        data = None
+        data, headers = None, {}
         if body is not None:
             data = json.dumps(body).encode("utf-8")
             headers["Content-Type"] = "application/json"
+        return self._exchange(method, path, query, headers, data, timeout, lambda answer: answer.read())
+
+    def _exchange(self, method, path, query, headers, data, timeout, read):
+        """(status, read(answer)) of one request; `data` bytes, a file (sent in 1 MiB blocks) or None; the errors
+        of call()."""
+        timeout = self.timeout if timeout is None else timeout
+        url = path + ("?" + urlencode(query) if query else "")
+        headers = dict(headers, **{"User-Agent": "narwhal-engineapi"})
         try:
             conn = self._connection(timeout)
+            if hasattr(data, "read"):
+                conn.blocksize = 1 << 20
             conn.request(method, url, body=data, headers=headers)
             answer = conn.getresponse()
-            status, raw = answer.status, answer.read()
+            status = answer.status
+            raw = answer.read() if status >= 400 else read(answer)
         except socket.timeout:  # noqa: UP041 - not TimeoutError before Python 3.10
             self.close()
             raise Timeout("%s %s: the Docker daemon at %s did not answer within %s s"
@@ -211,6 +225,32 @@ class Client:
             raise kind("%d %s (%s %s): %s" % (status, reason, method, path, message), status, message)
         return status, raw
 
+    def stream(self, method, path, query=None, headers=None, data=None, timeout=None):
+        """The JSON messages of a streamed answer (one object a line: a pull's or a load's progress), read as they
+        come; `timeout` is how long the daemon may stay silent. StreamError for a message with "error" or
+        "errorDetail" (the daemon answers 200 and then fails in the stream), the errors of call() otherwise."""
+
+        def messages(answer):
+            out = []
+            for line in iter(answer.readline, b""):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    message = json.loads(line.decode("utf-8"))
+                except ValueError:
+                    message = {"stream": line.decode("utf-8", "replace")}
+                out.append(message)
+            return out
+
+        found = self._exchange(method, path, query, headers or {}, data, timeout, messages)[1]
+        for message in found:
+            if isinstance(message, dict) and (message.get("error") or message.get("errorDetail")):
+                detail = message.get("errorDetail") or {}
+                text = message.get("error") or (detail.get("message") if isinstance(detail, dict) else None)
+                raise StreamError("%s %s: %s" % (method, path, text or detail), None, text or str(detail))
+        return found
+
     def json(self, method, path, query=None, body=None, timeout=None):
         raw = self.call(method, path, query, body, timeout)[1]
         return json.loads(raw.decode("utf-8")) if raw else None
@@ -226,6 +266,28 @@ class Client:
     def image(self, ref):
         """GET /images/<ref>/json: the image's inspect document (NotFound when the daemon has no such image)."""
         return self.json("GET", "/images/%s/json" % quote(ref, safe="/:"))
+
+    def images(self):
+        """GET /images/json: the summaries (Id, RepoTags, RepoDigests ...) of the images the daemon holds."""
+        return self.json("GET", "/images/json")
+
+    def pull(self, name, tag, auth=None, timeout=None):
+        """POST /images/create?fromImage=<name>&tag=<tag or digest> (what `docker pull <name>:<tag>` or
+        `<name>@<digest>` sends): the progress messages once the pull ends; `auth`: the X-Registry-Auth value (never
+        logged; _deliver/images.py::registry_auth). StreamError when the registry refuses (in the stream), the
+        errors of call() otherwise."""
+        headers = {"X-Registry-Auth": auth} if auth else {}
+        return self.stream("POST", "/images/create", {"fromImage": name, "tag": tag}, headers, None, timeout)
+
+    def tag(self, ref, repo, tag):
+        """POST /images/<ref>/tag?repo=<repo>&tag=<tag>: `docker tag <ref> <repo>:<tag>` (moves the tag)."""
+        self.call("POST", "/images/%s/tag" % quote(ref, safe="/:"), {"repo": repo, "tag": tag})
+
+    def load(self, archive, size, timeout=None):
+        """POST /images/load?quiet=1 with `archive` (an open file of a docker save archive, `size` bytes) streamed
+        in 1 MiB blocks: the daemon's messages ("Loaded image: ..."); StreamError when it refuses the archive."""
+        headers = {"Content-Type": "application/x-tar", "Content-Length": str(size)}
+        return self.stream("POST", "/images/load", {"quiet": 1}, headers, archive, timeout)
 
     def container(self, ref):
         """GET /containers/<ref>/json: the container's inspect document (by name or ID)."""

@@ -140,6 +140,7 @@ RECORD_SCHEMA = {
                          "vllm_version", "nixl_distribution"],
             "properties": {
                 "image_id": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"},
+                "image_digest": {"type": "string", "pattern": "^[^@\\s]+@sha256:[0-9a-f]{64}$"},
                 "vllm_version": _STR,
                 "nixl_distribution": _STR,
                 "expected_packages": {"type": "object", "required": ["vllm"],

@@ -331,7 +331,7 @@ def test_a_controller_step_runs_in_this_process_even_with_become(tmp_path):
 
 
 DOC_ONLY = ("site_inputs", "discovery_outputs", "prepare_run", "private_file", "bench_report", "tls_material",
-            "model_manifest")
+            "model_manifest", "image_sources")
 
 
 @pytest.mark.parametrize("name", DOC_ONLY + ("transfer_probe",))

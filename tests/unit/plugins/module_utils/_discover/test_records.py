@@ -140,6 +140,27 @@ def test_build_record_alone_lacks_the_file_sources(tmp_path, dev):
     assert any("sources" in e for e in validation_errors(record, RECORD_SCHEMA))
 
 
+def test_the_record_carries_the_images_registry_digest_only_when_it_has_one(tmp_path, dev):
+    """runtime.image_digest (the deliver stage's pin, docs/launch-record.md): the RepoDigest of the reference's
+    repository, right after image_id; a locally built image (no RepoDigests) or another repository's digest: none."""
+    inputs = load_inputs(dict(BASE, NARWHAL_GPUS_PER_ENGINE="4"))
+    plan = build_fleet(inputs, ["engine-1", "engine-2"], interfaces(False))
+    h = nv_pair(tmp_path)["engine-1"]
+    digest = "vllm/vllm-openai@sha256:" + "1" * 64
+
+    def runtime(repo_digests):
+        img = dict(h["image"], repo_digests=repo_digests)
+        return build_record(plan["nodes"][0], inputs["site"], {}, h, img, h["model"], plan["fleet"][0], {}, 5600)[0][
+            "runtime"]
+
+    with_digest = runtime(["other/image@sha256:" + "2" * 64, digest])
+    assert with_digest["image_digest"] == digest
+    assert list(with_digest)[list(with_digest).index("image_id") + 1] == "image_digest"
+    assert "image_digest" not in runtime([]) and "image_digest" not in runtime(["other/image@sha256:" + "2" * 64])
+    assert not [e for e in validation_errors(dict(with_digest), RECORD_SCHEMA["properties"]["runtime"])]
+    assert [e for e in validation_errors(dict(with_digest, image_digest="x"), RECORD_SCHEMA["properties"]["runtime"])]
+
+
 # ------------------------------------------------------------------------------------------------
 # 6. the writer module end to end
 

@@ -373,3 +373,112 @@ def test_start_and_stop_never_import_the_docker_sdk(tmp_path):
         except _engine_api.NotFound:
             pass
         shutil.rmtree(tmp_path / "runs", ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------ pull, tag, load (no daemon)
+
+class _Daemon:
+    """A one-connection HTTP server on a unix socket that records each request and answers from `answers`
+    [(status, body bytes)], in order."""
+
+    def __init__(self, path, answers):
+        import socketserver
+        import threading
+        from http.server import BaseHTTPRequestHandler
+
+        seen = self.seen = []
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _answer(self):
+                if self.headers.get("Transfer-Encoding") == "chunked":
+                    body = b""
+                    while True:
+                        size = int(self.rfile.readline().strip(), 16)
+                        chunk = self.rfile.read(size + 2)[:size]
+                        if not size:
+                            break
+                        body += chunk
+                else:
+                    body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                seen.append((self.command, self.path, dict(self.headers), body))
+                status, data = answers.pop(0)
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_POST = do_GET = _answer
+
+            def log_message(self, *args):
+                pass
+
+            def address_string(self):
+                return "unix"
+
+        class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+            daemon_threads = True  # a kept-alive connection's handler does not hold up shutdown()
+
+        self.server = Server(str(path), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _stream(*messages):
+    return b"".join(json.dumps(m).encode() + b"\r\n" for m in messages)
+
+
+def test_a_pull_sends_the_auth_header_and_reads_the_stream_to_its_end(tmp_path):
+    daemon = _Daemon(tmp_path / "d.sock", [(200, _stream({"status": "Pulling from vllm/vllm-openai"},
+                                                         {"status": "Digest: sha256:" + "1" * 64}))])
+    try:
+        api = _engine_api.Client("unix://%s" % (tmp_path / "d.sock"))
+        found = api.pull("registry.example:5000/vllm/vllm-openai", "v1", "YXV0aA==", timeout=5)
+    finally:
+        daemon.close()
+    assert [m["status"] for m in found] == ["Pulling from vllm/vllm-openai", "Digest: sha256:" + "1" * 64]
+    ((method, path, headers, _body),) = daemon.seen
+    assert (method, path) == ("POST", "/images/create?fromImage=registry.example%3A5000%2Fvllm%2Fvllm-openai&tag=v1")
+    assert headers["X-Registry-Auth"] == "YXV0aA=="
+
+
+@pytest.mark.parametrize("answer, kind, words", [
+    ((200, _stream({"status": "Pulling"}, {"errorDetail": {"message": "unauthorized: authentication required"},
+                                           "error": "unauthorized: authentication required"})),
+     _engine_api.StreamError, "unauthorized: authentication required"),
+    ((200, _stream({"errorDetail": {"message": "manifest unknown"}})), _engine_api.StreamError, "manifest unknown"),
+    ((500, b'{"message": "Get https://r/v2/: x509: certificate signed by unknown authority"}'),
+     _engine_api.EngineAPIError, "Get https://r/v2/: x509: certificate signed by unknown authority"),
+    ((404, b'{"message": "manifest for r/x:1 not found"}'), _engine_api.NotFound, "manifest for r/x:1 not found"),
+])
+def test_a_refused_pull_carries_the_registrys_words(tmp_path, answer, kind, words):
+    daemon = _Daemon(tmp_path / "d.sock", [answer])
+    try:
+        with pytest.raises(kind) as info:
+            _engine_api.Client("unix://%s" % (tmp_path / "d.sock")).pull("r/x", "1", timeout=5)
+    finally:
+        daemon.close()
+    assert info.value.explanation == words and "X-Registry-Auth" not in daemon.seen[0][2]
+
+
+def test_tag_and_a_load_streamed_from_a_file(tmp_path):
+    archive = tmp_path / "a.tar"
+    archive.write_bytes(b"x" * (3 << 20))  # three 1 MiB blocks
+    daemon = _Daemon(tmp_path / "d.sock", [(201, b""), (200, _stream({"stream": "Loaded image: a:1\n"}))])
+    try:
+        api = _engine_api.Client("unix://%s" % (tmp_path / "d.sock"))
+        api.tag("sha256:" + "a" * 64, "registry.example:5000/ns/img", "v1")
+        with open(archive, "rb") as handle:
+            found = api.load(handle, 3 << 20, timeout=5)
+    finally:
+        daemon.close()
+    assert found == [{"stream": "Loaded image: a:1\n"}]
+    (tag, load) = daemon.seen
+    assert tag[:2] == ("POST", "/images/sha256:%s/tag?repo=registry.example%%3A5000%%2Fns%%2Fimg&tag=v1" % ("a" * 64))
+    assert load[:2] == ("POST", "/images/load?quiet=1") and load[3] == b"x" * (3 << 20)
+    assert load[2]["Content-Type"] == "application/x-tar"
