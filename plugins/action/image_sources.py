@@ -5,7 +5,7 @@ Reads the pin file, indexes the image archives and checks the registry auth file
 
 from __future__ import annotations
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.sources import image_sources, module_spec
+from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.image_sources import image_sources, module_spec
 from ansible_collections.narwhal.deploy.plugins.plugin_utils._action import StepAction
 
 

@@ -5,7 +5,7 @@ Makes the manifest of NARWHAL_MODEL_SOURCE in this process (no module process)."
 
 from __future__ import annotations
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.source import model_manifest, module_spec
+from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.model_source import model_manifest, module_spec
 from ansible_collections.narwhal.deploy.plugins.plugin_utils._action import StepAction
 
 

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 
 # Documentation only, as ansible-core's set_fact: the action plugin plugins/action/image_sources.py does the work in the
-# controller's process, with the step plugins/module_utils/_deliver/sources.py (plugins/module_utils/_common/step.py).
+# controller's process, with the step plugins/module_utils/_deliver/image_sources.py (plugins/module_utils/_common/step.py).
 
 from __future__ import annotations
 

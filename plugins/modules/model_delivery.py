@@ -170,7 +170,7 @@ replaced:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.delivery import run_module
+from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.model_host import run_module
 
 
 def main():

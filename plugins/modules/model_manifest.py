@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 
 # Documentation only, as ansible-core's set_fact: the action plugin plugins/action/model_manifest.py does the work in the
-# controller's process, with the step plugins/module_utils/_deliver/source.py (plugins/module_utils/_common/step.py).
+# controller's process, with the step plugins/module_utils/_deliver/model_source.py (plugins/module_utils/_common/step.py).
 
 from __future__ import annotations
 

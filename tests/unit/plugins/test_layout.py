@@ -18,10 +18,10 @@ EDGES = {"_common/tools.py", *HOST_READERS, "_facts/checkpoint.py", "_facts/daem
          "_router/client.py", "_common/http.py",
          # the host modules' work (community.docker's _module_container): each its module's run_module
          "_facts/prereqs.py", "_router/proof.py", "_router/container.py", "_router/members.py", "_bench/serve.py",
-         "_deliver/delivery.py", "_deliver/image_host.py",
+         "_deliver/model_host.py", "_deliver/image_host.py",
          # the steps, each the work of one task (_common/step.py): they read and write what their stage names
          "_inputs/site.py", "_discover/outputs.py", "_prepare/run.py", "_probe/transfer.py", "_bench/results.py",
-         "_outputs/private_file.py", "_tls/material.py", "_deliver/source.py", "_deliver/sources.py"}
+         "_outputs/private_file.py", "_tls/material.py", "_deliver/model_source.py", "_deliver/image_sources.py"}
 # The container planner (what turns a record into a container), which a host module that only reads the role
 # environment (_plan/role_env.py) does not ship.
 CONTAINER_PLANNER = ("_plan/container.py", "_plan/fields.py", "_plan/labels.py", "_plan/lifecycle.py",
@@ -90,9 +90,9 @@ def test_pure_files_do_no_io(name):
     ("router_container", ("_discover/", "_inputs/", "_plan/", "_facts/", "_prepare/", "_router/client.py",
                           "_router/traffic.py", "_outputs/")),
     ("model_delivery", ("_discover/", "_inputs/", "_plan/", "_prepare/", "_outputs/", "_facts/", "_docker/",
-                        "_deliver/source.py")),
+                        "_deliver/model_source.py")),
     ("image_delivery", ("_discover/", "_inputs/", "_plan/", "_facts/", "_prepare/", "_outputs/", "_router/",
-                        "_deliver/sources.py", "_deliver/manifest.py")),
+                        "_deliver/image_sources.py", "_deliver/manifest.py")),
     ("router_members", ("_discover/", "_inputs/", "_plan/", "_facts/", "_prepare/", "_router/traffic.py",
                         "_router/proof.py", "_router/container.py", "_outputs/")),
 ])

@@ -1,6 +1,6 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""model_delivery (plugins/modules/model_delivery.py, its work in _deliver/delivery.py) on real directories: a
+"""model_delivery (plugins/modules/model_delivery.py, its work in _deliver/model_host.py) on real directories: a
 commit checks the synced copy whole, stamps it and swaps it into place or leaves the checkpoint untouched; a check
 matches what a commit left, the fast path sees a size or mtime change, the full one same-size damage."""
 

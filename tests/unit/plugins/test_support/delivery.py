@@ -1,6 +1,6 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Small checkpoints for the deliver stage's tests (_deliver/source.py, _deliver/delivery.py, model_delivery): a
+"""Small checkpoints for the deliver stage's tests (_deliver/model_source.py, _deliver/model_host.py, model_delivery): a
 directory of files with known contents, and their manifest computed here with hashlib (not by the code under test)."""
 
 from __future__ import annotations

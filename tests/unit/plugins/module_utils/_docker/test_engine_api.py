@@ -410,7 +410,7 @@ class _Daemon:
                 self.end_headers()
                 self.wfile.write(data)
 
-            do_POST = do_GET = _answer
+            do_POST = do_GET = _answer  # noqa: N815 - http.server's names
 
             def log_message(self, *args):
                 pass

@@ -1,7 +1,7 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The checkpoint on an engine host: the work of model_delivery (plugins/modules/model_delivery.py), and the walk and
-the chunked sha256 that the source's manifest (the model_manifest step, _deliver/source.py) shares, so that the
+the chunked sha256 that the source's manifest (the model_manifest step, _deliver/model_source.py) shares, so that the
 controller and the hosts agree on which files a checkpoint holds (docs/delivery.md, "Checkpoints").
 
 state=check compares the checkpoint a host holds with the source's manifest: fast, the STAMP the last commit wrote

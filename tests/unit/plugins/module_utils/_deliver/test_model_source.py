@@ -1,6 +1,6 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""model_manifest (plugins/module_utils/_deliver/source.py), run as its action plugin runs it (conftest's
+"""model_manifest (plugins/module_utils/_deliver/model_source.py), run as its action plugin runs it (conftest's
 step_runner): the manifest of a checkpoint directory, the cache that spares an unchanged file a second hash, and the
 refusals that name NARWHAL_MODEL_SOURCE."""
 
@@ -13,20 +13,20 @@ import stat
 import pytest
 from test_support.delivery import CHECKPOINT, expected_digest, expected_files, make_checkpoint, set_mtime
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._deliver import delivery
+from ansible_collections.narwhal.deploy.plugins.module_utils._deliver import model_host
 
 
 @pytest.fixture
 def hashes(monkeypatch):
-    """The paths the step hashes, in order (delivery.file_sha256, counted)."""
+    """The paths the step hashes, in order (model_host.file_sha256, counted)."""
     seen = []
-    real = delivery.file_sha256
+    real = model_host.file_sha256
 
     def counting(path):
         seen.append(os.path.basename(path))
         return real(path)
 
-    monkeypatch.setattr(delivery, "file_sha256", counting)
+    monkeypatch.setattr(model_host, "file_sha256", counting)
     return seen
 
 

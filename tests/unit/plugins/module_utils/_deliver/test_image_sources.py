@@ -1,6 +1,6 @@
-"""plugins/module_utils/_deliver/sources.py, the image_sources step run as its action plugin runs it: the pin file's
-pins, the archive index (manifest.json read with tarfile; the sha256 from the sidecar, else computed once and cached
-by size and mtime), and the auth file's check (0600, Docker's format, never quoted)."""
+"""plugins/module_utils/_deliver/image_sources.py, the image_sources step run as its action plugin runs it: the pin
+file's pins, the archive index (manifest.json read with tarfile; the sha256 from the sidecar, else computed once and
+cached by size and mtime), and the auth file's check (0600, Docker's format, never quoted)."""
 import base64
 import hashlib
 import io
@@ -10,7 +10,7 @@ import tarfile
 
 import pytest
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._deliver import sources as _sources
+from ansible_collections.narwhal.deploy.plugins.module_utils._deliver import image_sources as _sources
 
 ID_A = "sha256:" + "a" * 64
 

@@ -4,7 +4,7 @@
 plugins/action/model_manifest.py runs it in the controller's process): the manifest of the checkpoint in
 NARWHAL_MODEL_SOURCE, made once at the source (docs/delivery.md, "Checkpoints").
 
-Every file of the directory (_deliver/delivery.py::checkpoint_files, the walk the hosts use: symbolic links inside it
+Every file of the directory (_deliver/model_host.py::checkpoint_files, the walk the hosts use: symbolic links inside it
 followed, the STAMP and directories named .* left out) is hashed 1 MiB at a time, except a file whose size and
 mtime_ns equal what the previous run recorded in <config_dir>/model-manifest.json: its sha256 is taken from there.
 That file holds the manifest (_deliver/manifest.py) with the source and what was seen of each file, and is written
@@ -18,7 +18,7 @@ import json
 import os
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.step import StepError
-from ansible_collections.narwhal.deploy.plugins.module_utils._deliver import delivery
+from ansible_collections.narwhal.deploy.plugins.module_utils._deliver import model_host
 from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.manifest import manifest
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.private_file import write_whole
 
@@ -50,7 +50,7 @@ def _source_files(source):
     if not os.path.isdir(source):
         _refuse("%s is not a directory on the controller; %s" % (source, FIX))
     try:
-        files, links_out, odd = delivery.checkpoint_files(source)
+        files, links_out, odd = model_host.checkpoint_files(source)
     except OSError as exc:
         _refuse("cannot read %s: %s; make it readable by the user that runs ansible-playbook"
                 % (exc.filename or source, exc.strerror or exc))
@@ -88,7 +88,7 @@ def _hash(source, rel, st):
     """The sha256 of source/rel, refused when the file changed while it was read (its size or mtime_ns)."""
     path = os.path.join(source, rel)
     try:
-        sha256 = delivery.file_sha256(path)
+        sha256 = model_host.file_sha256(path)
         after = os.stat(path)
     except OSError as exc:
         _refuse("cannot read %s: %s; make it readable by the user that runs ansible-playbook"
