@@ -253,7 +253,7 @@ def down(logs, n=16):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     ap.add_argument("--hosts", default="1,4,16", help="checkpoint runs: host counts (default 1,4,16)")
     ap.add_argument("--image-hosts", default="1,16", help="image pull runs: host counts (default 1,16)")
     ap.add_argument("--gib", type=float, default=2.0, help="checkpoint size in GiB (default 2)")

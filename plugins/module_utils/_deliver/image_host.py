@@ -109,7 +109,7 @@ def _pull(module, api, image, parts, host):
                            % (host, params["docker_host"], exc))
     except EngineAPIError as exc:
         raise RefusedError(pull_failure(exc.explanation or exc, host, params["reference"], parts["registry"],
-                                   params["key"], bool(auth)))
+                                        params["key"], bool(auth)))
 
 
 def _expect(after, image_id, host, what):

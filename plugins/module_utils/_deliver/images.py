@@ -441,7 +441,7 @@ def plan_images(hosts, pins=None, archives=None, repin=False, resolved=None, pin
     "registries": {host: [registries it pulls from]}, "pin_text": the pin file (its pins and this run's),
     "lines": [what each host does]}. InputError naming the host, the reference, its key and the fix."""
     pins, resolved = dict(pins or {}), dict(resolved or {})
-    archives = [a for a in archives or []]
+    archives = list(archives or [])
     reads = _with_resolved(hosts, resolved)
     plan = {"hosts": dict((h, []) for h in reads), "pins": {}, "resolvers": {}, "pending": [], "registries": {}}
     for ref, holders in sorted(_needs(reads).items()):
@@ -471,8 +471,8 @@ def describe(plan):
             if a["action"] == "none":
                 continue
             resolver = plan["resolvers"].get(a["reference"])
-            what = {"tag": "tag %s as it" % a["image"], "load": "load %s from %s" % (a["image_id"],
-                                                                                   (a["archive"] or {}).get("name")),
+            loaded_from = (a["archive"] or {}).get("name")
+            what = {"tag": "tag %s as it" % a["image"], "load": "load %s from %s" % (a["image_id"], loaded_from),
                     "pull": "pull %s" % (a["image"] or "the digest %s resolves" % resolver),
                     "pull-resolve": "pull it from %s and pin every host to what it gets" % a["registry"]}[a["action"]]
             lines.append("%s: %s (%s): %s" % (host, a["reference"], a["key"], what))

@@ -73,7 +73,7 @@ def write_if_differs(path, data):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     ap.add_argument("out")
     ap.add_argument("--like", help="a checkpoint directory whose regular files (config, tokenizer) are copied")
     ap.add_argument("--shards", type=int, default=2)

@@ -27,7 +27,7 @@ def _free_port():
 
 
 def _registry(*args):
-    return subprocess.run([SCRIPT, *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([SCRIPT, *args], capture_output=True, text=True, timeout=120, check=False)
 
 
 def _status(url, cafile, auth_file=None):

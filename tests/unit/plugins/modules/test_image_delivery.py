@@ -167,7 +167,7 @@ def test_check_mode_pulls_and_tags_nothing(module_runner, daemon):
     ("dial tcp 10.0.0.9:5000: connect: connection refused", False, False, "cannot reach the registry"),
 ])
 def test_a_failed_pull_is_refused_by_the_input_that_fixes_it(module_runner, daemon, tmp_path, words, in_stream,
-                                                            with_auth, names):
+                                                             with_auth, names):
     daemon(FakeDaemon(refuse=words, in_stream=in_stream))
     args = {"state": "pull", "image": REF, "reference": REF, "key": "NARWHAL_NODE_2_IMAGE", "host": "engine-2"}
     if with_auth:

@@ -62,8 +62,8 @@ def test_a_host_without_the_checkpoint_gets_all_of_it(module_runner, src, dest):
     how, result = _check(module_runner, dest)
     assert how == "exit" and result["changed"] is False
     assert result["match"] is False and result["exists"] is False and result["parent_exists"] is True
-    assert result["differing"] == sorted(CHECKPOINT) and result["rsync_opts"] == ["--exclude=/" + STAMP,
-                                                                                   "--exclude=.*/"]
+    assert result["differing"] == sorted(CHECKPOINT)
+    assert result["rsync_opts"] == ["--exclude=/" + STAMP, "--exclude=.*/"]
     result = _delivered(module_runner, src, dest)
     assert result["changed"] is True and result["previous"] is None and result["digest"] == expected_digest()
     assert result["received"] == sorted(CHECKPOINT) and result["replaced"] == []

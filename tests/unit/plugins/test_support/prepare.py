@@ -139,8 +139,8 @@ def with_manifest(root, launch, engine, files):
     launch["engines"][engine]["runtime"]["model_manifest"] = digest
     (root / "config" / "engine-launch.local.json").write_text(json.dumps(launch, indent=2))
     (root / "config" / (INSPECTION_FILE % engine)).write_text(json.dumps(
-        {"engine": engine, "model": {"path": "/srv/models/tiny-llama", "manifest": {"digest": digest,
-                                                                                   "files": files}}}))
+        {"engine": engine, "model": {"path": "/srv/models/tiny-llama",
+                                     "manifest": {"digest": digest, "files": files}}}))
     return digest
 
 

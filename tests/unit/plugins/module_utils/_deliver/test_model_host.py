@@ -75,4 +75,4 @@ def test_the_stamp_is_the_manifest_with_each_files_mtime(tmp_path):
 def test_the_sync_links_what_the_checkpoint_in_place_holds_and_skips_what_is_not_the_models():
     assert model_host.rsync_opts("/srv/models/m", False) == ["--exclude=/" + STAMP, "--exclude=.*/"]
     assert model_host.rsync_opts("/srv/models/m", True) == ["--exclude=/" + STAMP, "--exclude=.*/",
-                                                          "--link-dest=/srv/models/m"]
+                                                            "--link-dest=/srv/models/m"]

@@ -157,8 +157,8 @@ def test_the_record_carries_the_images_registry_digest_only_when_it_has_one(tmp_
     assert with_digest["image_digest"] == digest
     assert list(with_digest)[list(with_digest).index("image_id") + 1] == "image_digest"
     assert "image_digest" not in runtime([]) and "image_digest" not in runtime(["other/image@sha256:" + "2" * 64])
-    assert not [e for e in validation_errors(dict(with_digest), RECORD_SCHEMA["properties"]["runtime"])]
-    assert [e for e in validation_errors(dict(with_digest, image_digest="x"), RECORD_SCHEMA["properties"]["runtime"])]
+    assert not list(validation_errors(dict(with_digest), RECORD_SCHEMA["properties"]["runtime"]))
+    assert list(validation_errors(dict(with_digest, image_digest="x"), RECORD_SCHEMA["properties"]["runtime"]))
 
 
 # ------------------------------------------------------------------------------------------------
