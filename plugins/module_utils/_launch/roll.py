@@ -52,7 +52,12 @@ def _problem(a, b):
             la if fa is None else lb, (ra if fa is None else rb)["engine"])
     found = pair_problem(ra, rb, fa, fb)
     if found is None:
-        return None
+        weights = (ra["runtime"].get("model_manifest"), rb["runtime"].get("model_manifest"))
+        if None in weights or weights[0] == weights[1]:
+            return None  # one weights (or a record from before the deliver stage: the same as far as is known)
+        # not the handshake's: vLLM pairs them, and the decode continues KV the prefill computed with other
+        # weights, answering wrongly with HTTP 200 (docs/delivery.md, "Checkpoints")
+        found = ("model_manifest", "they serve different weights (runtime.model_manifest %s vs %s)" % weights)
     return "%s%s and %s%s: %s" % (la, ra["engine"], lb, rb["engine"], found[1])
 
 

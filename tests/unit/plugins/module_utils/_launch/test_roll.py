@@ -204,3 +204,28 @@ def test_a_set_is_given_whole_unless_a_role_is_empty():
     serving = {"prefill": urls(2), "decode": urls(4)}
     assert [m["workers"] for m in router_moves(ROUTERS, "set", serving=serving)] == [serving, serving]
     assert router_moves(ROUTERS, "set", serving={"prefill": [], "decode": []}) == []
+
+
+def _weights(engines, running, new):
+    """Each engine's running record on the `running` checkpoint manifest, its new one on `new` (None: no manifest)."""
+    for e in engines:
+        for side, digest in (("running", running), ("new", new)):
+            if e[side] is not None and digest is not None:
+                e[side]["runtime"]["model_manifest"] = "sha256:" + digest * 64
+    return engines
+
+
+def test_new_weights_roll_by_sets_and_a_1p1d_fleet_is_refused():
+    # same vLLM, same geometry: only the checkpoint's manifest changes; an old prefill with a new decode would pair
+    engines = _weights(fleet("PPDD", new="0.33.0"), "a", "b")
+    plan = roll_plan(engines)
+    assert plan["kind"] == "sets"
+    assert "they serve different weights (runtime.model_manifest sha256:aaaa" in plan["reason"]
+    refused = roll_plan(_weights(fleet("PD", new="0.33.0"), "a", "b"))
+    assert refused["refused"] and "different weights" in refused["refused"]
+
+
+def test_the_same_weights_or_a_record_without_a_manifest_roll_one_at_a_time():
+    assert roll_plan(_weights(fleet("PPDD", new="0.33.0"), "a", "a"))["kind"] == "rolling"
+    # a fleet discovered before its checkpoint was delivered: nothing says the weights changed
+    assert roll_plan(_weights(fleet("PPDD", new="0.33.0"), None, "b"))["kind"] == "rolling"
