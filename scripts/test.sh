@@ -109,7 +109,12 @@ installed_refusals() {  # installed_refusals REPO: the deliver stage's refusals 
   # 2. an unknown CA: NARWHAL_REGISTRY_CA_FILE names a CA that did not sign the registry's certificate
   step not with_env NARWHAL_REGISTRY_CA_FILE="$reg/other-ca.crt" play deliver refuse-ca.log
   step refused refuse-ca.log "$b" "$hostport" NARWHAL_REGISTRY_CA_FILE
-  step play deliver deliver-back.log  # the right CA and credentials: the host pulls the pinned image again
+  # the way back offline: NARWHAL_IMAGE_ARCHIVE_DIR holds a docker save archive of the pinned image (no registry
+  # reached): copied to the host that lacks it, its sha256 checked there, loaded and tagged; nothing goes to the others
+  mkdir -p archives && docker save "${ref#*/}" > archives/engine.tar && (cd archives && sha256sum engine.tar > engine.tar.sha256)
+  step with_env NARWHAL_IMAGE_ARCHIVE_DIR=archives play deliver deliver-back.log
+  step names deliver-back.log "$b" "load"
+  step grep -Eq "$a +: ok=[0-9]+ +changed=0 " deliver-back.log
   step test "$(image_id "$b")" = "$pinned"
   # 3. a tag that moved: the registry's tag names another image (the CUDA stand-in) and engine-2's host pulled it
   step "$1/tests/harness/registry.sh" push "$reg" "narwhal-sim/engine-standin:latest=${ref#*/}"
