@@ -180,6 +180,19 @@ def open_regular(path):
     return os.fdopen(fd, "rb")
 
 
+HASH_CHUNK = 1 << 20  # a large file (a checkpoint's shard, an image archive) is hashed 1 MiB at a time
+
+
+def file_sha256(path):
+    """The sha256 (hex) of the file at `path`, read HASH_CHUNK bytes at a time: the deliver stage's one file hash
+    (checkpoints on the controller and the hosts, image archives)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(HASH_CHUNK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def read_regular(path, limit=None):
     """The bytes of a regular file (at most limit + 1 when a limit is given); see open_regular."""
     with open_regular(path) as handle:

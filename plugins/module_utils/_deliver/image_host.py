@@ -11,10 +11,10 @@ and the password are registered as no_log values, and never reach a result, a me
 
 from __future__ import annotations
 
-import hashlib
 import os
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import file_sha256
 from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.images import (
     AUTH_KEY,
     parse_reference,
@@ -31,7 +31,6 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api 
 
 __metaclass__ = type
 
-CHUNK = 1 << 20
 
 
 def make_client(docker_host, timeout):
@@ -148,12 +147,6 @@ def pull(module, api, host):
             "host": host}
 
 
-def file_sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(CHUNK), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _load(module, api, host):

@@ -14,7 +14,6 @@ changes and not in check mode.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import stat
@@ -22,7 +21,11 @@ import tarfile
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.step import StepError
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import NotRegularFileError, read_regular
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import (
+    NotRegularFileError,
+    file_sha256,
+    read_regular,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.images import (
     ARCHIVE_KEY,
     AUTH_KEY,
@@ -36,7 +39,6 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.private_fi
 __metaclass__ = type
 
 CACHE_VERSION = 1
-CHUNK = 1 << 20
 
 
 def module_spec():
@@ -81,12 +83,6 @@ def auth_check(path):
         raise StepError("%s (%s)" % (exc, path))
 
 
-def file_sha256(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(CHUNK), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _manifest(path, name):

@@ -14,13 +14,13 @@ never a half copy). Python 3.8 and the standard library: it ships to the hosts.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import stat
 import tempfile
 
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import file_sha256
 from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.manifest import (
     MANIFEST_VERSION,
     STAMP,
@@ -30,7 +30,6 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.manifest i
     manifest_digest,
 )
 
-CHUNK = 1024 * 1024  # a large file is hashed 1 MiB at a time
 PARTIAL = ".narwhal-partial"  # the sync's copy beside the checkpoint: <dest>.narwhal-partial
 PREVIOUS = ".narwhal-previous"  # the checkpoint a commit moved aside: <dest>.narwhal-previous
 STAMP_MAX_BYTES = 64 * 1024 * 1024  # as _facts/checkpoint.py's reader: a larger STAMP is not one a commit wrote
@@ -90,13 +89,6 @@ def _visit(directory, prefix, above, real_root, files, links_out, odd):
             odd.append(rel)
 
 
-def file_sha256(path):
-    """The sha256 (hex) of the file at `path`, read 1 MiB at a time."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(CHUNK), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import json
 import os
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.step import StepError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import file_sha256
 from ansible_collections.narwhal.deploy.plugins.module_utils._deliver import model_host
 from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.manifest import manifest
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.private_file import write_whole
@@ -88,7 +89,7 @@ def _hash(source, rel, st):
     """The sha256 of source/rel, refused when the file changed while it was read (its size or mtime_ns)."""
     path = os.path.join(source, rel)
     try:
-        sha256 = model_host.file_sha256(path)
+        sha256 = file_sha256(path)
         after = os.stat(path)
     except OSError as exc:
         _refuse("cannot read %s: %s; make it readable by the user that runs ansible-playbook"

@@ -33,31 +33,6 @@ def test_the_walk_names_regular_files_and_leaves_out_the_stamp_and_dot_directori
     assert sorted(model_host.checkpoint_files(str(root / "shards"))[0]) == ["model-00002-of-00002.safetensors"]
 
 
-def test_a_large_file_is_hashed_one_mebibyte_at_a_time(tmp_path, monkeypatch):
-    data = os.urandom(2 * model_host.CHUNK + 12345)
-    (tmp_path / "shard").write_bytes(data)
-    reads = []
-    real_open = open
-
-    class Spy:
-        def __init__(self, fh):
-            self.fh = fh
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.fh.close()
-
-        def read(self, size=-1):
-            reads.append(size)
-            return self.fh.read(size)
-
-    monkeypatch.setattr(model_host, "open", lambda *a, **k: Spy(real_open(*a, **k)), raising=False)
-    assert model_host.file_sha256(str(tmp_path / "shard")) == hashlib.sha256(data).hexdigest()
-    assert model_host.CHUNK == 1024 * 1024 and reads == [model_host.CHUNK] * 4  # three blocks, then the end
-
-
 def test_the_stamp_is_the_manifest_with_each_files_mtime(tmp_path):
     root = make_checkpoint(tmp_path / "m", {"config.json": b"{}"})
     files = {"config.json": {"size": 2, "sha256": hashlib.sha256(b"{}").hexdigest()}}

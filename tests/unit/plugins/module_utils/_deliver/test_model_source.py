@@ -13,20 +13,20 @@ import stat
 import pytest
 from test_support.delivery import CHECKPOINT, expected_digest, expected_files, make_checkpoint, set_mtime
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._deliver import model_host
+from ansible_collections.narwhal.deploy.plugins.module_utils._deliver import model_source
 
 
 @pytest.fixture
 def hashes(monkeypatch):
-    """The paths the step hashes, in order (model_host.file_sha256, counted)."""
+    """The paths the step hashes, in order (file_sha256 as model_source calls it, counted)."""
     seen = []
-    real = model_host.file_sha256
+    real = model_source.file_sha256
 
     def counting(path):
         seen.append(os.path.basename(path))
         return real(path)
 
-    monkeypatch.setattr(model_host, "file_sha256", counting)
+    monkeypatch.setattr(model_source, "file_sha256", counting)
     return seen
 
 
