@@ -32,7 +32,6 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api 
 __metaclass__ = type
 
 
-
 def make_client(docker_host, timeout):
     """The Docker Engine API client (tests replace this)."""
     return Client(docker_host, timeout=timeout)
@@ -145,8 +144,6 @@ def pull(module, api, host):
     return {"changed": changed, "pulled": pulled, "image_id": after.get("Id"), "repo_digests": digests,
             "digest": repo_digest(reference, digests) or repo_digest(image, digests), "reference": reference,
             "host": host}
-
-
 
 
 def _load(module, api, host):

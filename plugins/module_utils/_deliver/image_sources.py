@@ -83,8 +83,6 @@ def auth_check(path):
         raise StepError("%s (%s)" % (exc, path))
 
 
-
-
 def _manifest(path, name):
     """The images of a docker save archive (its manifest.json, read with tarfile)."""
     try:

@@ -89,8 +89,6 @@ def _visit(directory, prefix, above, real_root, files, links_out, odd):
             odd.append(rel)
 
 
-
-
 # ------------------------------------------------------------------------------------------------
 # the STAMP
 

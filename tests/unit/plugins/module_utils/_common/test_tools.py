@@ -34,5 +34,3 @@ def test_a_large_file_is_hashed_one_mebibyte_at_a_time(tmp_path, monkeypatch):
     monkeypatch.setattr(tools, "open", lambda *a, **k: Spy(real_open(*a, **k)), raising=False)
     assert tools.file_sha256(str(tmp_path / "shard")) == hashlib.sha256(data).hexdigest()
     assert tools.HASH_CHUNK == 1024 * 1024 and reads == [tools.HASH_CHUNK] * 4  # three blocks, then the end
-
-
