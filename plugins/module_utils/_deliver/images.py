@@ -438,14 +438,19 @@ def plan_images(hosts, pins=None, archives=None, repin=False, resolved=None, pin
     `resolved`: {reference: {"host", "image_id", "digest"}} of the resolvers' pulls (the second call).
     -> {"hosts": {host: [{"key", "reference", "action", "image", "image_id", "registry", "archive", "tag"}]},
     "pins": this run's pins, "resolvers": {reference: host}, "pending": [references a resolver must pull first],
-    "registries": {host: [registries it pulls from]}, "pin_text": the pin file (its pins and this run's),
-    "lines": [what each host does]}. InputError naming the host, the reference, its key and the fix."""
+    "registries": {host: [registries it pulls from]}, "ca_registries": {host: [the registries of every reference it
+    runs, pulled this run or not: NARWHAL_REGISTRY_CA_FILE is kept on each]}, "pin_text": the pin file (its pins and
+    this run's), "lines": [what each host does]}. InputError naming the host, the reference, its key and the fix."""
     pins, resolved = dict(pins or {}), dict(resolved or {})
     archives = list(archives or [])
     reads = _with_resolved(hosts, resolved)
-    plan = {"hosts": dict((h, []) for h in reads), "pins": {}, "resolvers": {}, "pending": [], "registries": {}}
+    plan = {"hosts": dict((h, []) for h in reads), "pins": {}, "resolvers": {}, "pending": [], "registries": {},
+            "ca_registries": dict((h, []) for h in reads)}
     for ref, holders in sorted(_needs(reads).items()):
         parts = _parts(ref, holders)
+        for host, _entry in holders:
+            if parts["registry"] and parts["registry"] not in plan["ca_registries"][host]:
+                plan["ca_registries"][host] = sorted(plan["ca_registries"][host] + [parts["registry"]])
         pin = _id_pin(ref, parts, holders) if parts["id"] else \
             _pin(ref, parts, holders, (pins, archives, resolved, pin_file), repin)
         if pin is None:

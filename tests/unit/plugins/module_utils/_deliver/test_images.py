@@ -203,6 +203,8 @@ def test_an_archive_comes_before_the_registry():
     assert (entry["action"], entry["tag"], entry["archive"]) == \
         ("load", True, {"path": "/a/vllm.tar", "name": "vllm.tar", "sha256": "e" * 64})
     assert plan["registries"] == {"engine-1": []}
+    # it pulls nothing, yet its reference's registry is where NARWHAL_REGISTRY_CA_FILE belongs on it (kept true)
+    assert plan["ca_registries"] == {"engine-1": [REG]}
 
 
 def test_the_hosts_that_hold_it_pin_it_when_nothing_else_does():
