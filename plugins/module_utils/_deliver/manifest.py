@@ -21,6 +21,10 @@ import json
 __metaclass__ = type
 
 STAMP = ".narwhal-manifest.json"
+# The largest STAMP a reader takes (discovery's, _facts/checkpoint.py, and the deliver stage's check,
+# _deliver/model_host.py): a manifest entry is about 120 bytes, so this holds some 500 000 files (a checkpoint has tens
+# to thousands); a larger file is not one the deliver stage wrote.
+STAMP_MAX_BYTES = 64 * 1024 * 1024
 MANIFEST_VERSION = 1
 
 

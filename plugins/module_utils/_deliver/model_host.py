@@ -24,6 +24,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools impor
 from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.manifest import (
     MANIFEST_VERSION,
     STAMP,
+    STAMP_MAX_BYTES,
     canonical_files,
     describe_difference,
     differing_files,
@@ -32,7 +33,6 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.manifest i
 
 PARTIAL = ".narwhal-partial"  # the sync's copy beside the checkpoint: <dest>.narwhal-partial
 PREVIOUS = ".narwhal-previous"  # the checkpoint a commit moved aside: <dest>.narwhal-previous
-STAMP_MAX_BYTES = 64 * 1024 * 1024  # as _facts/checkpoint.py's reader: a larger STAMP is not one a commit wrote
 RESYNC = ("rerun the deliver stage (ansible-playbook narwhal.deploy.deliver), which syncs the copy again comparing "
           "every file by checksum")
 

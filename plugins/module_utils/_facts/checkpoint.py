@@ -18,6 +18,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools impor
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.manifest import (
     STAMP,
+    STAMP_MAX_BYTES,
     canonical_files,
     manifest_digest,
 )
@@ -26,10 +27,6 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._facts.model import
     ModelConfigError,
     model_facts,
 )
-
-# The largest STAMP read: a manifest entry is about 120 bytes, so this holds some 500 000 files (a checkpoint has
-# tens to thousands); a larger file is not one the deliver stage wrote.
-STAMP_MAX_BYTES = 64 * 1024 * 1024
 
 # --------------------------------------------------------------------------------------------------
 # the file-reading helper
