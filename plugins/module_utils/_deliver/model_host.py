@@ -95,7 +95,9 @@ def _visit(directory, prefix, above, real_root, files, links_out, odd):
 
 def read_stamp(path):
     """The STAMP of checkpoint directory `path` as written by a commit ({"version", "digest", "files": {rel: {size,
-    sha256, mtime_ns}}}), or None when there is none or it is not one (unreadable, not JSON, no files map)."""
+    sha256, mtime_ns}}}), or None when there is none or it is not one (unreadable, not JSON, no files map). Lenient on
+    purpose, unlike discovery's strict reader (_facts/checkpoint.py::read_stamp, which this host module may not ship):
+    here a damaged STAMP only means the host does not match, so it is synced, checked and stamped again."""
     stamp_path = os.path.join(path, STAMP)
     try:
         st = os.lstat(stamp_path)
