@@ -504,6 +504,19 @@ class Job:
         self.finished = False
         self.prefilled_by = None  # set once the prompt is prefilled
         self.first_chunk = None  # a streamed chat's role chunk
+        self.running = False  # in the scheduler's running set (vllm:num_requests_running)
+
+    def schedule(self):
+        with self.state.lock:
+            self.rank.metrics.running += 1
+            self.running = True
+
+    def unschedule(self):
+        """The request leaves the running set: once, when it finishes or its client goes away."""
+        with self.state.lock:
+            if self.running:
+                self.rank.metrics.running -= 1
+                self.running = False
 
     def token(self):
         self.token_times.append(time.time())
@@ -514,6 +527,10 @@ class Job:
         if self.finished:
             return
         self.finished = True
+        # the scheduler frees a finished request before its last output reaches the client
+        # (vllm/v1/core/sched/scheduler.py update_from_output -> _free_request), so a client that has its
+        # answer reads a /metrics that counts it and no longer has it running
+        self.unschedule()
         now, m, n, prefilled_by = time.time(), self.rank.metrics, self.req.n_prompt_tokens, self.prefilled_by
         with self.state.lock:
             if prefilled_by is not None:
@@ -801,7 +818,6 @@ def make_handler(state):
             rid = header_id or uuid.uuid4().hex[:16]
             answer_id = ("chatcmpl-" if req.kind == api.CHAT else "cmpl-") + rid
             created = int(time.time())
-            running = False
             try:
                 if req.stream:
                     self.start_stream()
@@ -826,9 +842,7 @@ def make_handler(state):
                     remote = req.params.get("remote_prefill_cached_tokens")
                     if REMOTE_CACHED and isinstance(remote, int):
                         cached = remote  # the producer's hits reported in its place (output_processor)
-                with state.lock:
-                    job.rank.metrics.running += 1  # scheduled: prefill and decode
-                running = True
+                job.schedule()  # scheduled: prefill and decode
                 job.prefilled_by = source
                 decode_remote = req.params.get("do_remote_decode")
                 kv_params = self.hold_blocks(req, rid, payload, job.rank) if decode_remote else None
@@ -863,9 +877,7 @@ def make_handler(state):
                 job.finish(reason)
                 return self.send(200, out)
             finally:
-                if running:
-                    with state.lock:
-                        job.rank.metrics.running -= 1
+                job.unschedule()
 
         def stream(self, req, job, answer_id, created, tokens, details):
             """completion_stream_generator / chat_completion_stream_generator for one choice, one token a chunk;
@@ -902,6 +914,8 @@ def make_handler(state):
                     chunk["system_fingerprint"] = state.fingerprint
                 if finished != "abort":
                     job.token()
+                if last:
+                    job.finish(finished)  # counted before the client reads the finishing chunk
                 self.event(chunk)
                 if last:
                     break
