@@ -26,7 +26,7 @@ import posixpath
 import re
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import RERUN, PlanError
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.kv_events import HASH_SEED_ENV
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.kv_events import HASH_SEED_ENV, bind_endpoint
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_NAME, local_host_reason
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import API_KEY_ENV
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.versions import version_tuple
@@ -387,17 +387,20 @@ def kv_events(record, runtime_env):
     without them stay as they were): `--kv-events-config` with vLLM's ZMQ publisher on the record's endpoint, and
     PYTHONHASHSEED, the seed of vLLM's block hashes. A record whose own environment (the image's, the operator's)
     sets another PYTHONHASHSEED is refused: the events of engines seeded differently would not agree."""
-    kv = record.get("kv_events")
-    if kv is None:
+    if record.get("kv_events") is None:
         return [], {}
+    # the endpoint from the port: whatever else a hand-edited record says, the publisher binds (a non-wildcard
+    # endpoint would make vLLM connect to it and push the events there); the record check holds endpoint = this
+    endpoint = bind_endpoint(record_field(record, "kv_events.port", int))
+    hash_seed = record_field(record, "kv_events.hash_seed", str, allow_empty=False)
     seed = runtime_env.get(HASH_SEED_ENV)
-    if seed is not None and seed != kv["hash_seed"]:
+    if seed is not None and seed != hash_seed:
         raise PlanError("launch record runtime.environment sets %s=%s but kv_events.hash_seed is %s (the image's "
                         "environment or NARWHAL_ENGINE_ENV): every engine of a fleet with KV events hashes its blocks "
                         "with one seed; set NARWHAL_KV_HASH_SEED=%s (or remove the variable), then %s"
-                        % (HASH_SEED_ENV, seed, kv["hash_seed"], seed, RERUN), "NARWHAL_KV_HASH_SEED")
-    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": kv["endpoint"]}
-    return ["--kv-events-config", json.dumps(config, separators=(",", ":"))], {HASH_SEED_ENV: kv["hash_seed"]}
+                        % (HASH_SEED_ENV, seed, hash_seed, seed, RERUN), "NARWHAL_KV_HASH_SEED")
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint}
+    return ["--kv-events-config", json.dumps(config, separators=(",", ":"))], {HASH_SEED_ENV: hash_seed}
 
 
 def _serve_command(record, mount, served, bind_host, http_port, access, tp, drain, extra_args):
