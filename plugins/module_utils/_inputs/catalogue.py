@@ -20,6 +20,7 @@ IFNAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
 # kind: str | int | bool (true/false) | port | choice | path | ip | bind (any IP address) | url | interface | role
 # | args (shell words) | env (KEY=VALUE words) | rate_list (request rates) | number (a positive decimal)
 # | seconds (whole seconds from "min" to "max") | whole (a whole number from "min" to "max")
+# | fraction (a decimal above 0, at most 1) | duration (a Prometheus duration above zero: 30s, 2m, 1h30m)
 INPUTS = [
     {"name": "NARWHAL_FABRIC_INTERFACE", "kind": "interface", "required": True, "example": "eth1",
      "doc": "Fabric (KV transfer) interface on every engine host. Discovery reads its global addresses; "
@@ -305,6 +306,18 @@ INPUTS = [
      "doc": "Prometheus port of the benchmark's second router (bound to loopback)."},
     {"name": "NARWHAL_BENCH_TIMEOUT", "kind": "int", "default": 1800, "example": 1800,
      "doc": "Seconds one benchmark step may run before it is stopped and the benchmark fails naming the step."},
+    {"name": "NARWHAL_ALERT_FOR", "kind": "duration", "default": "2m", "example": "2m",
+     "doc": "How long a condition must hold before its alert fires (the `for` of every rule in "
+            "config/prometheus/narwhal-rules.yml, which the monitoring stage writes from the fleet; "
+            "docs/monitoring.md, Alert rules): a Prometheus duration above zero (30s, 2m, 1h30m). An alert fires "
+            "within this plus one scrape and one evaluation interval of its cause."},
+    {"name": "NARWHAL_ALERT_TTFT_P99_MS", "kind": "number", "default": 2000, "example": 2000,
+     "doc": "The time-to-first-token objective in ms: the alert NarwhalTtftP99OverObjective fires when an engine "
+            "role's p99 time to first token over the last 5 minutes (vllm:time_to_first_token_seconds) stays above "
+            "it for NARWHAL_ALERT_FOR."},
+    {"name": "NARWHAL_ALERT_KV_USAGE", "kind": "fraction", "default": 0.95, "example": 0.95,
+     "doc": "KV cache usage (vllm:kv_cache_usage_perc, 1 is full) above which an engine's KV cache counts as "
+            "nearly full: the alert NarwhalKvCacheNearlyFull fires when it stays above it for NARWHAL_ALERT_FOR."},
     {"name": "NARWHAL_CONFIG_DIR", "kind": "path", "default": "config", "example": "config",
      "doc": "Directory of the generated deployment.env and the launch-record extracts. Relative paths "
             "in this file are relative to the project directory (the one that holds .env)."},

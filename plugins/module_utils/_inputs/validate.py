@@ -126,6 +126,10 @@ def _check(spec, key, raw):
         return rate_list(key, raw, value)
     if kind == "number":
         return _number(key, raw, value)
+    if kind == "fraction":
+        return _fraction(key, raw, value)
+    if kind == "duration":
+        return prometheus_duration(key, value)[0]
     if kind == "abspath":
         return _engine_host_path(key, raw, value)
     if kind == "path":
@@ -285,6 +289,41 @@ def _number(key, raw, value):
                          % (raw, FIX))
     number = float(value)
     return int(number) if number.is_integer() else number
+
+
+# The alert inputs (NARWHAL_ALERT_*) take the kinds fraction and duration; the monitoring stage reads them.
+RERUN_MONITORING = "correct it in .env (or the environment), then rerun the monitoring stage"
+
+
+def _fraction(key, raw, value):
+    """A decimal above 0 and at most 1 (a share: 0.95 is 95 percent)."""
+    if not NUMBER.match(str(value)) or not 0 < float(value) <= 1:
+        raise InputError(key, "%r is not a share above 0 and at most 1 like 0.95 (ASCII digits, one optional '.'); %s"
+                         % (raw, RERUN_MONITORING))
+    return float(value)
+
+
+# A Prometheus duration (prometheus/common model.ParseDuration, which reads a rule's `for`): whole numbers of y, w, d,
+# h, m, s, ms, each unit at most once and the largest first (30s, 2m, 1h30m); "0" alone is zero.
+PROM_DURATION = re.compile(r"^(?:([0-9]+)y)?(?:([0-9]+)w)?(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?"
+                           r"(?:([0-9]+)ms)?$")
+PROM_DURATION_MS = (365 * 86400000, 7 * 86400000, 86400000, 3600000, 60000, 1000, 1)
+
+
+def prometheus_duration(key, raw):
+    """-> (the duration's text, its milliseconds) of a Prometheus duration above zero; refused naming `key`
+    otherwise (a zero `for` fires on the first evaluation that matches: one failed scrape would page)."""
+    text = str(raw).strip() if raw is not None else ""
+    m = PROM_DURATION.match(text) if text and text != "0" else None
+    if m is None:
+        raise InputError(key, "%r is not a Prometheus duration above zero: whole numbers with the units y, w, d, h, m, "
+                              "s, ms, largest first, each once (30s, 2m, 1h30m); %s" % (raw, RERUN_MONITORING))
+    ms = sum(int(n) * PROM_DURATION_MS[i] for i, n in enumerate(m.groups()) if n)
+    if ms == 0:
+        raise InputError(key, "%r is zero; a zero duration fires an alert on the first evaluation that matches (one "
+                              "failed scrape would page): give a duration above zero such as 2m; %s"
+                         % (raw, RERUN_MONITORING))
+    return text, ms
 
 
 def rate_list(key, raw, value):
