@@ -25,14 +25,15 @@ ENTRY = REPO / "roles" / "router" / "files" / "narwhal_router.py"
 
 
 def router_process(tmp_path, engines, key, health_interval_s=1, health_failures=2, tls=None, env=None, wait=True,
-                   drain_timeout=120, site=None):
+                   drain_timeout=120, site=None, edit_args=None):
     """-> {url, metrics_url, proc, log, key_file, config, workers} of a router whose fronts are on free loopback
     ports, once its /workers answers (every engine answered /health); `config` and `workers`: the paths of its
     router.json and workers.json. The caller terminates `proc`. `tls` ({cert, key, ca}: paths): the start script's
     fronts end TLS on 127.0.0.2, the URLs https and /workers asked with the CA. `env`: more environment
     (SSL_CERT_FILE, as the router container has it); `wait=False`: return at once (a router whose workers never
     become healthy does not serve). `site`: more site inputs (the policies, NARWHAL_DATA_PARALLEL_SIZE), planned as the
-    router stage plans them (with a kv_aware prefill policy, workers.json maps the engines' kv_events)."""
+    router stage plans them (with a kv_aware prefill policy, workers.json maps the engines' kv_events). `edit_args`: a
+    function that changes router.json's args list in place (flags the plan does not write)."""
     port, metrics = free_port(), free_port()
     site = dict({"NARWHAL_ROUTER_BIND": "127.0.0.1", "NARWHAL_ROUTER_PORT": port,
                  "NARWHAL_ROUTER_METRICS_PORT": metrics, "NARWHAL_ROUTER_POLICY": "round_robin",
@@ -54,6 +55,8 @@ def router_process(tmp_path, engines, key, health_interval_s=1, health_failures=
     args = config["args"]
     args[args.index("--health-check-interval-secs") + 1] = str(health_interval_s)
     args[args.index("--health-failure-threshold") + 1] = str(health_failures)
+    if edit_args is not None:
+        edit_args(args)
     (tmp_path / "router.json").write_text(json.dumps(config))
     log = tmp_path / "router.log"
     env = dict({k: v for k, v in os.environ.items() if "KEY" not in k}, **(env or {}))
