@@ -240,9 +240,9 @@ def docs():
     out += RULES.splitlines()
     out += TUNING.splitlines()
     kv_keys = ", ".join("`%s`" % k for k in KV_POLICY_KEYS)
+    kv_note = " (the prefill policy as it applies, from `NARWHAL_ROUTER_POLICY` when the role's own is unset)"
     out += (CHANGES % (", ".join("`%s`" % k for k in POLICY_KEYS) + "; while KV events are on, also " + kv_keys
-                       + " (the prefill policy as it applies, from `NARWHAL_ROUTER_POLICY` when the role's own is unset)"
-                       )).splitlines()
+                       + kv_note)).splitlines()
     return "\n".join(out) + "\n"
 
 
