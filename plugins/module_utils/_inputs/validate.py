@@ -103,6 +103,8 @@ def _check(spec, key, raw):
         return _port(key, value)
     if kind == "seconds":
         return _seconds(spec, key, value)
+    if kind == "count":
+        return _count(spec, key, value)
     if kind == "count_or_percent":
         return _count_or_percent(key, raw, value)
     if kind == "count_or_all":
@@ -169,6 +171,13 @@ def _seconds(spec, key, value):
     number = _whole(key, value)
     if not spec["min"] <= number <= spec["max"]:
         raise InputError(key, "%d seconds is out of range %d-%d; %s" % (number, spec["min"], spec["max"], FIX))
+    return number
+
+
+def _count(spec, key, value):
+    number = _whole(key, value)
+    if not spec["min"] <= number <= spec["max"]:
+        raise InputError(key, "%d is out of range %d-%d; %s" % (number, spec["min"], spec["max"], FIX))
     return number
 
 

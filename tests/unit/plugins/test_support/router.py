@@ -24,17 +24,18 @@ ENTRY = REPO / "roles" / "router" / "files" / "narwhal_router.py"
 
 
 def router_process(tmp_path, engines, key, health_interval_s=1, health_failures=2, tls=None, env=None, wait=True,
-                   drain_timeout=120):
+                   drain_timeout=120, inputs=None):
     """-> {url, metrics_url, proc, log, key_file, config, workers} of a router whose fronts are on free loopback
     ports, once its /workers answers (every engine answered /health); `config` and `workers`: the paths of its
     router.json and workers.json. The caller terminates `proc`. `tls` ({cert, key, ca}: paths): the start script's
     fronts end TLS on 127.0.0.2, the URLs https and /workers asked with the CA. `env`: more environment
     (SSL_CERT_FILE, as the router container has it); `wait=False`: return at once (a router whose workers never
-    become healthy does not serve)."""
+    become healthy does not serve). `inputs`: more site inputs for the plan (e.g. NARWHAL_ROUTER_MAX_CONCURRENT)."""
     port, metrics = free_port(), free_port()
     site = {"NARWHAL_ROUTER_BIND": "127.0.0.1", "NARWHAL_ROUTER_PORT": port, "NARWHAL_ROUTER_METRICS_PORT": metrics,
             "NARWHAL_ROUTER_POLICY": "round_robin", "NARWHAL_ROUTER_READY_TIMEOUT": 60, "NARWHAL_TLS": "off",
             "NARWHAL_ROUTER_DRAIN_TIMEOUT": drain_timeout}
+    site.update(inputs or {})
     workers = fleet_workers(engines)
     config = router_config(site, workers)
     config["workers_file"] = str(tmp_path / "workers.json")
