@@ -17,6 +17,7 @@ from test_support.image import IMAGE_ID, STANDIN_ATTRS, STANDIN_ENV, STANDIN_VER
 from test_support.paths import REPO
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts import image as _image
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts.daemon import CONTAINER_LABEL
 from ansible_collections.narwhal.deploy.plugins.modules import image_facts
 
 ROCM_ENV = {"ROCM_PATH": "/opt/rocm", "HIP_PLATFORM": "amd", "PATH": "/opt/rocm/bin:/usr/bin"}
@@ -289,7 +290,11 @@ def _standin_available():
 @pytest.mark.skipif(not _standin_available(), reason="no Docker daemon with %s here" % STANDIN)
 def test_real_daemon_standin(run_module, tmp_path):
     real = image_facts.make_client("unix:///var/run/docker.sock", 120)
-    before = {c["Id"] for c in real.containers()}
+
+    def probes():
+        """The version-probe containers on the daemon (other tests run containers of their own beside this one)."""
+        return {c["Id"] for c in real.containers(filters={"label": ["%s=version-probe" % CONTAINER_LABEL]})}
+    before = probes()
 
     def run(args):
         kind, res = run_module(args, real)
@@ -305,7 +310,7 @@ def test_real_daemon_standin(run_module, tmp_path):
     assert facts["platform"] == "cuda" and facts["nixl_distribution"] == "nixl"
     assert facts["id"].startswith("sha256:") and facts["cached"] is False
     assert run(args)["ansible_facts"]["narwhal_image"]["cached"] is True
-    assert {c["Id"] for c in real.containers()} == before
+    assert probes() == before  # the probe container is gone
 
 
 # ------------------------------------------------------------------------------------------------
