@@ -19,7 +19,7 @@ IFNAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
 
 # kind: str | int | bool (true/false) | port | choice | path | ip | bind (any IP address) | url | interface | role
 # | args (shell words) | env (KEY=VALUE words) | rate_list (request rates) | number (a positive decimal)
-# | seconds (whole seconds from "min" to "max")
+# | seconds (whole seconds from "min" to "max") | choice_list (names of "choices", comma-separated)
 INPUTS = [
     {"name": "NARWHAL_FABRIC_INTERFACE", "kind": "interface", "required": True, "example": "eth1",
      "doc": "Fabric (KV transfer) interface on every engine host. Discovery reads its global addresses; "
@@ -272,6 +272,29 @@ INPUTS = [
      "doc": "Prometheus port of the benchmark's second router (bound to loopback)."},
     {"name": "NARWHAL_BENCH_TIMEOUT", "kind": "int", "default": 1800, "example": 1800,
      "doc": "Seconds one benchmark step may run before it is stopped and the benchmark fails naming the step."},
+    {"name": "NARWHAL_BENCH_WORKLOAD", "kind": "choice", "choices": ["random", "prefix"], "default": "random",
+     "example": "random",
+     "doc": "The benchmark's requests: random (NARWHAL_BENCH_INPUT_LEN random tokens each, nothing shared) or "
+            "prefix (vllm bench serve --dataset-name prefix_repetition: NARWHAL_BENCH_PREFIXES random prefixes of "
+            "NARWHAL_BENCH_PREFIX_LEN tokens, each shared by NARWHAL_BENCH_PROMPTS / NARWHAL_BENCH_PREFIXES "
+            "requests that add NARWHAL_BENCH_SUFFIX_LEN tokens of their own: system prompts, multi-turn history)."},
+    {"name": "NARWHAL_BENCH_PREFIX_LEN", "kind": "int", "default": 512, "example": 512,
+     "doc": "Tokens of each shared prefix of the prefix workload (--prefix-repetition-prefix-len)."},
+    {"name": "NARWHAL_BENCH_SUFFIX_LEN", "kind": "int", "default": 64, "example": 64,
+     "doc": "Tokens each request of the prefix workload adds after its prefix (--prefix-repetition-suffix-len). "
+            "Prefix, suffix and NARWHAL_BENCH_OUTPUT_LEN together must fit every engine's --max-model-len."},
+    {"name": "NARWHAL_BENCH_PREFIXES", "kind": "int", "default": 8, "example": 8,
+     "doc": "Distinct prefixes of each step of the prefix workload (--prefix-repetition-num-prefixes); "
+            "NARWHAL_BENCH_PROMPTS must be a multiple of it (each prefix is shared by as many requests)."},
+    {"name": "NARWHAL_BENCH_POLICIES", "kind": "choice_list",
+     "choices": ["round_robin", "random", "cache_aware", "kv_aware", "power_of_two", "consistent_hash",
+                 "sticky_least_loaded"],
+     "default": None, "example": "round_robin,cache_aware,kv_aware",
+     "doc": "Router prefill policies to compare side by side in one benchmark run, comma-separated: for each, a "
+            "router of its own in P/D mode over the whole fleet (target pd-<policy>, on NARWHAL_BENCH_ROUTER_PORT "
+            "+ its index) while the benchmark runs. kv_aware needs engines that publish KV events "
+            "(NARWHAL_KV_EVENTS). Unset: the fleet's router, one decode engine alone and that engine behind a "
+            "second router (docs/fleet-benchmark.md)."},
     {"name": "NARWHAL_CONFIG_DIR", "kind": "path", "default": "config", "example": "config",
      "doc": "Directory of the generated deployment.env and the launch-record extracts. Relative paths "
             "in this file are relative to the project directory (the one that holds .env)."},
