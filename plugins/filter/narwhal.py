@@ -401,14 +401,15 @@ def bench_plan(site, fleet, router_url, routers, stamp, record=None, lengths=Non
         raise AnsibleFilterError(str(exc))
 
 
-def bench_routers(record, site, fleet):
+def bench_routers(record, site, fleet, records=None):
     """The routers the benchmark runs beside the fleet's router (_bench/plan.py::bench_routers): the second router, or
-    one P/D router per policy of NARWHAL_BENCH_POLICIES, each with the `files` it needs in NARWHAL_ROUTER_DIR."""
+    one P/D router per policy of NARWHAL_BENCH_POLICIES, each with the `files` it needs in NARWHAL_ROUTER_DIR;
+    `records`: the launch config's engines (their KV block sizes, for kv_aware)."""
     if not isinstance(site, dict) or not isinstance(record, dict):
         raise AnsibleFilterError("bench_routers takes the router's record (runs/routers/<router>.json), "
                                  "narwhal_site and the fleet")
     try:
-        return plan_bench_routers(record, site.get("site") or {}, fleet, site.get("engines"))
+        return plan_bench_routers(record, site.get("site") or {}, fleet, site.get("engines"), records)
     except PlanError as exc:
         raise AnsibleFilterError(str(exc))
 

@@ -28,6 +28,7 @@ import re
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import split_url, with_port
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.kv_events import KV_AWARE, ROUTER_BLOCK_SIZE
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import ENTRY as ROUTER_ENTRY
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import KEY as ROUTER_KEY
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import (
@@ -40,6 +41,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import
     config_text,
     fleet_workers,
     fronts,
+    kv_prefill_policy,
     local_url,
     plan_hash,
     router_bind,
@@ -77,9 +79,6 @@ BENCH_ROUTER_CONFIG = MOUNT + "/bench-router.json"
 # seconds the load generator waits for its target to answer a first request (vllm bench serve
 # --ready-check-timeout-sec): the second router serves once its worker answered /health
 READY_CHECK_S = 120
-# The prefill policy whose router reads the prefill engines' KV events (vllm_router/router_args.py: --pd-kv-events
-# "requires a kv_aware prefill policy")
-KV_AWARE = "kv_aware"
 # vllm bench serve's prefix-sharing dataset (vLLM 0.32.0 benchmarks/datasets/datasets.py: PrefixRepetitionRandomDataset
 # and its --prefix-repetition-* options): num_prefixes random prefixes, each followed by num_prompts // num_prefixes
 # random suffixes, shuffled; the seed (--seed) draws them, so another seed gives other prefixes
@@ -294,19 +293,34 @@ def bench_router_plan(record, site, workers):
     return plan
 
 
-def check_kv_events(site, fleet):
+def check_kv_events(site, fleet, records=None):
     """A kv_aware router routes by the prefill engines' own KV events: refused, naming the engines, when a prefill
-    engine of the fleet publishes none (the fleet file's `kv_events`, written only while NARWHAL_KV_EVENTS is on)."""
+    engine of the fleet publishes none (the fleet file's `kv_events`, written only while NARWHAL_KV_EVENTS is on), or
+    when its launch record (`records`: the launch config's engines) has KV blocks of another size than the 16 tokens
+    vllm-router 0.1.17 hashes its static event sources by (--pd-kv-events: "Block size is 16"). Discovery refuses the
+    latter only under the site's own kv_aware prefill policy (_discover/records.py), not for the benchmark's."""
     if KV_AWARE not in policies(site):
         return
-    silent = [entry.get("engine") or "entry %d" % i for i, entry in enumerate(fleet)
-              if isinstance(entry, dict) and entry.get("role") == "prefill" and not entry.get("kv_events")]
+    prefill = [entry for entry in fleet if isinstance(entry, dict) and entry.get("role") == "prefill"]
+    silent = [entry.get("engine") for entry in prefill if not entry.get("kv_events")]
     if silent:
         raise PlanError("NARWHAL_BENCH_POLICIES: kv_aware routes by the prefill engines' KV events, and %s publish%s "
                         "none (no kv_events in the fleet file): set NARWHAL_KV_EVENTS=on (or auto with "
                         "NARWHAL_ROUTER_PREFILL_POLICY=kv_aware), rerun discovery, prepare and launch, or leave "
                         "kv_aware out of NARWHAL_BENCH_POLICIES" % (", ".join(silent), "" if len(silent) > 1 else "es"),
                         "NARWHAL_BENCH_POLICIES")
+    blocks = []
+    for entry in prefill:
+        plan = (((records or {}).get(entry.get("engine")) or {}).get("runtime") or {}).get("cache_plan") or {}
+        if plan.get("block_size") not in (None, ROUTER_BLOCK_SIZE):
+            blocks.append("%s %s" % (entry.get("engine"), plan["block_size"]))
+    if blocks:
+        raise PlanError("NARWHAL_BENCH_POLICIES: kv_aware reads the prefill engines' KV events as %d-token blocks "
+                        "(vllm-router 0.1.17, --pd-kv-events), and the blocks of %s tokens (runtime.cache_plan."
+                        "block_size of their launch records) would match no prefix: set NARWHAL_BLOCK_SIZE=%d and "
+                        "rerun discovery, prepare and launch (a CPU image takes only multiples of 32: no CPU prefill "
+                        "engine serves kv_aware), or leave kv_aware out of NARWHAL_BENCH_POLICIES"
+                        % (ROUTER_BLOCK_SIZE, ", ".join(blocks), ROUTER_BLOCK_SIZE), "NARWHAL_BENCH_POLICIES")
 
 
 def policy_port(site, index, policy):
@@ -327,36 +341,24 @@ def policy_port(site, index, policy):
     return port
 
 
-def policy_workers_doc(workers, policy):
-    """The worker set of a policy's router: the router stage's workers.json (_router/plan.py::workers_doc), which
-    carries the prefill engines' KV event endpoints ("kv_events") where the fleet has them; only the kv_aware
-    router keeps them (vllm-router refuses --pd-kv-events without a kv_aware prefill policy,
-    vllm_router/router_args.py)."""
-    # ISSUE 38, helper A's interface: workers_doc adds {"kv_events": {prefill URL: [endpoint, ...]}} from the fleet
-    # entries' kv_events, and narwhal_router.py turns them into --pd-kv-events; until that is merged the kv_aware
-    # router gets no static event source.
-    doc = workers_doc(workers)
-    if policy != KV_AWARE:
-        doc.pop("kv_events", None)
-    return doc
-
-
 def policy_router_plan(record, site, fleet, policy, index, engines=None):
-    """The router of one prefill policy, `pd-<policy>`: the router stage's own command line and configuration
-    (_router/plan.py::router_config) for the whole fleet with NARWHAL_ROUTER_PREFILL_POLICY set to `policy`, the
-    image, version and TLS of the fleet router's record, on a port of its own (policy_port), its worker set in a file
-    of its own (policy_workers_doc); no metrics front (nothing scrapes it). `engines`: narwhal_site.engines, for
-    per-node data-parallel sizes."""
+    """The router of one prefill policy, `pd-<policy>`: the router stage's own command line, configuration and worker
+    set (_router/plan.py::router_config, workers_doc) for the whole fleet with NARWHAL_ROUTER_PREFILL_POLICY set to
+    `policy`, the image, version and TLS of the fleet router's record, on a port of its own (policy_port), its worker
+    set in a file of its own; no metrics front (nothing scrapes it). `engines`: narwhal_site.engines, for per-node
+    data-parallel sizes."""
     parsed, secure, env, cert_sha256 = _from_router_record(record, site)
     workers = fleet_workers(fleet)
     port = policy_port(site, index, policy)
     bind = router_bind(site, parsed[1])
-    # ISSUE 38, helper A's interface: router_args turns NARWHAL_ROUTER_PREFILL_POLICY into --prefill-policy
+    # the router stage's rules (issue 38): NARWHAL_ROUTER_PREFILL_POLICY is --prefill-policy (router_args), and a
+    # kv_aware one puts the prefill engines' KV event endpoints in the worker set (kv_prefill_policy, workers_doc),
+    # which narwhal_router.py gives vllm-router as --pd-kv-events
     mine = dict(site, NARWHAL_ROUTER_PREFILL_POLICY=policy)
     config_file, workers_file = "bench-router-%s.json" % policy, "bench-workers-%s.json" % policy
     config = router_config(mine, workers, engines, parsed[1])
     config.update(fronts=fronts(bind, port), workers_file="%s/%s" % (MOUNT, workers_file))
-    doc = policy_workers_doc(workers, policy)
+    doc = workers_doc(workers, kv_prefill_policy(mine, workers))
     plan = {"name": "%s-%s" % (BENCH_ROUTER_NAME, policy), "target": "pd-%s" % policy, "policy": policy,
             "image": record["image"], "image_ref": record.get("image_ref"), "version": record["vllm_router_version"],
             "dir": site["NARWHAL_ROUTER_DIR"], "entrypoint": ["python3"],
@@ -373,18 +375,19 @@ def policy_router_plan(record, site, fleet, policy, index, engines=None):
     return plan
 
 
-def bench_routers(record, site, fleet, engines=None):
+def bench_routers(record, site, fleet, engines=None, records=None):
     """The routers the benchmark runs beside the fleet's router, each plan with the `files` (name, content) the role
     writes in NARWHAL_ROUTER_DIR: the second router over the first decode engine (target `router`), or with
     NARWHAL_BENCH_POLICIES one P/D router per policy (policy_router_plan). Refuses, before anything runs, a kv_aware
-    policy over engines without KV events and ports that collide."""
+    policy over engines without KV events or of other blocks (check_kv_events; `records`: the launch config's
+    engines) and ports that collide."""
     chosen = policies(site)
     if not chosen:
         plan = bench_router_plan(record, site, fleet_workers(fleet))
         plan.update(target="router", files=[{"name": BENCH_ROUTER_CONFIG.rsplit("/", 1)[1],
                                              "content": config_text(plan["config"])}])
         return [plan]
-    check_kv_events(site, fleet)
+    check_kv_events(site, fleet, records)
     return [policy_router_plan(record, site, fleet, policy, i, engines) for i, policy in enumerate(chosen)]
 
 

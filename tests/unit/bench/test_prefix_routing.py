@@ -9,6 +9,7 @@ import pytest
 from test_support.paths import REPO
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.catalogue import INPUTS
+from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.validate import load_inputs
 
 sys.path.insert(0, str(REPO / "bench"))
 
@@ -27,9 +28,9 @@ def test_the_env_is_a_prefix_workload_over_every_policy_on_engines_that_publish_
     assert [values["NARWHAL_NODE_%d_ROLE" % i] for i in range(1, 5)] == ["prefill", "decode", "prefill", "decode"]
     # every site input it sets is one the collection knows (a misspelt key would be refused by discovery)
     known = {spec["name"] for spec in INPUTS}
-    unknown = sorted(k for k in values if not k.startswith("NARWHAL_NODE_") and k not in known)
-    # the KV events input is helper A's (issue 38): known once that part is merged
-    assert set(unknown) <= {"NARWHAL_KV_EVENTS"}, unknown
+    assert not sorted(k for k in values if not k.startswith("NARWHAL_NODE_") and k not in known)
+    # and valid as discovery reads them
+    load_inputs(dict(values, NARWHAL_FABRIC_INTERFACE="eth1"))
     lines = prefix_routing.env_text(values).splitlines()
     assert "NARWHAL_EXTRA_ARGS='--max-model-len 512'" in lines and "NARWHAL_BENCH_PREFIXES=8" in lines
 

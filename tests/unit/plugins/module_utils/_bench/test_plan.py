@@ -17,11 +17,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError, PlanError
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.catalogue import INPUTS, NODE_INPUTS
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.validate import load_inputs
-from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import (
-    fleet_workers,
-    router_args,
-    router_config,
-)
+from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import fleet_workers, router_config
 
 FLEET = [
     {"engine": "engine-1", "role": "prefill", "url": "http://10.0.0.11:8000"},
@@ -333,17 +329,30 @@ def test_each_policy_has_a_pd_router_of_its_own_from_the_router_stages_planner()
     assert [("kv_events" in r["workers_doc"]) for r in routers[:2]] == [False, False]
 
 
-@pytest.mark.xfail("--prefill-policy" not in router_args(dict(site(NARWHAL_TLS="off"),
-                                                              NARWHAL_ROUTER_PREFILL_POLICY="cache_aware"),
-                                                         fleet_workers(FLEET), None, "10.0.0.21"),
-                   reason="helper A's router planner (issue 38: NARWHAL_ROUTER_PREFILL_POLICY -> --prefill-policy) "
-                          "is not merged yet", strict=True)
-def test_each_policys_router_routes_prefill_by_its_policy():
-    routers = bench_routers(RECORD, policy_site(), FLEET_2P2D)
+def test_each_policys_router_routes_prefill_by_its_policy_and_decode_by_the_sites():
+    routers = bench_routers(RECORD, policy_site(NARWHAL_ROUTER_DECODE_POLICY="power_of_two"), FLEET_2P2D)
     assert [args_of(r["config"]["args"])["--prefill-policy"] for r in routers] == [
         ["round_robin"], ["cache_aware"], ["kv_aware"]]
+    assert {tuple(args_of(r["config"]["args"])["--decode-policy"]) for r in routers} == {("power_of_two",)}
+    # the kv_aware router subscribes to every prefill engine's events (narwhal_router.py: --pd-kv-events)
     assert routers[2]["workers_doc"]["kv_events"] == {"https://10.0.0.11:8000": ["tcp://10.0.0.11:5557"],
                                                       "https://10.0.0.13:8000": ["tcp://10.0.0.13:5557"]}
+
+
+def test_kv_aware_over_prefill_blocks_of_another_size_is_refused_by_name():
+    """vllm-router 0.1.17 hashes static KV event sources as 16-token blocks: a prefill engine recorded with 32-token
+    blocks (a CPU image's least) would match no prefix. Discovery refuses it only under the site's own kv_aware
+    policy; the benchmark's is refused here, from the launch records."""
+    records = dict((e["engine"], {"runtime": {"cache_plan": {"block_size": 16}}}) for e in FLEET_2P2D)
+    bench_routers(RECORD, policy_site(), FLEET_2P2D, records=records)
+    records["engine-3"] = {"runtime": {"cache_plan": {"block_size": 32}}}
+    records["engine-4"] = {"runtime": {"cache_plan": {"block_size": 64}}}  # a decode engine: not asked
+    with pytest.raises(PlanError) as err:
+        bench_routers(RECORD, policy_site(), FLEET_2P2D, records=records)
+    assert err.value.key == "NARWHAL_BENCH_POLICIES" and "the blocks of engine-3 32 tokens" in str(err.value)
+    assert "set NARWHAL_BLOCK_SIZE=16" in str(err.value) and "engine-4" not in str(err.value)
+    _only_real_inputs(str(err.value))
+    bench_routers(RECORD, policy_site(NARWHAL_BENCH_POLICIES="round_robin,cache_aware"), FLEET_2P2D, records=records)
 
 
 def test_with_policies_every_load_has_every_policy_side_by_side_with_its_own_seed():
