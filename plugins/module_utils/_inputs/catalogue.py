@@ -19,7 +19,7 @@ IFNAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
 
 # kind: str | int | bool (true/false) | port | choice | path | ip | bind (any IP address) | url | interface | role
 # | args (shell words) | env (KEY=VALUE words) | rate_list (request rates) | number (a positive decimal)
-# | seconds (whole seconds from "min" to "max") | choice_list (names of "choices", comma-separated)
+# | seconds (whole seconds from "min" to "max")
 INPUTS = [
     {"name": "NARWHAL_FABRIC_INTERFACE", "kind": "interface", "required": True, "example": "eth1",
      "doc": "Fabric (KV transfer) interface on every engine host. Discovery reads its global addresses; "
@@ -286,6 +286,7 @@ INPUTS = [
     {"name": "NARWHAL_BENCH_PREFIXES", "kind": "int", "default": 8, "example": 8,
      "doc": "Distinct prefixes of each step of the prefix workload (--prefix-repetition-num-prefixes); "
             "NARWHAL_BENCH_PROMPTS must be a multiple of it (each prefix is shared by as many requests)."},
+    # kind choice_list: names of "choices", comma-separated, none twice (a list in the given order)
     {"name": "NARWHAL_BENCH_POLICIES", "kind": "choice_list",
      "choices": ["round_robin", "random", "cache_aware", "kv_aware", "power_of_two", "consistent_hash",
                  "sticky_least_loaded"],
