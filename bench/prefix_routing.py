@@ -16,7 +16,8 @@ What it does, in order:
      generator (the stand-in has none), from the harness's image cache when it is there;
   2. writes the site's .env (the operator's file): the engines publish KV events (NARWHAL_KV_EVENTS=on), each spends
      --prefill-s-per-token seconds per prompt token it did not find in its prefix cache before its first token
-     (NARWHAL_STANDIN_PREFILL_S_PER_TOKEN through NARWHAL_ENGINE_ENV), --max-model-len in NARWHAL_EXTRA_ARGS, and
+     (NARWHAL_STANDIN_PREFILL_S_PER_TOK through NARWHAL_ENGINE_ENV, one prefill at a time per engine), --max-model-len
+     and --enable-scale-out (the render endpoint kv_aware asks for token IDs) in NARWHAL_EXTRA_ARGS, and
      the benchmark's inputs: NARWHAL_BENCH_WORKLOAD=prefix, the lengths, the loads, NARWHAL_BENCH_POLICIES and
      NARWHAL_BENCH_IMAGE; runs playbooks/site.yml once (untimed);
   3. runs playbooks/benchmark.yml: every policy's P/D router beside the fleet's, every policy at every load, each
@@ -135,8 +136,11 @@ def env_values(args):
         "NARWHAL_KV_EVENTS": "on",
         # the stand-in's cost of a prompt token its prefix cache does not hold (tests/harness/images/engine-standin),
         # so that routing by cache shows in the time to first token
-        "NARWHAL_ENGINE_ENV": "NARWHAL_STANDIN_PREFILL_S_PER_TOKEN=%s" % args.prefill_s_per_token,
-        "NARWHAL_EXTRA_ARGS": "--max-model-len %d" % args.max_model_len,
+        "NARWHAL_ENGINE_ENV": "NARWHAL_STANDIN_PREFILL_S_PER_TOK=%s" % args.prefill_s_per_token,
+        # --enable-scale-out: vllm-router's kv_aware policy asks a prefill engine for a request's token IDs at
+        # POST /v1/completions/render, which vLLM 0.32 (entrypoints/scale_out/factories.py) and the stand-in serve
+        # only with it (else 403, and the router falls back to its default choice: docs/proving-ground.md)
+        "NARWHAL_EXTRA_ARGS": "--max-model-len %d --enable-scale-out" % args.max_model_len,
         "NARWHAL_BENCH_WORKLOAD": "prefix",
         "NARWHAL_BENCH_POLICIES": ",".join(args.policies),
         "NARWHAL_BENCH_PREFIX_LEN": str(args.prefix_len), "NARWHAL_BENCH_SUFFIX_LEN": str(args.suffix_len),
@@ -207,7 +211,7 @@ def parse(argv):
     parser.add_argument("--suffix-len", type=int, default=32, help="tokens each request adds (default 32)")
     parser.add_argument("--output-len", type=int, default=16, help="tokens generated per request (default 16)")
     parser.add_argument("--prefill-s-per-token", type=float, default=0.002, help="the stand-in's seconds per prompt "
-                        "token not in its prefix cache (NARWHAL_STANDIN_PREFILL_S_PER_TOKEN, default 0.002)")
+                        "token not in its prefix cache (NARWHAL_STANDIN_PREFILL_S_PER_TOK, default 0.002)")
     parser.add_argument("--max-model-len", type=int, default=512, help="the engines' --max-model-len (default 512, "
                         "tiny-llama-real's max_position_embeddings)")
     parser.add_argument("--keep", action="store_true", help="keep the simulated site afterwards")
