@@ -19,7 +19,8 @@ t0=$SECONDS; timing() { printf '   (%s: %d s)\n' "$1" "$((SECONDS - t0))" >&2; t
 need_system() {  # apt packages the controller and the harness use
   local pkgs=(openssh-client rsync)
   # prometheus: the real Prometheus the unit tests scrape the stand-in engines and the router with
-  # (tests/unit/roles/monitoring); they run the binary on a free port, never the package's service
+  # (tests/unit/roles/monitoring); they run the binary on a free port, never the package's service. Its promtool
+  # checks and unit-tests the alert rules (tests/unit/plugins/module_utils/_monitor/test_rules_promtool.py)
   [ "$HARNESS" = 1 ] && pkgs+=(docker.io mmdebstrap prometheus)
   # docker-registry (distribution 2.8) + apache2-utils (htpasswd -B), openssl, curl: the proving ground's registry
   # (tests/harness/registry.sh runs the binary as a process of its own, never the package's service)

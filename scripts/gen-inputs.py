@@ -8,7 +8,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "collections"))
 
-from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy import POLICY_KEYS
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy import KV_POLICY_KEYS, POLICY_KEYS
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.catalogue import INPUTS, NODE_INPUTS
 
 TUNING = """
@@ -239,7 +239,10 @@ def docs():
         out.append("| `NARWHAL_NODE_<n>_%s` | %s | %s |" % (spec["name"], spec["kind"], spec["doc"]))
     out += RULES.splitlines()
     out += TUNING.splitlines()
-    out += (CHANGES % ", ".join("`%s`" % k for k in POLICY_KEYS)).splitlines()
+    out += (CHANGES % (", ".join("`%s`" % k for k in POLICY_KEYS) + "; while KV events are on, also "
+                       + ", ".join("`%s`" % k for k in KV_POLICY_KEYS)
+                       + " (the prefill policy as it applies, from `NARWHAL_ROUTER_POLICY` when the role's own is unset)"
+                       )).splitlines()
     return "\n".join(out) + "\n"
 
 

@@ -50,6 +50,8 @@ options:
   workers:
     description:
       - The complete set the router is to route to - C(prefill) and C(decode), each a list of engine URLs.
+      - Under a C(kv_aware) prefill policy the router stage adds C(kv_events), each prefill engine's KV events
+        endpoints by URL; without it the map C(workers.json) holds is kept (so is it with O(remove) and O(add)).
       - Exactly one of O(workers), O(remove) and O(add).
     type: dict
   remove:

@@ -1,9 +1,10 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The one owner of an endpoint's text: a host (an address or a DNS name) and a port -> an http(s) URL, an engine's
-attestation URL, a Prometheus target (host:port); and back, a URL -> (scheme, host, port, path) and the same URL on
-another port. An IPv6 host is written in brackets everywhere (RFC 3986 section 3.2.2), read without them. An engine's
-URL is https unless NARWHAL_TLS is off (engine_scheme); the attestation sidecar's is its own (http).
+attestation URL, a Prometheus target (host:port), a ZMQ endpoint (an engine's KV events); and back, a URL -> (scheme,
+host, port, path) and the same URL on another port. An IPv6 host is written in brackets everywhere (RFC 3986 section
+3.2.2), read without them. An engine's URL is https unless NARWHAL_TLS is off (engine_scheme); the attestation
+sidecar's is its own (http).
 
 A URL with user information (http://user:KEY@host:port) is refused by one function, refuse_userinfo, wherever the
 fleet is read (the fleet lookup, scripts/narwhal-fleet, prepare, the router and benchmark plans, monitoring): the
@@ -68,6 +69,12 @@ def attestation_url(address, port):
 def target(host, port):
     """A Prometheus target: host:port, an IPv6 host in brackets."""
     return "%s:%d" % (url_host(host), int(port))
+
+
+def zmq_endpoint(host, port):
+    """A ZMQ TCP endpoint a subscriber connects to: tcp://host:port, an IPv6 host in brackets (ZMQ's own spelling,
+    libzmq src/tcp_address.cpp)."""
+    return "tcp://%s:%d" % (url_host(host), int(port))
 
 
 def split_url(url):

@@ -12,6 +12,7 @@ __metaclass__ = type
 
 # The names of bound_ports' entries, in its order.
 ENGINE, ATTESTATION, SIDE_CHANNEL, DP_RPC = "engine", "attestation", "side-channel", "data-parallel RPC"
+KV_EVENTS = "kv-events"
 
 
 def side_channel_range(node):
@@ -37,10 +38,24 @@ def rpc_port(r):
     return r.get("data_parallel_rpc_port") or None
 
 
+def kv_events_range(r):
+    """(first, last) KV events port this host binds, or None for a record without `kv_events` (events off): one per
+    data-parallel rank it runs, at the record's port + the rank's global index (vLLM's offset_endpoint_port,
+    _common/kv_events.py). `r`: a record (the head's ranks from 0) or a host's view of it (`member.start_rank`)."""
+    kv = r.get("kv_events")
+    if not kv:
+        return None
+    member = r.get("member") or {}
+    local = r.get("data_parallel_size_local") or r.get("data_parallel_size") or 1
+    first = kv["port"] + (member.get("start_rank") or 0)
+    return first, first + local - 1
+
+
 def bound_ports(r):
     """{name: (first, last)} of every port one host's part of an engine binds, in this order: ENGINE (its HTTP port)
-    and ATTESTATION (its sidecar's) unless the host is headless, SIDE_CHANNEL (its range on this host) and, on the
-    head of an engine across hosts, DP_RPC. `r`: a record or a host's view of it (headless)."""
+    and ATTESTATION (its sidecar's) unless the host is headless, SIDE_CHANNEL (its range on this host), on the head
+    of an engine across hosts DP_RPC, and with KV events KV_EVENTS (its ranks' publishers). `r`: a record or a host's
+    view of it (headless)."""
     node = r["node"]
     ports = {}
     if not headless(r):
@@ -49,6 +64,8 @@ def bound_ports(r):
     ports[SIDE_CHANNEL] = side_channel_range(node)
     if rpc_port(r):
         ports[DP_RPC] = (rpc_port(r), rpc_port(r))
+    if kv_events_range(r):
+        ports[KV_EVENTS] = kv_events_range(r)
     return ports
 
 

@@ -23,6 +23,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.ports impor
     ATTESTATION,
     DP_RPC,
     ENGINE,
+    KV_EVENTS,
     SIDE_CHANNEL,
     bound_ports,
 )
@@ -246,6 +247,22 @@ def check_own_ports(record, keys):
                              "bind both: set NARWHAL_SIDE_CHANNEL_PORT outside the engines' HTTP and attestation "
                              "ports, or move the engine's %s port with %s, then rerun discovery"
                              % (engine, _span(lo, hi), what[name], port, key[name], what[name], key[name]))
+    _check_kv_ports(engine, ports, key, what)
+
+
+def _check_kv_ports(engine, ports, key, what):
+    """The KV events ports of one engine (its ranks' publishers, _common/kv_events.py) against its other ports."""
+    if KV_EVENTS not in ports:
+        return
+    lo, hi = ports[KV_EVENTS]
+    key, what = dict(key, **{DP_RPC: "NARWHAL_DATA_PARALLEL_RPC_PORT"}), dict(what, **{DP_RPC: "data-parallel RPC"})
+    for name in (ENGINE, ATTESTATION, SIDE_CHANNEL, DP_RPC):
+        if name in ports and ports[name][0] <= hi and lo <= ports[name][1]:
+            raise InputError("NARWHAL_KV_EVENTS_PORT",
+                             "%s would publish its KV events on %s (from NARWHAL_KV_EVENTS_PORT, one port per "
+                             "data-parallel rank), which overlaps its own %s %s (%s); one engine cannot bind both: set "
+                             "NARWHAL_KV_EVENTS_PORT outside the engines' other ports, then rerun discovery"
+                             % (engine, _span(lo, hi), what[name], _span(*ports[name]), key[name]))
 
 
 def _span(lo, hi):

@@ -15,6 +15,7 @@ import os
 from functools import partial
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.kv_events import subscriber_endpoints
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import (
     DEPLOYMENT_ENV,
     INSPECTION_FILE,
@@ -127,6 +128,39 @@ def _clear(port, width, machines, held):
     return port
 
 
+def _kv_base(site):
+    return site.get("NARWHAL_KV_EVENTS_PORT") or 5557
+
+
+def _hold_kept_kv(kept):
+    """[(engine, machine, first, past the last)] of the KV events ports of the kept records that have them, on every
+    machine of the engine (one range for all its hosts, as _kv_port plans it)."""
+    held = []
+    for engine, found in sorted(kept.items()):
+        record = found["record"]
+        if record.get("kv_events"):
+            first = record["kv_events"]["port"]
+            end = first + (record.get("data_parallel_size") or 1)
+            held += [(engine, part["node"]["host_id"], first, end) for part in [record] + (record.get("members") or [])]
+    return held
+
+
+def _kv_port(site, node_policy, n, machines, kv_plan):
+    """(first KV events port, how many) of an engine on `machines`: one port per data-parallel rank (rank r publishes on
+    the first + r, on the host that runs it), past what the engines before it took on each of its machines and past a
+    kept record's range there (the plan of the side-channel ports, _discovered_record)."""
+    hosts, local = local_ranks(site, node_policy, n)
+    width = hosts * local
+    port = max(kv_plan["next"].get(h, _kv_base(site)) for h in machines)
+    moved = True
+    while moved:
+        moved = False
+        for _engine, machine, first, end in kv_plan["held"]:
+            if machine in machines and port < end and first < port + width:
+                port, moved = end, True
+    return port, width
+
+
 def _extracts_of(engine, record, node, facts, spread, interface):
     """{extract file: content} of one engine: its inspection and that of each other host of an engine across hosts;
     `interface` its narwhal_interface (the speed the transfer probe's figures read)."""
@@ -172,6 +206,7 @@ def collect_records(plan, inputs, hosts, members=None, interfaces=None, kept=Non
         for index in inputs["nodes"].get(node["n"], {}).get("GPU_IDS") or []:
             reserved.setdefault(node["host_id"], {}).setdefault(index, node["engine"])
     held = _hold_kept(kept, taken, site)
+    kv_plan = {"next": {}, "held": _hold_kept_kv(kept)}
     for i, node in enumerate(plan["nodes"]):
         fleet_entry = plan["fleet"][i]
         engine = node["engine"]
@@ -179,14 +214,18 @@ def collect_records(plan, inputs, hosts, members=None, interfaces=None, kept=Non
             record = kept[engine]["record"]
             for machine, end in [(h[1], h[3]) for h in held if h[0] == engine]:  # as if discovered in its turn
                 next_port[machine] = max(next_port.get(machine, site["NARWHAL_SIDE_CHANNEL_PORT"]), end)
+            for machine, end in [(h[1], h[3]) for h in kv_plan["held"] if h[0] == engine]:
+                kv_plan["next"][machine] = max(kv_plan["next"].get(machine, _kv_base(site)), end)
             extracts.update(kept[engine]["extracts"])
         else:
             record = _discovered_record(node, inputs, hosts.get(engine), members, fleet_entry,
-                                        (reserved, taken, next_port, held))
+                                        (reserved, taken, next_port, held, kv_plan))
             extracts.update(_extracts_of(engine, record, node, hosts[engine], (members or {}).get(engine) or [],
                                          interfaces.get(engine)))
         fleet_entry["accelerator"] = record["accelerator"]
         fleet_entry["gpu_count"] = record["accelerator"]["count"]
+        if record.get("kv_events"):  # only then: the fleet of engines without KV events stays as it was
+            fleet_entry["kv_events"] = subscriber_endpoints(record)
         records[engine] = record
     extracts[POLICY_FILE] = policy
     return {"version": 1, "engines": records}, extracts
@@ -195,7 +234,7 @@ def collect_records(plan, inputs, hosts, members=None, interfaces=None, kept=Non
 def _discovered_record(node, inputs, facts, members, fleet_entry, state):
     """The record of an engine discovered in this run; `state` (reserved, taken, next_port, held): the GPUs and
     side-channel ports the engines before it (and the kept records) have, updated with this engine's."""
-    reserved, taken, next_port, held = state
+    reserved, taken, next_port, held, kv_plan = state
     site, engine, host_key = inputs["site"], node["engine"], node["host_id"]
     if not facts:
         raise InputError(engine, "no host inspection was gathered for %s; rerun discovery on every engine" % engine)
@@ -204,10 +243,11 @@ def _discovered_record(node, inputs, facts, members, fleet_entry, state):
     # an engine across hosts takes one base port for all its hosts: past what every one of them has given (and past
     # a kept record's ports there)
     port = max(next_port.get(h, site["NARWHAL_SIDE_CHANNEL_PORT"]) for h in machines)
+    kv_port, kv_width = _kv_port(site, node_policy, node["n"], machines, kv_plan)
     for _try in range(2):
         record, span = build_record(node, site, node_policy, facts, facts.get("image") or {},
                                     facts.get("model") or {}, fleet_entry, _busy(reserved, taken, host_key, engine),
-                                    port)
+                                    port, kv_port)
         clear = _clear(port, span * len(machines), machines, held)
         if clear == port:
             break
@@ -226,6 +266,7 @@ def _discovered_record(node, inputs, facts, members, fleet_entry, state):
         record = dict(items[:at] + [("members", entries)] + items[at:])
     for machine in machines:
         next_port[machine] = port + span * len(machines)
+        kv_plan["next"][machine] = kv_port + kv_width
     inspection = INSPECTION_FILE % engine
     record["sources"].update({
         "host": {"file": inspection, "pointer": "/host"},

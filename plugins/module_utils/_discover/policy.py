@@ -17,6 +17,7 @@ import json
 import shlex
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.kv_events import events_on, role_policy
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_NAME, POLICY_FILE
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import redact_text
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.catalogue import INPUTS
@@ -38,9 +39,16 @@ POLICY_KEYS = ("NARWHAL_IMAGE", "NARWHAL_MODEL_PATH", "NARWHAL_SERVED_MODEL_NAME
                "NARWHAL_TLS", "NARWHAL_LOG_DRIVER", "NARWHAL_LOG_MAX_SIZE", "NARWHAL_LOG_MAX_FILE")
 
 
+# What the records take from the KV events inputs (_common/kv_events.py), recorded only while events are on (so the
+# extract of a fleet without them stays as it was): whether they are on (NARWHAL_KV_EVENTS=on, or auto with a kv_aware
+# prefill policy), their port and seed, and the prefill policy (kv_aware asks discovery for 16-token blocks).
+KV_POLICY_KEYS = ("NARWHAL_KV_EVENTS", "NARWHAL_KV_EVENTS_PORT", "NARWHAL_KV_HASH_SEED",
+                  "NARWHAL_ROUTER_PREFILL_POLICY")
+
 RERUN = "rerun discovery (ansible-playbook narwhal.deploy.discover), then prepare a new run"
 
 _NOT_RECORDED = object()
+_KV_OFF = object()  # a KV_POLICY_KEYS entry of an extract without KV events
 # Policy keys whose default writes nothing into a record (DP 1, EP off, the rendezvous port of engines across
 # hosts): an extract written before such a key existed is unchanged while the key keeps its catalogue default.
 _SILENT_DEFAULTS = dict((spec["name"], spec.get("default")) for spec in INPUTS if spec["name"] in (
@@ -62,8 +70,18 @@ def launch_policy(inputs, engines):
     engine-<n> names, in the order the extract lists them."""
     site = inputs["site"]
     nodes = dict((int(n), v) for n, v in (inputs.get("nodes") or {}).items())
-    return {"site": dict((k, site.get(k)) for k in POLICY_KEYS),
+    return {"site": dict([(k, site.get(k)) for k in POLICY_KEYS] + list(kv_policy(site).items())),
             "nodes": dict((e, dict(nodes.get(_number(e), {}))) for e in engines)}
+
+
+def kv_policy(site):
+    """{KV_POLICY_KEYS: value} while KV events are on (NARWHAL_KV_EVENTS as "on" whether set so or auto, the prefill
+    policy from NARWHAL_ROUTER_PREFILL_POLICY or else NARWHAL_ROUTER_POLICY), else {}."""
+    if not events_on(site):
+        return {}
+    return {"NARWHAL_KV_EVENTS": "on", "NARWHAL_KV_EVENTS_PORT": site.get("NARWHAL_KV_EVENTS_PORT") or 5557,
+            "NARWHAL_KV_HASH_SEED": site.get("NARWHAL_KV_HASH_SEED") or 0,
+            "NARWHAL_ROUTER_PREFILL_POLICY": role_policy(site, "prefill")[0]}
 
 
 def _number(engine):
@@ -84,6 +102,8 @@ def _blank(value):
 def _show(value):
     if value is _NOT_RECORDED:
         return "not recorded"
+    if value is _KV_OFF:
+        return "KV events off"
     if _blank(value):
         return "unset"
     if isinstance(value, list):
@@ -113,6 +133,10 @@ def policy_changes(recorded, inputs):
             # an extract written before this key existed: its records were planned as with the key's default
             continue
         if before is _NOT_RECORDED or (before != after and not (_blank(before) and _blank(after))):
+            changes.append((key, before, after))
+    for key in KV_POLICY_KEYS:  # recorded only while events are on: absent is off
+        before, after = site.get(key, _KV_OFF), current["site"].get(key, _KV_OFF)
+        if before != after:
             changes.append((key, before, after))
     for engine in sorted(engines, key=_number):
         before_node = (recorded.get("nodes") or {}).get(engine) or {}

@@ -12,6 +12,12 @@ will (_plan/container.py).
 from __future__ import annotations
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError, PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.kv_events import (
+    KV_AWARE,
+    ROUTER_BLOCK_SIZE,
+    record_field,
+    role_policy,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.images import repo_digest
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.engine_args import (
     engine_args,
@@ -47,10 +53,11 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env impo
 __metaclass__ = type
 
 
-def build_record(node, site, node_policy, host, image, model, fleet_entry, taken, side_port):
+def build_record(node, site, node_policy, host, image, model, fleet_entry, taken, side_port, kv_port=None):
     """One engine's launch record. `host` = {"gpus": narwhal_gpus, "rdma": narwhal_rdma}; `taken` = GPUs of
-    engines already placed on this physical host (mutated). The refusals come in this order: allocation,
-    transfer, packages, dtype, cache pages, extra arguments, environment, then the planner's own."""
+    engines already placed on this physical host (mutated); `kv_port`: its first KV events port (the plan of
+    _discover/outputs.py), used while KV events are on. The refusals come in this order: allocation, transfer,
+    packages, dtype, cache pages, extra arguments, environment, KV events, then the planner's own."""
     engine, n = node["engine"], node["n"]
     platform = image.get("platform")
     image_key = node_settings(site, node_policy, n)["inputs"]["image"]
@@ -120,6 +127,7 @@ def build_record(node, site, node_policy, host, image, model, fleet_entry, taken
     record["runtime"]["log"] = log_fields(site)
     if dp > 1 or ep:
         record = _with_parallelism(record, node, site, dp, ep, hosts, local)
+    record = _with_kv_events(record, site, kv_port)
     check_own_ports(record, node_settings(site, node_policy, n)["inputs"])  # its side channel and RPC port on its own
     _refused_by_the_planner(record, site, engine)
     return record, span
@@ -147,6 +155,48 @@ def _with_parallelism(record, node, site, dp, ep, hosts, local):
     items = list(record.items())
     at = [k for k, _v in items].index("tensor_parallel_size") + 1
     return dict(items[:at] + extra + items[at:])
+
+
+def _with_kv_events(record, site, port):
+    """The record with `kv_events` (_common/kv_events.py::record_field) before `sources` while KV events are on, else
+    as it was (byte for byte). A prefill engine under a kv_aware prefill policy must use the router's block size."""
+    field = record_field(site, port if port is not None else site.get("NARWHAL_KV_EVENTS_PORT") or 5557)
+    if field is None:
+        return record
+    _check_router_block_size(record, site)
+    sources = record.pop("sources")
+    record["kv_events"] = field
+    record["sources"] = sources
+    record["sources"]["kv_events"] = ("NARWHAL_KV_EVENTS=%s, port %d (NARWHAL_KV_EVENTS_PORT and the engines before it "
+                                      "on its host) + the data-parallel rank, PYTHONHASHSEED=%s (NARWHAL_KV_HASH_SEED)"
+                                      % (site.get("NARWHAL_KV_EVENTS") or "auto", field["port"], field["hash_seed"]))
+    return record
+
+
+def _check_router_block_size(record, site):
+    """vllm-router 0.1.17 reads static KV event sources (--pd-kv-events) as 16-token blocks: a prefill engine whose
+    blocks are another size (runtime.cache_plan.block_size: what vLLM will use, raised for hybrid models; the
+    planner always passes --block-size, so vLLM's CPU default of 128 for an unset size, platforms/cpu.py, never
+    applies) is refused under a kv_aware prefill policy, naming the input to change."""
+    policy, key = role_policy(site, "prefill")
+    runtime = record["runtime"]
+    block, requested = runtime["cache_plan"]["block_size"], runtime["block_size"]
+    if record["role"] != "prefill" or policy != KV_AWARE or block == ROUTER_BLOCK_SIZE:
+        return
+    if runtime.get("platform") == "cpu":
+        fix = ("a CPU image's attention backend takes only multiples of 32 tokens (NARWHAL_BLOCK_SIZE), so no CPU "
+               "prefill engine can serve kv_aware: pick another prefill policy (%s=cache_aware)" % key)
+    elif block != requested:
+        fix = ("vLLM raises this model's block from NARWHAL_BLOCK_SIZE=%d to %d (%s), so kv_aware cannot serve it: "
+               "pick another prefill policy (%s=cache_aware)"
+               % (requested, block, "; ".join(runtime["cache_plan"].get("notes") or []) or "its cache plan", key))
+    else:
+        key, fix = "NARWHAL_BLOCK_SIZE", ("set NARWHAL_BLOCK_SIZE=16, or pick another prefill policy (%s=cache_aware)"
+                                          % key)
+    raise InputError(key, "prefill engine %s uses KV blocks of %d tokens (runtime.cache_plan.block_size) under the "
+                          "kv_aware prefill policy, but vllm-router 0.1.17 reads the engines' KV events as 16-token "
+                          "blocks (--pd-kv-events: \"Block size is 16\"), so it would match no prefix; %s, then rerun "
+                          "discovery" % (record["engine"], block, fix))
 
 
 def _refused_by_the_planner(record, site, engine):

@@ -15,7 +15,7 @@ import sys
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import attestation_url, url_port
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.held import SRC_ON_CONTROLLER
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import get_status
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.ports import port_set
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.ports import kv_events_range, port_set
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.tools import (
     CommandTimeoutError,
     HeldReadError,
@@ -121,12 +121,14 @@ def port_problems(record, busy, url, get, timeout):
     report, problem = attestation_check(node, url, busy, get, timeout)
     problems = [problem] if problem else []
     others = [p for p in busy if p != node["attest_port"]]
+    kv = kv_events_range(record)
     if others:
         problems.append("something already listens on port %s of this host; stop it or give %s other ports "
-                        "(NARWHAL_NODE_<n>_ENGINE_PORT / _ATTEST_PORT, NARWHAL_SIDE_CHANNEL_PORT%s)"
+                        "(NARWHAL_NODE_<n>_ENGINE_PORT / _ATTEST_PORT, NARWHAL_SIDE_CHANNEL_PORT%s%s)"
                         % (",".join(map(str, others)), engine,
                            ", NARWHAL_DATA_PARALLEL_RPC_PORT" if record.get("data_parallel_rpc_port") in others
-                           else ""))
+                           else "",
+                           ", NARWHAL_KV_EVENTS_PORT" if kv and any(kv[0] <= p <= kv[1] for p in others) else ""))
     return report, problems
 
 

@@ -19,7 +19,8 @@ IFNAME = re.compile(r"^[A-Za-z0-9_.:@-]{1,15}$")
 
 # kind: str | int | bool (true/false) | port | choice | path | ip | bind (any IP address) | url | interface | role
 # | args (shell words) | env (KEY=VALUE words) | rate_list (request rates) | number (a positive decimal)
-# | seconds (whole seconds from "min" to "max")
+# | seconds (whole seconds from "min" to "max") | whole (a whole number from "min" to "max")
+# | fraction (a decimal above 0, at most 1) | duration (a Prometheus duration above zero: 30s, 2m, 1h30m)
 INPUTS = [
     {"name": "NARWHAL_FABRIC_INTERFACE", "kind": "interface", "required": True, "example": "eth1",
      "doc": "Fabric (KV transfer) interface on every engine host. Discovery reads its global addresses; "
@@ -225,8 +226,41 @@ INPUTS = [
      "choices": ["round_robin", "random", "cache_aware", "kv_aware", "power_of_two", "consistent_hash",
                  "sticky_least_loaded"],
      "default": "round_robin", "example": "round_robin",
-     "doc": "vllm-router --policy, for prefill and decode workers alike (vllm_router/router_args.py lists them): "
-            "round_robin spreads every request stream over all engines; cache_aware follows shared prefixes."},
+     "doc": "The router's policy for prefill and decode workers alike, unless NARWHAL_ROUTER_PREFILL_POLICY or "
+            "NARWHAL_ROUTER_DECODE_POLICY sets a role's own (vllm_router/router_args.py lists them): round_robin "
+            "spreads every request stream over all engines; cache_aware follows shared prefixes by the router's own "
+            "tree of the prompts it sent; kv_aware (prefill only, with NARWHAL_KV_EVENTS) by the engines' own KV "
+            "events (docs/router.md, \"Routing policies and KV events\")."},
+    {"name": "NARWHAL_ROUTER_PREFILL_POLICY", "kind": "choice",
+     "choices": ["round_robin", "random", "cache_aware", "kv_aware", "power_of_two", "consistent_hash",
+                 "sticky_least_loaded"],
+     "default": None, "example": None,
+     "doc": "vllm-router --prefill-policy: how the router picks the prefill engine of a request. Unset: "
+            "NARWHAL_ROUTER_POLICY. kv_aware needs the engines' KV events (NARWHAL_KV_EVENTS auto or on) and prefill "
+            "engines of 16-token KV blocks (vllm-router 0.1.17 reads static event sources so: NARWHAL_BLOCK_SIZE=16; "
+            "a CPU image takes only multiples of 32, so no CPU prefill engine serves kv_aware)."},
+    {"name": "NARWHAL_ROUTER_DECODE_POLICY", "kind": "choice",
+     "choices": ["round_robin", "random", "cache_aware", "kv_aware", "power_of_two", "consistent_hash",
+                 "sticky_least_loaded"],
+     "default": None, "example": None,
+     "doc": "vllm-router --decode-policy: how the router picks the decode engine of a request. Unset: "
+            "NARWHAL_ROUTER_POLICY."},
+    {"name": "NARWHAL_KV_EVENTS", "kind": "choice", "choices": ["auto", "on", "off"], "default": "auto",
+     "example": "auto",
+     "doc": "Whether every engine publishes its KV cache events (vllm serve --kv-events-config, ZMQ, bound on every "
+            "IPv4 interface of its host at the port from NARWHAL_KV_EVENTS_PORT) for the router's kv_aware prefill "
+            "policy: auto (on exactly when the prefill policy is kv_aware), on or off. A kv_aware prefill policy with "
+            "off is refused, and so is on with NARWHAL_BIND_FAMILY=ipv6 (vLLM's publisher binds IPv4 only). The events "
+            "carry prompt token IDs: firewall the port to the router hosts (docs/security.md)."},
+    {"name": "NARWHAL_KV_EVENTS_PORT", "kind": "port", "default": 5557, "example": 5557,
+     "doc": "First KV events port on each host (vLLM's own default 5557): an engine publishes data-parallel rank r "
+            "on its port + r, and engines sharing a host get consecutive, non-overlapping ranges. The fleet file "
+            "lists each engine's endpoints (kv_events), the router subscribes to them."},
+    {"name": "NARWHAL_KV_HASH_SEED", "kind": "whole", "min": 0, "max": 4294967295, "default": 0, "example": 0,
+     "doc": "PYTHONHASHSEED of every engine while KV events are on: vLLM seeds its block hashes with it, so the "
+            "engines' events name one prompt prefix by one hash. An engine environment (NARWHAL_ENGINE_ENV, "
+            "NARWHAL_NODE_<n>_ENGINE_ENV) with another PYTHONHASHSEED is refused, and so are engines that differ in "
+            "--prefix-caching-hash-algo. 0 .. 4294967295 (what Python takes)."},
     {"name": "NARWHAL_ROUTER_READY_TIMEOUT", "kind": "int", "default": 300, "example": 300,
      "doc": "Seconds the router stage waits until the router reports every engine of the fleet as a healthy "
             "worker, then fails naming the ones it lacks (the router itself keeps waiting for them)."},
@@ -296,6 +330,18 @@ INPUTS = [
      "doc": "Prometheus port of the benchmark's second router (bound to loopback)."},
     {"name": "NARWHAL_BENCH_TIMEOUT", "kind": "int", "default": 1800, "example": 1800,
      "doc": "Seconds one benchmark step may run before it is stopped and the benchmark fails naming the step."},
+    {"name": "NARWHAL_ALERT_FOR", "kind": "duration", "default": "2m", "example": "2m",
+     "doc": "How long a condition must hold before its alert fires (the `for` of every rule in "
+            "config/prometheus/narwhal-rules.yml, which the monitoring stage writes from the fleet; "
+            "docs/monitoring.md, Alert rules): a Prometheus duration above zero (30s, 2m, 1h30m). An alert fires "
+            "within this plus one scrape and one evaluation interval of its cause."},
+    {"name": "NARWHAL_ALERT_TTFT_P99_MS", "kind": "number", "default": 2000, "example": 2000,
+     "doc": "The time-to-first-token objective in ms: the alert NarwhalTtftP99OverObjective fires when an engine "
+            "role's p99 time to first token over the last 5 minutes (vllm:time_to_first_token_seconds) stays above "
+            "it for NARWHAL_ALERT_FOR."},
+    {"name": "NARWHAL_ALERT_KV_USAGE", "kind": "fraction", "default": 0.95, "example": 0.95,
+     "doc": "KV cache usage (vllm:kv_cache_usage_perc, 1 is full) above which an engine's KV cache counts as "
+            "nearly full: the alert NarwhalKvCacheNearlyFull fires when it stays above it for NARWHAL_ALERT_FOR."},
     {"name": "NARWHAL_CONFIG_DIR", "kind": "path", "default": "config", "example": "config",
      "doc": "Directory of the generated deployment.env and the launch-record extracts. Relative paths "
             "in this file are relative to the project directory (the one that holds .env)."},

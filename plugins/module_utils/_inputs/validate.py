@@ -11,6 +11,15 @@ import ipaddress
 import re
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import FIX, InputError, PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.kv_events import (
+    DEFAULT_HASH_ALGO,
+    HASH_SEED_ENV,
+    HASH_SEED_MAX,
+    KV_AWARE,
+    events_on,
+    hash_algo,
+    role_policy,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import local_host_reason
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.words import control_character
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.catalogue import (
@@ -103,6 +112,8 @@ def _check(spec, key, raw):
         return _port(key, value)
     if kind == "seconds":
         return _seconds(spec, key, value)
+    if kind == "whole":
+        return _ranged(spec, key, value)
     if kind == "count_or_percent":
         return _count_or_percent(key, raw, value)
     if kind == "count_or_all":
@@ -117,6 +128,10 @@ def _check(spec, key, raw):
         return choice_list(spec, key, raw, value)
     if kind == "number":
         return _number(key, raw, value)
+    if kind == "fraction":
+        return _fraction(key, raw, value)
+    if kind == "duration":
+        return prometheus_duration(key, value)[0]
     if kind == "abspath":
         return _engine_host_path(key, raw, value)
     if kind == "path":
@@ -171,6 +186,13 @@ def _seconds(spec, key, value):
     number = _whole(key, value)
     if not spec["min"] <= number <= spec["max"]:
         raise InputError(key, "%d seconds is out of range %d-%d; %s" % (number, spec["min"], spec["max"], FIX))
+    return number
+
+
+def _ranged(spec, key, value):
+    number = _whole(key, value)
+    if not spec["min"] <= number <= spec["max"]:
+        raise InputError(key, "%d is out of range %d-%d; %s" % (number, spec["min"], spec["max"], FIX))
     return number
 
 
@@ -269,6 +291,41 @@ def _number(key, raw, value):
                          % (raw, FIX))
     number = float(value)
     return int(number) if number.is_integer() else number
+
+
+# The alert inputs (NARWHAL_ALERT_*) take the kinds fraction and duration; the monitoring stage reads them.
+RERUN_MONITORING = "correct it in .env (or the environment), then rerun the monitoring stage"
+
+
+def _fraction(key, raw, value):
+    """A decimal above 0 and at most 1 (a share: 0.95 is 95 percent)."""
+    if not NUMBER.match(str(value)) or not 0 < float(value) <= 1:
+        raise InputError(key, "%r is not a share above 0 and at most 1 like 0.95 (ASCII digits, one optional '.'); %s"
+                         % (raw, RERUN_MONITORING))
+    return float(value)
+
+
+# A Prometheus duration (prometheus/common model.ParseDuration, which reads a rule's `for`): whole numbers of y, w, d,
+# h, m, s, ms, each unit at most once and the largest first (30s, 2m, 1h30m); "0" alone is zero.
+PROM_DURATION = re.compile(r"^(?:([0-9]+)y)?(?:([0-9]+)w)?(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?"
+                           r"(?:([0-9]+)ms)?$")
+PROM_DURATION_MS = (365 * 86400000, 7 * 86400000, 86400000, 3600000, 60000, 1000, 1)
+
+
+def prometheus_duration(key, raw):
+    """-> (the duration's text, its milliseconds) of a Prometheus duration above zero; refused naming `key`
+    otherwise (a zero `for` fires on the first evaluation that matches: one failed scrape would page)."""
+    text = str(raw).strip() if raw is not None else ""
+    m = PROM_DURATION.match(text) if text and text != "0" else None
+    if m is None:
+        raise InputError(key, "%r is not a Prometheus duration above zero: whole numbers with the units y, w, d, h, m, "
+                              "s, ms, largest first, each once (30s, 2m, 1h30m); %s" % (raw, RERUN_MONITORING))
+    ms = sum(int(n) * PROM_DURATION_MS[i] for i, n in enumerate(m.groups()) if n)
+    if ms == 0:
+        raise InputError(key, "%r is zero; a zero duration fires an alert on the first evaluation that matches (one "
+                              "failed scrape would page): give a duration above zero such as 2m; %s"
+                         % (raw, RERUN_MONITORING))
+    return text, ms
 
 
 def rate_list(key, raw, value):
@@ -544,7 +601,60 @@ def load_inputs(values):
     return {"site": site, "nodes": nodes}
 
 
+def _check_kv_events(site, nodes):
+    """KV events (_common/kv_events.py) against the inputs that decide whether they can work: the prefill policy,
+    the bind family, the engines' PYTHONHASHSEED and their --prefix-caching-hash-algo."""
+    policy, policy_key = role_policy(site, "prefill")
+    if policy == KV_AWARE and site.get("NARWHAL_KV_EVENTS") == "off":
+        raise InputError("NARWHAL_KV_EVENTS", "is off but %s is kv_aware, which routes prefills by the engines' own KV "
+                                              "events: without them it has nothing to route by; set NARWHAL_KV_EVENTS="
+                                              "auto (or on), or pick another prefill policy (e.g. %s=cache_aware); %s"
+                         % (policy_key, policy_key, FIX))
+    if not events_on(site):
+        return
+    if site.get("NARWHAL_BIND_FAMILY") == "ipv6":
+        raise InputError("NARWHAL_KV_EVENTS", "KV events are on (NARWHAL_KV_EVENTS=%s%s) but NARWHAL_BIND_FAMILY is "
+                                              "ipv6: vLLM's event publisher binds tcp://*:<port> without ZMQ_IPV6, on "
+                                              "IPv4 only (vllm/distributed/kv_events.py), so a router could not reach "
+                                              "the events at the engines' IPv6 addresses; set NARWHAL_KV_EVENTS=off "
+                                              "and a prefill policy other than kv_aware; %s"
+                         % (site.get("NARWHAL_KV_EVENTS") or "auto",
+                            ", %s=kv_aware" % policy_key if policy == KV_AWARE else "", FIX))
+    seed = str(site.get("NARWHAL_KV_HASH_SEED") or 0)
+    envs = [("NARWHAL_ENGINE_ENV", site.get("NARWHAL_ENGINE_ENV"))] + [
+        ("NARWHAL_NODE_%d_ENGINE_ENV" % n, nodes[n].get("ENGINE_ENV")) for n in sorted(nodes)]
+    for key, text in envs:
+        value = parse_env_words(text or "", key).get(HASH_SEED_ENV)
+        if value is not None and value != seed:
+            same = ("or set NARWHAL_KV_HASH_SEED=%s" % value if WHOLE.match(value) and 0 <= int(value) <= HASH_SEED_MAX
+                    else "(%s is no seed all engines share)" % value)
+            raise InputError(key, "sets %s=%s, but while KV events are on every engine runs with PYTHONHASHSEED=%s "
+                                  "(NARWHAL_KV_HASH_SEED), the seed of vLLM's block hashes, so that the engines' "
+                                  "events agree; remove it from %s %s; %s"
+                             % (HASH_SEED_ENV, value, seed, key, same, FIX))
+    _check_hash_algos(site, nodes)
+
+
+def _check_hash_algos(site, nodes):
+    """Every engine (a node with a role) must hash its blocks with one --prefix-caching-hash-algo while KV events are
+    on: its extra arguments are NARWHAL_EXTRA_ARGS, NARWHAL_ENGINE_ARGS, then its node's, and vLLM keeps the last."""
+    site_words = [w for k in ("NARWHAL_EXTRA_ARGS", "NARWHAL_ENGINE_ARGS") for w in split_args(site.get(k), k)]
+    algos = {}
+    for n in sorted(n for n in nodes if nodes[n].get("ROLE")):
+        key = "NARWHAL_NODE_%d_EXTRA_ARGS" % n
+        node_algo = hash_algo(split_args(nodes[n].get("EXTRA_ARGS"), key))
+        algos[n] = (node_algo or hash_algo(site_words) or DEFAULT_HASH_ALGO, key if node_algo else None)
+    if len(set(algo for algo, _key in algos.values())) > 1:
+        shown = ", ".join("engine-%d %s" % (n, algos[n][0]) for n in sorted(algos))
+        key = next((k for _a, k in algos.values() if k), "NARWHAL_EXTRA_ARGS")
+        raise InputError(key, "the engines hash their KV blocks with different --prefix-caching-hash-algo (%s), so "
+                              "their KV events would name one prompt prefix by different hashes; while KV events are "
+                              "on give every engine one algorithm (in NARWHAL_EXTRA_ARGS, or the same in every "
+                              "NARWHAL_NODE_<n>_EXTRA_ARGS); %s" % (shown, FIX))
+
+
 def _cross_check(site, nodes):
+    _check_kv_events(site, nodes)
     if not site.get("NARWHAL_SERVED_MODEL_NAME") and site.get("NARWHAL_MODEL_PATH"):
         check_served_name("NARWHAL_MODEL_PATH", site["NARWHAL_MODEL_PATH"].rstrip("/").rsplit("/", 1)[-1],
                           derived_from="NARWHAL_MODEL_PATH")

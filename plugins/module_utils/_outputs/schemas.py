@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import RERUN, PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.kv_events import HASH_SEED_MAX, bind_endpoint
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_PATTERN
 
 __metaclass__ = type
@@ -56,6 +57,10 @@ FLEET_SCHEMA = {
             "role": {"enum": ["prefill", "decode"]},
             "accelerator": {"type": "object"},
             "gpu_count": {"type": "integer", "minimum": 0},
+            # only while KV events are on: where a subscriber reaches the engine's ranks, by DP rank
+            # (_common/kv_events.py::subscriber_endpoints)
+            "kv_events": {"type": "array", "minItems": 1,
+                          "items": {"type": "string", "pattern": "^tcp://[^\\s/]+:[0-9]{1,5}$"}},
         },
     },
 }
@@ -179,6 +184,12 @@ RECORD_SCHEMA = {
                 "model_manifest": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"},
             },
         },
+        # only while KV events are on (_common/kv_events.py::record_field), so the records of a fleet without them stay
+        # as they were: the endpoint the engine's publisher binds, its first port (rank r: + r), PYTHONHASHSEED
+        "kv_events": {"type": "object", "required": ["endpoint", "port", "hash_seed"], "additionalProperties": False,
+                      "properties": {"endpoint": {"type": "string", "pattern": "^tcp://\\*:[0-9]{1,5}$"},
+                                     "port": _PORT,
+                                     "hash_seed": {"type": "string", "pattern": "^(0|[1-9][0-9]{0,9})$"}}},
         "sources": {"type": "object", "required": ["host", "image", "model", "policy", "allocation", "transfer"]},
     },
 }
@@ -404,6 +415,24 @@ def _semantic_errors(record):
                               or not port <= ports[1] <= 65535):
         out.append(("node.side_channel_ports", "%r must be [first, last] with first = node.side_channel_port %d"
                     % (ports, port)))
+    return out + _kv_events_errors(record, dp)
+
+
+def _kv_events_errors(record, dp):
+    """(field, message) of a record's kv_events: the endpoint binds its port, every rank's port exists, the seed is
+    one Python takes."""
+    kv = record.get("kv_events")
+    if kv is None:
+        return []
+    out = []
+    if kv["endpoint"] != bind_endpoint(kv["port"]):
+        out.append(("kv_events.endpoint", "%s is not %s: the engine publishes on every interface at kv_events.port"
+                    % (kv["endpoint"], bind_endpoint(kv["port"]))))
+    if kv["port"] + dp - 1 > 65535:
+        out.append(("kv_events.port", "%d + %d data-parallel ranks passes port 65535" % (kv["port"], dp)))
+    if int(kv["hash_seed"]) > HASH_SEED_MAX:
+        out.append(("kv_events.hash_seed", "%s is more than %d, which Python refuses as PYTHONHASHSEED"
+                    % (kv["hash_seed"], HASH_SEED_MAX)))
     return out
 
 

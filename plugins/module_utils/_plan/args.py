@@ -41,7 +41,8 @@ MANAGED_LONG_FLAGS = (
 FLAG_INPUTS = {"--shutdown-timeout": "NARWHAL_SHUTDOWN_TIMEOUT", "--data-parallel-size": "NARWHAL_DATA_PARALLEL_SIZE",
                "--enable-expert-parallel": "NARWHAL_ENABLE_EXPERT_PARALLEL", "--host": "NARWHAL_ENGINE_BIND",
                "--ssl-keyfile": "NARWHAL_TLS", "--ssl-certfile": "NARWHAL_TLS", "--ssl-ca-certs": "NARWHAL_TLS",
-               "--ssl-cert-reqs": "NARWHAL_TLS", "--ssl-ciphers": "NARWHAL_TLS"}
+               "--ssl-cert-reqs": "NARWHAL_TLS", "--ssl-ciphers": "NARWHAL_TLS",
+               "--kv-events-config": "NARWHAL_KV_EVENTS"}
 
 MANAGED_SHORT_FLAGS = {"-tp": "--tensor-parallel-size", "-dp": "--data-parallel-size",
                        "-pp": "--pipeline-parallel-size", "-ep": "--enable-expert-parallel",

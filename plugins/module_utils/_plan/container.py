@@ -26,6 +26,7 @@ import posixpath
 import re
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import RERUN, PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.kv_events import HASH_SEED_ENV, bind_endpoint
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_NAME, local_host_reason
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import API_KEY_ENV
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.versions import version_tuple
@@ -381,10 +382,31 @@ def _environment(record, vendor, gpu_ids, runtime_env, derived_env, managed):
     return dict(sorted(environment.items()))
 
 
+def kv_events(record, runtime_env):
+    """(flags, environment) of a record's `kv_events` (_common/kv_events.py; none: ([], {}), so the plans of engines
+    without them stay as they were): `--kv-events-config` with vLLM's ZMQ publisher on the record's endpoint, and
+    PYTHONHASHSEED, the seed of vLLM's block hashes. A record whose own environment (the image's, the operator's)
+    sets another PYTHONHASHSEED is refused: the events of engines seeded differently would not agree."""
+    if record.get("kv_events") is None:
+        return [], {}
+    # the endpoint from the port: whatever else a hand-edited record says, the publisher binds (a non-wildcard
+    # endpoint would make vLLM connect to it and push the events there); the record check holds endpoint = this
+    endpoint = bind_endpoint(record_field(record, "kv_events.port", int))
+    hash_seed = record_field(record, "kv_events.hash_seed", str, allow_empty=False)
+    seed = runtime_env.get(HASH_SEED_ENV)
+    if seed is not None and seed != hash_seed:
+        raise PlanError("launch record runtime.environment sets %s=%s but kv_events.hash_seed is %s (the image's "
+                        "environment or NARWHAL_ENGINE_ENV): every engine of a fleet with KV events hashes its blocks "
+                        "with one seed; set NARWHAL_KV_HASH_SEED=%s (or remove the variable), then %s"
+                        % (HASH_SEED_ENV, seed, hash_seed, seed, RERUN), "NARWHAL_KV_HASH_SEED")
+    config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint}
+    return ["--kv-events-config", json.dumps(config, separators=(",", ":"))], {HASH_SEED_ENV: hash_seed}
+
+
 def _serve_command(record, mount, served, bind_host, http_port, access, tp, drain, extra_args):
     """The `vllm serve` command: the model, the bind address and port, the key guard and TLS (`access`), the
-    parallelism, the connector, the dtypes and block size, the drain (when the record has one) and, last, the
-    record's extra arguments."""
+    parallelism, the connector, the dtypes and block size, the KV events (when the record has them), the drain (when
+    the record has one) and, last, the record's extra arguments."""
     return [
         "serve", mount,
         "--served-model-name", served,
@@ -397,7 +419,8 @@ def _serve_command(record, mount, served, bind_host, http_port, access, tp, drai
         "--dtype", record_field(record, "runtime.model_dtype", str, allow_empty=False),
         "--kv-cache-dtype", record_field(record, "runtime.kv_cache_dtype", str, allow_empty=False),
         "--block-size", str(record_field(record, "runtime.block_size", int)),
-    ] + ([SHUTDOWN_FLAG, str(drain)] if drain is not None else []) + [str(a) for a in extra_args]
+    ] + kv_events(record, {})[0] + ([SHUTDOWN_FLAG, str(drain)] if drain is not None else []) + [
+        str(a) for a in extra_args]
 
 
 def container_spec(record, role_env):
@@ -419,14 +442,14 @@ def container_spec(record, role_env):
     net_devices = _net_devices(record, role_env)
     devices, device_requests, verify_devices = _device_mappings(vendor, host_indices, accel_devices,
                                                                 transfer_devices)
-    environment = _environment(record, vendor, gpu_ids, runtime_env, derived_env, {
+    environment = _environment(record, vendor, gpu_ids, runtime_env, derived_env, dict({
         "UCX_NET_DEVICES": ",".join(net_devices),
         "UCX_TLS": ",".join(tls),
         "VLLM_NIXL_SIDE_CHANNEL_HOST": side_host,
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_port),
         PREFIXED_ENV[0]: python_path(runtime_env),
         GUARD_KEY_ENV: key_file_mount(role_env)[1],
-    })
+    }, **kv_events(record, runtime_env)[1]))
     drain = shutdown_timeout(record)
     logs = log_config(record)
     command = _serve_command(record, mount, served, bind_host, http_port, access_flags, tp, drain, extra_args)

@@ -66,9 +66,9 @@ def compatibility(records):
 
 
 def shared_hosts(records):
-    """Engines on one physical host must not overlap in GPUs, HTTP, attestation, side-channel or data-parallel RPC
-    ports (each host's ports: _common/ports.py::bound_ports). One engine's ports against each other are discovery's
-    check (_discover/fleet.py::check_own_ports): it knows them all first."""
+    """Engines on one physical host must not overlap in GPUs, HTTP, attestation, side-channel, data-parallel RPC or KV
+    events ports (each host's ports: _common/ports.py::bound_ports). One engine's ports against each other are
+    discovery's check (_discover/fleet.py::check_own_ports): it knows them all first."""
     by_host = {}
     for r in records.values():
         by_host.setdefault(r["node"].get("host_id") or r["engine"], []).append(r)
@@ -170,6 +170,8 @@ def _port_key(name, node):
         return "NARWHAL_DATA_PARALLEL_RPC_PORT"
     if name == "side-channel":
         return "NARWHAL_SIDE_CHANNEL_PORT"  # one key for every host; each engine's range follows from it
+    if name == "kv-events":
+        return "NARWHAL_KV_EVENTS_PORT"  # the same: one first port of each host
     return "NARWHAL_NODE_%s_%s" % (node, {"engine": "ENGINE_PORT", "attestation": "ATTEST_PORT"}[name])
 
 

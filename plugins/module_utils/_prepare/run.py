@@ -14,6 +14,7 @@ import os
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.api_key import API_KEY_MAX_BYTES, api_key_from
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import REGENERATE, InputError, PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.kv_events import subscriber_endpoints
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import (
     ENGINE_NAME,
     INSPECTION_FILE,
@@ -206,6 +207,11 @@ def current_records(task, p, root, site, engines, paths):
         if "accelerator" in f and f["accelerator"] != records[e]["accelerator"]:
             raise InputError("NARWHAL_FLEET", "the fleet's hardware fields for %s (%s) differ from its record "
                                               "(%s); %s" % (e, f["accelerator"], records[e]["accelerator"], REGENERATE))
+        if f.get("kv_events") != subscriber_endpoints(records[e]):
+            raise InputError("NARWHAL_FLEET", "the fleet's kv_events for %s (%s) are not the endpoints its record "
+                                              "publishes on (%s); %s" % (e, f.get("kv_events") or "none",
+                                                                         subscriber_endpoints(records[e]) or "none",
+                                                                         REGENERATE))
     try:
         launcher_bytes = build_zipapp(launcher_sources(p["collection"]))
     except (OSError, ValueError) as exc:

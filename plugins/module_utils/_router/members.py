@@ -29,6 +29,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import
 __metaclass__ = type
 
 ROLES = ("prefill", "decode")
+KV_EVENTS = "kv_events"
 WORKERS_FILE = "workers.json"
 POLL_S = 0.5
 
@@ -41,8 +42,9 @@ def _url(url, where):
 
 def normal(doc, where):
     """{"prefill": [url], "decode": [url]} of a workers document (the `workers` option, workers.json): URLs without a
-    trailing slash, each once, refused by name otherwise."""
-    if not isinstance(doc, dict) or not set(doc) <= set(ROLES):
+    trailing slash, each once, refused by name otherwise; with its "kv_events" map ({prefill url: [endpoint, ...]},
+    _router/plan.py::workers_doc) when it has one."""
+    if not isinstance(doc, dict) or not set(doc) <= set(ROLES + (KV_EVENTS,)):
         raise PlanError("%s must be {prefill: [url, ...], decode: [url, ...]}, not %r" % (where, doc), where)
     out, seen = {role: [] for role in ROLES}, {}
     for role in ROLES:
@@ -52,6 +54,12 @@ def normal(doc, where):
                 raise PlanError("%s: %s is listed as %s and as %s" % (where, url, seen[url], role), where)
             seen[url] = role
             out[role].append(url)
+    if KV_EVENTS in doc:
+        kv = doc[KV_EVENTS]
+        if not isinstance(kv, dict) or not all(isinstance(eps, list) and eps and all(isinstance(e, str) for e in eps)
+                                               for eps in kv.values()):
+            raise PlanError("%s: kv_events must be {prefill url: [endpoint, ...]}, not %r" % (where, kv), where)
+        out[KV_EVENTS] = dict((_url(u, where), list(eps)) for u, eps in kv.items())
     return out
 
 
@@ -82,6 +90,11 @@ def desired(params, held, reported):
             raise PlanError("the router would hold no %s worker, but vllm-router's P/D mode needs at least one prefill "
                             "and one decode worker: keep one %s engine in the router (or stop the router instead)"
                             % (role, role), "remove" if params.get("remove") else "workers")
+    # the KV events endpoints of every prefill engine of the fleet stay as the router stage wrote them (the `workers`
+    # option's, else workers.json's): a worker moved out and back in is subscribed to again
+    kv = want.get(KV_EVENTS) if KV_EVENTS in want else (held or {}).get(KV_EVENTS)
+    if kv is not None:
+        want[KV_EVENTS] = kv
     return want
 
 

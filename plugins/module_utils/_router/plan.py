@@ -19,6 +19,7 @@ import re
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import http_url, refuse_fleet_userinfo
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.kv_events import KV_AWARE, role_policy
 
 __metaclass__ = type
 
@@ -93,12 +94,43 @@ def fleet_workers(fleet, where="NARWHAL_FLEET"):
             raise PlanError("%s: %s and %s have the same URL %s; the router would count one worker"
                             % (where, seen[url], engine, url), where)
         seen[url] = engine
-        workers[role].append({"engine": engine, "url": url})
+        workers[role].append(dict({"engine": engine, "url": url}, **_kv_endpoints(entry, where, engine or i)))
     for role in ("prefill", "decode"):
         if not workers[role]:
             raise PlanError("%s: the fleet has no %s engine; a P/D router needs at least one of each (set "
                             "NARWHAL_NODE_<n>_ROLE=%s on an engine and rerun discovery)" % (where, role, role), where)
     return workers
+
+
+KV_ENDPOINT = re.compile(r"^tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*):[0-9]{1,5}\Z")
+
+
+def _kv_endpoints(entry, where, who):
+    """{"kv_events": [endpoint, ...]} of a fleet entry that has them (discovery writes them while KV events are on:
+    _common/kv_events.py::subscriber_endpoints), else {}; anything but a list of tcp://host:port is refused."""
+    if "kv_events" not in entry:
+        return {}
+    eps = entry["kv_events"]
+    if not isinstance(eps, list) or not eps or not all(isinstance(e, str) and KV_ENDPOINT.match(e) for e in eps):
+        raise PlanError("%s: %s has kv_events %r, not a list of tcp://host:port endpoints; rerun discovery"
+                        % (where, who, eps), where)
+    return {"kv_events": list(eps)}
+
+
+def kv_prefill_policy(site, workers):
+    """Whether the prefill policy is kv_aware; then every prefill worker must have its KV events endpoints in the fleet
+    (discovery writes them while NARWHAL_KV_EVENTS is on, or auto with this policy), which the router subscribes to
+    (workers_doc: narwhal_router.py gives vllm-router --pd-kv-events per prefill worker)."""
+    policy, key = role_policy(site, "prefill")
+    if policy != KV_AWARE:
+        return False
+    lacking = [w["engine"] for w in workers["prefill"] if not w.get("kv_events")]
+    if lacking:
+        raise PlanError("%s is kv_aware, but the fleet's prefill engine(s) %s publish no KV events (no kv_events in "
+                        "the fleet file): the records were discovered with KV events off; rerun discovery (with "
+                        "NARWHAL_KV_EVENTS auto or on), prepare and launch, then the router stage"
+                        % (key, ", ".join(lacking)), key)
+    return True
 
 
 def data_parallel_size(site, workers, engines=None):
@@ -174,13 +206,14 @@ def router_args(site, workers, engines=None, address=None):
     --intra-node-data-parallel-size (data_parallel_size); DP 1 adds nothing. `address`: the router host's
     router_address (the bind is checked here as well)."""
     router_bind(site, address)
+    kv_prefill_policy(site, workers)
     port, metrics = int(site["NARWHAL_ROUTER_PORT"]), int(site["NARWHAL_ROUTER_METRICS_PORT"])
     if port == metrics:
         raise PlanError("NARWHAL_ROUTER_METRICS_PORT: %d is NARWHAL_ROUTER_PORT too; the router serves clients and "
                         "Prometheus on two ports: pick another, then rerun the router stage" % metrics,
                         "NARWHAL_ROUTER_METRICS_PORT")
     args = ["--vllm-pd-disaggregation", "--kv-connector", "nixl",
-            "--policy", site["NARWHAL_ROUTER_POLICY"],
+            "--prefill-policy", role_policy(site, "prefill")[0], "--decode-policy", role_policy(site, "decode")[0],
             "--worker-startup-timeout-secs", str(STARTUP_TIMEOUT_S),
             "--worker-startup-check-interval", str(STARTUP_CHECK_S),
             "--health-check-interval-secs", str(HEALTH_INTERVAL_S),
@@ -202,10 +235,15 @@ def fronts(bind, port, metrics_port=None):
     return listed
 
 
-def workers_doc(workers):
+def workers_doc(workers, kv=False):
     """NARWHAL_ROUTER_DIR/workers.json, the worker set the start script gives vllm-router:
-    {"prefill": [url, ...], "decode": [url, ...]} in fleet order."""
-    return {role: [w["url"] for w in workers[role]] for role in ("prefill", "decode")}
+    {"prefill": [url, ...], "decode": [url, ...]} in fleet order; with `kv` (a kv_aware prefill policy:
+    kv_prefill_policy) also "kv_events": {prefill url: [endpoint by DP rank, ...]}, from which the start script adds
+    --pd-kv-events for each prefill URL it gives (a worker set changed by router_members keeps the map)."""
+    doc = {role: [w["url"] for w in workers[role]] for role in ("prefill", "decode")}
+    if kv:
+        doc["kv_events"] = dict((w["url"], w["kv_events"]) for w in workers["prefill"])
+    return doc
 
 
 def drain_timeout(site):
@@ -289,7 +327,7 @@ def router_plan(site, fleet, image_id, version, entry_sha256, address=None, engi
         "entrypoint": ["python3"],
         "command": [ENTRY, CONFIG],
         "config": config,
-        "workers_doc": workers_doc(workers),
+        "workers_doc": workers_doc(workers, kv_prefill_policy(site, workers)),
         "entry_sha256": entry_sha256,
         "workers": workers,
         "port": port,

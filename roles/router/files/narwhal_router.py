@@ -19,7 +19,9 @@ vllm-router lacks, and a change of the worker set that closes no listening socke
   for each child (--port, --prometheus-port): its command line is router.json `args` + those four options + one
   `--prefill URL` / `--decode URL` per URL of router.json `workers_file` (NARWHAL_ROUTER_DIR/workers.json,
   {"prefill": [url, ...], "decode": [url, ...]}, written by the controller side). The child gets the key, the
-  command line and the parent's pid through a pipe (its stdin), never argv or environment.
+  command line and the parent's pid through a pipe (its stdin), never argv or environment. With a kv_aware prefill
+  policy workers.json also maps each prefill URL to its engine's KV events endpoints ("kv_events": {url: [tcp://...,
+  ...]}), and the child gets one `--pd-kv-events URL=EP[,EP...]` per prefill URL it is given (kv_event_sources).
 - The child reads the key from the file the parent read (mode 0600, mounted read-only) and hands it to the router in
   its own process: as OPENAI_API_KEY, which the P/D router sends to the workers as "Authorization: Bearer ..."
   (vllm-router 0.1.17, routers/http/vllm_pd_router.rs), set with os.environ after exec, so /proc/<pid>/environ,
@@ -192,10 +194,17 @@ def read_config(path):
 
 def read_workers(path):
     """workers.json -> {"prefill": [url, ...], "decode": [url, ...]}, each role non-empty (a P/D router needs one of
-    each), every URL http(s) and once."""
+    each), every URL http(s) and once; and "kv_events" ({prefill url: [tcp://host:port, ...]}) when the file has
+    it (a kv_aware prefill policy: the router plan writes it)."""
     workers = read_json(path, "worker set")
-    if not isinstance(workers, dict) or set(workers) != {"prefill", "decode"}:
-        raise Refused("%s must be {\"prefill\": [url, ...], \"decode\": [url, ...]}; rerun the router stage" % path)
+    if not isinstance(workers, dict) or set(workers) - {"kv_events"} != {"prefill", "decode"}:
+        raise Refused("%s must be {\"prefill\": [url, ...], \"decode\": [url, ...]} (and \"kv_events\"); rerun the "
+                      "router stage" % path)
+    kv = workers.get("kv_events", {})
+    if not isinstance(kv, dict) or not all(
+            isinstance(eps, list) and eps and all(isinstance(e, str) and e.startswith("tcp://") and "," not in e
+                                                  for e in eps) for eps in kv.values()):
+        raise Refused("%s: kv_events must be {prefill url: [tcp://host:port, ...]}; rerun the router stage" % path)
     seen = set()
     for role in ("prefill", "decode"):
         urls = workers[role]
@@ -233,9 +242,31 @@ def child_plan(config):
             args += ["--prefill", url]
         for url in workers["decode"]:
             args += ["--decode", url]
+        args += kv_event_sources(config["args"], workers)
         if validation is None:
             validation = [u.rstrip("/") + "/v1/models" for u in workers["decode"] + workers["prefill"]]
     return {"args": args, "validation": list(validation or []), "ports": ports, "workers": urls}
+
+
+def kv_event_sources(args, workers):
+    """`--pd-kv-events <url>=<endpoint>[,<endpoint>...]` for each prefill URL of the worker set that workers.json's
+    kv_events maps (its endpoints by DP rank, the base URL as key: vllm-router 0.1.17 refuses a worker it does not
+    route to, and a `<url>@<rank>` key), only under a kv_aware prefill policy (router.json's args: vllm-router takes
+    --pd-kv-events with no other). Then every prefill URL needs its endpoints: a worker without them is refused, not
+    left to a discovery vLLM does not serve."""
+    kv = workers.get("kv_events") or {}
+    policy = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--prefill-policy"]
+    if not policy or policy[-1] != "kv_aware":
+        return []
+    lacking = [u for u in workers["prefill"] if u not in kv]
+    if lacking:
+        raise Refused("the prefill policy is kv_aware but workers.json has no kv_events for prefill worker(s) %s; "
+                      "rerun the router stage" % ", ".join(lacking))
+    out = []
+    for url in workers["prefill"]:
+        if url in kv:
+            out += ["--pd-kv-events", "%s=%s" % (url, ",".join(kv[url]))]
+    return out
 
 
 def not_answering(urls, timeout=5):

@@ -53,8 +53,10 @@ def test_the_key_guard_refuses_every_path_but_the_open_ones(tmp_path, engines):
         assert ask(url, path, "POST", key="wrong", body={}) == unauthorized, path
     assert ask(url, "/v1/models", "OPTIONS") == unauthorized  # a preflight too
     assert ask(url, "/health", "HEAD")[0] == 405  # through the guard: the route takes GET only, as FastAPI's
-    assert ask(url, "/tokenize", "POST", key=KEY, body={}) == (404, '{"detail":"Not Found"}')
-    assert ask(url, "/tokenize", "PUT", key=KEY) == (404, '{"detail":"Not Found"}')
+    assert ask(url, "/pooling", "POST", key=KEY, body={}) == (404, '{"detail":"Not Found"}')
+    assert ask(url, "/pooling", "PUT", key=KEY) == (404, '{"detail":"Not Found"}')
+    assert ask(url, "/tokenize", "POST", key=KEY, body={})[0] == 400  # the route: a request without a prompt
+    assert ask(url, "/tokenize", "PUT", key=KEY) == (405, '{"detail":"Method Not Allowed"}')
     assert ask(url, "/v1/models", "DELETE", key=KEY) == (405, '{"detail":"Method Not Allowed"}')
     status, text = ask(url, "/v1/completions", "POST", key=KEY, body={"prompt": "a b", "max_tokens": 2})
     assert status == 200 and json.loads(text)["choices"][0]["text"], text
@@ -94,7 +96,9 @@ def test_without_the_guard_vllms_own_check_guards_v1_only(tmp_path, engines):
     url, proc = engine_process(tmp_path, "plain", KEY, guard=False)
     engines.append(proc)
     assert ask(url, "/v1/models")[0] == 401
-    assert ask(url, "/tokenize", "POST", body={}) == (404, '{"detail":"Not Found"}')  # reached the routes
+    assert ask(url, "/pooling", "POST", body={}) == (404, '{"detail":"Not Found"}')  # reached the routes
+    status, text = ask(url, "/tokenize", "POST", body={})
+    assert status == 400 and "Field required" in text  # /tokenize itself: no key needed (not /v1)
 
 
 def test_a_middleware_that_does_not_import_ends_the_start_with_its_traceback(tmp_path, engines):

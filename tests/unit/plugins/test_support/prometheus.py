@@ -1,10 +1,11 @@
 # Copyright: narwhal.deploy contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """A real Prometheus (Debian's `prometheus` package; scripts/bootstrap.sh installs it) for the monitoring tests and
-the real scenario's check (tests/harness/prometheus_check.py): started on a free port with its own storage over the
-scrape-config fragment the monitoring stage wrote (its job over the file_sd targets file, and with TLS its tls_config
-ca_file), polled until ready and until every target is up; and the Grafana dashboard's panel queries with
-their template variables substituted as Grafana's Prometheus datasource substitutes them."""
+the real scenario's checks (tests/harness/prometheus_check.py, tests/harness/alert_check.py): started on a free port
+with its own storage over the scrape-config fragment the monitoring stage wrote (its job over the file_sd targets
+file, and with TLS its tls_config ca_file) and the alert rules it wrote beside (rule_files), polled until ready and
+until every target is up; its alerts; and the Grafana dashboard's panel queries with their template variables
+substituted as Grafana's Prometheus datasource substitutes them."""
 import json
 import re
 import shutil
@@ -51,16 +52,22 @@ def scrape_configs(scrape_file):
     return fragment["scrape_configs"]
 
 
-def start(where, scrape_file):
-    """-> (url, Popen) of a Prometheus scraping every second with the fragment's scrape jobs."""
+def start(where, scrape_file, rules_file=None, detach=False):
+    """-> (url, Popen) of a Prometheus scraping every second with the fragment's scrape jobs and, with `rules_file`
+    (the stage's narwhal-rules.yml), evaluating its alert rules every second: an operator names the file under
+    rule_files in prometheus.yml (the fragment cannot hold it: Prometheus reads a scrape_config_files file strictly as
+    scrape_configs). `detach`: in a session of its own, so that it outlives the script that started it."""
     port = _free_port()
-    (where / "prometheus.yml").write_text(yaml.safe_dump({
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-        "scrape_configs": scrape_configs(scrape_file)}))
+    config = {"global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+              "scrape_configs": scrape_configs(scrape_file)}
+    if rules_file is not None:
+        config["rule_files"] = [str(rules_file)]
+    (where / "prometheus.yml").write_text(yaml.safe_dump(config))
     with open(where / "prometheus.log", "wb") as log:
         proc = subprocess.Popen([PROMETHEUS, "--config.file=%s" % (where / "prometheus.yml"),
                                  "--storage.tsdb.path=%s" % (where / "tsdb"),
-                                 "--web.listen-address=127.0.0.1:%d" % port], stdout=log, stderr=subprocess.STDOUT)
+                                 "--web.listen-address=127.0.0.1:%d" % port], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=detach)
     url = "http://127.0.0.1:%d" % port
 
     def ready():
@@ -80,6 +87,26 @@ def all_up(url, count):
     done = len(active) == count and all(t["health"] == "up" for t in active)
     health = [(t["labels"].get("engine") or t["labels"].get("router"), t["health"], t["lastError"]) for t in active]
     return done, (active if done else health)
+
+
+def alerts(url):
+    """The alerts Prometheus holds now (GET /api/v1/alerts): pending and firing, each with labels, annotations,
+    state and activeAt."""
+    answer = get(url + "/api/v1/alerts")
+    assert answer["status"] == "success", answer
+    return answer["data"]["alerts"]
+
+
+def alert_rules(url):
+    """{alert name: [rule, ...]} of the alerting rules Prometheus has loaded (GET /api/v1/rules?type=alert); each rule
+    with query, duration (its `for` in seconds), labels, health and lastError."""
+    answer = get(url + "/api/v1/rules?type=alert")
+    assert answer["status"] == "success", answer
+    found = {}
+    for group in answer["data"]["groups"]:
+        for rule in group["rules"]:
+            found.setdefault(rule["name"], []).append(rule)
+    return found
 
 
 def query(url, expr):

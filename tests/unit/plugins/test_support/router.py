@@ -14,6 +14,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import (
     fleet_workers,
     fronts,
+    kv_prefill_policy,
     router_config,
     workers_doc,
 )
@@ -24,21 +25,24 @@ ENTRY = REPO / "roles" / "router" / "files" / "narwhal_router.py"
 
 
 def router_process(tmp_path, engines, key, health_interval_s=1, health_failures=2, tls=None, env=None, wait=True,
-                   drain_timeout=120):
+                   drain_timeout=120, site=None, edit_args=None):
     """-> {url, metrics_url, proc, log, key_file, config, workers} of a router whose fronts are on free loopback
     ports, once its /workers answers (every engine answered /health); `config` and `workers`: the paths of its
     router.json and workers.json. The caller terminates `proc`. `tls` ({cert, key, ca}: paths): the start script's
     fronts end TLS on 127.0.0.2, the URLs https and /workers asked with the CA. `env`: more environment
     (SSL_CERT_FILE, as the router container has it); `wait=False`: return at once (a router whose workers never
-    become healthy does not serve)."""
+    become healthy does not serve). `site`: more site inputs (the policies, NARWHAL_DATA_PARALLEL_SIZE), planned as the
+    router stage plans them (with a kv_aware prefill policy, workers.json maps the engines' kv_events). `edit_args`: a
+    function that changes router.json's args list in place (flags the plan does not write)."""
     port, metrics = free_port(), free_port()
-    site = {"NARWHAL_ROUTER_BIND": "127.0.0.1", "NARWHAL_ROUTER_PORT": port, "NARWHAL_ROUTER_METRICS_PORT": metrics,
-            "NARWHAL_ROUTER_POLICY": "round_robin", "NARWHAL_ROUTER_READY_TIMEOUT": 60, "NARWHAL_TLS": "off",
-            "NARWHAL_ROUTER_DRAIN_TIMEOUT": drain_timeout}
+    site = dict({"NARWHAL_ROUTER_BIND": "127.0.0.1", "NARWHAL_ROUTER_PORT": port,
+                 "NARWHAL_ROUTER_METRICS_PORT": metrics, "NARWHAL_ROUTER_POLICY": "round_robin",
+                 "NARWHAL_ROUTER_READY_TIMEOUT": 60, "NARWHAL_TLS": "off",
+                 "NARWHAL_ROUTER_DRAIN_TIMEOUT": drain_timeout}, **(site or {}))
     workers = fleet_workers(engines)
     config = router_config(site, workers)
     config["workers_file"] = str(tmp_path / "workers.json")
-    (tmp_path / "workers.json").write_text(json.dumps(workers_doc(workers)))
+    (tmp_path / "workers.json").write_text(json.dumps(workers_doc(workers, kv_prefill_policy(site, workers))))
     host, scheme, cafile = "127.0.0.1", "http", None
     if tls:
         host, scheme, cafile = "127.0.0.2", "https", tls["ca"]
@@ -51,6 +55,8 @@ def router_process(tmp_path, engines, key, health_interval_s=1, health_failures=
     args = config["args"]
     args[args.index("--health-check-interval-secs") + 1] = str(health_interval_s)
     args[args.index("--health-failure-threshold") + 1] = str(health_failures)
+    if edit_args is not None:
+        edit_args(args)
     (tmp_path / "router.json").write_text(json.dumps(config))
     log = tmp_path / "router.log"
     env = dict({k: v for k, v in os.environ.items() if "KEY" not in k}, **(env or {}))

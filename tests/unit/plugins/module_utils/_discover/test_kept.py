@@ -24,6 +24,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas im
     LAUNCH_CONFIG_SCHEMA,
     validation_errors,
 )
+from ansible_collections.narwhal.deploy.plugins.module_utils._prepare.checks import shared_hosts
 
 ENGINES = ("engine-1", "engine-2", "engine-3", "engine-4")
 # engine-1 and engine-3 prefill, engine-2 and engine-4 decode, each on a host of its own
@@ -238,6 +239,30 @@ def test_a_discovered_engine_takes_no_gpu_or_side_channel_port_of_a_kept_one(tmp
     assert one["gpu_host_indices"] == [4, 5, 6, 7] and one["node"]["side_channel_ports"] == [5601, 5601]
     assert document["engines"]["engine-2"] is held and extracts["engine-launch.engine-2.inspection.json"] == "{}\n"
     assert [e["gpu_count"] for e in plan["fleet"]] == [4, 4]
+
+
+def test_a_discovered_engine_takes_no_kv_events_port_of_a_kept_one(tmp_path, dev):
+    """With KV events on, engine-2's kept record holds KV events port 5557 on box-a: engine-1, discovered first in
+    fleet order on the same machine, publishes past it, and the fleet lists the kept engine's endpoints as recorded."""
+    facts = host(nvidia(tmp_path / "dev"), tmp_path)
+    inputs = load_inputs(dict(BASE, NARWHAL_GPUS_PER_ENGINE="4", NARWHAL_NODE_2_ENGINE_PORT="8001",
+                              NARWHAL_NODE_2_ATTEST_PORT="8011", NARWHAL_KV_EVENTS="on"))
+    ifs = {"engine-1": iface("10.0.0.11", "box-a"), "engine-2": iface("10.0.0.11", "box-a")}
+    plan = build_fleet(inputs, ["engine-1", "engine-2"], ifs)
+    document, _extracts = _discovery_outputs.collect_records(plan, inputs, {"engine-1": facts, "engine-2": facts})
+    assert [document["engines"][e]["kv_events"]["port"] for e in ("engine-1", "engine-2")] == [5557, 5558]
+    held = copy.deepcopy(document["engines"]["engine-2"])
+    held.update(gpu_host_indices=[0, 1, 2, 3], gpu_ids=document["engines"]["engine-1"]["gpu_ids"])
+    held["node"].update(side_channel_port=5600, side_channel_ports=[5600, 5600])
+    held["kv_events"].update(port=5557, endpoint="tcp://*:5557")
+    env = dict((k[len("NARWHAL_NODE_2_"):], v) for k, v in plan["deployment_env"] if k.startswith("NARWHAL_NODE_2_"))
+    kept = {"engine-2": {"record": held, "extracts": {"engine-launch.engine-2.inspection.json": "{}\n"},
+                         "address": "10.0.0.11", "host_id": "box-a", "env": env, "hosts": ["engine-2"]}}
+    plan = build_fleet(inputs, ["engine-1", "engine-2"], {"engine-1": ifs["engine-1"]}, kept)
+    document, _extracts = _discovery_outputs.collect_records(plan, inputs, {"engine-1": facts}, kept=kept)
+    assert document["engines"]["engine-1"]["kv_events"]["port"] == 5558
+    assert [e["kv_events"] for e in plan["fleet"]] == [["tcp://10.0.0.11:5558"], ["tcp://10.0.0.11:5557"]]
+    shared_hosts(document["engines"])
 
 
 def test_without_launch_records_the_kept_engine_keeps_its_deployment_env_lines(tmp_path, dev, run_module):

@@ -12,6 +12,8 @@ import pytest
 from test_support.records import BASE, host, iface, image, model, nvidia, rdma, stamped_model
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError, PlanError
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.kv_events import subscriber_endpoints
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.ports import bound_ports
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover import outputs as _discovery_outputs
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.fleet import build_fleet
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.validate import load_inputs
@@ -88,6 +90,36 @@ def test_each_host_gets_its_own_command_from_the_one_planner(tmp_path, dev):
     with pytest.raises(PlanError) as err:
         container_spec(one, env)
     assert "NARWHAL_ENGINE_MEMBER=2 names host 2 of engine-1 but its launch record has members 1 .. 1" in str(err.value)
+
+
+def test_an_engine_across_hosts_publishes_each_ranks_kv_events_on_its_own_host(tmp_path, dev):
+    """KV events of an engine across hosts: one port range on all its hosts (port + global rank), each host binding
+    the ports of its own ranks, the fleet listing each rank's endpoint at the address of its host, one
+    --kv-events-config (the base endpoint) on every host. engine-2 on another machine starts at the base again."""
+    inputs, records, _extracts = plan_site(tmp_path, {"NARWHAL_KV_EVENTS": "on"})
+    one, two = records["engine-1"], records["engine-2"]
+    assert record_errors(one) == [] and one["kv_events"]["port"] == 5557 and two["kv_events"]["port"] == 5557
+    assert subscriber_endpoints(one) == ["tcp://10.0.0.11:5557", "tcp://10.0.0.11:5558", "tcp://10.0.0.12:5559",
+                                         "tcp://10.0.0.12:5560"]
+    assert bound_ports(one)["kv-events"] == (5557, 5558)
+    assert bound_ports(member_view(one, 1))["kv-events"] == (5559, 5560)
+    head = container_spec(one, role_environment(one, "/opt/narwhal", "run-x"))
+    worker = container_spec(one, role_environment(one, "/opt/narwhal", "run-x", member=1))
+    for spec in (head, worker):
+        at = spec["command"].index("--kv-events-config")
+        assert spec["command"][at + 1].endswith('"endpoint":"tcp://*:5557"}')
+        assert spec["environment"]["PYTHONHASHSEED"] == "0"
+    shared_hosts(records)
+    # engine-2 moved onto the member's machine without a port plan of its own: prepare names the overlap
+    clash = copy.deepcopy(records)
+    clash["engine-2"]["node"]["host_id"] = "box-b"
+    clash["engine-2"]["gpu_host_indices"] = [4, 5, 6, 7]
+    clash["engine-2"]["node"].update(side_channel_port=5700, side_channel_ports=[5700, 5700])
+    clash["engine-2"]["kv_events"].update(port=5560, endpoint="tcp://*:5560")
+    with pytest.raises(InputError) as err:
+        shared_hosts(clash)
+    assert err.value.key == "NARWHAL_KV_EVENTS_PORT" and "kv-events / kv-events ports overlap (5559-5560 and " \
+        "5560-5560)" in str(err.value)
 
 
 def test_prepare_derives_every_host_and_checks_the_members_machines(tmp_path, dev):

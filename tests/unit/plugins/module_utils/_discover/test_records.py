@@ -18,13 +18,16 @@ from test_support.paths import REPO
 from test_support.records import (
     BASE,
     CUDA_DISTS,
+    CUDA_ENV,
     IMAGE_ID,
     V100S_UUIDS,
     build,
+    host,
     image,
     interfaces,
     module_args,
     nv_pair,
+    nvidia,
     rdma_pair,
     refused,
     snapshot,
@@ -34,8 +37,13 @@ from test_support.records import (
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
 from ansible_collections.narwhal.deploy.plugins.module_utils._deliver.manifest import manifest_digest
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.fleet import build_fleet
-from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy import policy_changes
+from ansible_collections.narwhal.deploy.plugins.module_utils._discover.policy import (
+    KV_POLICY_KEYS,
+    check_policy,
+    policy_changes,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._discover.records import build_record
+from ansible_collections.narwhal.deploy.plugins.module_utils._facts import gpu as _gpu
 from ansible_collections.narwhal.deploy.plugins.module_utils._facts import image as _image
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.validate import load_inputs
 from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas import (
@@ -44,6 +52,8 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._outputs.schemas im
     RECORD_SCHEMA,
     validation_errors,
 )
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.container import container_spec
+from ansible_collections.narwhal.deploy.plugins.module_utils._plan.role_env import role_environment
 
 # ------------------------------------------------------------------------------------------------
 # the record as a whole
@@ -566,3 +576,127 @@ def test_discovery_warns_of_a_prefill_that_stops_before_its_lease(tmp_path, dev,
                         "(vLLM's default): a stop may end the drain before every decode has read the KV it was "
                         "promised, and such a decode request fails; set NARWHAL_SHUTDOWN_TIMEOUT >= 30 or a shorter "
                         "NARWHAL_KV_LEASE_SECONDS"]
+
+
+# ------------------------------------------------------------------------------------------------
+# KV events (issue 38): records, fleet and policy extract gain them only while they are on
+
+
+def _texts(root):
+    return dict((path, data) for path, (data, _mtime, _mode) in snapshot(root).items())
+
+
+def test_a_site_without_kv_events_writes_the_set_it_wrote_before_they_existed(tmp_path, dev, run_module):
+    """Events off (the default: auto with a round-robin prefill policy, or off whatever the policy): the KV inputs
+    change no byte of the output set (the committed examples, docs/examples/, are the same proof against the code
+    before: tests/unit/scripts/test_gen_example_record.py, test_gen_shapes.py)."""
+    root, hosts, _snap = first_set(tmp_path, run_module)
+    before = _texts(root)
+    assert not [path for path, data in before.items()
+                if b'"kv_events"' in data or b'"NARWHAL_KV_EVENTS' in data or b'"NARWHAL_KV_HASH_SEED"' in data]
+    for extra in ({"NARWHAL_KV_EVENTS": "off", "NARWHAL_ROUTER_DECODE_POLICY": "kv_aware",
+                   "NARWHAL_KV_EVENTS_PORT": "6000", "NARWHAL_KV_HASH_SEED": "9"},
+                  {"NARWHAL_ROUTER_POLICY": "cache_aware", "NARWHAL_ROUTER_PREFILL_POLICY": "power_of_two"}):
+        status, result = run_module(module_args(root, hosts, extra))
+        assert status == "exit" and result["changed"] is False, result
+        assert _texts(root) == before
+
+
+def test_kv_events_reach_the_records_the_fleet_and_the_policy_extract(tmp_path, dev, run_module):
+    root, hosts, _snap = first_set(tmp_path, run_module)
+    args = module_args(root, hosts, {"NARWHAL_ROUTER_PREFILL_POLICY": "kv_aware", "NARWHAL_KV_HASH_SEED": "7",
+                                     "NARWHAL_DATA_PARALLEL_SIZE": "2", "NARWHAL_TP_SIZE": "2"})
+    status, result = run_module(args)
+    assert status == "exit", result
+    launch = json.loads((root / "config" / "engine-launch.local.json").read_text())["engines"]
+    # both engines on one host (box-a): the second takes the ports after the first's two ranks
+    assert launch["engine-1"]["kv_events"] == {"endpoint": "tcp://*:5557", "port": 5557, "hash_seed": "7"}
+    assert launch["engine-2"]["kv_events"] == {"endpoint": "tcp://*:5559", "port": 5559, "hash_seed": "7"}
+    assert list(launch["engine-1"])[-2:] == ["kv_events", "sources"]
+    assert "NARWHAL_KV_EVENTS=auto, port 5557" in launch["engine-1"]["sources"]["kv_events"]
+    fleet = json.loads((root / "config" / "fleet.json").read_text())
+    assert [e["kv_events"] for e in fleet] == [["tcp://10.0.0.11:5557", "tcp://10.0.0.11:5558"],
+                                               ["tcp://10.0.0.11:5559", "tcp://10.0.0.11:5560"]]
+    assert validation_errors(fleet, FLEET_SCHEMA) == []
+    extract = json.loads((root / "config" / "engine-launch.policy.json").read_text())
+    policy = extract["site"]
+    assert {k: policy[k] for k in ("NARWHAL_KV_EVENTS", "NARWHAL_KV_EVENTS_PORT", "NARWHAL_KV_HASH_SEED",
+                                   "NARWHAL_ROUTER_PREFILL_POLICY")} == {
+        "NARWHAL_KV_EVENTS": "on", "NARWHAL_KV_EVENTS_PORT": 5557, "NARWHAL_KV_HASH_SEED": 7,
+        "NARWHAL_ROUTER_PREFILL_POLICY": "kv_aware"}
+    # prepare names a change of whether events are on, of their seed, and of the prefill policy while on
+    assert policy_changes(extract, args["site"]) == []
+    off = copy.deepcopy(args["site"])
+    off["site"]["NARWHAL_ROUTER_PREFILL_POLICY"] = None
+    assert [c[0] for c in policy_changes(extract, off)] == list(KV_POLICY_KEYS)
+    with pytest.raises(InputError) as err:
+        check_policy(extract, off)
+    assert str(err.value).startswith("NARWHAL_KV_EVENTS changed since discovery (records: on, .env now: KV events "
+                                     "off); NARWHAL_KV_EVENTS_PORT changed since discovery (records: 5557, .env now: "
+                                     "KV events off)")
+    seeded = copy.deepcopy(args["site"])
+    seeded["site"]["NARWHAL_KV_HASH_SEED"] = 8
+    assert policy_changes(extract, seeded) == [("NARWHAL_KV_HASH_SEED", 7, 8)]
+
+
+def test_the_planner_publishes_the_events_with_the_seed(tmp_path, dev):
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_KV_EVENTS": "on"}, nv_pair(tmp_path))
+    spec = container_spec(recs["engine-2"], role_environment(recs["engine-2"], "/opt/narwhal", "run-x"))
+    at = spec["command"].index("--kv-events-config")
+    assert spec["command"][at - 2:at + 2] == ["--block-size", "16", "--kv-events-config",
+                                               '{"enable_kv_cache_events":true,"publisher":"zmq",'
+                                               '"endpoint":"tcp://*:5558"}']
+    assert spec["environment"]["PYTHONHASHSEED"] == "0"
+    plain = build({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path))
+    spec = container_spec(plain["engine-2"], role_environment(plain["engine-2"], "/opt/narwhal", "run-x"))
+    assert "--kv-events-config" not in spec["command"] and "PYTHONHASHSEED" not in spec["environment"]
+
+
+@pytest.mark.parametrize("extra, key, words", [
+    ({"NARWHAL_BLOCK_SIZE": "32"}, "NARWHAL_BLOCK_SIZE",
+     "prefill engine engine-1 uses KV blocks of 32 tokens (runtime.cache_plan.block_size) under the kv_aware prefill "
+     "policy, but vllm-router 0.1.17 reads the engines' KV events as 16-token blocks"),
+    ({"NARWHAL_KV_EVENTS_PORT": "8000"}, "NARWHAL_KV_EVENTS_PORT",
+     "engine-1 would publish its KV events on port 8000 (from NARWHAL_KV_EVENTS_PORT, one port per data-parallel "
+     "rank), which overlaps its own HTTP port 8000 (NARWHAL_ENGINE_PORT)"),
+    ({"NARWHAL_KV_EVENTS_PORT": "5600", "NARWHAL_NODE_1_ROLE": "decode", "NARWHAL_NODE_2_ROLE": "prefill"},
+     "NARWHAL_KV_EVENTS_PORT", "overlaps its own side-channel port 5600"),
+])
+def test_kv_events_the_engines_cannot_serve_are_refused_at_discovery(tmp_path, dev, extra, key, words):
+    err = refused(dict({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_ROUTER_PREFILL_POLICY": "kv_aware"}, **extra),
+                  nv_pair(tmp_path))
+    assert err.key == key and words in str(err), str(err)
+
+
+def test_a_decode_engine_keeps_its_block_size_under_kv_aware(tmp_path, dev):
+    """Only prefill engines feed vllm-router's kv_aware prefill policy: a decode engine of other blocks passes."""
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_ROUTER_PREFILL_POLICY": "kv_aware",
+                  "NARWHAL_NODE_2_EXTRA_ARGS": "--max-num-seqs 8"}, nv_pair(tmp_path))
+    assert recs["engine-2"]["kv_events"]["port"] == 5558
+    # with events on for another policy no block size is asked of anyone
+    recs = build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_KV_EVENTS": "on", "NARWHAL_BLOCK_SIZE": "32"},
+                 nv_pair(tmp_path))
+    assert recs["engine-1"]["runtime"]["block_size"] == 32 and recs["engine-1"]["kv_events"]
+
+
+def test_a_cpu_prefill_engine_cannot_serve_kv_aware(tmp_path):
+    img = image({"vllm": "0.32.0+cpu", "nixl": "0.7.1", "torch": "2.9.0+cpu"}, ["PATH=/usr/bin"],
+                "vllm/vllm-openai-cpu:v0.32.0")
+    h = host(_gpu.empty_facts("none"), tmp_path, img=img)
+    err = refused({"NARWHAL_BLOCK_SIZE": "32", "NARWHAL_ROUTER_POLICY": "kv_aware"}, {"engine-1": h, "engine-2": h},
+                  shared=False)
+    assert err.key == "NARWHAL_ROUTER_POLICY"
+    assert "a CPU image's attention backend takes only multiples of 32 tokens" in str(err)
+    # cache_aware needs no events and no block size
+    assert "kv_events" not in build({"NARWHAL_BLOCK_SIZE": "32", "NARWHAL_ROUTER_POLICY": "cache_aware"},
+                                    {"engine-1": h, "engine-2": h}, shared=False)["engine-1"]
+
+
+def test_an_image_seeding_its_hashes_otherwise_is_refused_naming_the_seed(tmp_path, dev):
+    """The image's own PYTHONHASHSEED reaches runtime.environment; with events on the planner refuses a seed other
+    than NARWHAL_KV_HASH_SEED (no input set it: the fix is the seed input)."""
+    h = host(nvidia(tmp_path / "dev"), tmp_path, img=image(env=CUDA_ENV + ["PYTHONHASHSEED=3"]))
+    err = refused({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_KV_EVENTS": "on"}, {"engine-1": h, "engine-2": h})
+    assert err.key == "NARWHAL_KV_HASH_SEED" and "sets PYTHONHASHSEED=3 but kv_events.hash_seed is 0" in str(err)
+    assert build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_KV_EVENTS": "on", "NARWHAL_KV_HASH_SEED": "3"},
+                 {"engine-1": h, "engine-2": h})["engine-1"]["kv_events"]["hash_seed"] == "3"

@@ -138,6 +138,29 @@ def test_the_head_of_an_engine_across_hosts_needs_its_data_parallel_rpc_port_fre
                         "NARWHAL_DATA_PARALLEL_RPC_PORT)" % head["data_parallel_rpc_port"]]
 
 
+def test_the_kv_events_ports_of_this_hosts_ranks_must_be_free(listen):
+    """With KV events (the record's kv_events) each data-parallel rank this host runs publishes on the record's port
+    + its global rank (_common/ports.py::kv_events_range): another program there is refused, naming the input."""
+    rec = record(free_port(), free_port(), free_port())
+    kv = free_port()
+    with_kv = dict(rec, kv_events={"endpoint": "tcp://*:%d" % kv, "port": kv, "hash_seed": "0"})
+    assert port_set(with_kv) == port_set(rec) | {kv}
+    # the second host of an engine of DP 4 over 2 hosts binds the ports of ranks 2 and 3
+    member = dict(with_kv, data_parallel_size=4, data_parallel_size_local=2,
+                  member={"rank": 1, "start_rank": 2, "head_address": "x"})
+    assert port_set(member) == {rec["node"]["side_channel_port"], kv + 2, kv + 3}
+    listen(kv)
+    busy = prereqs.foreign_listeners(port_set(with_kv), None)
+    assert busy == [kv]
+    problems = prereqs.port_problems(with_kv, busy, attestation_url("127.0.0.1", rec["node"]["attest_port"]),
+                                     get_status, 1)[1]
+    assert problems == ["something already listens on port %d of this host; stop it or give engine-2 other ports "
+                        "(NARWHAL_NODE_<n>_ENGINE_PORT / _ATTEST_PORT, NARWHAL_SIDE_CHANNEL_PORT, "
+                        "NARWHAL_KV_EVENTS_PORT)" % kv]
+    # without kv_events the port is not the engine's
+    assert prereqs.foreign_listeners(port_set(rec), None) == []
+
+
 def test_a_headless_host_does_not_need_its_engines_http_or_attestation_port_free(listen):
     """A host after the head of an engine across hosts (member_record's view, member.rank > 0) runs engine cores
     only: another program on the engine's HTTP or attestation port there is no conflict; on its side channel it is."""

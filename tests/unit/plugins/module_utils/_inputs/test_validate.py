@@ -346,3 +346,62 @@ def test_log_limits_are_refused_by_name(extra, key, words):
 def test_log_limits_pass(extra, values):
     site = load_inputs(dict(BASE, **extra))["site"]
     assert (site["NARWHAL_LOG_DRIVER"], site["NARWHAL_LOG_MAX_SIZE"], site["NARWHAL_LOG_MAX_FILE"]) == values
+
+
+# ------------------------------------------------------------------------------------------------
+# the router's policies and the engines' KV events (issue 38)
+
+
+def test_the_policies_and_kv_events_default_to_the_shared_policy_and_auto():
+    site = load_inputs(dict(MINIMAL))["site"]
+    assert (site["NARWHAL_ROUTER_PREFILL_POLICY"], site["NARWHAL_ROUTER_DECODE_POLICY"]) == (None, None)
+    kv = (site["NARWHAL_KV_EVENTS"], site["NARWHAL_KV_EVENTS_PORT"], site["NARWHAL_KV_HASH_SEED"])
+    assert kv == ("auto", 5557, 0)
+    site = load_inputs(dict(MINIMAL, NARWHAL_ROUTER_PREFILL_POLICY="kv_aware", NARWHAL_KV_HASH_SEED="4294967295",
+                            NARWHAL_ENGINE_ENV="PYTHONHASHSEED=4294967295"))["site"]
+    assert (site["NARWHAL_ROUTER_PREFILL_POLICY"], site["NARWHAL_KV_HASH_SEED"]) == ("kv_aware", 4294967295)
+
+
+@pytest.mark.parametrize("extra, key, words", [
+    ({"NARWHAL_ROUTER_PREFILL_POLICY": "kv_aware", "NARWHAL_KV_EVENTS": "off"}, "NARWHAL_KV_EVENTS",
+     "is off but NARWHAL_ROUTER_PREFILL_POLICY is kv_aware"),
+    # the shared policy is the prefill policy when the role has none of its own
+    ({"NARWHAL_ROUTER_POLICY": "kv_aware", "NARWHAL_KV_EVENTS": "off"}, "NARWHAL_KV_EVENTS",
+     "is off but NARWHAL_ROUTER_POLICY is kv_aware"),
+    ({"NARWHAL_KV_EVENTS": "on", "NARWHAL_BIND_FAMILY": "ipv6"}, "NARWHAL_KV_EVENTS", "binds tcp://*:<port> without "
+                                                                                      "ZMQ_IPV6, on IPv4 only"),
+    ({"NARWHAL_ROUTER_PREFILL_POLICY": "kv_aware", "NARWHAL_ENGINE_ENV": "PYTHONHASHSEED=1"}, "NARWHAL_ENGINE_ENV",
+     "sets PYTHONHASHSEED=1, but while KV events are on every engine runs with PYTHONHASHSEED=0"),
+    ({"NARWHAL_KV_EVENTS": "on", "NARWHAL_KV_HASH_SEED": "5", "NARWHAL_NODE_2_ENGINE_ENV": "PYTHONHASHSEED=random"},
+     "NARWHAL_NODE_2_ENGINE_ENV", "remove it from NARWHAL_NODE_2_ENGINE_ENV (random is no seed all engines share)"),
+    ({"NARWHAL_KV_EVENTS": "on", "NARWHAL_NODE_1_ENGINE_ENV": "PYTHONHASHSEED=7"}, "NARWHAL_NODE_1_ENGINE_ENV",
+     "remove it from NARWHAL_NODE_1_ENGINE_ENV or set NARWHAL_KV_HASH_SEED=7"),
+    ({"NARWHAL_KV_EVENTS": "on", "NARWHAL_NODE_1_EXTRA_ARGS": "--prefix-caching-hash-algo xxhash"},
+     "NARWHAL_NODE_1_EXTRA_ARGS", "(engine-1 xxhash, engine-2 sha256)"),
+    ({"NARWHAL_KV_EVENTS": "on", "NARWHAL_EXTRA_ARGS": "--prefix-caching-hash-algo=xxhash",
+      "NARWHAL_NODE_2_EXTRA_ARGS": "--prefix_caching_hash_algo sha256_cbor"},
+     "NARWHAL_NODE_2_EXTRA_ARGS", "(engine-1 xxhash, engine-2 sha256_cbor)"),
+    ({"NARWHAL_KV_HASH_SEED": "4294967296"}, "NARWHAL_KV_HASH_SEED", "out of range 0-4294967295"),
+    ({"NARWHAL_KV_HASH_SEED": "-1"}, "NARWHAL_KV_HASH_SEED", "out of range 0-4294967295"),
+    ({"NARWHAL_KV_HASH_SEED": "random"}, "NARWHAL_KV_HASH_SEED", "is not a whole number"),
+    ({"NARWHAL_KV_EVENTS": "yes"}, "NARWHAL_KV_EVENTS", "is not one of auto, on, off"),
+    ({"NARWHAL_ROUTER_DECODE_POLICY": "least_loaded"}, "NARWHAL_ROUTER_DECODE_POLICY", "is not one of round_robin"),
+    ({"NARWHAL_KV_EVENTS_PORT": "0"}, "NARWHAL_KV_EVENTS_PORT", "out of range 1-65535"),
+])
+def test_kv_events_inputs_are_refused_by_name(extra, key, words):
+    err = refused_input(extra)
+    assert err.key == key and words in str(err), str(err)
+
+
+@pytest.mark.parametrize("extra", [
+    # events off: the engines' seed and hash algorithms are theirs
+    {"NARWHAL_ENGINE_ENV": "PYTHONHASHSEED=1", "NARWHAL_NODE_1_EXTRA_ARGS": "--prefix-caching-hash-algo xxhash"},
+    {"NARWHAL_KV_EVENTS": "off", "NARWHAL_ROUTER_DECODE_POLICY": "kv_aware", "NARWHAL_BIND_FAMILY": "ipv6"},
+    # events on, every engine alike: the seed given twice, one algorithm for all (the site's, or each node the same)
+    {"NARWHAL_KV_EVENTS": "on", "NARWHAL_KV_HASH_SEED": "42", "NARWHAL_NODE_1_ENGINE_ENV": "PYTHONHASHSEED=42",
+     "NARWHAL_EXTRA_ARGS": "--prefix-caching-hash-algo xxhash"},
+    {"NARWHAL_ROUTER_POLICY": "kv_aware", "NARWHAL_NODE_1_EXTRA_ARGS": "--prefix-caching-hash-algo sha256_cbor",
+     "NARWHAL_NODE_2_EXTRA_ARGS": "--prefix-caching-hash-algo=sha256_cbor"},
+])
+def test_kv_events_inputs_that_agree_pass(extra):
+    assert load_inputs(dict(MINIMAL, **extra))["site"]

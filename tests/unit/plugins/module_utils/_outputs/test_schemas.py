@@ -107,6 +107,14 @@ HOSTILE = [
     ("runtime.cache_plan.block_size", 8, "runtime.cache_plan.block_size"),
     ("node.side_channel_ports", [5601, 5601], "node.side_channel_ports"),
     ("engine", "engine-2\n", "engine"),
+    # KV events (issue 38): the publisher binds a wildcard at its port, and Python takes the seed
+    ("kv_events", {"endpoint": "tcp://10.0.0.11:5557", "port": 5557, "hash_seed": "0"}, "kv_events.endpoint"),
+    ("kv_events", {"endpoint": "tcp://*:5558", "port": 5557, "hash_seed": "0"}, "kv_events.endpoint"),
+    ("kv_events", {"endpoint": "tcp://*:5557", "port": 5557, "hash_seed": "4294967296"}, "kv_events.hash_seed"),
+    ("kv_events", {"endpoint": "tcp://*:5557", "port": 5557, "hash_seed": "-1"}, "kv_events.hash_seed"),
+    ("kv_events", {"endpoint": "tcp://*:5557", "port": 5557, "hash_seed": 0}, "kv_events.hash_seed"),
+    ("kv_events", {"endpoint": "tcp://*:5557", "port": 5557}, "kv_events"),
+    ("kv_events", {"endpoint": "tcp://*:5557", "port": 5557, "hash_seed": "0", "replay": "x"}, "kv_events"),
 ]
 
 

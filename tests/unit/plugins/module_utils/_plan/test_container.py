@@ -42,6 +42,10 @@ def _records(tmp_path):
     yield "dp-ep", build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_DATA_PARALLEL_SIZE": "2",
                           "NARWHAL_ENABLE_EXPERT_PARALLEL": "true", "NARWHAL_NODE_2_DATA_PARALLEL_SIZE": "4"},
                          nv_pair(tmp_path, mdl=model(tmp_path, "aiconf__mistralai--Mixtral-8x7B-v0.1")))
+    # KV events (issue 38): --kv-events-config and PYTHONHASHSEED, planned alike by the launcher (which then carries
+    # _common/kv_events.py)
+    yield "kv-events", build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_ROUTER_PREFILL_POLICY": "kv_aware",
+                              "NARWHAL_KV_HASH_SEED": "11", "NARWHAL_DATA_PARALLEL_SIZE": "2"}, nv_pair(tmp_path))
     amd_host = host(amd(), tmp_path)
     amd_host["image"] = dict(amd_host["image"], platform="rocm", nixl_distribution="nixl-rocm",
                              distributions={"vllm": "0.33.0", "nixl-rocm": "1.5.1"})
@@ -124,18 +128,34 @@ def test_who_gets_in_is_planned_alike_by_prepare_and_the_launcher(tmp_path):
     ({"data_parallel_size": 2}, "tensor_parallel_size is 8 and data_parallel_size 2"),
     ({"data_parallel_size": 0}, "data_parallel_size=0 must be a whole number >= 1"),
     ({"enable_expert_parallel": "yes"}, "enable_expert_parallel='yes' must be true or false"),
+    # KV events whose seed the record's environment contradicts (the fields themselves: test_schemas.py)
+    ({"kv_events": {"endpoint": "tcp://*:5557", "port": 5557, "hash_seed": "0"},
+      "runtime": {"environment": {"PYTHONHASHSEED": "5"}}},
+     "runtime.environment sets PYTHONHASHSEED=5 but kv_events.hash_seed is 0"),
 ])
 def test_hand_broken_records_refused_by_the_planner(broken, words):
     from test_support.launcher import le, record, role_env
 
     rec = record("engine-1")
     for key, value in broken.items():
-        if isinstance(value, dict):
+        if isinstance(value, dict) and key in rec:
             rec[key].update(value)
         else:
             rec[key] = value
     with pytest.raises(le.LaunchError, match=words):
         le.build_plan(role_env(), rec)
+
+
+def test_the_kv_events_endpoint_is_planned_from_the_port_alone():
+    """The planner binds the record's port on every interface whatever `kv_events.endpoint` says: a hand-edited
+    address would make vLLM connect to it and push the prompts' token IDs there (the record check refuses it too)."""
+    from test_support.launcher import le, record, role_env
+
+    rec = dict(record("engine-1"), kv_events={"endpoint": "tcp://203.0.113.9:5557", "port": 5557, "hash_seed": "3"})
+    plan = le.build_plan(role_env(), rec)
+    config = plan["command"][plan["command"].index("--kv-events-config") + 1]
+    assert json.loads(config) == {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:5557"}
+    assert plan["environment"]["PYTHONHASHSEED"] == "3"
 
 
 # ------------------------------------------------------------------------------ KV lease and graceful stop
@@ -209,6 +229,8 @@ def test_dp_and_ep_engines_get_their_flags_after_tp_and_every_gpu(tmp_path):
     (["-dpa", "10.0.0.1"], "--data-parallel-address", "launcher-managed"),
     (["--data-parallel-rpc-port", "13345"], "--data-parallel-rpc-port", "launcher-managed"),
     (["--headless"], "--headless", "launcher-managed"),
+    (["--kv-events-config", '{"enable_kv_cache_events":true}'], "--kv-events-config", "NARWHAL_KV_EVENTS"),
+    (["--kv_events_config.endpoint=tcp://*:9"], "--kv-events-config", "NARWHAL_KV_EVENTS"),
     (["--data-parallel-hybrid-lb"], "--data-parallel-hybrid-lb", "launcher-managed"),
 ])
 def test_data_and_expert_parallel_flags_are_refused_in_extra_arguments(words, flag, owner):

@@ -396,6 +396,17 @@ def test_prepare_fleet_disagreeing_with_records_is_refused(root, run_module, pd_
     _refused(root, result, "engine-2")
 
 
+def test_prepare_refuses_a_fleet_whose_kv_events_are_not_its_records(root, run_module, pd_launch):
+    """The fleet's kv_events are where a router subscribes: the endpoints the records publish on, or none."""
+    fleet = fleet_for(pd_launch["engines"])
+    fleet[0]["kv_events"] = ["tcp://%s:5557" % pd_launch["engines"]["engine-1"]["node"]["address"]]
+    (root / "config" / "fleet.json").write_text(json.dumps(fleet))
+    status, result = run_module(prep_args(root))
+    assert status == "fail" and result["input"] == "NARWHAL_FLEET"
+    _refused(root, result, "the fleet's kv_events for engine-1 (['tcp://", "are not the endpoints its record "
+             "publishes on (none)")
+
+
 # a credential no other rule knows: it looks like nothing secret_values or the token shapes would hide
 URL_SECRET = "Zq7yK3pW9mXv2LtR"
 

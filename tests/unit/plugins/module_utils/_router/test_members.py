@@ -62,3 +62,31 @@ def test_the_router_report_counts_each_dp_rank_for_its_worker():
     assert entries["http://p1:8000"] == ["http://p1:8000@0", "http://p1:8000@1"] and healthy is False
     assert reported_set("All servers healthy") == ({"prefill": [], "decode": []}, {}, True)
     assert normal({"decode": ["http://d:1/"]}, "workers") == {"prefill": [], "decode": ["http://d:1"]}
+
+
+KV = {"http://p1:8000": ["tcp://p1:5557"], "http://p2:8000": ["tcp://p2:5557", "tcp://p2:5558"]}
+
+
+def test_the_kv_events_map_outlives_a_roll():
+    """workers.json's kv_events (a kv_aware prefill policy, _router/plan.py::workers_doc) maps every prefill engine
+    of the fleet: a worker moved out keeps its entry, so moved back in (add) it is subscribed to again; a complete set
+    without a map (launch's roll by sets) keeps the held one; the router stage's set (with its map) replaces it."""
+    held = dict(HELD, kv_events=KV)
+    out = desired({"remove": ["http://p2:8000"]}, held, None)
+    assert out == {"prefill": ["http://p1:8000"], "decode": HELD["decode"], "kv_events": KV}
+    back = desired({"add": [{"role": "prefill", "url": "http://p2:8000"}]}, out, None)
+    assert back == dict(held, prefill=["http://p1:8000", "http://p2:8000"])
+    assert desired({"workers": {"prefill": ["http://p1:8000"], "decode": ["http://d1:8000"]}}, held, HELD)[
+        "kv_events"] == KV
+    fresh = {"http://p1:8000": ["tcp://p1:6000"]}
+    assert desired({"workers": dict(HELD, kv_events=fresh)}, held, HELD)["kv_events"] == fresh
+    assert "kv_events" not in desired({"remove": ["http://p2:8000"]}, HELD, None)
+    assert method_for(back, held) == "none"  # the map is no worker: nothing to move
+
+
+@pytest.mark.parametrize("kv", [["tcp://p1:5557"], {"http://p1:8000": "tcp://p1:5557"}, {"http://p1:8000": []},
+                                {"p1:8000": ["tcp://p1:5557"]}])
+def test_a_kv_events_map_that_is_not_one_is_refused(kv):
+    with pytest.raises(PlanError) as err:
+        normal(dict(HELD, kv_events=kv), "workers.json")
+    assert str(err.value).startswith("workers.json: ")

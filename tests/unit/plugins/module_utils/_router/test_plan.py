@@ -303,3 +303,59 @@ def test_the_local_url_filter_follows_the_bind_and_tls():
     with pytest.raises(AnsibleFilterError, match="NARWHAL_ROUTER_BIND is empty"):
         router_local_url({"site": TLS_SITE}, "router-1.lab")
     assert router_tls_names({"site": TLS_SITE}, "10.0.0.21") == ["10.0.0.21"]
+
+
+# ------------------------------------------------------------------------------ routing policies and KV events
+
+KV_FLEET = [
+    dict(FLEET[0], kv_events=["tcp://10.0.0.11:5557", "tcp://10.0.0.11:5558"]),
+    dict(FLEET[1], kv_events=["tcp://10.0.0.12:5557", "tcp://10.0.0.12:5558"]),
+    dict(FLEET[2], kv_events=["tcp://[fd00::13]:5557", "tcp://[fd00::13]:5558"]),
+]
+
+
+def _policies(args):
+    return [args[args.index(flag) + 1] for flag in ("--prefill-policy", "--decode-policy")]
+
+
+def test_each_role_gets_its_policy_and_the_shared_one_when_it_has_none():
+    assert _policies(router_args(SITE, fleet_workers(FLEET))) == ["round_robin", "round_robin"]
+    site = dict(SITE, NARWHAL_ROUTER_POLICY="power_of_two", NARWHAL_ROUTER_DECODE_POLICY="cache_aware")
+    args = router_args(site, fleet_workers(FLEET))
+    assert _policies(args) == ["power_of_two", "cache_aware"] and "--policy" not in args
+    assert "--pd-kv-events" not in args  # the start script adds them from workers.json
+
+
+def test_a_kv_aware_prefill_policy_subscribes_to_the_fleets_prefill_endpoints():
+    site = dict(SITE, NARWHAL_ROUTER_PREFILL_POLICY="kv_aware")
+    workers = fleet_workers(KV_FLEET)
+    assert workers["prefill"][0]["kv_events"] == KV_FLEET[0]["kv_events"]
+    plan = router_plan(site, KV_FLEET, "sha256:aa", "0.1.17", "c1", "10.0.0.21")
+    assert _policies(plan["config"]["args"]) == ["kv_aware", "round_robin"]
+    # the base URL as key (vllm-router refuses <url>@<rank>), the endpoints by DP rank; the prefill workers only
+    assert plan["workers_doc"] == {"prefill": ["http://10.0.0.11:8000"],
+                                   "decode": ["http://10.0.0.12:8000", "http://[fd00::13]:8000"],
+                                   "kv_events": {"http://10.0.0.11:8000": KV_FLEET[0]["kv_events"]}}
+    # no kv_aware prefill policy: workers.json is what it was, whatever the fleet publishes
+    assert router_plan(SITE, KV_FLEET, "sha256:aa", "0.1.17", "c1")["workers_doc"] == \
+        router_plan(SITE, FLEET, "sha256:aa", "0.1.17", "c1")["workers_doc"]
+    # the policy is a reload, not a new container
+    assert plan["hash"] == router_plan(SITE, KV_FLEET, "sha256:aa", "0.1.17", "c1", "10.0.0.21")["hash"]
+
+
+def test_kv_aware_over_a_fleet_without_kv_events_is_refused_by_name():
+    with pytest.raises(PlanError) as err:
+        router_args(dict(SITE, NARWHAL_ROUTER_POLICY="kv_aware"), fleet_workers(FLEET))
+    assert err.value.key == "NARWHAL_ROUTER_POLICY"
+    assert "is kv_aware, but the fleet's prefill engine(s) engine-1 publish no KV events" in str(err.value)
+    # a decode policy of kv_aware asks nothing of the fleet: vllm-router feeds events to the prefill policy only
+    assert _policies(router_args(dict(SITE, NARWHAL_ROUTER_DECODE_POLICY="kv_aware"), fleet_workers(FLEET))) == [
+        "round_robin", "kv_aware"]
+
+
+@pytest.mark.parametrize("kv", ["tcp://10.0.0.11:5557", [], ["http://10.0.0.11:5557"], ["tcp://10.0.0.11"],
+                                ["tcp://10.0.0.11:5557,tcp://10.0.0.11:5558"]])
+def test_kv_events_the_router_cannot_subscribe_to_are_refused(kv):
+    with pytest.raises(PlanError) as err:
+        fleet_workers([dict(FLEET[0], kv_events=kv), FLEET[1]])
+    assert "engine-1 has kv_events" in str(err.value) and "rerun discovery" in str(err.value)

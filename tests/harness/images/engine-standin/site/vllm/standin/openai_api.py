@@ -211,6 +211,48 @@ def usage_chunk(kind, rid, created, model, usage_info, fingerprint):
     return out
 
 
+def generate_request(req, body, request_id):
+    """The GenerateRequest that vLLM 0.32.0's render endpoints answer for a parsed request (entrypoints/scale_out/
+    render/serving.py render_completion_request / render_chat_request, token_in_token_out/protocol.py
+    GenerateRequest, model_dump() in its field order): the prompt's token IDs (the stand-in tokenizer's,
+    prompt_token_ids) and the request's sampling parameters as SamplingParams dumps them (read from the real
+    classes: the penalties and temperature always, top_p and min_p unless greedy, max_tokens unless it is 16,
+    output_kind 1 streamed (DELTA) or 2 (FINAL_ONLY), skip_clone, kv_transfer_params under extra_args; the other
+    sampling fields are not modelled). `request_id`: "cmpl-..." or "chatcmpl-..." (X-Request-Id, else a uuid4 hex).
+    Multimodal features, token offsets and reasoning fields are null."""
+    def number(name, default):
+        value = body.get(name)
+        return float(default if value is None else value)
+
+    stop = body.get("stop")
+    params = {name: number(name, default) for name, default in (
+        ("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0), ("temperature", 1.0),
+        ("top_p", 1.0), ("min_p", 0.0))}
+    if params["temperature"] < 1e-5:  # greedy: SamplingParams._verify_greedy_sampling resets (and drops) these
+        del params["top_p"], params["min_p"]
+    params.update(stop=[stop] if isinstance(stop, str) else list(stop or []),
+                  stop_token_ids=list(body.get("stop_token_ids") or []))
+    if req.max_tokens != 16:
+        params["max_tokens"] = req.max_tokens
+    if body.get("prompt_logprobs") is not None:
+        params["prompt_logprobs"] = body["prompt_logprobs"]
+    params.update(output_kind=1 if req.stream else 2, skip_clone=True)
+    if body.get("kv_transfer_params") is not None:
+        params["extra_args"] = {"kv_transfer_params": body["kv_transfer_params"]}
+    params.update(bad_words=list(body.get("bad_words") or []),
+                  skip_reading_prefix_cache=body.get("prompt_logprobs") is not None)
+    options = None
+    if req.stream and isinstance(body.get("stream_options"), dict):
+        options = {"include_usage": bool(req.options.get("include_usage", True)),
+                   "continuous_usage_stats": bool(req.options.get("continuous_usage_stats", False))}
+    return {"request_id": request_id, "token_ids": prompt_token_ids(req.prompt), "token_offsets": None,
+            "features": None, "content_parts": None, "sampling_params": params, "model": body.get("model"),
+            "reasoning_ended": None, "reasoning_parser_kwargs": None, "return_token_ids": None,
+            "output_mode": "tokens", "stream": req.stream, "stream_options": options,
+            "cache_salt": body.get("cache_salt"), "priority": body.get("priority") or 0,
+            "kv_transfer_params": None, "ec_transfer_params": None}
+
+
 def system_fingerprint(mode, value, version, tp_size, config_hash):
     """build_system_fingerprint: "vllm-<version>[-tp<N>]-<hash8>" (full), without the parallelism (hash), the
     --fingerprint-value (custom) or None (none). The stand-in's hash8 stands for vllm_config.compute_hash()[:8]:

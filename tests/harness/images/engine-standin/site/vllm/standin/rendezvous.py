@@ -378,6 +378,9 @@ def handle_ready(link, msg, hello, own, coordinated, states):
     for info in msg["ranks"]:
         remote[info["index"]] = RemoteRank(info["index"], worker_side, info["engine_id"], info["side_host"],
                                            info["side_port"])
+        # its KV event publisher's config (/kv_event_sources: vLLM's API server learns it from the engine core's
+        # READY, v1/engine/core_client.py:883-886)
+        remote[info["index"]].kv_events = info.get("kv_events")
         states[info["index"]] = "READY"
     print(f"INFO READY from remote core engine proc(s) {sorted(remote)} ({name})", flush=True)
     return remote

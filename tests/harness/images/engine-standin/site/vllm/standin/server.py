@@ -50,8 +50,23 @@ request in flight.
 The "KV" is a deterministic function of the prompt, so the consumer checks what it received; so is the answer
 (temperature and seed are accepted and change nothing).
 With --enable-prompt-tokens-details the answer carries usage.prompt_tokens_details.cached_tokens, the request's
-num_cached_tokens as vLLM 0.32/0.33 report it (prompt_details below). The stand-in has no prefix cache: a
-request's cached tokens are the tokens it loaded by KV transfer.
+num_cached_tokens as vLLM 0.32/0.33 report it (prompt_details below): its prefix-cache hits, plus on a consumer the
+tokens it loaded by KV transfer.
+Each engine core (DP rank) keeps vLLM's automatic prefix cache (vllm.standin.prefix_cache: full --block-size blocks,
+default 16, hashed as vLLM's chain with --prefix-caching-hash-algo and PYTHONHASHSEED, least recently used blocks
+evicted at --num-gpu-blocks-override or BLOCK_CAPACITY blocks, --no-enable-prefix-caching turns it off) over the
+stand-in tokenizer's token IDs (one per word, openai_api.prompt_token_ids, which POST /tokenize answers). A request
+looks its prompt up when it is scheduled: the hits count as local_cache_hit and vllm:prefix_cache_hits, the prompt
+as vllm:prefix_cache_queries; a producer reports its hits as remote_prefill_cached_tokens; a consumer reads from the
+producer only the blocks after its own hits. --kv-events-config publishes the cache's BlockStored / BlockRemoved /
+AllBlocksCleared events over ZMQ as vLLM does (vllm.standin.kv_events) and GET /kv_event_sources names the
+publishers; POST /reset_prefix_cache (VLLM_SERVER_DEV_MODE=1) empties the cache. The render endpoints
+/v1/completions/render and /v1/chat/completions/render (where vllm-router 0.1.17's kv_aware policy gets a request's
+token IDs) answer vLLM's 403 unless --enable-scale-out, then the prompt's token IDs as vLLM's GenerateRequest (the
+other scale-out routes, derender and token-in-token-out, are not modelled: 404).
+NARWHAL_STANDIN_PREFILL_S_PER_TOK=<seconds> (environment, default 0) is the cost of a prefill: before its first
+token a request spends that long per prompt token it computes (not a prefix-cache hit, not loaded by KV transfer),
+one prefill at a time per engine core, as a GPU runs one batch at a time: load and cache both show in TTFT.
 With --data-parallel-size D > 1 the engine is D ranks (class Rank; single node, internal load balancer): rank r
 has engine id <engine_id>_dp<r>, its side channel on VLLM_NIXL_SIDE_CHANNEL_PORT + r, its own blocks and counters;
 X-data-parallel-rank picks the rank (State.pick_rank), /metrics renders each rank's series with engine="<r>", and
@@ -83,12 +98,13 @@ import uuid
 from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from vllm.standin import handshake, openai_api, rendezvous
+from vllm.standin import handshake, kv_events, openai_api, prefix_cache, rendezvous
 from vllm.standin import metrics as prom
 from vllm.version import __version__
 
 BYTES_PER_TOKEN = 256
-BLOCK_CAPACITY = 4096  # KV blocks a producer holds for its consumers (the oldest are dropped beyond)
+BLOCK_CAPACITY = 4096  # KV blocks of an engine core (--num-gpu-blocks-override sets another): the producer's held
+# blocks and the prefix cache each hold at most that many (the oldest are dropped beyond)
 DEFAULT_MAX_MODEL_LEN = 2048  # vllm/config/model.py: the default when the model's config names no length
 
 # A test hook of the stand-in alone (real vLLM ignores unknown headers): seconds to wait before each generated token,
@@ -105,6 +121,9 @@ def release(version):
 
 
 LOAD_ENV = "NARWHAL_STANDIN_LOAD_S"  # seconds the stand-in "loads the model" before its API port listens
+# seconds of prefill per computed prompt token (module docstring); not ..._PER_TOKEN: a name with TOKEN in it looks
+# secret to the collection (_common/secrets.py SECRETISH), which refuses it in NARWHAL_ENGINE_ENV
+PREFILL_ENV = "NARWHAL_STANDIN_PREFILL_S_PER_TOK"
 
 
 def load_seconds(env=None):
@@ -117,6 +136,20 @@ def load_seconds(env=None):
     if not 0 <= seconds <= 3600:
         return None, "%s=%r is not a number of seconds from 0 to 3600 (how long the stand-in loads its model)" % (
             LOAD_ENV, raw)
+    return seconds, None
+
+
+def prefill_seconds(env=None):
+    """NARWHAL_STANDIN_PREFILL_S_PER_TOK as seconds per token (default 0) -> (seconds, None), or (None, the refusal
+    naming it)."""
+    raw = (os.environ if env is None else env).get(PREFILL_ENV, "") or "0"
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= 10:
+        return None, ("%s=%r is not a number of seconds from 0 to 10 (the stand-in's prefill time per prompt token "
+                      "it computes)" % (PREFILL_ENV, raw))
     return seconds, None
 
 
@@ -220,7 +253,11 @@ class State:
         self.base_engine_id = (kv.engine_id if kv and kv.engine_id else str(uuid.uuid4()))
         self.side_host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost")
         self.base_side_port = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))
-        self.block_size = args.block_size or 16
+        self.block_size = args.block_size or 16  # vLLM's default on CUDA and ROCm
+        self.capacity = getattr(args, "num_gpu_blocks_override", None) or BLOCK_CAPACITY
+        self.prefix_caching = prefix_cache.prefix_caching(args)
+        self.kv_events_config = getattr(args, "kv_events_config", None)
+        self.prefill_s_per_token = prefill_seconds()[0] or 0.0  # serve() refused a bad value
         self.expire_leases = os.environ.get("NARWHAL_STANDIN_EXPIRE_KV_LEASES", "0") not in ("", "0")
         self.lease = kv_lease(kv)
         self.lock = threading.Lock()
@@ -237,6 +274,9 @@ class State:
             engine_id = rank_engine_id(self.base_engine_id, index, self.dp_size)
             compat_hash, meta = agent_metadata(args, model_config or {}, engine_id)
             self.ranks.append(Rank(index, engine_id, self.base_side_port + index, meta, self.max_model_len))
+            self.ranks[-1].cache = prefix_cache.PrefixCache(
+                self.block_size, self.capacity, getattr(args, "prefix_caching_hash_algo", None) or "sha256",
+                os.environ, self.prefix_caching)
         self.compat_hash = compat_hash  # the same for every rank: no DP factor in it (nixl/metadata.py:145-215)
         self.remote = {}  # a head's ranks on headless workers: index -> rendezvous.RemoteRank
         self.next_rank = 0  # the stand-in's balancer (pick_rank)
@@ -265,7 +305,7 @@ class State:
         """-> [(engine label, a copy of the rank's counters, its KV cache usage)] in rank order: this process's
         ranks, and on a head those of its headless workers too (read from them, rendezvous.Worker.snapshots)."""
         with self.lock:
-            found = {r.index: (str(r.index), copy.deepcopy(r.metrics), len(r.blocks) / BLOCK_CAPACITY)
+            found = {r.index: (str(r.index), copy.deepcopy(r.metrics), len(r.blocks) / self.capacity)
                      for r in self.ranks}
         for worker in {id(r.worker): r.worker for r in self.remote.values()}.values():
             for label, state, usage in worker.snapshots():
@@ -304,6 +344,83 @@ class State:
                           f"(ranks {self.start_rank}-{self.start_rank + self.local_size - 1})")
         return found, None
 
+    def start_kv_events(self):
+        """A ZMQ publisher per DP rank of this process with --kv-events-config (vllm.standin.kv_events); vLLM's
+        warnings about the config. A socket that cannot bind or connect raises (the start ends)."""
+        for line in kv_events.config_warnings(self.kv_events_config, self.prefix_caching):
+            print("WARNING " + line, flush=True)
+        if not kv_events.publishes(self.kv_events_config):
+            return
+        for rank in self.ranks:
+            rank.publisher = kv_events.Publisher(self.kv_events_config, rank.index)
+            print(f"INFO KV events of EngineCore_DP{rank.index}: ZMQ publisher "
+                  f"{'bound' if kv_events.is_bind_endpoint(rank.publisher.endpoint) else 'connecting'} "
+                  f"{rank.publisher.endpoint}", flush=True)
+
+    def kv_event_sources(self):
+        """GET /kv_event_sources: {rank: its publisher's config} of the ranks that publish (a head's headless
+        workers' ranks too: they report theirs in READY)."""
+        found = {r.index: r.publisher.source() for r in self.ranks if r.publisher is not None}
+        found.update({i: r.kv_events for i, r in self.remote.items() if getattr(r, "kv_events", None)})
+        return {str(index): found[index] for index in sorted(found)}
+
+    def reset_prefix_cache(self):
+        """POST /reset_prefix_cache (vLLM 0.32.0 entrypoints/serve/dev/cache/api_router.py; the engine client resets
+        every engine core): refused (False) while a rank of this process runs a request (block_pool.py::
+        reset_prefix_cache: blocks still in use), else every local rank's cache emptied, AllBlocksCleared published.
+        (A head does not reach its headless workers' caches: not modelled.)"""
+        with self.lock:
+            if any(r.metrics.running for r in self.ranks):
+                print("WARNING Failed to reset prefix cache because some blocks are not freed yet", flush=True)
+                return False
+            cleared = [(r, r.cache.clear()) for r in self.ranks]
+        for rank, events in cleared:
+            if rank.publisher is not None:
+                rank.publisher.publish(events)
+        print("INFO Successfully reset prefix cache", flush=True)
+        return True
+
+    def prefill(self, job, token_ids):
+        """A local prefill on the job's rank (vLLM's scheduler admits it, then a step computes it): its turn on the
+        rank (one prefill at a time), the prefix-cache lookup and its stats at admission, its full blocks stored,
+        the computed tokens' cost (NARWHAL_STANDIN_PREFILL_S_PER_TOK), then the step's KV events. -> the cached
+        (hit) tokens."""
+        rank = job.rank
+        with self.lock:
+            rank.metrics.waiting += 1  # waiting for its turn: in the scheduler's waiting queue
+        with rank.prefill_lock:
+            with self.lock:
+                rank.metrics.waiting -= 1
+            hashes, hit = self.lookup(rank, token_ids)
+            with self.lock:
+                events = rank.cache.store(hashes, token_ids, hit)
+            job.schedule()
+            cost = (len(token_ids) - hit) * self.prefill_s_per_token
+            if cost:
+                self.abort.wait(cost)
+        if rank.publisher is not None:
+            rank.publisher.publish(events)
+        return hit
+
+    def lookup(self, rank, token_ids):
+        """The prefix-cache lookup of a request's prompt on `rank`, counted as vLLM counts it at admission -> (its
+        block hashes, its cached tokens)."""
+        with self.lock:
+            hashes = rank.cache.block_hashes(token_ids)
+            hit = rank.cache.lookup(hashes, len(token_ids))
+            if rank.cache.enabled:
+                rank.metrics.prefix_queries += len(token_ids)
+                rank.metrics.prefix_hits += hit
+        return hashes, hit
+
+    def stored(self, rank, hashes, token_ids, hit):
+        """A consumer's loaded blocks enter its prefix cache (after the load: the scheduler caches them then), their
+        events published."""
+        with self.lock:
+            events = rank.cache.store(hashes, token_ids, hit)
+        if rank.publisher is not None:
+            rank.publisher.publish(events)
+
 
 class Rank:
     """One data-parallel rank: its own engine core and NIXL agent (vLLM 0.32.0: one EngineCoreProc per rank,
@@ -316,6 +433,9 @@ class Rank:
         self.meta = meta
         self.metrics = prom.EngineMetrics(max_model_len)
         self.blocks = OrderedDict()
+        self.cache = None  # its prefix cache (vllm.standin.prefix_cache.PrefixCache, State sets it)
+        self.publisher = None  # its KV event publisher (vllm.standin.kv_events.Publisher) with --kv-events-config
+        self.prefill_lock = threading.Lock()  # one prefill at a time (NARWHAL_STANDIN_PREFILL_S_PER_TOK)
         self.expired = set()  # block IDs whose lease expired (still readable: the prefix cache keeps them)
         self.unread = {}  # request id -> the end of its lease (time.monotonic): KV held for a consumer, not yet read
         self.next_block = 0
@@ -400,9 +520,11 @@ def register_kv_memory(kv, env=None):
             "UCX_TLS=%s lacks %s (UCX's GPU memory transport)" % (tls, needed))
 
 
-def fetch_blocks(state, params, rank=None):
+def fetch_blocks(state, params, rank=None, skip=0):
     """The consumer rank `rank` reads the blocks from the producer rank that `params` name (remote_host,
-    remote_port: that rank's own side channel; remote_engine_id: its engine id)."""
+    remote_port: that rank's own side channel; remote_engine_id: its engine id), all but the first `skip` (those the
+    consumer's prefix cache holds: vLLM's NIXL worker reads only the remote blocks of the tokens it does not have,
+    the last ones, nixl/base_worker.py _read_blocks)."""
     device, err = ucx_check()
     if err:
         raise OSError(err)
@@ -419,7 +541,7 @@ def fetch_blocks(state, params, rank=None):
         reader = sock.makefile("rb")
         nixl_handshake(state, sock, reader, params, rank)
         sock.sendall(json.dumps({"engine_id": params.get("remote_engine_id"),
-                                 "block_ids": params.get("remote_block_ids"),
+                                 "block_ids": (params.get("remote_block_ids") or [])[skip:],
                                  "request_id": params.get("remote_request_id")}).encode() + b"\n")
         header = reader.read(9)
         if not header.startswith(b"OK"):
@@ -502,14 +624,15 @@ class Job:
         self.rank = rank or state.ranks[0]  # the DP rank serving the request: its counters
         self.token_times = []
         self.finished = False
-        self.prefilled_by = None  # set once the prompt is prefilled
+        self.prompt_split = None  # {source: prompt tokens} once the prompt is prefilled (PromptTokenStats)
         self.first_chunk = None  # a streamed chat's role chunk
         self.running = False  # in the scheduler's running set (vllm:num_requests_running)
 
     def schedule(self):
         with self.state.lock:
-            self.rank.metrics.running += 1
-            self.running = True
+            if not self.running:
+                self.rank.metrics.running += 1
+                self.running = True
 
     def unschedule(self):
         """The request leaves the running set: once, when it finishes or its client goes away."""
@@ -522,8 +645,8 @@ class Job:
         self.token_times.append(time.time())
 
     def finish(self, reason):
-        """reason: a vLLM FinishReason name. The prompt's tokens count by the source that prefilled them
-        (prefilled_by: "local_compute" or "external_kv_transfer"; a failed KV load prefills nothing)."""
+        """reason: a vLLM FinishReason name. The prompt's tokens count by their source (prompt_split:
+        local_compute, local_cache_hit, external_kv_transfer; a failed KV load prefills nothing)."""
         if self.finished:
             return
         self.finished = True
@@ -531,13 +654,13 @@ class Job:
         # (vllm/v1/core/sched/scheduler.py update_from_output -> _free_request), so a client that has its
         # answer reads a /metrics that counts it and no longer has it running
         self.unschedule()
-        now, m, n, prefilled_by = time.time(), self.rank.metrics, self.req.n_prompt_tokens, self.prefilled_by
+        now, m, n, split = time.time(), self.rank.metrics, self.req.n_prompt_tokens, self.prompt_split
         with self.state.lock:
-            if prefilled_by is not None:
+            if split is not None:
                 m.prompt_tokens += n
-                m.prompt_by_source[prefilled_by] += n
-                if prefilled_by == "external_kv_transfer":
-                    m.prompt_cached += n
+                for source, count in split.items():
+                    m.prompt_by_source[source] += count
+                m.prompt_cached += n - split["local_compute"]  # local + external
             m.generation_tokens += len(self.token_times)
             # the first output (a token, or the error that ends a failed load) is the request's first token
             m.ttft.observe((self.token_times[0] if self.token_times else now) - self.arrival)
@@ -632,8 +755,7 @@ def make_handler(state):
         def not_allowed(self):
             """A method the stand-in's routes do not take, after the middleware (FastAPI: 405, or 404 off a route)."""
             if self.through_middleware():
-                known = self.path.split("?", 1)[0] in ("/health", "/version", "/metrics", "/v1/models",
-                                                       "/v1/completions", "/v1/chat/completions")
+                known = self.path.split("?", 1)[0] in ROUTES + SCALE_OUT_ROUTES
                 body = json.dumps({"detail": "Method Not Allowed" if known else "Not Found"},
                                   separators=(",", ":")).encode()  # as FastAPI writes it
                 self.send_response(405 if known else 404)
@@ -662,6 +784,8 @@ def make_handler(state):
                 return self.send(200, {"version": __version__})
             if self.path == "/metrics":
                 return self.send(200, metrics_text(state).encode(), "text/plain; version=0.0.4; charset=utf-8")
+            if self.path == "/kv_event_sources":  # entrypoints/serve/instrumentator/basic.py (no key: not /v1)
+                return self.send(200, state.kv_event_sources())
             if not self.authorized():
                 return None
             if self.path == "/v1/models":
@@ -680,6 +804,12 @@ def make_handler(state):
                 body = json.loads(raw_body or b"{}")
             except ValueError:
                 return self.send(400, {"object": "error", "message": "invalid JSON", "code": 400})
+            if self.path in SCALE_OUT_ROUTES:
+                return self.render(body)
+            if self.path == "/tokenize":
+                return self.send(*tokenize(state, body))
+            if self.path.split("?", 1)[0] == "/reset_prefix_cache" and dev_mode():
+                return self.send(200, {"success": state.reset_prefix_cache()})
             if self.path not in ("/v1/completions", "/v1/chat/completions"):
                 return self.send(404, {"detail": "Not Found"})
             if not isinstance(body, dict):
@@ -721,6 +851,34 @@ def make_handler(state):
                 with state.lock:
                     state.inflight -= 1
 
+        def render(self, body):
+            """POST /v1/completions/render or /v1/chat/completions/render: with --enable-scale-out the GenerateRequest
+            vLLM renders (a list of one for a completion: openai_api.generate_request), else the 403 of
+            entrypoints/scale_out/factories.py::register_scale_out_api_routers (the routes answer it without the
+            flag). vllm-router's kv_aware policy asks a prefill worker for the token IDs here."""
+            api = openai_api
+            if not getattr(state.args, "enable_scale_out", False):
+                return self.send(403, api.error_body(
+                    "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them.",
+                    "PermissionDeniedError", 403))
+            if not isinstance(body, dict):
+                return self.send(400, api.error_body("Input should be a valid dictionary"))
+            if body.get("model") not in (None, state.served):
+                return self.send(404, {"error": {"message": f"The model `{body.get('model')}` does not exist. "
+                                                            f"Valid aliases: {state.served}.",
+                                                 "type": "NotFoundError", "param": "model", "code": 404}})
+            chat = self.path == "/v1/chat/completions/render"
+            if chat and not state.chat_template:
+                return self.send(400, api.error_body(api.NO_CHAT_TEMPLATE))
+            try:
+                req = api.Request(api.CHAT if chat else api.COMPLETION, body, state.max_model_len,
+                                  getattr(state.args, "response_role", "assistant"))
+            except api.BadRequestError as exc:
+                return self.send(400, api.error_body(exc.message, param=exc.param))
+            base = self.headers.get("X-Request-Id") or body.get("request_id") or uuid.uuid4().hex
+            out = api.generate_request(req, body, ("chatcmpl-" if chat else "cmpl-") + base)
+            return self.send(200, out if chat else [out])
+
         def forward(self, rank, raw_body):
             """A rank of a headless worker: the request goes to that worker (its engine core) and its answer comes
             back as the worker wrote it, streamed (vllm.standin.rendezvous). When the worker is gone the request
@@ -760,14 +918,20 @@ def make_handler(state):
             self.event(json.dumps(body))  # create_streaming_error_response: json.dumps of the ErrorResponse
             return self.end_stream()
 
-        def load_kv(self, req, rid, payload, rank):
-            """The consumer rank's KV load: None, or the error that fails the request (counted as vLLM counts it)."""
+        def load_kv(self, req, rid, payload, rank, hit=0):
+            """The consumer rank's KV load of the prompt's tokens after its `hit` cached ones: None, or the error that
+            fails the request (counted as vLLM counts it). The producer held the prompt's KV as one block per
+            block_size tokens (hold_blocks): the blocks of the hit tokens are not read."""
             started = time.time()
+            n_blocks = -(-req.n_prompt_tokens // state.block_size)
+            remote = req.params.get("remote_block_ids")
+            skip = hit // state.block_size if isinstance(remote, list) and len(remote) == n_blocks else 0
+            step = len(payload) // n_blocks if n_blocks else len(payload)
             with state.lock:
                 rank.metrics.waiting += 1  # WAITING_FOR_REMOTE_KVS: in the scheduler's waiting queue
             try:
-                data = fetch_blocks(state, req.params, rank)
-                if data != payload:
+                data = fetch_blocks(state, req.params, rank, skip)
+                if data != payload[skip * step:]:
                     raise OSError("received KV blocks do not match the prompt")
             except OSError as exc:
                 with state.lock:
@@ -782,9 +946,10 @@ def make_handler(state):
                 rank.metrics.nixl_xfer_time.observe(time.time() - started)
             return None
 
-        def hold_blocks(self, req, rid, payload, rank):
+        def hold_blocks(self, req, rid, payload, rank, hit=0):
             """The producer rank keeps the prompt's KV blocks for its consumer -> its kv_transfer_params, naming that
-            rank's engine id and side channel (base_scheduler.py:77-80; pull_scheduler.py:285) and the per-rank TP."""
+            rank's engine id and side channel (base_scheduler.py:77-80; pull_scheduler.py:285) and the per-rank TP,
+            with its own prefix-cache hits (`hit` tokens)."""
             n_blocks = -(-req.n_prompt_tokens // state.block_size)
             step = len(payload) // n_blocks if n_blocks else len(payload)
             with state.lock:
@@ -793,7 +958,7 @@ def make_handler(state):
                     rank.blocks[rank.next_block] = payload[i * step:(i + 1) * step if i < n_blocks - 1 else None]
                     ids.append(rank.next_block)
                     rank.next_block += 1
-                while len(rank.blocks) > BLOCK_CAPACITY:
+                while len(rank.blocks) > state.capacity:
                     rank.expired.discard(rank.blocks.popitem(last=False)[0])
                 if state.expire_leases:
                     rank.expired.update(ids)
@@ -808,7 +973,7 @@ def make_handler(state):
                       "remote_host": state.side_host, "remote_port": rank.side_port,
                       "tp_size": state.args.tensor_parallel_size}
             if REMOTE_CACHED:
-                params["remote_prefill_cached_tokens"] = 0  # this engine's own hits
+                params["remote_prefill_cached_tokens"] = hit  # this engine's own hits
             return params
 
         def complete(self, req, job):
@@ -824,10 +989,13 @@ def make_handler(state):
                     if req.kind == api.CHAT:
                         # sent with the first output, before the choice loop that raises a failed load's error
                         job.first_chunk = api.chat_role_chunk(answer_id, created, state.served, req.role)
-                cached = 0  # no prefix cache in the stand-in: local hits are always 0
-                source = "local_compute"
+                token_ids = api.prompt_token_ids(req.prompt)
                 if req.params.get("do_remote_prefill"):
-                    failed = self.load_kv(req, rid, payload, job.rank)
+                    # the consumer's own prefix cache first, then the producer's blocks for the rest
+                    # (v1/core/sched/scheduler.py: get_computed_blocks, then the connector's
+                    # get_num_new_matched_tokens: nixl/pull_scheduler.py, all prompt tokens not computed locally)
+                    hashes, hit = state.lookup(job.rank, token_ids)
+                    failed = self.load_kv(req, rid, payload, job.rank, hit)
                     if failed is not None:
                         job.finish("error")
                         if not req.stream:
@@ -838,14 +1006,20 @@ def make_handler(state):
                         # _convert_generation_error_to_streaming_response: json.dumps of the ErrorResponse
                         self.event(json.dumps(api.error_body("Internal server error", "InternalServerError", 500)))
                         return self.end_stream()
-                    cached, source = n_tokens, "external_kv_transfer"  # PrefillStats: local + external cached
+                    state.stored(job.rank, hashes, token_ids, hit)
+                    job.prompt_split = {"local_compute": 0, "local_cache_hit": hit,
+                                        "external_kv_transfer": n_tokens - hit}
+                    cached = n_tokens  # PrefillStats: local + external cached
                     remote = req.params.get("remote_prefill_cached_tokens")
                     if REMOTE_CACHED and isinstance(remote, int):
                         cached = remote  # the producer's hits reported in its place (output_processor)
-                job.schedule()  # scheduled: prefill and decode
-                job.prefilled_by = source
+                    job.schedule()  # scheduled: decode
+                else:
+                    hit = cached = state.prefill(job, token_ids)  # scheduled: prefill, then decode
+                    job.prompt_split = {"local_compute": n_tokens - hit, "local_cache_hit": hit,
+                                        "external_kv_transfer": 0}
                 decode_remote = req.params.get("do_remote_decode")
-                kv_params = self.hold_blocks(req, rid, payload, job.rank) if decode_remote else None
+                kv_params = self.hold_blocks(req, rid, payload, job.rank, hit) if decode_remote else None
                 tokens = api.generated_tokens(req.prompt, req.max_tokens)
                 if req.echo:
                     tokens[0] = req.prompt + tokens[0]
@@ -938,6 +1112,47 @@ def make_handler(state):
             return state.abort.is_set()
 
     return Handler
+
+
+# the routes the stand-in serves (another method on one of them is FastAPI's 405)
+ROUTES = ("/health", "/version", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize",
+          "/kv_event_sources")
+# vLLM 0.32.0 entrypoints/scale_out/render/api_router.py: the render routes vllm-router asks for token IDs
+SCALE_OUT_ROUTES = ("/v1/completions/render", "/v1/chat/completions/render")
+
+
+def dev_mode(env=None):
+    """VLLM_SERVER_DEV_MODE (vllm/envs.py: bool(int(value)), default 0): the dev routes, /reset_prefix_cache among
+    them (entrypoints/launchers/api_server/routers.py:40-43)."""
+    try:
+        return bool(int((os.environ if env is None else env).get("VLLM_SERVER_DEV_MODE", "0") or "0"))
+    except ValueError:
+        return False
+
+
+def tokenize(state, body):
+    """POST /tokenize (vLLM 0.32.0 entrypoints/serve/tokenize/: TokenizeCompletionRequest {prompt} or
+    TokenizeChatRequest {messages}, no length check) -> (status, body): {count, max_model_len, tokens, token_strs}
+    with the stand-in tokenizer's IDs (openai_api.prompt_token_ids: what the prefix cache hashes, what vllm-router
+    hashes). token_strs with return_token_strs: the words. add_special_tokens changes nothing (no BOS)."""
+    api = openai_api
+    if not isinstance(body, dict):
+        return 400, api.error_body("Input should be a valid dictionary")
+    if body.get("model") not in (None, state.served):
+        return 404, {"error": {"message": f"The model `{body.get('model')}` does not exist. Valid aliases: "
+                                          f"{state.served}.", "type": "NotFoundError", "param": "model", "code": 404}}
+    if isinstance(body.get("prompt"), str):
+        prompt = body["prompt"]
+    elif isinstance(body.get("messages"), list) and all(isinstance(m, dict) for m in body["messages"]):
+        if not state.chat_template:
+            return 400, api.error_body(api.NO_CHAT_TEMPLATE)
+        prompt = api.chat_prompt(body["messages"], body.get("add_generation_prompt", True))
+    else:
+        return 400, api.error_body("prompt or messages: Field required")
+    tokens = api.prompt_token_ids(prompt)
+    words = prompt.split() or [""]
+    return 200, {"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens,
+                 "token_strs": words if body.get("return_token_strs") else None}
 
 
 def load_middleware(args):
@@ -1223,8 +1438,13 @@ def serve(args, kv):
         print(f"ValueError: {too_long}", file=sys.stderr, flush=True)
         return 1
     load, refused = load_seconds()
+    refused = refused or prefill_seconds()[1]
     if refused:
         print(f"ERROR {refused}", file=sys.stderr, flush=True)
+        return 1
+    refused = start_error(args)
+    if refused:
+        print(refused, file=sys.stderr, flush=True)
         return 1
     if "auto_map" in model_config and not args.trust_remote_code:
         print(f"ERROR: The repository {args.model} contains custom code which must be executed to "
@@ -1246,8 +1466,13 @@ def serve(args, kv):
     state = State(args, kv, model_config, tokenizer_config, args.model)
     if not state.chat_template:
         print("WARNING No chat template: /v1/chat/completions answers 400 (as vLLM does without one)", flush=True)
+    refused = kv_events.config_error(state.kv_events_config, [r.index for r in state.ranks])
+    if refused:
+        print(refused, file=sys.stderr, flush=True)
+        return 1
     if state.role == "worker":
         return serve_headless(state, kv)
+    state.start_kv_events()  # the engine cores' publishers come up with them (a taken port ends the start)
     api_servers = getattr(args, "api_server_count", None)
     if state.dp_size > 1:
         if api_servers is None:
@@ -1308,6 +1533,18 @@ def serve(args, kv):
     return 0
 
 
+def start_error(args):
+    """What the stand-in refuses at start among the prefix-cache and scale-out flags (None: fine): the hash
+    algorithms it does not model, --tokens-only."""
+    refused = prefix_cache.algo_error(args)
+    if refused:
+        return refused
+    if getattr(args, "tokens_only", False):
+        return ("ERROR narwhal stand-in: --tokens-only (a server of the scale-out render and token-in-token-out "
+                "endpoints alone) is not modelled")
+    return None
+
+
 def start_engine_cores(state):
     """The log lines of this process's engine cores (one per DP rank, vLLM's EngineCore_DP<r> processes)."""
     for position, rank in enumerate(state.ranks):
@@ -1339,6 +1576,7 @@ def serve_headless(state, kv):
     print(f"INFO Launching {len(indexes)} data parallel engine(s) in headless mode, with head node address "
           f"{rendezvous.tcp_uri(address, port)}.", flush=True)
     start_engine_cores(state)
+    state.start_kv_events()
     stop = threading.Event()
     stopping = []
 
@@ -1360,7 +1598,8 @@ def serve_headless(state, kv):
         start_side_channels(state, kv)  # the NIXL agents come up with the model, after the init message
     link.send({"msg": "READY", "name": f"{state.side_host} ranks {indexes[0]}-{indexes[-1]}",
                "ranks": [{"index": r.index, "engine_id": r.engine_id, "side_host": state.side_host,
-                          "side_port": r.side_port} for r in state.ranks],
+                          "side_port": r.side_port, "kv_events": r.publisher.source() if r.publisher else None}
+                         for r in state.ranks],
                "engines": state.local_snapshots()})
     print(f"INFO Engine core(s) {indexes} ready; serving the head's requests for them", flush=True)
     session = rendezvous.WorkerSession(link, make_handler(state), state.local_snapshots)

