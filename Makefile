@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: bootstrap demo demo-down real test lint unit sanity molecule bench bench-down day-two day-two-down delivery delivery-down prefix-bench prefix-bench-down docs clean-sim
+.PHONY: bootstrap demo demo-down real test lint unit sanity molecule bench bench-down day-two day-two-down delivery delivery-down docs clean-sim
 
 bootstrap:            ## venv, collections, Docker engine, harness images
 	scripts/bootstrap.sh
@@ -52,6 +52,7 @@ delivery: bootstrap   ## deliver-stage figures: a checkpoint to 1/4/16 and an im
 delivery-down:        ## remove the delivery benchmark's simulated site and stop its registry (after an interrupted run or --keep)
 	bench/delivery.py --down
 
+.PHONY: prefix-bench prefix-bench-down
 prefix-bench: bootstrap  ## the prefix workload against each router prefill policy on a 2P2D simulated site -> bench/results/prefix-routing-<stamp>/ (docs/fleet-benchmark.md)
 	bench/prefix_routing.py $(PREFIX_BENCH_ARGS)
 
