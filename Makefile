@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: bootstrap demo demo-down real test lint unit sanity molecule bench bench-down day-two day-two-down delivery delivery-down docs clean-sim
+.PHONY: bootstrap demo demo-down real test lint unit sanity molecule bench bench-down overload day-two day-two-down delivery delivery-down docs clean-sim
 
 bootstrap:            ## venv, collections, Docker engine, harness images
 	scripts/bootstrap.sh
@@ -39,6 +39,10 @@ bench: bootstrap      ## discovery/launch cost vs N on simulated hosts -> bench/
 
 bench-down:           ## remove the benchmark's simulated site (after an interrupted run or --keep)
 	bench/bench.py --down
+
+overload:             ## the router at twice the saturation of 2P2D stand-in engines (processes): refusals and latency, vllm-router's defaults vs the plan's -> bench/results/router-overload-<stamp>/ (docs/router.md)
+	scripts/bootstrap.sh --no-harness
+	$(VENV)/bin/python bench/router_overload.py $(OVERLOAD_ARGS)
 
 day-two: bootstrap    ## day-two operations under client traffic on a 2P2D simulated site -> runs/day-two-<stamp>/ (docs/day-two.md)
 	bench/day_two.py $(DAY_TWO_ARGS)

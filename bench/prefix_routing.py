@@ -17,7 +17,7 @@ What it does, in order:
   2. writes the site's .env (the operator's file): the engines publish KV events (NARWHAL_KV_EVENTS=on), each spends
      --prefill-s-per-token seconds per prompt token it did not find in its prefix cache before its first token
      (NARWHAL_STANDIN_PREFILL_S_PER_TOK through NARWHAL_ENGINE_ENV, one prefill at a time per engine), --max-model-len
-     and --enable-scale-out (the render endpoint kv_aware asks for token IDs) in NARWHAL_EXTRA_ARGS, and
+     in NARWHAL_EXTRA_ARGS, and
      the benchmark's inputs: NARWHAL_BENCH_WORKLOAD=prefix, the lengths, the loads, NARWHAL_BENCH_POLICIES and
      NARWHAL_BENCH_IMAGE; runs playbooks/site.yml once (untimed);
   3. runs playbooks/benchmark.yml: every policy's P/D router beside the fleet's, every policy at every load, each
@@ -137,10 +137,9 @@ def env_values(args):
         # the stand-in's cost of a prompt token its prefix cache does not hold (tests/harness/images/engine-standin),
         # so that routing by cache shows in the time to first token
         "NARWHAL_ENGINE_ENV": "NARWHAL_STANDIN_PREFILL_S_PER_TOK=%s" % args.prefill_s_per_token,
-        # --enable-scale-out: vllm-router's kv_aware policy asks a prefill engine for a request's token IDs at
-        # POST /v1/completions/render, which vLLM 0.32 (entrypoints/scale_out/factories.py) and the stand-in serve
-        # only with it (else 403, and the router falls back to its default choice: docs/proving-ground.md)
-        "NARWHAL_EXTRA_ARGS": "--max-model-len %d --enable-scale-out" % args.max_model_len,
+        # (with KV events on, the planner gives every prefill engine --enable-scale-out: the render route kv_aware
+        # asks for token IDs, _plan/container.py::kv_events)
+        "NARWHAL_EXTRA_ARGS": "--max-model-len %d" % args.max_model_len,
         "NARWHAL_BENCH_WORKLOAD": "prefix",
         "NARWHAL_BENCH_POLICIES": ",".join(args.policies),
         "NARWHAL_BENCH_PREFIX_LEN": str(args.prefix_len), "NARWHAL_BENCH_SUFFIX_LEN": str(args.suffix_len),

@@ -239,10 +239,10 @@ def docs():
         out.append("| `NARWHAL_NODE_<n>_%s` | %s | %s |" % (spec["name"], spec["kind"], spec["doc"]))
     out += RULES.splitlines()
     out += TUNING.splitlines()
-    out += (CHANGES % (", ".join("`%s`" % k for k in POLICY_KEYS) + "; while KV events are on, also "
-                       + ", ".join("`%s`" % k for k in KV_POLICY_KEYS)
-                       + " (the prefill policy as it applies, from `NARWHAL_ROUTER_POLICY` when the role's own is unset)"
-                       )).splitlines()
+    kv_keys = ", ".join("`%s`" % k for k in KV_POLICY_KEYS)
+    kv_note = " (the prefill policy as it applies, from `NARWHAL_ROUTER_POLICY` when the role's own is unset)"
+    out += (CHANGES % (", ".join("`%s`" % k for k in POLICY_KEYS) + "; while KV events are on, also " + kv_keys
+                       + kv_note)).splitlines()
     return "\n".join(out) + "\n"
 
 

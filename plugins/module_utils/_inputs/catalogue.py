@@ -269,6 +269,27 @@ INPUTS = [
      "doc": "Seconds a router's previous worker set gets to finish the requests it holds when the router changes "
             "its workers or settings (a reload: the new vllm-router process takes every new connection at once, "
             "the previous one ends when its last request does, or after this) and when the router is stopped."},
+    {"name": "NARWHAL_ROUTER_MAX_CONCURRENT", "kind": "whole", "min": 1, "max": 1000000, "default": None,
+     "example": None,
+     "doc": "Requests the router lets in at once (vllm-router --max-concurrent-requests, the size of its admission "
+            "bucket; one token a request); beyond it a request is refused at once with 429 and Retry-After: 1 "
+            "(docs/router.md, \"Flow control at the front door\"). Empty: 1024 per decode engine data-parallel "
+            "rank, the most a vLLM engine batches by default; set it to what the decode engines run at once (the "
+            "sum of their ranks x --max-num-seqs) to refuse instead of queueing in the engines. A streamed request "
+            "counts only through its prefill (vllm-router 0.1.17 gives its token back when the stream starts)."},
+    {"name": "NARWHAL_ROUTER_QUEUE_SIZE", "kind": "whole", "min": 0, "max": 100000, "default": 0, "example": 0,
+     "doc": "vllm-router --queue-size: 0 (the default) refuses a request that finds the router full at once (429); "
+            "more lets it wait up to NARWHAL_ROUTER_QUEUE_TIMEOUT seconds, and at most about 1 / "
+            "NARWHAL_ROUTER_RATE_LIMIT seconds, for a finishing request's token, then answers 408 (vllm-router "
+            "0.1.17 does not bound how many wait)."},
+    {"name": "NARWHAL_ROUTER_QUEUE_TIMEOUT", "kind": "seconds", "min": 1, "max": 3600, "default": 1, "example": 1,
+     "doc": "vllm-router --queue-timeout-secs: the longest a queued request waits for its turn before 408 (only "
+            "with NARWHAL_ROUTER_QUEUE_SIZE above 0)."},
+    {"name": "NARWHAL_ROUTER_RATE_LIMIT", "kind": "whole", "min": 1, "max": 1000000, "default": 1, "example": 1,
+     "doc": "vllm-router --rate-limit-tokens-per-second: requests per second the admission bucket gains besides "
+            "the one each finished request gives back, so under overload the requests in flight exceed "
+            "NARWHAL_ROUTER_MAX_CONCURRENT by this many each second. 1 (the default) is the least: vllm-router 0.1.17 "
+            "refills 1 per second with 0 or without the option too."},
     {"name": "NARWHAL_ROUTER_DIR", "kind": "abspath", "default": "/opt/narwhal-router",
      "example": "/opt/narwhal-router",
      "doc": "Directory on every router host for the router's start script, its configuration and the API key "

@@ -382,10 +382,14 @@ def _environment(record, vendor, gpu_ids, runtime_env, derived_env, managed):
     return dict(sorted(environment.items()))
 
 
+SCALE_OUT_FLAG = "--enable-scale-out"
+
+
 def kv_events(record, runtime_env):
     """(flags, environment) of a record's `kv_events` (_common/kv_events.py; none: ([], {}), so the plans of engines
     without them stay as they were): `--kv-events-config` with vLLM's ZMQ publisher on the record's endpoint, and
-    PYTHONHASHSEED, the seed of vLLM's block hashes. A record whose own environment (the image's, the operator's)
+    PYTHONHASHSEED, the seed of vLLM's block hashes; a prefill engine also serves the render routes
+    (SCALE_OUT_FLAG) the router's kv_aware policy asks. A record whose own environment (the image's, the operator's)
     sets another PYTHONHASHSEED is refused: the events of engines seeded differently would not agree."""
     if record.get("kv_events") is None:
         return [], {}
@@ -400,7 +404,14 @@ def kv_events(record, runtime_env):
                         "with one seed; set NARWHAL_KV_HASH_SEED=%s (or remove the variable), then %s"
                         % (HASH_SEED_ENV, seed, hash_seed, seed, RERUN), "NARWHAL_KV_HASH_SEED")
     config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint}
-    return ["--kv-events-config", json.dumps(config, separators=(",", ":"))], {HASH_SEED_ENV: hash_seed}
+    flags = ["--kv-events-config", json.dumps(config, separators=(",", ":"))]
+    if record.get("role") == "prefill":
+        # vllm-router's kv_aware prefill policy learns a request's token IDs from POST /v1/completions/render on a
+        # prefill engine, which vLLM 0.32.0 answers 403 unless it runs with --enable-scale-out
+        # (entrypoints/scale_out/factories.py::register_scale_out_api_routers); without them the router falls back to
+        # load alone (fallback="preparation_rejected") and the events go unused. The routes are behind the key guard.
+        flags.append(SCALE_OUT_FLAG)
+    return flags, {HASH_SEED_ENV: hash_seed}
 
 
 def _serve_command(record, mount, served, bind_host, http_port, access, tp, drain, extra_args):

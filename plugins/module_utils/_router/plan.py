@@ -220,10 +220,52 @@ def router_args(site, workers, engines=None, address=None):
             "--health-failure-threshold", str(HEALTH_FAILURES),
             "--health-success-threshold", str(HEALTH_SUCCESSES),
             "--health-check-timeout-secs", str(HEALTH_TIMEOUT_S)]
+    args += flow_control_args(site, workers, engines)
     dp = data_parallel_size(site, workers, engines)
     if dp > 1:
         args += ["--intra-node-data-parallel-size", str(dp)]
     return args
+
+
+# Flow control at the front door (docs/router.md, "Flow control at the front door"; measured with the real vllm-router
+# 0.1.17 by bench/router_overload.py and tests/unit/roles/router/test_flow_control.py). Its admission is a token bucket
+# counting requests, not LLM tokens: --max-concurrent-requests tokens, refilled at --rate-limit-tokens-per-second (0 or
+# unset refill 1 per second too, measured in P/D mode, not the cap per second its help text says), each finished request
+# giving its token back. A request that finds no token is refused at once with 429, Retry-After: 1 and an empty body
+# when --queue-size is 0; otherwise it waits at most about (1 - tokens) / rate seconds (the bucket's own wait; whichever
+# of that and --queue-timeout-secs is shorter) for a token a finishing request gives back, then gets 408 with an empty
+# body; --queue-size bounds nothing in practice (the queue's task hands every waiter to a task of its own: 50 waiters
+# behind --queue-size 1 got 49 408 and one 429). So: no queue (refusal in milliseconds, not after a second), and the
+# slowest refill vllm-router has, 1 per second (in-flight requests exceed the cap by one more per second of overload; a
+# refill of the cap per second lets a whole cap more in every second). A streamed request gives its token back when the
+# decode engine starts its answer, and vLLM starts a stream's answer at once, so a streamed request holds its token
+# through its prefill only; it is refused only while other requests hold every token. vllm-router counts no refusal in
+# its metrics (vllm_router_pd_requests_total counts the admitted ones). The retry (--retry-*) and circuit breaker
+# (--cb-*) options change nothing in --vllm-pd-disaggregation mode (a decode that refuses the connection: 500
+# "Transparent proxy request failed: Network error: Decode request failed"; one that answers 500 or 503: its answer
+# passed on; each request sent to that worker once, with --retry-max-retries 3 and --cb-failure-threshold 2 as with the
+# defaults), so the plan sets none of them: the health checks above take a failed worker out.
+# Unset NARWHAL_ROUTER_MAX_CONCURRENT: this many per decode engine data-parallel rank, the largest max_num_seqs vLLM
+# 0.32 takes by default for online serving (engine/arg_utils.py: 1024 on GPUs of 70 GiB and more, 256 on smaller ones,
+# 128 per CPU socket), so the cap never refuses what the decode engines could batch by default.
+MAX_CONCURRENT_PER_DECODE_RANK = 1024
+
+
+def max_concurrent(site, workers, engines=None):
+    """NARWHAL_ROUTER_MAX_CONCURRENT, or when it is unset MAX_CONCURRENT_PER_DECODE_RANK per decode engine DP rank."""
+    if site.get("NARWHAL_ROUTER_MAX_CONCURRENT"):
+        return int(site["NARWHAL_ROUTER_MAX_CONCURRENT"])
+    return MAX_CONCURRENT_PER_DECODE_RANK * len(workers["decode"]) * data_parallel_size(site, workers, engines)
+
+
+def flow_control_args(site, workers, engines=None):
+    """vllm-router's admission options from NARWHAL_ROUTER_MAX_CONCURRENT, NARWHAL_ROUTER_QUEUE_SIZE,
+    NARWHAL_ROUTER_QUEUE_TIMEOUT and NARWHAL_ROUTER_RATE_LIMIT (their catalogue defaults when the site lacks them:
+    an older deployment.env). The input checks (_inputs/validate.py) bound every one."""
+    return ["--max-concurrent-requests", str(max_concurrent(site, workers, engines)),
+            "--queue-size", str(int(site.get("NARWHAL_ROUTER_QUEUE_SIZE") or 0)),
+            "--queue-timeout-secs", str(int(site.get("NARWHAL_ROUTER_QUEUE_TIMEOUT") or 1)),
+            "--rate-limit-tokens-per-second", str(int(site.get("NARWHAL_ROUTER_RATE_LIMIT") or 1))]
 
 
 def fronts(bind, port, metrics_port=None):

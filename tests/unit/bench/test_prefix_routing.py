@@ -24,7 +24,7 @@ def test_the_env_is_a_prefix_workload_over_every_policy_on_engines_that_publish_
     assert values["NARWHAL_BENCH_IMAGE"] == "narwhal-sim/vllm-cpu:latest"
     assert values["NARWHAL_ENGINE_ENV"] == "NARWHAL_STANDIN_PREFILL_S_PER_TOK=0.002"
     assert values["NARWHAL_MODEL_PATH"] == "/srv/models/tiny-llama-real"
-    assert values["NARWHAL_EXTRA_ARGS"] == "--max-model-len 512 --enable-scale-out"
+    assert values["NARWHAL_EXTRA_ARGS"] == "--max-model-len 512"
     assert [values["NARWHAL_NODE_%d_ROLE" % i] for i in range(1, 5)] == ["prefill", "decode", "prefill", "decode"]
     # every site input it sets is one the collection knows (a misspelt key would be refused by discovery)
     known = {spec["name"] for spec in INPUTS}
@@ -32,7 +32,7 @@ def test_the_env_is_a_prefix_workload_over_every_policy_on_engines_that_publish_
     # and valid as discovery reads them
     load_inputs(dict(values, NARWHAL_FABRIC_INTERFACE="eth1"))
     lines = prefix_routing.env_text(values).splitlines()
-    assert "NARWHAL_EXTRA_ARGS='--max-model-len 512 --enable-scale-out'" in lines
+    assert "NARWHAL_EXTRA_ARGS='--max-model-len 512'" in lines
     assert "NARWHAL_BENCH_PREFIXES=8" in lines
 
 

@@ -42,19 +42,16 @@ def fleet(tmp_path, scale_out=True, block_size=16):
         engines.append({"engine": "engine-%d" % n, "role": role, "url": url})
         if role == "prefill":
             ports[url] = port
+            engines[-1]["kv_events"] = ["tcp://127.0.0.1:%d" % port]  # the fleet entry's subscriber endpoints
     return engines, procs, ports
 
 
-def policies(prefill, ports=None):
-    """router.json's args edited: --prefill-policy/--decode-policy instead of --policy, --pd-kv-events per prefill
-    worker (its engine's endpoint, as a router host subscribes), debug logging (the kv_index lines)."""
-    def edit(args):
-        at = args.index("--policy")
-        del args[at:at + 2]
-        args += ["--prefill-policy", prefill, "--decode-policy", "round_robin", "--log-level", "debug"]
-        for url, port in sorted((ports or {}).items()):
-            args += ["--pd-kv-events", "%s=tcp://127.0.0.1:%d" % (url, port)]
-    return edit
+def policies(prefill):
+    """router_process's arguments for a prefill policy: the site's policies, planned as the router stage plans them
+    (a kv_aware prefill policy: --pd-kv-events per prefill worker from the fleet entries' kv_events, added by the
+    start script from workers.json), and debug logging (the kv_index lines)."""
+    return {"site": {"NARWHAL_ROUTER_PREFILL_POLICY": prefill, "NARWHAL_ROUTER_DECODE_POLICY": "round_robin"},
+            "edit_args": lambda args: args.extend(["--log-level", "debug"])}
 
 
 @pytest.fixture
@@ -106,7 +103,7 @@ def wait_indexed(router, url, timeout=20):
 def test_kv_aware_sends_each_request_to_the_prefill_engine_that_holds_its_prefix(tmp_path, stopped):
     engines, procs, ports = fleet(tmp_path)
     stopped += procs
-    router = router_process(tmp_path, engines, KEY, edit_args=policies("kv_aware", ports))
+    router = router_process(tmp_path, engines, KEY, **policies("kv_aware"))
     stopped.append(router["proc"])
     p1, p2 = engines[0]["url"], engines[1]["url"]
     direct(p2, PREFIX_A + " warm")  # prefix A cached on engine 2, B on engine 1, their events published
@@ -129,7 +126,7 @@ def test_kv_aware_sends_each_request_to_the_prefill_engine_that_holds_its_prefix
 def test_round_robin_spreads_the_same_prefix(tmp_path, stopped):
     engines, procs, _ports = fleet(tmp_path)
     stopped += procs
-    router = router_process(tmp_path, engines, KEY, edit_args=policies("round_robin"))
+    router = router_process(tmp_path, engines, KEY, **policies("round_robin"))
     stopped.append(router["proc"])
     cached = [routed(router, PREFIX_A + " q%d" % i) for i in range(4)]
     assert sorted(cached) == [0, 0, 32, 32]  # each engine computes the prefix once, then hits it
@@ -143,7 +140,7 @@ def test_kv_aware_without_the_render_endpoint_falls_back(tmp_path, stopped):
     admission falls back (preparation_rejected) and does not use the events."""
     engines, procs, ports = fleet(tmp_path, scale_out=False)
     stopped += procs
-    router = router_process(tmp_path, engines, KEY, edit_args=policies("kv_aware", ports))
+    router = router_process(tmp_path, engines, KEY, **policies("kv_aware"))
     stopped.append(router["proc"])
     for i in range(3):
         routed(router, PREFIX_A + " q%d" % i)
@@ -157,7 +154,7 @@ def test_kv_aware_drops_the_events_of_another_block_size(tmp_path, stopped):
     the router rejects, so it never knows what that engine holds."""
     engines, procs, ports = fleet(tmp_path, block_size=32)
     stopped += procs
-    router = router_process(tmp_path, engines, KEY, edit_args=policies("kv_aware", ports))
+    router = router_process(tmp_path, engines, KEY, **policies("kv_aware"))
     stopped.append(router["proc"])
     direct(engines[1]["url"], PREFIX_A + " warm")
     deadline = time.time() + 20

@@ -282,6 +282,30 @@ def test_the_lease_and_the_drain_are_checked_and_owned_by_their_inputs(extra, ke
     assert words in str(err)
 
 
+@pytest.mark.parametrize("extra,words", [
+    # vllm-router has no refill below 1 per second (0 refills 1 per second too) and no queue timeout below 1 s
+    ({"NARWHAL_ROUTER_MAX_CONCURRENT": "0"}, "0 is out of range 1-1000000"),
+    ({"NARWHAL_ROUTER_MAX_CONCURRENT": "1000001"}, "1000001 is out of range 1-1000000"),
+    ({"NARWHAL_ROUTER_QUEUE_SIZE": "-1"}, "-1 is out of range 0-100000"),
+    ({"NARWHAL_ROUTER_QUEUE_TIMEOUT": "0"}, "0 seconds is out of range 1-3600"),
+    ({"NARWHAL_ROUTER_RATE_LIMIT": "0"}, "0 is out of range 1-1000000"),
+    ({"NARWHAL_ROUTER_RATE_LIMIT": "2.5"}, "is not a whole number"),
+])
+def test_the_routers_admission_inputs_are_bounded_by_name(extra, words):
+    err = refused_input(extra)
+    assert err.key == list(extra)[0] and words in str(err) and "correct it in .env" in str(err)
+
+
+def test_the_routers_admission_defaults_and_values():
+    site = load_inputs(dict(BASE))["site"]
+    assert [site["NARWHAL_ROUTER_%s" % k] for k in ("MAX_CONCURRENT", "QUEUE_SIZE", "QUEUE_TIMEOUT", "RATE_LIMIT")] \
+        == [None, 0, 1, 1]
+    site = load_inputs(dict(BASE, NARWHAL_ROUTER_MAX_CONCURRENT="64", NARWHAL_ROUTER_QUEUE_SIZE="0",
+                            NARWHAL_ROUTER_RATE_LIMIT="1000000"))["site"]
+    assert (site["NARWHAL_ROUTER_MAX_CONCURRENT"], site["NARWHAL_ROUTER_QUEUE_SIZE"],
+            site["NARWHAL_ROUTER_RATE_LIMIT"]) == (64, 0, 1000000)
+
+
 @pytest.mark.parametrize("extra,values", [
     ({}, (None, None)),
     ({"NARWHAL_KV_LEASE_SECONDS": "1", "NARWHAL_SHUTDOWN_TIMEOUT": "0"}, (1, 0)),

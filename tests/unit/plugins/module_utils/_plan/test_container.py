@@ -158,6 +158,18 @@ def test_the_kv_events_endpoint_is_planned_from_the_port_alone():
     assert plan["environment"]["PYTHONHASHSEED"] == "3"
 
 
+@pytest.mark.parametrize("role,scale_out", [("prefill", True), ("decode", False)])
+def test_a_prefill_engine_with_kv_events_serves_the_render_routes(role, scale_out):
+    """vllm-router's kv_aware prefill policy renders each request on a prefill engine (POST /v1/completions/render),
+    which vLLM 0.32.0 serves only with --enable-scale-out; a decode engine is never asked, and an engine without
+    events gets neither flag."""
+    from test_support.launcher import le, record, role_env
+
+    rec = dict(record("engine-1"), role=role, kv_events={"endpoint": "tcp://*:5557", "port": 5557, "hash_seed": "0"})
+    assert ("--enable-scale-out" in le.build_plan(role_env(), rec)["command"]) is scale_out
+    assert "--enable-scale-out" not in le.build_plan(role_env(), dict(rec, kv_events=None))["command"]
+
+
 # ------------------------------------------------------------------------------ KV lease and graceful stop
 
 def _lease_records(tmp_path):

@@ -359,3 +359,48 @@ def test_kv_events_the_router_cannot_subscribe_to_are_refused(kv):
     with pytest.raises(PlanError) as err:
         fleet_workers([dict(FLEET[0], kv_events=kv), FLEET[1]])
     assert "engine-1 has kv_events" in str(err.value) and "rerun discovery" in str(err.value)
+
+
+def _flow(args):
+    """The admission options of a command line -> {option: value}."""
+    names = ("--max-concurrent-requests", "--queue-size", "--queue-timeout-secs", "--rate-limit-tokens-per-second")
+    return dict((a, args[i + 1]) for i, a in enumerate(args) if a in names)
+
+
+def test_the_router_refuses_at_once_beyond_its_cap_by_default():
+    """No queue (a waiting request gets 408 after up to a second in vllm-router 0.1.17: refused at once instead) and
+    the slowest refill vllm-router takes (1 request per second beyond the finished ones); the cap, unset, is 1024 per
+    decode engine rank: two decode engines, DP 1 -> 2048, DP 2 -> 4096."""
+    workers = fleet_workers(FLEET)
+    assert _flow(router_args(SITE, workers)) == {"--max-concurrent-requests": "2048", "--queue-size": "0",
+                                                 "--queue-timeout-secs": "1", "--rate-limit-tokens-per-second": "1"}
+    assert _flow(router_args(dict(SITE, NARWHAL_DATA_PARALLEL_SIZE=2), workers))["--max-concurrent-requests"] == "4096"
+    engines = dict((e, {"data_parallel_size": 4}) for e in ("engine-1", "engine-2", "engine-3"))
+    assert _flow(router_args(SITE, workers, engines))["--max-concurrent-requests"] == "8192"
+    # the DP size stays the last option, the worker set the start script's
+    assert router_args(SITE, workers, engines)[-2:] == ["--intra-node-data-parallel-size", "4"]
+
+
+def test_the_operators_flow_control_inputs_reach_the_command_line_and_change_only_router_json():
+    workers = fleet_workers(FLEET)
+    site = dict(SITE, NARWHAL_ROUTER_MAX_CONCURRENT=64, NARWHAL_ROUTER_QUEUE_SIZE=16, NARWHAL_ROUTER_QUEUE_TIMEOUT=5,
+                NARWHAL_ROUTER_RATE_LIMIT=10)
+    assert _flow(router_args(site, workers)) == {"--max-concurrent-requests": "64", "--queue-size": "16",
+                                                 "--queue-timeout-secs": "5", "--rate-limit-tokens-per-second": "10"}
+    # the cap set by hand does not follow the fleet
+    assert _flow(router_args(dict(site, NARWHAL_DATA_PARALLEL_SIZE=2), workers))["--max-concurrent-requests"] == "64"
+    plain = router_plan(SITE, FLEET, "sha256:abc", "0.1.17", "0" * 64)
+    tuned = router_plan(site, FLEET, "sha256:abc", "0.1.17", "0" * 64)
+    assert tuned["config"] != plain["config"] and tuned["hash"] == plain["hash"]  # router.json: a reload
+
+
+def test_the_router_command_line_parses_with_vllm_routers_own_parser():
+    """The start script hands router.json's args to vllm_router.launch_router.parse_router_args: every flow-control
+    option is one it knows, with the value it reads."""
+    from vllm_router.launch_router import parse_router_args
+
+    workers = fleet_workers(FLEET)
+    site = dict(SITE, NARWHAL_ROUTER_MAX_CONCURRENT=64, NARWHAL_ROUTER_QUEUE_SIZE=16, NARWHAL_ROUTER_RATE_LIMIT=10)
+    parsed = parse_router_args(router_args(site, workers) + ["--prefill", "http://p:1", "--decode", "http://d:1"])
+    assert (parsed.max_concurrent_requests, parsed.queue_size, parsed.queue_timeout_secs,
+            parsed.rate_limit_tokens_per_second) == (64, 16, 1, 10)
