@@ -56,6 +56,13 @@ delivery: bootstrap   ## deliver-stage figures: a checkpoint to 1/4/16 and an im
 delivery-down:        ## remove the delivery benchmark's simulated site and stop its registry (after an interrupted run or --keep)
 	bench/delivery.py --down
 
+.PHONY: prefix-bench prefix-bench-down
+prefix-bench: bootstrap  ## the prefix workload against each router prefill policy on a 2P2D simulated site -> bench/results/prefix-routing-<stamp>/ (docs/fleet-benchmark.md)
+	bench/prefix_routing.py $(PREFIX_BENCH_ARGS)
+
+prefix-bench-down:    ## remove the prefix-routing benchmark's simulated site (after an interrupted run or --keep)
+	bench/prefix_routing.py --down
+
 docs:                 ## regenerate .env.example, docs/inputs.md, the example launch config, the shapes and the roles' option tables
 	$(VENV)/bin/python scripts/gen-inputs.py
 	$(VENV)/bin/python scripts/gen-example-record.py

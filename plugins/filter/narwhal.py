@@ -12,6 +12,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import bench_plan as plan_bench
 from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import bench_router_plan as plan_bench_router
+from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import bench_routers as plan_bench_routers
 from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import from_record
 from ansible_collections.narwhal.deploy.plugins.module_utils._bench.report import progress
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.endpoints import url_host, url_port
@@ -379,19 +380,36 @@ def router_tls_names(site, address):
         raise AnsibleFilterError(str(exc))
 
 
-def bench_plan(site, fleet, router_url, bench_router_url, stamp, record=None):
+def bench_plan(site, fleet, router_url, routers, stamp, record=None, lengths=None):
     """Every step of one fleet benchmark run (_bench/plan.py::bench_plan) from narwhal_site and the resolved fleet:
-    the targets, the loads and each step's `vllm bench serve` arguments; `record`, the benchmark host's engine record,
-    gives the tokenizer's --trust-remote-code and the engines' --max-model-len."""
+    the targets, the loads and each step's `vllm bench serve` arguments. `routers`: the bench_routers filter's plans
+    (or the second router's URL); `record`, the benchmark host's engine record, gives the tokenizer's
+    --trust-remote-code; `lengths`, the probe_engines lookup, every engine's max_model_len."""
     if not isinstance(site, dict):
         raise AnsibleFilterError("bench_plan takes narwhal_site (a dict), not %s" % type(site).__name__)
     inputs = site.get("site") or {}
     model = inputs.get("NARWHAL_SERVED_MODEL_NAME") or str(inputs.get("NARWHAL_MODEL_PATH", "")).rstrip("/").rsplit(
         "/", 1)[-1]
-    trust_remote_code, max_model_len = from_record(record)
+    planned = [] if isinstance(routers, str) else list(routers or [])
+    second = routers if isinstance(routers, str) else next(
+        (r.get("url") or "" for r in planned if isinstance(r, dict) and r.get("target") == "router"), "")
+    trust_remote_code = from_record(record)[0]
     try:
-        return plan_bench(inputs, fleet_workers(fleet), router_url, bench_router_url, model,
-                          inputs.get("NARWHAL_MODEL_PATH"), stamp, trust_remote_code, max_model_len)
+        return plan_bench(inputs, fleet_workers(fleet), router_url, second, model, inputs.get("NARWHAL_MODEL_PATH"),
+                          stamp, trust_remote_code, lengths, planned)
+    except PlanError as exc:
+        raise AnsibleFilterError(str(exc))
+
+
+def bench_routers(record, site, fleet, records=None):
+    """The routers the benchmark runs beside the fleet's router (_bench/plan.py::bench_routers): the second router, or
+    one P/D router per policy of NARWHAL_BENCH_POLICIES, each with the `files` it needs in NARWHAL_ROUTER_DIR;
+    `records`: the launch config's engines (their KV block sizes, for kv_aware)."""
+    if not isinstance(site, dict) or not isinstance(record, dict):
+        raise AnsibleFilterError("bench_routers takes the router's record (runs/routers/<router>.json), "
+                                 "narwhal_site and the fleet")
+    try:
+        return plan_bench_routers(record, site.get("site") or {}, fleet, site.get("engines"), records)
     except PlanError as exc:
         raise AnsibleFilterError(str(exc))
 
@@ -654,6 +672,7 @@ class FilterModule:
                 "traffic_row": traffic_row, "prometheus_targets": prometheus_targets,
                 "prometheus_scrape": prometheus_scrape,
                 "bench_plan": bench_plan, "bench_router_plan": bench_router_plan, "bench_progress": bench_progress,
+                "bench_routers": bench_routers,
                 "peer_facts": peer_facts, "probe_pairs": probe_pairs, "launch_peers": launch_peers,
                 "tls_hosts": tls_hosts, "launch_roll": launch_roll, "launch_roll_records": launch_roll_records,
                 "router_access": router_access, "router_moves": router_moves, "lost_hosts": lost_hosts,

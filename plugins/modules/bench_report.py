@@ -16,6 +16,10 @@ description:
   - Writes C(<runs_dir>/bench-<stamp>/) with C(bench.json) (the plan, every step's figures, the rows, the router's
     overhead and the problems), C(table.txt) (the one-screen table) and C(latency.png) (latency against request rate
     for each target; matplotlib, pinned in requirements.txt), each mode C(0600).
+  - With the prefix workload or policies (the plan's C(workload)), the targets side by side as well - TTFT p50/p99,
+    throughput, the prefill and decode engines' prefix-cache hit rates from their own counters, the KV bytes NIXL
+    moved - in C(table.txt) and C(bench.json)'s C(comparison); with policies also C(policies.png), TTFT p50 and p99
+    by policy and load.
   - All or nothing - the files are written to a hidden directory beside it, renamed into place at the end; an
     interrupted run leaves no C(bench-<stamp>/). A directory of that stamp that already exists is refused.
   - The figures are written even when steps failed; the result's C(problems) name them (the role then fails).
@@ -41,6 +45,13 @@ options:
       C(bench.json).
     type: dict
     default: {}
+  engines:
+    description: The fleet's engines (the resolved fleet's entries; their C(engine), C(role) and C(url) are kept), so
+      that the counters each step read from the engines (M(narwhal.deploy.bench_serve)'s C(counters), by engine URL)
+      are summed by role.
+    type: list
+    elements: dict
+    default: []
 attributes:
   check_mode:
     description: Checks that the directory can be written (and matplotlib imported) and writes nothing.
@@ -82,6 +93,14 @@ rows:
   description: One entry per step - target, load, completed, failed, throughput, goodput and p50/p90/p99 of ttft,
     tpot, itl and e2el (ms).
   returned: always
+  type: list
+  elements: dict
+comparison:
+  description: With the prefix workload or policies, one entry per target and load - C(target), C(load),
+    C(completed), C(failed), C(request_throughput), C(output_throughput), C(p50_ttft_ms), C(p99_ttft_ms),
+    C(vs_first) (TTFT p50 over the first target's at that load), C(prefill_prefix_hit_rate),
+    C(decode_prefix_hit_rate), C(kv_mib).
+  returned: when the plan has a workload
   type: list
   elements: dict
 overhead:

@@ -51,6 +51,16 @@ options:
   result_file:
     description: The result file's name in the container's result directory (C(--result-filename)).
     type: str
+  metrics_urls:
+    description:
+      - Engine URLs whose C(/metrics) are read just before the container starts and after it ends (no key; with
+        O(ca_file) verified against it). The result's C(counters) hold, per URL, what each of vLLM's own counters
+        grew by during the step - C(prefix_cache_queries) and C(prefix_cache_hits) (prompt tokens), C(kv_bytes) and
+        C(kv_transfers) (NIXL reads), C(kv_failed_transfers) - or C(error) when an engine did not answer; a counter
+        the engine lacks is null. Unset, nothing is read.
+    type: list
+    elements: str
+    default: []
   timeout:
     description: Seconds the step may run.
     type: int
@@ -86,7 +96,8 @@ EXAMPLES = r"""
 RETURN = r"""
 result:
   description: The step's figures (vllm bench serve's own keys - completed, failed, request_throughput,
-    request_goodput, output_throughput, mean/median/std/p50/p90/p99 of ttft, tpot, itl and e2el in ms) and C(errors).
+    request_goodput, output_throughput, mean/median/std/p50/p90/p99 of ttft, tpot, itl and e2el in ms), C(errors),
+    and with O(metrics_urls) the engines' C(counters).
   returned: state=run
   type: dict
 command:
@@ -129,6 +140,7 @@ def main():
             ca_file=dict(type="path"),
             result_file=dict(type="str"),
             timeout=dict(type="int", default=1800),
+            metrics_urls=dict(type="list", elements="str", default=[]),
         ),
         required_if=[("state", "run", ("image", "argv", "name", "key_file", "model_path", "result_file"))],
         supports_check_mode=True,

@@ -16,7 +16,8 @@ import tempfile
 import time
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import CA, KEY, OUT, ROLE_LABEL
-from ansible_collections.narwhal.deploy.plugins.module_utils._bench.report import kept
+from ansible_collections.narwhal.deploy.plugins.module_utils._bench.report import counter_deltas, engine_counters, kept
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call
 from ansible_collections.narwhal.deploy.plugins.module_utils._docker.engine_api import (
     Client,
     EngineAPIError,
@@ -36,6 +37,35 @@ def _remove(api, ref):
         api.remove(ref, force=True)
     except NotFound:
         pass
+
+
+# seconds one engine's /metrics may take to answer before and after a step
+METRICS_TIMEOUT_S = 15
+
+
+def read_counters(urls, cafile=None, timeout=METRICS_TIMEOUT_S):
+    """{engine URL: engine_counters of its /metrics, or {"error": why}}: no key (the engines' key guard lets /metrics
+    through), with TLS verified against `cafile` (_common/http.py::call)."""
+    out = {}
+    for url in urls:
+        status, text = call(url.rstrip("/") + "/metrics", timeout=timeout, cafile=cafile)
+        if status == 200 and isinstance(text, str):
+            out[url] = engine_counters(text)
+        else:
+            out[url] = {"error": "GET %s/metrics: %s" % (url.rstrip("/"), "HTTP %s" % status if status
+                                                          else str(text)[:200])}
+    return out
+
+
+def step_counters(before, after):
+    """{engine URL: what its counters grew by during the step (counter_deltas), or {"error": why} when a reading
+    failed}."""
+    out = {}
+    for url in before:
+        errors = [r["error"] for r in (before[url], after.get(url) or {"error": "not read after the step"})
+                  if "error" in r]
+        out[url] = {"error": "; ".join(errors)} if errors else counter_deltas(before[url], after[url])
+    return out
 
 
 def run_step(module, api):
@@ -63,6 +93,8 @@ def run_step(module, api):
     body = container_config(p["image"], entrypoint=["/bin/sh", "-c", WRAPPER, "vllm-bench"], command=p["argv"],
                             environment=environment, labels={ROLE_LABEL: "bench"}, detach=True,
                             network_mode="host", mounts=mounts)
+    urls = p.get("metrics_urls") or []
+    before = read_counters(urls, p.get("ca_file")) if urls else None
     started = time.time()
     code, tail, result = None, "", None
     try:
@@ -88,6 +120,8 @@ def run_step(module, api):
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
     seconds = round(time.time() - started, 2)
+    if result is not None and urls:
+        result["counters"] = step_counters(before, read_counters(urls, p.get("ca_file")))
     out = dict(changed=False, command=command, seconds=seconds, exit_code=code, result=result or {},
                log_tail=tail if code != 0 or result is None else "")
     if code is None:

@@ -300,6 +300,20 @@ INPUTS = [
     {"name": "NARWHAL_BENCH_OUTPUT_LEN", "kind": "int", "default": 128, "example": 128,
      "doc": "Generated tokens of every benchmark request (--random-output-len, with --ignore-eos: exactly this "
             "many)."},
+    {"name": "NARWHAL_BENCH_WORKLOAD", "kind": "choice", "choices": ["random", "prefix"], "default": "random",
+     "example": "random",
+     "doc": "The benchmark's requests: random (NARWHAL_BENCH_INPUT_LEN random tokens each, nothing shared) or "
+            "prefix (vllm bench serve --dataset-name prefix_repetition: NARWHAL_BENCH_PREFIXES random prefixes of "
+            "NARWHAL_BENCH_PREFIX_LEN tokens, each shared by NARWHAL_BENCH_PROMPTS / NARWHAL_BENCH_PREFIXES "
+            "requests that add NARWHAL_BENCH_SUFFIX_LEN tokens of their own: system prompts, multi-turn history)."},
+    {"name": "NARWHAL_BENCH_PREFIX_LEN", "kind": "int", "default": 512, "example": 512,
+     "doc": "Tokens of each shared prefix of the prefix workload (--prefix-repetition-prefix-len)."},
+    {"name": "NARWHAL_BENCH_SUFFIX_LEN", "kind": "int", "default": 64, "example": 64,
+     "doc": "Tokens each request of the prefix workload adds after its prefix (--prefix-repetition-suffix-len). "
+            "Prefix, suffix and NARWHAL_BENCH_OUTPUT_LEN together must fit every engine's --max-model-len."},
+    {"name": "NARWHAL_BENCH_PREFIXES", "kind": "int", "default": 8, "example": 8,
+     "doc": "Distinct prefixes of each step of the prefix workload (--prefix-repetition-num-prefixes); "
+            "NARWHAL_BENCH_PROMPTS must be a multiple of it (each prefix is shared by as many requests)."},
     {"name": "NARWHAL_BENCH_PROMPTS", "kind": "int", "default": 64, "example": 64,
      "doc": "Requests of each benchmark step (--num-prompts): one step per request rate and target."},
     {"name": "NARWHAL_BENCH_RATES", "kind": "rate_list", "default": "1,2,4", "example": "1,2,4",
@@ -308,6 +322,16 @@ INPUTS = [
     {"name": "NARWHAL_BENCH_CONCURRENCY", "kind": "int", "default": 8, "example": 8,
      "doc": "The --max-concurrency of the benchmark's closed-loop step (every request sent at once, at most this "
             "many in flight)."},
+    # kind choice_list: names of "choices", comma-separated, none twice (a list in the given order)
+    {"name": "NARWHAL_BENCH_POLICIES", "kind": "choice_list",
+     "choices": ["round_robin", "random", "cache_aware", "kv_aware", "power_of_two", "consistent_hash",
+                 "sticky_least_loaded"],
+     "default": None, "example": "round_robin,cache_aware,kv_aware",
+     "doc": "Router prefill policies to compare side by side in one benchmark run, comma-separated: for each, a "
+            "router of its own in P/D mode over the whole fleet (target pd-<policy>, on NARWHAL_BENCH_ROUTER_PORT "
+            "+ its index) while the benchmark runs. kv_aware needs engines that publish KV events "
+            "(NARWHAL_KV_EVENTS). Unset: the fleet's router, one decode engine alone and that engine behind a "
+            "second router (docs/fleet-benchmark.md)."},
     {"name": "NARWHAL_BENCH_SLO_TTFT_MS", "kind": "number", "default": None, "example": None,
      "doc": "Service-level objective for time to first token in ms: a request meeting every set SLO counts "
             "toward goodput (vllm bench serve --goodput ttft:<ms>). Unset: not part of goodput."},

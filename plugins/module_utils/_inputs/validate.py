@@ -124,6 +124,8 @@ def _check(spec, key, raw):
         return _gpu_indices(key, raw, value)
     if kind == "rate_list":
         return rate_list(key, raw, value)
+    if kind == "choice_list":
+        return choice_list(spec, key, raw, value)
     if kind == "number":
         return _number(key, raw, value)
     if kind == "fraction":
@@ -343,6 +345,17 @@ def rate_list(key, raw, value):
         seen.add(rate)
         rates.append(rate)
     return rates
+
+
+def choice_list(spec, key, raw, value):
+    """Names of spec["choices"], comma-separated, none twice -> a list in the given order."""
+    names = [x.strip() for x in str(value).split(",")]
+    for name in names:
+        if name not in spec["choices"]:
+            raise InputError(key, "%r names %r, not one of %s; %s" % (raw, name, ", ".join(spec["choices"]), FIX))
+        if names.count(name) > 1:
+            raise InputError(key, "%r names %s twice; %s" % (raw, name, FIX))
+    return names
 
 
 def _address(key, raw, value):

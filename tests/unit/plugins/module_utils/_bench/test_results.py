@@ -7,8 +7,10 @@ import json
 import os
 import stat
 
+from test_support.bench import lengths
+
 from ansible_collections.narwhal.deploy.plugins.module_utils._bench import results as step
-from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import bench_plan
+from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import bench_plan, bench_routers
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.validate import load_inputs
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.plan import fleet_workers
 from ansible_collections.narwhal.deploy.plugins.plugin_utils._action import run_step
@@ -18,7 +20,7 @@ FLEET = [{"engine": "engine-1", "role": "prefill", "url": "http://10.0.0.11:8000
 SITE = load_inputs({"NARWHAL_FABRIC_INTERFACE": "eth1", "NARWHAL_MODEL_PATH": "/models/tiny",
                     "NARWHAL_IMAGE": "vllm/vllm:1", "NARWHAL_BENCH_RATES": "1,4"})["site"]
 PLAN = bench_plan(SITE, fleet_workers(FLEET), "http://r:30000", "http://r:30001", "tiny", "/models/tiny",
-                  "20261202T201500Z")
+                  "20261202T201500Z", False, lengths(FLEET))
 
 
 def figures(scale):
@@ -86,3 +88,47 @@ def test_without_matplotlib_the_fix_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(step, "plotting", lambda: None)
     result = _run(tmp_path)
     assert result["failed"] and "pip install -r requirements.txt" in result["msg"] and os.listdir(tmp_path) == []
+
+
+FLEET_2P = [{"engine": "engine-1", "role": "prefill", "url": "http://10.0.0.11:8000", "kv_events": ["tcp://x:1"]},
+            {"engine": "engine-2", "role": "decode", "url": "http://10.0.0.12:8000"},
+            {"engine": "engine-3", "role": "prefill", "url": "http://10.0.0.13:8000", "kv_events": ["tcp://y:1"]}]
+POLICY_SITE = load_inputs({"NARWHAL_FABRIC_INTERFACE": "eth1", "NARWHAL_MODEL_PATH": "/models/tiny",
+                           "NARWHAL_IMAGE": "vllm/vllm:1", "NARWHAL_BENCH_RATES": "1,4", "NARWHAL_TLS": "off",
+                           "NARWHAL_BENCH_WORKLOAD": "prefix",
+                           "NARWHAL_BENCH_POLICIES": "round_robin,kv_aware"})["site"]
+ROUTER_RECORD = {"url": "http://10.0.0.21:30000", "image": "sha256:abc", "vllm_router_version": "0.1.17"}
+POLICY_PLAN = bench_plan(POLICY_SITE, fleet_workers(FLEET_2P), "http://10.0.0.21:30000", "", "tiny", "/models/tiny",
+                         "20261202T201500Z", False, lengths(FLEET_2P),
+                         bench_routers(ROUTER_RECORD, POLICY_SITE, FLEET_2P))
+
+
+def with_counters(figures_of, hits):
+    out = dict(figures_of)
+    out["counters"] = {"http://10.0.0.11:8000": {"prefix_cache_queries": 1000.0, "prefix_cache_hits": hits,
+                                                 "kv_bytes": None, "kv_transfers": None},
+                       "http://10.0.0.12:8000": {"prefix_cache_queries": 1000.0, "prefix_cache_hits": 0.0,
+                                                 "kv_bytes": 4194304.0, "kv_transfers": 64.0},
+                       "http://10.0.0.13:8000": {"error": "GET http://10.0.0.13:8000/metrics: timed out"}}
+    return out
+
+
+def test_with_policies_the_run_has_them_side_by_side_and_their_plot(tmp_path):
+    results = dict((s["id"], with_counters(figures(1.0 if s["target"] == "pd-round_robin" else 0.6),
+                                           300.0 if s["target"] == "pd-round_robin" else 700.0))
+                   for s in POLICY_PLAN["steps"])
+    result = run_step(step.bench_report, step.module_spec(),
+                      {"runs_dir": str(tmp_path), "plan": POLICY_PLAN, "results": results, "engines": FLEET_2P},
+                      "narwhal.deploy.bench_report")
+    dest = tmp_path / "bench-20261202T201500Z"
+    assert not result.get("failed") and result["problems"] == []
+    assert sorted(os.listdir(dest)) == ["bench.json", "latency.png", "policies.png", "table.txt"]
+    assert (dest / "policies.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert stat.S_IMODE(os.stat(dest / "policies.png").st_mode) == 0o600
+    document = json.loads((dest / "bench.json").read_text())
+    kv = [e for e in document["comparison"] if e["target"] == "pd-kv_aware"]
+    assert [e["load"] for e in kv] == ["rate-1", "rate-4", "concurrency-8"]
+    assert {e["vs_first"] for e in kv} == {0.6} and {e["prefill_prefix_hit_rate"] for e in kv} == {0.7}
+    assert {e["kv_mib"] for e in kv} == {4.0}
+    assert document["engines"] == [dict((k, e[k]) for k in ("engine", "role", "url")) for e in FLEET_2P]
+    assert "side by side" in result["table"] and "router overhead" not in result["table"]

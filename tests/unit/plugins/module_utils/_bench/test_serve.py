@@ -53,7 +53,7 @@ def _params(tmp_path, **more):
     key.write_text("k\n")
     return dict({"image": "vllm/vllm:1", "argv": ["--base-url", "https://10.0.0.21:30000"], "name": "narwhal-bench-x",
                  "key_file": str(key), "model_path": str(tmp_path), "result_file": "x.json", "timeout": 60,
-                 "ca_file": None}, **more)
+                 "ca_file": None, "metrics_urls": []}, **more)
 
 
 def test_with_a_ca_file_the_load_generator_verifies_with_it(tmp_path):
@@ -104,3 +104,121 @@ def test_the_load_generator_gets_the_first_line_of_the_key_file(tmp_path, text):
                           capture_output=True, text=True, check=True,
                           env=dict(os.environ, PATH="%s:%s" % (tmp_path / "bin", os.environ["PATH"])))
     assert proc.stdout == "new-key|bench serve --x"
+
+
+# ------------------------------------------------------------------ the engines' counters around a step (issue 38)
+
+class MetricsServer:
+    """A local engine /metrics (Prometheus text as vLLM 0.32 writes it) whose counters the step moves: `grow` adds to
+    them, as the engine's work during the step does. Any other path is 404."""
+
+    def __init__(self, queries=100.0, hits=10.0, kv_bytes=None):
+        import http.server
+        import threading
+
+        self.values = {"queries": queries, "hits": hits, "kv_bytes": kv_bytes}
+        self.paths = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                outer.paths.append((self.path, self.headers.get("Authorization")))
+                if self.path != "/metrics":
+                    self.send_error(404)
+                    return
+                body = outer.text().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def text(self):
+        v, labels = self.values, '{engine="0",model_name="tiny"}'
+        lines = ["# TYPE vllm:prefix_cache_queries counter",
+                 "vllm:prefix_cache_queries_total%s %s" % (labels, v["queries"]),
+                 "vllm:prefix_cache_hits_total%s %s" % (labels, v["hits"])]
+        if v["kv_bytes"] is not None:
+            lines += ["vllm:nixl_bytes_transferred_sum%s %s" % (labels, v["kv_bytes"]),
+                      "vllm:nixl_bytes_transferred_count%s 2.0" % labels]
+        return "\n".join(lines) + "\n"
+
+    def grow(self, queries, hits, kv_bytes=0.0):
+        self.values["queries"] += queries
+        self.values["hits"] += hits
+        if self.values["kv_bytes"] is not None:
+            self.values["kv_bytes"] += kv_bytes
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class ServingAPI(FakeAPI):
+    """The load generator's container as the daemon runs it: it writes its result file into the mounted result
+    directory, and while it runs the engines count (`during`)."""
+
+    def __init__(self, during):
+        super().__init__()
+        self.during = during
+
+    def wait(self, ref, timeout=None):
+        import json
+        import os
+
+        from ansible_collections.narwhal.deploy.plugins.module_utils._bench.plan import OUT
+
+        (out,) = [m["Source"] for m in self.bodies[-1]["HostConfig"]["Mounts"] if m["Target"] == OUT]
+        with open(os.path.join(out, "x.json"), "w") as fh:
+            json.dump({"completed": 8, "failed": 0, "num_prompts": 8, "p50_ttft_ms": 12.5, "errors": []}, fh)
+        self.during()
+        return {"StatusCode": 0}
+
+
+def test_the_step_keeps_what_each_engines_counters_grew_by_while_it_ran(tmp_path):
+    prefill, decode = MetricsServer(100.0, 10.0), MetricsServer(50.0, 0.0, kv_bytes=1000.0)
+    try:
+        api = ServingAPI(lambda: (prefill.grow(800.0, 600.0), decode.grow(64.0, 16.0, 2048.0)))
+        with pytest.raises(StopError) as stop:
+            run_step(FakeModule(_params(tmp_path, metrics_urls=[prefill.url, decode.url + "/"])), api)
+    finally:
+        prefill.close()
+        decode.close()
+    out = stop.value.args[0]
+    assert "msg" not in out and out["result"]["p50_ttft_ms"] == 12.5
+    assert out["result"]["counters"] == {
+        prefill.url: {"prefix_cache_queries": 800.0, "prefix_cache_hits": 600.0, "kv_bytes": None,
+                      "kv_transfers": None, "kv_failed_transfers": None},
+        decode.url + "/": {"prefix_cache_queries": 64.0, "prefix_cache_hits": 16.0, "kv_bytes": 2048.0,
+                           "kv_transfers": 0.0, "kv_failed_transfers": None}}
+    # read once before and once after, without the key (the key guard lets /metrics through)
+    assert prefill.paths == [("/metrics", None), ("/metrics", None)] and decode.paths == prefill.paths
+
+
+def test_an_engine_that_does_not_answer_is_named_and_the_step_still_counts(tmp_path):
+    engine = MetricsServer()
+    gone = MetricsServer()
+    gone.close()  # its port answers nothing
+    try:
+        with pytest.raises(StopError) as stop:
+            run_step(FakeModule(_params(tmp_path, metrics_urls=[engine.url, gone.url])),
+                     ServingAPI(lambda: engine.grow(10.0, 5.0)))
+    finally:
+        engine.close()
+    out = stop.value.args[0]
+    assert "msg" not in out and out["result"]["counters"][engine.url]["prefix_cache_hits"] == 5.0
+    assert out["result"]["counters"][gone.url]["error"].startswith("GET %s/metrics: " % gone.url)
+    assert "; " in out["result"]["counters"][gone.url]["error"]  # before and after
+
+
+def test_without_metrics_urls_nothing_is_read(tmp_path):
+    with pytest.raises(StopError) as stop:
+        run_step(FakeModule(_params(tmp_path)), ServingAPI(lambda: None))
+    assert "counters" not in stop.value.args[0]["result"] and "msg" not in stop.value.args[0]

@@ -142,6 +142,7 @@ def _readers():
             "bench_plan": lambda f: narwhal.bench_plan({"site": {}}, f, "https://10.0.0.21:30000",
                                                        "https://10.0.0.21:30001", "20261202T201500Z"),
             "bench_router_plan": lambda f: narwhal.bench_router_plan({"url": "https://10.0.0.21:30000"}, {}, f),
+            "bench_routers": lambda f: narwhal.bench_routers({"url": "https://10.0.0.21:30000"}, {}, f),
             "prometheus_targets": lambda f: narwhal.prometheus_targets(f, [], "config/fleet.json")}
 
 
