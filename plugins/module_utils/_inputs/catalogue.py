@@ -230,7 +230,8 @@ INPUTS = [
             "NARWHAL_ROUTER_DECODE_POLICY sets a role's own (vllm_router/router_args.py lists them): round_robin "
             "spreads every request stream over all engines; cache_aware follows shared prefixes by the router's own "
             "tree of the prompts it sent; kv_aware (prefill only, with NARWHAL_KV_EVENTS) by the engines' own KV "
-            "events (docs/router.md, \"Routing policies and KV events\")."},
+            "events (docs/router.md, \"Routing policies and KV events\"). Why round_robin is the default and when to "
+            "choose cache_aware: docs/fleet-benchmark.md, \"The default prefill policy, from these figures\"."},
     {"name": "NARWHAL_ROUTER_PREFILL_POLICY", "kind": "choice",
      "choices": ["round_robin", "random", "cache_aware", "kv_aware", "power_of_two", "consistent_hash",
                  "sticky_least_loaded"],
