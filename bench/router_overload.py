@@ -310,8 +310,8 @@ def main():
     parser.add_argument("--seed", type=int, default=38)
     parser.add_argument("--out", help="results directory (default bench/results/router-overload-<UTC stamp>)")
     opts = parser.parse_args()
-    out = Path(opts.out or REPO / "bench" / "results" / ("router-overload-" + time.strftime("%Y%m%d-%H%M%S",
-                                                                                             time.gmtime())))
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    out = Path(opts.out or REPO / "bench" / "results" / ("router-overload-" + stamp))
     tmp = Path(tempfile.mkdtemp(prefix="router-overload-"))
     (tmp / "saturation").mkdir()
     results = run(opts, tmp)

@@ -163,8 +163,8 @@ def check_lengths(site, targets, workers, lengths):
         ["rerun discovery (its extracts hold the checkpoint's own bound), or set --max-model-len in NARWHAL_EXTRA_ARGS "
          "(or NARWHAL_NODE_<n>_EXTRA_ARGS) and rerun discovery, prepare and launch"] if unknown else [])
     if fixes:
-        raise PlanError("%s = %d tokens per request, and %s: %s" % (named, total, "; ".join(longer + unknown),
-                                                                   "; ".join(fixes)), key)
+        found = "; ".join(longer + unknown)
+        raise PlanError("%s = %d tokens per request, and %s: %s" % (named, total, found, "; ".join(fixes)), key)
 
 
 def dataset_argv(site):
@@ -185,10 +185,10 @@ def bench_argv(site, url, model, tokenizer, step_id, seed, load, trust_remote_co
     load generator as OPENAI_API_KEY, read from a mounted file inside the container
     (vllm/benchmarks/lib/endpoint_request_func.py sends it as the Bearer token)."""
     argv = ["--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions",
-            "--model", model, "--tokenizer", tokenizer] + dataset_argv(site) + [
-            "--num-prompts", str(int(site["NARWHAL_BENCH_PROMPTS"])),
-            "--seed", str(seed),
-            "--request-rate", str(load["rate"])]
+            "--model", model, "--tokenizer", tokenizer] + dataset_argv(site)
+    argv += ["--num-prompts", str(int(site["NARWHAL_BENCH_PROMPTS"])),
+             "--seed", str(seed),
+             "--request-rate", str(load["rate"])]
     if load["kind"] == "concurrency":
         argv += ["--max-concurrency", str(load["concurrency"])]
     argv += ["--ignore-eos", "--temperature", "0",

@@ -52,8 +52,8 @@ def read_counters(urls, cafile=None, timeout=METRICS_TIMEOUT_S):
         if status == 200 and isinstance(text, str):
             out[url] = engine_counters(text)
         else:
-            out[url] = {"error": "GET %s/metrics: %s" % (url.rstrip("/"), "HTTP %s" % status if status
-                                                          else str(text)[:200])}
+            why = "HTTP %s" % status if status else str(text)[:200]
+            out[url] = {"error": "GET %s/metrics: %s" % (url.rstrip("/"), why)}
     return out
 
 

@@ -178,8 +178,9 @@ def transfer_rules(name, settings):
     def grew(metric):
         return "%s > 0" % _per_engine("increase(%s[%s])" % (selector(metric, *where), WINDOW))
     return [
-        _alert("NarwhalNixlTransfersFailed", "%s or %s" % (grew("vllm:nixl_num_failed_transfers_total"),
-                                                            grew("vllm:nixl_num_failed_notifications_total")),
+        _alert("NarwhalNixlTransfersFailed",
+               "%s or %s" % (grew("vllm:nixl_num_failed_transfers_total"),
+                             grew("vllm:nixl_num_failed_notifications_total")),
                PAGE, settings,
                "Engine {{ $labels.engine }} ({{ $labels.role }}) failed NIXL KV transfers",
                "vllm:nixl_num_failed_transfers (failed transfers, handshakes and notifications) or "

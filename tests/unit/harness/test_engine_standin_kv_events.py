@@ -172,7 +172,7 @@ def test_prefix_cache_hits_and_counters(engine):
 
 def test_no_prefix_caching_counts_nothing(engine):
     url, _state = engine("--no-enable-prefix-caching", "--enable-prompt-tokens-details")
-    assert [complete(url, words(40))["usage"]["prompt_tokens_details"]["cached_tokens"] for _ in "ab"] == [0, 0]
+    assert [complete(url, words(40))["usage"]["prompt_tokens_details"]["cached_tokens"] for _twice in "ab"] == [0, 0]
     assert metric(url, "vllm:prefix_cache_queries_total") == 0  # record_prefix_cache_stats: no lookup, no record
     assert metric(url, "vllm:prompt_tokens_by_source_total", source="local_compute") == 80
 
@@ -225,7 +225,10 @@ def test_prefill_cost_is_per_computed_token_and_serialised(engine, modules, monk
         started = time.monotonic()
         complete(url, prompt)
         elapsed.append(time.monotonic() - started)
-    assert elapsed[0] >= 0.40 and 0.08 <= elapsed[1] < elapsed[0] - 0.2  # 40 tokens computed, then 8
+    # 40 tokens computed, then 8 (the first 32 found in the cache): lower bounds only, a loaded machine adds time
+    assert elapsed[0] >= 0.40 and elapsed[1] >= 0.08
+    assert metric(url, "vllm:prompt_tokens_by_source_total", source="local_cache_hit") == 32
+    assert metric(url, "vllm:prompt_tokens_by_source_total", source="local_compute") == 48
     # two prefills at once: one after the other (one batch at a time)
     done = []
     threads = [threading.Thread(target=lambda p=p: (complete(url, p), done.append(time.monotonic())))
@@ -321,7 +324,7 @@ def test_events_as_vllm_publishes_them(tmp_path, modules):
         got = [(topic, int.from_bytes(seq, "big"), msgpack.unpackb(payload)) for topic, seq, payload in live]
         assert [(t, s, p[1], p[2]) for t, s, p in got] == [(b"kv", i, w, 0) for i, w in enumerate(want)]
         assert all(abs(p[0] - time.time()) < 60 for _t, _s, p in got)  # ts: the step's time.time()
-        assert [(s, p[1]) for _t, s, p in replay(replay_port, 1)] == [(i, w) for i, w in enumerate(want)][1:]
+        assert [(s, p[1]) for _t, s, p in replay(replay_port, 1)] == list(enumerate(want))[1:]
         assert call(url, "/kv_event_sources", key=None) == (200, {"0": {
             "enable_kv_cache_events": True, "publisher": "zmq", "endpoint": "tcp://*:%d" % port,
             "replay_endpoint": "tcp://*:%d" % replay_port, "buffer_steps": 10000, "hwm": 100000,
@@ -347,8 +350,8 @@ def test_dp_rank_publishes_on_port_plus_rank(tmp_path):
         sub.close(linger=0)
         assert int.from_bytes(seq, "big") == 0 and msgpack.unpackb(payload)[2] == 1
         sources = call(url, "/kv_event_sources", key=None)[1]
-        assert [(k, v["endpoint"]) for k, v in sources.items()] == [("0", "tcp://*:%d" % port),
-                                                                     ("1", "tcp://*:%d" % (port + 1))]
+        want = [("0", "tcp://*:%d" % port), ("1", "tcp://*:%d" % (port + 1))]
+        assert [(k, v["endpoint"]) for k, v in sources.items()] == want
     finally:
         proc.kill()
         proc.wait(10)

@@ -36,8 +36,8 @@ def test_policies_reach_the_plan_through_their_routers():
     site = narwhal_site(NARWHAL_BENCH_POLICIES="round_robin,cache_aware")
     routers = bench_routers(RECORD, site, FLEET)
     made = bench_plan(site, FLEET, RECORD["url"], routers, STAMP, None, lengths=lengths(FLEET))
-    assert [(t["target"], t["url"]) for t in made["targets"]] == [("pd-round_robin", "http://10.0.0.21:30001"),
-                                                                 ("pd-cache_aware", "http://10.0.0.21:30002")]
+    want = [("pd-round_robin", "http://10.0.0.21:30001"), ("pd-cache_aware", "http://10.0.0.21:30002")]
+    assert [(t["target"], t["url"]) for t in made["targets"]] == want
 
 
 def test_refusals_are_filter_errors():

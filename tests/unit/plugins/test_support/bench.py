@@ -11,7 +11,6 @@ def lengths(fleet, limit=4096, **limits):
     for entry in fleet:
         value = limits.get(entry["engine"].replace("-", "_"), limit)
         out["max_model_len"][entry["engine"]] = value
-        out["max_model_len_from"][entry["engine"]] = ("--max-model-len in the record" if value else
-                                                     "no --max-model-len in the record and no length in the "
-                                                     "checkpoint's config")
+        missing = "no --max-model-len in the record and no length in the checkpoint's config"
+        out["max_model_len_from"][entry["engine"]] = "--max-model-len in the record" if value else missing
     return out

@@ -287,8 +287,8 @@ def test_policies_are_router_policies_each_once(value, words):
     with pytest.raises(InputError) as err:
         site(NARWHAL_BENCH_POLICIES=value)
     assert err.value.key == "NARWHAL_BENCH_POLICIES" and words in str(err.value)
-    assert site(NARWHAL_BENCH_POLICIES=" kv_aware, round_robin")["NARWHAL_BENCH_POLICIES"] == ["kv_aware",
-                                                                                                "round_robin"]
+    policies = site(NARWHAL_BENCH_POLICIES=" kv_aware, round_robin")["NARWHAL_BENCH_POLICIES"]
+    assert policies == ["kv_aware", "round_robin"]
     assert site()["NARWHAL_BENCH_POLICIES"] is None
 
 

@@ -109,15 +109,14 @@ def counters(p1, p2, d1):
 
 def test_a_steps_hit_rate_is_over_the_prefill_engines_and_the_kv_bytes_over_all():
     step = PLAN["steps"][0]
-    got = row(step, dict(kept(result(40.0, 150.0)), counters=counters((600, 450, None, None, None),
-                                                                          (400, 50, None, None, None),
-                                                                          (1000, 100, 3 * 1048576, 8, 0))), ROLES)
+    seen = counters((600, 450, None, None, None), (400, 50, None, None, None), (1000, 100, 3 * 1048576, 8, 0))
+    got = row(step, dict(kept(result(40.0, 150.0)), counters=seen), ROLES)
     assert got["prefill_prefix_hit_rate"] == 0.5 and got["decode_prefix_hit_rate"] == 0.1
     assert got["kv_bytes"] == 3 * 1048576 and got["kv_transfers"] == 8
     # an engine that did not answer counts for nothing; none asked: no rate
-    quiet = row(step, dict(kept(result(40.0, 150.0)), counters={"http://p1:8000": {"error": "GET: timed out"},
-                                                                 "http://d1:8000": {"prefix_cache_queries": 0.0,
-                                                                                    "prefix_cache_hits": 0.0}}), ROLES)
+    seen = {"http://p1:8000": {"error": "GET: timed out"},
+            "http://d1:8000": {"prefix_cache_queries": 0.0, "prefix_cache_hits": 0.0}}
+    quiet = row(step, dict(kept(result(40.0, 150.0)), counters=seen), ROLES)
     assert quiet["prefill_prefix_hit_rate"] is None and quiet["decode_prefix_hit_rate"] is None
     # the default's rows are as they were: no counters, no keys of theirs
     assert set(row(step, kept(result(40.0, 150.0)))) == set(row(step, {}))

@@ -643,9 +643,8 @@ def test_the_planner_publishes_the_events_with_the_seed(tmp_path, dev):
     recs = build({"NARWHAL_GPUS_PER_ENGINE": "4", "NARWHAL_KV_EVENTS": "on"}, nv_pair(tmp_path))
     spec = container_spec(recs["engine-2"], role_environment(recs["engine-2"], "/opt/narwhal", "run-x"))
     at = spec["command"].index("--kv-events-config")
-    assert spec["command"][at - 2:at + 2] == ["--block-size", "16", "--kv-events-config",
-                                               '{"enable_kv_cache_events":true,"publisher":"zmq",'
-                                               '"endpoint":"tcp://*:5558"}']
+    config = '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5558"}'
+    assert spec["command"][at - 2:at + 2] == ["--block-size", "16", "--kv-events-config", config]
     assert spec["environment"]["PYTHONHASHSEED"] == "0"
     plain = build({"NARWHAL_GPUS_PER_ENGINE": "4"}, nv_pair(tmp_path))
     spec = container_spec(plain["engine-2"], role_environment(plain["engine-2"], "/opt/narwhal", "run-x"))

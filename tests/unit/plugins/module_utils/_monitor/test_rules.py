@@ -33,8 +33,8 @@ ALERTS = {"NarwhalEngineDown", "NarwhalEngineMissing", "NarwhalRouterDown", "Nar
           "NarwhalTtftP99OverObjective", "NarwhalWaitingRequestsGrowing"}
 
 
-def _rules(fleet=FLEET, routers=ROUTERS, name="fleet.lab", site=None):
-    (group,) = rules(fleet, routers, name, site)["groups"]
+def _rules(fleet=None, routers=None, name="fleet.lab", site=None):
+    (group,) = rules(FLEET if fleet is None else fleet, ROUTERS if routers is None else routers, name, site)["groups"]
     assert group["name"] == "narwhal-%s" % name
     return group["rules"]
 

@@ -98,8 +98,8 @@ def _cases():
              _series("vllm:nixl_num_failed_notifications_total", e2, "0x20"),
              _series("vllm:nixl_num_failed_transfers_total", e1, "0x20"),
              _series("vllm:nixl_num_failed_notifications_total", e1, "0 0 0 1x17")], 3,
-            [dict(per_engine, engine=e, role=r, severity="page") for e, r in (("engine-1", "prefill"),
-                                                                             ("engine-2", "decode"))]),
+            [dict(per_engine, engine=e, role=r, severity="page")
+             for e, r in (("engine-1", "prefill"), ("engine-2", "decode"))]),
         "NarwhalKvLeasesExpired": (
             [_series("vllm:nixl_num_kv_expired_reqs_total", e1, "0 0 0 1x17"),
              _series("vllm:nixl_num_kv_expired_reqs_total", e2, "0x20")], 3,
