@@ -167,6 +167,15 @@ def run_checked(argv, logfile, what, **kw):
     return result
 
 
+def forget_pins(state):
+    """Remove the image pins a project of a simulated site kept (<state>/config/image-pins.json): the benchmarks bring
+    their sites up new, and a pin an earlier run left before an image rebuild would refuse the rebuilt image as a moved
+    tag (the deliver stage, docs/delivery.md)."""
+    path = os.path.join(state, "config", "image-pins.json")
+    if os.path.exists(path):
+        os.remove(path)
+
+
 def sh(argv, check=True, **kw):
     return subprocess.run(argv, cwd=ROOT, env=env(), check=check, capture_output=True, text=True, **kw)
 

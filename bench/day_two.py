@@ -636,6 +636,7 @@ def main(argv=None):
            "images": images, "operations": []}
     try:
         harness(out, images)
+        bench.forget_pins(STATE)  # the site's hosts are new
         key = api_key()
         site = Site(out, args.load_s)
         res = site.playbook("site", "site-first", ["-e", "narwhal_launch_serial=%d" % ENGINES])

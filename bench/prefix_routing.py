@@ -229,6 +229,7 @@ def parse(argv):
 def run(args, out, doc):
     """Steps 1-4 (the site is up when this returns or raises; main tears it down)."""
     harness(out)
+    bench.forget_pins(STATE)  # the site's hosts are new
     doc["load_image"] = load_image(BENCH_HOST, LOAD_IMAGE)
     api_key()
     env_file = os.path.join(out, "site.env")

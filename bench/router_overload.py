@@ -30,7 +30,6 @@ import argparse
 import http.client
 import json
 import random
-import socket
 import sys
 import tempfile
 import threading
@@ -40,6 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "collections"), str(REPO / "tests" / "unit" / "plugins"), str(REPO / "tests" / "unit")]
 
+from test_support.relay import Relay  # noqa: E402
 from test_support.router import router_process  # noqa: E402
 from test_support.standin import engine_process  # noqa: E402
 
@@ -50,34 +50,23 @@ UPSTREAM = {"NARWHAL_ROUTER_MAX_CONCURRENT": 32768, "NARWHAL_ROUTER_QUEUE_SIZE":
             "NARWHAL_ROUTER_QUEUE_TIMEOUT": 60, "NARWHAL_ROUTER_RATE_LIMIT": 1}
 
 
-class Slots:
+class Slots(Relay):
     """A TCP relay in front of a stand-in engine that stands for its batch: each request (a chunk from the router that
     starts with POST) passes at once, and its answer waits for one of `slots`, holds it `cost` seconds, then passes.
     A streamed answer's head (text/event-stream) passes before that wait, as vLLM starts a stream's response at once
     and schedules the request afterwards (Starlette's StreamingResponse sends its head before the first chunk; the
     stand-in does the same); a JSON answer waits whole. `inside`: answers waiting or in a slot, `peak` its most."""
 
+    backlog = 1024
+
     def __init__(self, upstream, slots, cost):
-        self.upstream, self.cost, self.turn = upstream, cost, threading.Semaphore(slots)
+        self.cost, self.turn = cost, threading.Semaphore(slots)
         self.inside = self.peak = 0
         self.lock = threading.Lock()
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(1024)
-        self.url = "http://127.0.0.1:%d" % self.sock.getsockname()[1]
-        threading.Thread(target=self.accept, daemon=True).start()
+        super().__init__(upstream)
 
-    def accept(self):
-        while True:
-            try:
-                conn, _peer = self.sock.accept()
-                up = socket.create_connection(("127.0.0.1", self.upstream))
-            except OSError:
-                return
-            pending = []  # one entry per request whose answer has not started
-            threading.Thread(target=self.pipe, args=(conn, up, pending, True), daemon=True).start()
-            threading.Thread(target=self.pipe, args=(up, conn, pending, False), daemon=True).start()
+    def connection(self):
+        return []  # one entry per request of the connection whose answer has not started
 
     def serve(self):
         with self.lock:
@@ -98,26 +87,14 @@ class Slots:
         if data:
             dst.sendall(data)
 
-    def pipe(self, src, dst, pending, inbound):
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                if inbound and data.startswith(b"POST"):
-                    pending.append(1)
-                elif not inbound and pending and data.startswith(b"HTTP/"):
-                    pending.pop()
-                    self.answer(data, dst)
-                    continue
-                dst.sendall(data)
-        except OSError:
-            pass
-        for end in (src, dst):
-            try:
-                end.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+    def chunk(self, data, dst, inbound, state):
+        if inbound and data.startswith(b"POST"):
+            state.append(1)
+        elif not inbound and state and data.startswith(b"HTTP/"):
+            state.pop()
+            self.answer(data, dst)
+            return True
+        return False
 
 
 def one(url, stream, n):

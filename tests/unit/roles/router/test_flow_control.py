@@ -6,12 +6,12 @@ sleep. What is asserted is what the router answers, and what reaches an engine."
 import http.client
 import json
 import re
-import socket
 import threading
 import time
 import urllib.request
 
 import pytest
+from test_support.relay import Relay
 from test_support.router import router_process
 from test_support.standin import engine_process
 
@@ -19,49 +19,21 @@ KEY = "sk-narwhal-flow-test-key-0123456789abcdef"
 HOLD = "hold-please"
 
 
-class HoldDoor:
+class HoldDoor(Relay):
     """A TCP relay in front of an engine: bytes pass both ways as they come, but a chunk from the router that holds
     HOLD waits until `release` is set. `arrived`: the requests (POSTs) that reached it."""
 
     def __init__(self, upstream_port):
-        self.upstream, self.release, self.arrived = upstream_port, threading.Event(), 0
-        self.lock = threading.Lock()
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.url = "http://127.0.0.1:%d" % self.sock.getsockname()[1]
-        threading.Thread(target=self.accept, daemon=True).start()
+        self.release, self.arrived, self.lock = threading.Event(), 0, threading.Lock()
+        super().__init__(upstream_port)
 
-    def accept(self):
-        while True:
-            try:
-                conn, _peer = self.sock.accept()
-                up = socket.create_connection(("127.0.0.1", self.upstream))
-            except OSError:
-                return
-            threading.Thread(target=self.pipe, args=(conn, up, True), daemon=True).start()
-            threading.Thread(target=self.pipe, args=(up, conn, False), daemon=True).start()
-
-    def pipe(self, src, dst, inbound):
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                if inbound and data.startswith(b"POST"):
-                    with self.lock:
-                        self.arrived += 1
-                if inbound and HOLD.encode() in data:
-                    self.release.wait(60)
-                dst.sendall(data)
-        except OSError:
-            pass
-        for end in (src, dst):
-            try:
-                end.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+    def chunk(self, data, dst, inbound, state):
+        if inbound and data.startswith(b"POST"):
+            with self.lock:
+                self.arrived += 1
+        if inbound and HOLD.encode() in data:
+            self.release.wait(60)
+        return False
 
 
 def send(url, prompt):

@@ -5,14 +5,14 @@ the swap with the real vllm-router (requirements/router.txt) in front of stand-i
 import json
 import os
 import signal
-import socket
 import threading
 import time
 
 import pytest
 from test_support.paths import REPO, load_file
+from test_support.relay import Relay
 from test_support.router import router_process
-from test_support.standin import engine_process, free_port
+from test_support.standin import engine_process
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.http import call
 from ansible_collections.narwhal.deploy.plugins.module_utils._router.client import stream
@@ -25,50 +25,16 @@ BODY = {"model": "tiny", "prompt": "reload", "max_tokens": 4}
 SLOW = dict(BODY, prompt="slow-please")
 
 
-class SlowDoor:
+class SlowDoor(Relay):
     """A TCP relay in front of a stand-in engine (its URL the worker's): bytes pass both ways as they come, but a chunk
     from the router that holds `slow-please` is held DELAY_S seconds first, so a test keeps a request in flight."""
 
     DELAY_S = 4
 
-    def __init__(self, upstream_port):
-        self.upstream = upstream_port
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", free_port()))
-        self.sock.listen(64)
-        self.url = "http://127.0.0.1:%d" % self.sock.getsockname()[1]
-        threading.Thread(target=self.accept, daemon=True).start()
-
-    def accept(self):
-        while True:
-            try:
-                conn, _peer = self.sock.accept()
-            except OSError:
-                return
-            up = socket.create_connection(("127.0.0.1", self.upstream))
-            threading.Thread(target=self.pipe, args=(conn, up, True), daemon=True).start()
-            threading.Thread(target=self.pipe, args=(up, conn, False), daemon=True).start()
-
-    def pipe(self, src, dst, inbound):
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                if inbound and b"slow-please" in data:
-                    time.sleep(self.DELAY_S)
-                dst.sendall(data)
-        except OSError:
-            pass
-        for end in (src, dst):
-            try:
-                end.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def close(self):
-        self.sock.close()
+    def chunk(self, data, dst, inbound, state):
+        if inbound and b"slow-please" in data:
+            time.sleep(self.DELAY_S)
+        return False
 
 
 def _write(path, doc):
@@ -225,8 +191,10 @@ def test_a_reload_serves_the_new_worker_set_and_drops_no_request(fleet, router):
     assert "reload 2 done: vllm-router pid" in log
     (second,) = [p for p in _children(front.pid) if p != first] or [None]
     assert second is not None
-    _wait(lambda: _gone(first), timeout=25, what="the first vllm-router's end")
-    assert "the previous vllm-router (pid %d) ended" % first in router["log"].read_text(errors="replace")
+    # the start script logs the end once it has reaped the process: wait for the line, not only for the process
+    ended = "the previous vllm-router (pid %d) ended" % first
+    _wait(lambda: ended in router["log"].read_text(errors="replace"), timeout=25, what="the first vllm-router's end")
+    assert _gone(first)
     status, events, _first, tail = slow["result"]
     assert status == 200 and not tail and events and slow["ended"] > switched  # it ended after the switch
     assert KEY not in router["log"].read_text(errors="replace")
