@@ -211,6 +211,11 @@ def test_producer_reports_its_hits_and_consumer_reads_only_what_it_lacks(engine,
     assert metric(c_url, "vllm:prefix_cache_hits_total") == 32
 
 
+# what a wait may fall short of its lower bound: the clocks' granularity (the stand-in stamps arrivals with wall time
+# and waits with a monotonic timeout)
+SLACK = 0.01
+
+
 def test_prefill_cost_is_per_computed_token_and_serialised(engine, modules, monkeypatch):
     server, _serve = modules
     # the knobs go through NARWHAL_ENGINE_ENV, which refuses secret-looking names
@@ -226,7 +231,7 @@ def test_prefill_cost_is_per_computed_token_and_serialised(engine, modules, monk
         complete(url, prompt)
         elapsed.append(time.monotonic() - started)
     # 40 tokens computed, then 8 (the first 32 found in the cache): lower bounds only, a loaded machine adds time
-    assert elapsed[0] >= 0.40 and elapsed[1] >= 0.08
+    assert elapsed[0] >= 0.40 - SLACK and elapsed[1] >= 0.08 - SLACK
     assert metric(url, "vllm:prompt_tokens_by_source_total", source="local_cache_hit") == 32
     assert metric(url, "vllm:prompt_tokens_by_source_total", source="local_compute") == 48
     # two prefills at once: one after the other (one batch at a time)
@@ -238,8 +243,8 @@ def test_prefill_cost_is_per_computed_token_and_serialised(engine, modules, monk
         thread.start()
     for thread in threads:
         thread.join()
-    assert max(done) - started >= 0.40 and min(done) - started >= 0.20
-    assert metric(url, "vllm:time_to_first_token_seconds_sum") >= 0.4 + 0.08 + 0.2 + 0.4
+    assert max(done) - started >= 0.40 - SLACK and min(done) - started >= 0.20 - SLACK
+    assert metric(url, "vllm:time_to_first_token_seconds_sum") >= 0.4 + 0.08 + 0.2 + 0.4 - SLACK
 
 
 def test_tokenize_and_render(engine):
