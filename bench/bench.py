@@ -206,21 +206,37 @@ def containers_created(n, since, until):
 
 # --------------------------------------------------------------------------------------------- the site
 
+def sim_site_vars(site, mgmt, fabric4, fabric6, engines, engine_images, models=None, profile=PROFILE):
+    """tests/harness/site.yml variables of a simulated site: engine-1..`engines` (engine-i at .10+i of each subnet)
+    and the router host router-1 (.250); `mgmt`, `fabric4`: the subnets' first three octets, `fabric6` the IPv6
+    prefix up to its last ':'; `models`: checkpoints to put on the engine hosts (the harness's default without)."""
+    hosts = [{"name": "engine-%d" % i, "profile": profile, "mgmt_ip": "%s.%d" % (mgmt, 10 + i),
+              "fabric_ipv4": "%s.%d" % (fabric4, 10 + i), "fabric_ipv6": "%s:%d" % (fabric6, 10 + i)}
+             for i in range(1, engines + 1)]
+    hosts.append({"name": ROUTER, "profile": "cpu", "groups": ["routers"], "mgmt_ip": "%s.250" % mgmt,
+                  "fabric_ipv4": "%s.250" % fabric4, "fabric_ipv6": "%s:250" % fabric6})
+    out = {"sim_site": site, "sim_mgmt_subnet": mgmt + ".0/24", "sim_fabric_subnet4": fabric4 + ".0/24",
+           "sim_fabric_subnet6": fabric6 + ":/64", "sim_engine_images": list(engine_images),
+           "sim_router_images": [ROUTER_IMAGE], "sim_hosts": hosts}
+    if models:
+        out["sim_models"] = list(models)
+    return out
+
+
+def sim_site(out, doc, state="present"):
+    """Bring the simulated site of `doc` (sim_site_vars) to `state` (present, absent) with tests/harness/site.yml,
+    logging to <out>/logs/site-<state>.log."""
+    path = os.path.join(out, "site-%s.json" % state)
+    write_json(path, doc)
+    log("simulated site %s: %s" % (doc["sim_site"], state))
+    run_checked(["ansible-playbook", "-i", "localhost,", os.path.join(ROOT, "tests/harness/site.yml"),
+                 "-e", "@" + path, "-e", "sim_state=" + state],
+                os.path.join(out, "logs", "site-%s.log" % state), "site " + state)
+
+
 def site_vars(n):
     """tests/harness/site.yml variables of the bench site with n hosts."""
-    return {
-        "sim_site": SITE,
-        "sim_mgmt_subnet": MGMT + ".0/24",
-        "sim_fabric_subnet4": FABRIC4 + ".0/24",
-        "sim_fabric_subnet6": FABRIC6 + ":/64",
-        "sim_engine_images": [IMAGE],
-        "sim_router_images": [ROUTER_IMAGE],
-        "sim_hosts": [{"name": "engine-%d" % i, "profile": PROFILE, "mgmt_ip": "%s.%d" % (MGMT, 10 + i),
-                       "fabric_ipv4": "%s.%d" % (FABRIC4, 10 + i), "fabric_ipv6": "%s:%d" % (FABRIC6, 10 + i)}
-                      for i in range(1, n + 1)]
-        + [{"name": ROUTER, "profile": "cpu", "groups": ["routers"], "mgmt_ip": "%s.250" % MGMT,
-            "fabric_ipv4": "%s.250" % FABRIC4, "fabric_ipv6": "%s:250" % FABRIC6}],
-    }
+    return sim_site_vars(SITE, MGMT, FABRIC4, FABRIC6, n, [IMAGE])
 
 
 def inventory(n):

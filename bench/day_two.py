@@ -100,24 +100,8 @@ def host(name):
     return "%s-%s" % (SITE, name)
 
 
-def site_vars(images):
-    hosts = [{"name": "engine-%d" % i, "profile": PROFILE, "mgmt_ip": "%s.%d" % (MGMT, 10 + i),
-              "fabric_ipv4": "%s.%d" % (FABRIC4, 10 + i), "fabric_ipv6": "%s:%d" % (FABRIC6, 10 + i)}
-             for i in range(1, ENGINES + 1)]
-    hosts.append({"name": ROUTER, "profile": "cpu", "groups": ["routers"], "mgmt_ip": "%s.250" % MGMT,
-                  "fabric_ipv4": "%s.250" % FABRIC4, "fabric_ipv6": "%s:250" % FABRIC6})
-    return {"sim_site": SITE, "sim_mgmt_subnet": MGMT + ".0/24", "sim_fabric_subnet4": FABRIC4 + ".0/24",
-            "sim_fabric_subnet6": FABRIC6 + ":/64", "sim_engine_images": images,
-            "sim_router_images": [ROUTER_IMAGE], "sim_hosts": hosts}
-
-
 def harness(out, images, state="present"):
-    path = os.path.join(out, "site-%s.json" % state)
-    bench.write_json(path, site_vars(images))
-    log("simulated site %s: %s" % (SITE, state))
-    bench.run_checked(["ansible-playbook", "-i", "localhost,", os.path.join(ROOT, "tests/harness/site.yml"),
-                       "-e", "@" + path, "-e", "sim_state=" + state],
-                      os.path.join(out, "logs", "site-%s.log" % state), "site " + state)
+    bench.sim_site(out, bench.sim_site_vars(SITE, MGMT, FABRIC4, FABRIC6, ENGINES, images, profile=PROFILE), state)
 
 
 def image_exists(name):

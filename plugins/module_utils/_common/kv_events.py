@@ -43,6 +43,16 @@ DEFAULT_HASH_ALGO = "sha256"  # vLLM 0.32.0 config/cache.py CacheConfig.prefix_c
 ROLES = ("prefill", "decode")
 
 
+def events_port(site):
+    """NARWHAL_KV_EVENTS_PORT, its catalogue default (5557) when a site lacks it: the first engine's first port."""
+    return int(site.get("NARWHAL_KV_EVENTS_PORT") or 5557)
+
+
+def hash_seed(site):
+    """NARWHAL_KV_HASH_SEED as PYTHONHASHSEED's text, its catalogue default (0) when a site lacks it."""
+    return str(site.get("NARWHAL_KV_HASH_SEED") or 0)
+
+
 def role_policy(site, role):
     """(policy, the input it came from) of `role` (prefill or decode): NARWHAL_ROUTER_<ROLE>_POLICY when set, else
     NARWHAL_ROUTER_POLICY."""
@@ -71,7 +81,7 @@ def record_field(site, port):
     record then has no such field)."""
     if not events_on(site):
         return None
-    return {"endpoint": bind_endpoint(port), "port": int(port), "hash_seed": str(site.get("NARWHAL_KV_HASH_SEED") or 0)}
+    return {"endpoint": bind_endpoint(port), "port": int(port), "hash_seed": hash_seed(site)}
 
 
 def _host_addresses(record):

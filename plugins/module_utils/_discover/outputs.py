@@ -15,7 +15,7 @@ import os
 from functools import partial
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.kv_events import subscriber_endpoints
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.kv_events import events_port, subscriber_endpoints
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import (
     DEPLOYMENT_ENV,
     INSPECTION_FILE,
@@ -128,10 +128,6 @@ def _clear(port, width, machines, held):
     return port
 
 
-def _kv_base(site):
-    return site.get("NARWHAL_KV_EVENTS_PORT") or 5557
-
-
 def _hold_kept_kv(kept):
     """[(engine, machine, first, past the last)] of the KV events ports of the kept records that have them, on every
     machine of the engine (one range for all its hosts, as _kv_port plans it)."""
@@ -151,14 +147,8 @@ def _kv_port(site, node_policy, n, machines, kv_plan):
     kept record's range there (the plan of the side-channel ports, _discovered_record)."""
     hosts, local = local_ranks(site, node_policy, n)
     width = hosts * local
-    port = max(kv_plan["next"].get(h, _kv_base(site)) for h in machines)
-    moved = True
-    while moved:
-        moved = False
-        for _engine, machine, first, end in kv_plan["held"]:
-            if machine in machines and port < end and first < port + width:
-                port, moved = end, True
-    return port, width
+    port = max(kv_plan["next"].get(h, events_port(site)) for h in machines)
+    return _clear(port, width, machines, kv_plan["held"]), width
 
 
 def _extracts_of(engine, record, node, facts, spread, interface):
@@ -215,7 +205,7 @@ def collect_records(plan, inputs, hosts, members=None, interfaces=None, kept=Non
             for machine, end in [(h[1], h[3]) for h in held if h[0] == engine]:  # as if discovered in its turn
                 next_port[machine] = max(next_port.get(machine, site["NARWHAL_SIDE_CHANNEL_PORT"]), end)
             for machine, end in [(h[1], h[3]) for h in kv_plan["held"] if h[0] == engine]:
-                kv_plan["next"][machine] = max(kv_plan["next"].get(machine, _kv_base(site)), end)
+                kv_plan["next"][machine] = max(kv_plan["next"].get(machine, events_port(site)), end)
             extracts.update(kept[engine]["extracts"])
         else:
             record = _discovered_record(node, inputs, hosts.get(engine), members, fleet_entry,

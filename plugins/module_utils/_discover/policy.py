@@ -17,7 +17,12 @@ import json
 import shlex
 
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors import InputError
-from ansible_collections.narwhal.deploy.plugins.module_utils._common.kv_events import events_on, role_policy
+from ansible_collections.narwhal.deploy.plugins.module_utils._common.kv_events import (
+    events_on,
+    events_port,
+    hash_seed,
+    role_policy,
+)
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import ENGINE_NAME, POLICY_FILE
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.secrets import redact_text
 from ansible_collections.narwhal.deploy.plugins.module_utils._inputs.catalogue import INPUTS
@@ -79,8 +84,8 @@ def kv_policy(site):
     policy from NARWHAL_ROUTER_PREFILL_POLICY or else NARWHAL_ROUTER_POLICY), else {}."""
     if not events_on(site):
         return {}
-    return {"NARWHAL_KV_EVENTS": "on", "NARWHAL_KV_EVENTS_PORT": site.get("NARWHAL_KV_EVENTS_PORT") or 5557,
-            "NARWHAL_KV_HASH_SEED": site.get("NARWHAL_KV_HASH_SEED") or 0,
+    return {"NARWHAL_KV_EVENTS": "on", "NARWHAL_KV_EVENTS_PORT": events_port(site),
+            "NARWHAL_KV_HASH_SEED": int(hash_seed(site)),
             "NARWHAL_ROUTER_PREFILL_POLICY": role_policy(site, "prefill")[0]}
 
 

@@ -15,6 +15,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.errors impo
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.kv_events import (
     KV_AWARE,
     ROUTER_BLOCK_SIZE,
+    events_port,
     record_field,
     role_policy,
 )
@@ -160,7 +161,7 @@ def _with_parallelism(record, node, site, dp, ep, hosts, local):
 def _with_kv_events(record, site, port):
     """The record with `kv_events` (_common/kv_events.py::record_field) before `sources` while KV events are on, else
     as it was (byte for byte). A prefill engine under a kv_aware prefill policy must use the router's block size."""
-    field = record_field(site, port if port is not None else site.get("NARWHAL_KV_EVENTS_PORT") or 5557)
+    field = record_field(site, port if port is not None else events_port(site))
     if field is None:
         return record
     _check_router_block_size(record, site)

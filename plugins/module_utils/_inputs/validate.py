@@ -18,6 +18,7 @@ from ansible_collections.narwhal.deploy.plugins.module_utils._common.kv_events i
     KV_AWARE,
     events_on,
     hash_algo,
+    hash_seed,
     role_policy,
 )
 from ansible_collections.narwhal.deploy.plugins.module_utils._common.names import local_host_reason
@@ -620,7 +621,7 @@ def _check_kv_events(site, nodes):
                                               "and a prefill policy other than kv_aware; %s"
                          % (site.get("NARWHAL_KV_EVENTS") or "auto",
                             ", %s=kv_aware" % policy_key if policy == KV_AWARE else "", FIX))
-    seed = str(site.get("NARWHAL_KV_HASH_SEED") or 0)
+    seed = hash_seed(site)
     envs = [("NARWHAL_ENGINE_ENV", site.get("NARWHAL_ENGINE_ENV"))] + [
         ("NARWHAL_NODE_%d_ENGINE_ENV" % n, nodes[n].get("ENGINE_ENV")) for n in sorted(nodes)]
     for key, text in envs:

@@ -126,31 +126,28 @@ LOAD_ENV = "NARWHAL_STANDIN_LOAD_S"  # seconds the stand-in "loads the model" be
 PREFILL_ENV = "NARWHAL_STANDIN_PREFILL_S_PER_TOK"
 
 
-def load_seconds(env=None):
-    """NARWHAL_STANDIN_LOAD_S as seconds (default 0) -> (seconds, None), or (None, the refusal naming it)."""
-    raw = (os.environ if env is None else env).get(LOAD_ENV, "") or "0"
+def env_seconds(name, most, what, env=None):
+    """The environment variable `name` as seconds from 0 to `most` (default 0) -> (seconds, None), or (None, the
+    refusal naming it and `what` it sets)."""
+    raw = (os.environ if env is None else env).get(name, "") or "0"
     try:
         seconds = float(raw)
     except ValueError:
         seconds = -1.0
-    if not 0 <= seconds <= 3600:
-        return None, "%s=%r is not a number of seconds from 0 to 3600 (how long the stand-in loads its model)" % (
-            LOAD_ENV, raw)
+    if not 0 <= seconds <= most:
+        return None, "%s=%r is not a number of seconds from 0 to %d (%s)" % (name, raw, most, what)
     return seconds, None
+
+
+def load_seconds(env=None):
+    """NARWHAL_STANDIN_LOAD_S as seconds (default 0) -> (seconds, None), or (None, the refusal naming it)."""
+    return env_seconds(LOAD_ENV, 3600, "how long the stand-in loads its model", env)
 
 
 def prefill_seconds(env=None):
     """NARWHAL_STANDIN_PREFILL_S_PER_TOK as seconds per token (default 0) -> (seconds, None), or (None, the refusal
     naming it)."""
-    raw = (os.environ if env is None else env).get(PREFILL_ENV, "") or "0"
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = -1.0
-    if not 0 <= seconds <= 10:
-        return None, ("%s=%r is not a number of seconds from 0 to 10 (the stand-in's prefill time per prompt token "
-                      "it computes)" % (PREFILL_ENV, raw))
-    return seconds, None
+    return env_seconds(PREFILL_ENV, 10, "the stand-in's prefill time per prompt token it computes", env)
 
 
 def kv_lease(kv, version=None, env=None):
