@@ -72,9 +72,13 @@ def host(name):
     return "%s-%s" % (SITE, name)
 
 
+def site_vars():
+    """tests/harness/site.yml variables of this benchmark's site (bench.sim_site_vars)."""
+    return bench.sim_site_vars(SITE, MGMT, FABRIC4, FABRIC6, ENGINES, [IMAGE], models=[CHECKPOINT], profile=PROFILE)
+
+
 def harness(out, state="present"):
-    bench.sim_site(out, bench.sim_site_vars(SITE, MGMT, FABRIC4, FABRIC6, ENGINES, [IMAGE], models=[CHECKPOINT],
-                                            profile=PROFILE), state)
+    bench.sim_site(out, site_vars(), state)
 
 
 def image_cache_tar(image, image_id):
